@@ -1,0 +1,101 @@
+//! DynamoDB: the narrow table API the state store needs (`Table`), its AWS SDK implementation and
+//! the state store built on it.
+//!
+//! The state store's logic (item layout, batching, retries, segments) is written once against
+//! `Table`; the SDK and the in-memory table (`adapters::memory::MemoryTable`) implement `Table` and
+//! pass the same contract suite, so the logic that runs in tests is the logic that runs on AWS.
+
+mod sdk;
+mod store;
+
+use async_trait::async_trait;
+
+pub use sdk::SdkTable;
+pub use store::{DynamoStateStore, HEAD_INLINE_LIMIT, SEGMENT_TARGET};
+
+use crate::domain::{AttrValue, Item};
+use crate::ports::StoreError;
+
+/// Partition key attribute (S).
+pub const PK: &str = "pk";
+/// Sort key attribute (S).
+pub const SK: &str = "sk";
+/// Version attribute (N) that commits are conditional on.
+pub const VERSION: &str = "v";
+/// The table's TTL attribute (N, epoch seconds).
+pub const TTL: &str = "ttl";
+
+/// BatchGetItem takes at most 100 keys.
+pub const BATCH_GET_MAX: usize = 100;
+/// BatchWriteItem takes at most 25 requests.
+pub const BATCH_WRITE_MAX: usize = 25;
+/// DynamoDB's item size limit.
+pub const ITEM_MAX_BYTES: usize = 400 * 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ItemKey {
+    pub pk: String,
+    pub sk: String,
+}
+
+impl ItemKey {
+    pub fn of(item: &Item) -> Option<Self> {
+        Some(Self {
+            pk: item.get(PK)?.as_s()?.to_owned(),
+            sk: item.get(SK)?.as_s()?.to_owned(),
+        })
+    }
+
+    pub fn to_item(&self) -> Item {
+        let mut item = Item::new();
+        item.insert(PK.to_owned(), AttrValue::S(self.pk.clone()));
+        item.insert(SK.to_owned(), AttrValue::S(self.sk.clone()));
+        item
+    }
+}
+
+/// The condition a put is made on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// Unconditional.
+    Anything,
+    /// `attribute_not_exists(pk)`: no item has this key.
+    Absent,
+    /// `v = :version`: the item is at this version.
+    Version(u64),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum WriteRequest {
+    Put(Item),
+    Delete(ItemKey),
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BatchGetOutput {
+    pub items: Vec<Item>,
+    /// Keys DynamoDB did not read this time (throttling, the 16 MB response limit).
+    pub unprocessed: Vec<ItemKey>,
+}
+
+/// The DynamoDB operations the state store uses, on one table with key `pk` (S), `sk` (S).
+#[async_trait]
+pub trait Table: Send + Sync {
+    /// BatchGetItem with strongly consistent reads; at most `BATCH_GET_MAX` keys.
+    async fn batch_get(&self, keys: &[ItemKey]) -> Result<BatchGetOutput, StoreError>;
+
+    /// PutItem under a condition; `StoreError::Conflict` when it does not hold.
+    async fn put(&self, item: Item, expect: Expect) -> Result<(), StoreError>;
+
+    /// BatchWriteItem; at most `BATCH_WRITE_MAX` requests. Returns the unprocessed ones.
+    async fn batch_write(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> Result<Vec<WriteRequest>, StoreError>;
+
+    /// GetItem with a strongly consistent read (tests and tools; the runtime batches).
+    async fn get(&self, key: &ItemKey) -> Result<Option<Item>, StoreError>;
+
+    /// Every item under one partition key, by a strongly consistent Query (tests and tools).
+    async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError>;
+}

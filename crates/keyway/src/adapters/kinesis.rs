@@ -1,0 +1,235 @@
+//! Kinesis as a sink: the narrow PutRecords API (`KinesisApi`), its SDK implementation, and
+//! `KinesisSink`, which batches outputs (500 records / 5 MB a call) and retries the records a
+//! call could not write.
+//!
+//! Order: outputs of one partition key reach a shard in the order sent, except where a record
+//! failed inside a PutRecords call and a later record of the same key in that call succeeded; the
+//! retry then lands after it. Consumers that need strict order deduplicate and order by output id
+//! and source sequence, which every output carries.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use aws_sdk_kinesis::Client;
+
+use super::retry::Backoff;
+use super::sdk_error::{classify, ErrorClass};
+use crate::domain::Output;
+use crate::ports::{Sink, SinkError};
+
+/// A record's data plus partition key may be at most 1 MiB.
+pub const RECORD_MAX_BYTES: usize = 1024 * 1024;
+pub const PUT_RECORDS_MAX: usize = 500;
+pub const PUT_RECORDS_MAX_BYTES: usize = 5 * 1024 * 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutEntry {
+    pub partition_key: String,
+    pub data: Vec<u8>,
+    pub explicit_hash_key: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PutOutcome {
+    Written {
+        shard_id: String,
+        sequence_number: String,
+    },
+    Failed {
+        code: String,
+        message: String,
+    },
+}
+
+/// The Kinesis operation sinks need.
+#[async_trait]
+pub trait KinesisApi: Send + Sync {
+    /// PutRecords: one outcome per entry, in order.
+    async fn put_records(
+        &self,
+        stream: &str,
+        entries: &[PutEntry],
+    ) -> Result<Vec<PutOutcome>, SinkError>;
+}
+
+pub(crate) fn sink_error(class: ErrorClass) -> SinkError {
+    match class {
+        ErrorClass::Throttled(m) => SinkError::Throttled(m),
+        ErrorClass::Unavailable(m) => SinkError::Unavailable(m),
+        ErrorClass::ConditionFailed(m) | ErrorClass::Invalid(m) => SinkError::Rejected(m),
+    }
+}
+
+/// `KinesisApi` on the AWS SDK.
+#[derive(Clone, Debug)]
+pub struct SdkKinesis {
+    client: Client,
+}
+
+impl SdkKinesis {
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl KinesisApi for SdkKinesis {
+    async fn put_records(
+        &self,
+        stream: &str,
+        entries: &[PutEntry],
+    ) -> Result<Vec<PutOutcome>, SinkError> {
+        let records = entries
+            .iter()
+            .map(|e| {
+                PutRecordsRequestEntry::builder()
+                    .partition_key(&e.partition_key)
+                    .data(Blob::new(e.data.clone()))
+                    .set_explicit_hash_key(e.explicit_hash_key.clone())
+                    .build()
+                    .map_err(|err| SinkError::Rejected(err.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let response = self
+            .client
+            .put_records()
+            .stream_name(stream)
+            .set_records(Some(records))
+            .send()
+            .await
+            .map_err(|e| sink_error(classify(&e)))?;
+        Ok(response
+            .records()
+            .iter()
+            .map(
+                |r| match (r.error_code(), r.sequence_number(), r.shard_id()) {
+                    (None, Some(seq), Some(shard)) => PutOutcome::Written {
+                        shard_id: shard.to_owned(),
+                        sequence_number: seq.to_owned(),
+                    },
+                    (code, _, _) => PutOutcome::Failed {
+                        code: code.unwrap_or("Unknown").to_owned(),
+                        message: r.error_message().unwrap_or_default().to_owned(),
+                    },
+                },
+            )
+            .collect())
+    }
+}
+
+/// Outputs to one Kinesis stream. Each output's partition key is the record's partition key.
+pub struct KinesisSink<A: KinesisApi> {
+    api: Arc<A>,
+    stream: String,
+    backoff: Backoff,
+}
+
+impl<A: KinesisApi> KinesisSink<A> {
+    pub fn new(api: Arc<A>, stream: impl Into<String>) -> Self {
+        Self {
+            api,
+            stream: stream.into(),
+            backoff: Backoff::default(),
+        }
+    }
+
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sends `indexes` of `messages` in one call (they fit), retrying the records that fail.
+    async fn send_call(
+        &self,
+        messages: &[Output],
+        indexes: Vec<usize>,
+        failed: &mut Vec<(usize, SinkError)>,
+    ) {
+        let mut pending = indexes;
+        let mut attempt = 0;
+        while !pending.is_empty() {
+            let entries: Vec<PutEntry> = pending
+                .iter()
+                .map(|&i| PutEntry {
+                    partition_key: messages[i].partition_key.clone(),
+                    data: messages[i].body.clone().into_bytes(),
+                    explicit_hash_key: None,
+                })
+                .collect();
+            let mut retry: Vec<(usize, SinkError)> = Vec::new();
+            match self.api.put_records(&self.stream, &entries).await {
+                Ok(outcomes) => {
+                    for (&i, outcome) in pending.iter().zip(outcomes) {
+                        if let PutOutcome::Failed { code, message } = outcome {
+                            let err = if code.contains("Throughput") || code.contains("Throttl") {
+                                SinkError::Throttled(format!("{code}: {message}"))
+                            } else {
+                                // InternalFailure and KMS errors are transient per the API reference.
+                                SinkError::Unavailable(format!("{code}: {message}"))
+                            };
+                            retry.push((i, err));
+                        }
+                    }
+                }
+                Err(err) if err.is_retryable() => {
+                    retry.extend(pending.iter().map(|&i| (i, err.clone())))
+                }
+                Err(err) => {
+                    failed.extend(pending.iter().map(|&i| (i, err.clone())));
+                    return;
+                }
+            }
+            attempt += 1;
+            if !retry.is_empty() && attempt >= self.backoff.max_attempts {
+                failed.extend(retry);
+                return;
+            }
+            if !retry.is_empty() {
+                self.backoff.wait(attempt - 1).await;
+            }
+            pending = retry.into_iter().map(|(i, _)| i).collect();
+        }
+    }
+}
+
+#[async_trait]
+impl<A: KinesisApi> Sink for KinesisSink<A> {
+    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+        let mut failed = Vec::new();
+        let mut call: Vec<usize> = Vec::new();
+        let mut call_bytes = 0;
+        for (i, message) in messages.iter().enumerate() {
+            let size = message.body.len() + message.partition_key.len();
+            if size > RECORD_MAX_BYTES
+                || message.partition_key.is_empty()
+                || message.partition_key.chars().count() > 256
+            {
+                failed.push((i, SinkError::Rejected(format!(
+                    "a Kinesis record takes a partition key of 1-256 characters and at most 1 MiB with its data; got {} bytes, key of {} characters",
+                    size,
+                    message.partition_key.chars().count()
+                ))));
+                continue;
+            }
+            if call.len() == PUT_RECORDS_MAX || call_bytes + size > PUT_RECORDS_MAX_BYTES {
+                // Calls go one after another so that a key's outputs keep their order.
+                self.send_call(messages, std::mem::take(&mut call), &mut failed)
+                    .await;
+                call_bytes = 0;
+            }
+            call.push(i);
+            call_bytes += size;
+        }
+        if !call.is_empty() {
+            self.send_call(messages, call, &mut failed).await;
+        }
+        failed.sort_by_key(|(i, _)| *i);
+        failed
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        RECORD_MAX_BYTES - 256
+    }
+}

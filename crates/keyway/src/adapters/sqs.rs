@@ -1,0 +1,260 @@
+//! SQS as a sink: the narrow SendMessageBatch API (`SqsApi`), its SDK implementation, and
+//! `SqsSink`, which batches outputs (10 entries / 256 KB a call) and retries failed entries.
+//!
+//! Every message carries its output id: on a FIFO queue as MessageDeduplicationId (SQS then drops
+//! a duplicate sent within five minutes) with the partition key as MessageGroupId (SQS keeps a
+//! group's order); on a standard queue as the message attribute `outputId`, for the consumer.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::Client;
+
+use super::kinesis::sink_error;
+use super::retry::Backoff;
+use super::sdk_error::classify;
+use crate::domain::Output;
+use crate::ports::{Sink, SinkError};
+
+pub const BATCH_MAX_ENTRIES: usize = 10;
+/// The total payload of one SendMessageBatch, and of one message.
+pub const BATCH_MAX_BYTES: usize = 256 * 1024;
+/// The attribute that carries the output id on standard queues.
+pub const OUTPUT_ID_ATTRIBUTE: &str = "outputId";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqsEntry {
+    /// Unique within the call.
+    pub id: String,
+    pub body: String,
+    pub output_id: String,
+    /// FIFO queues only.
+    pub group_id: Option<String>,
+    pub deduplication_id: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SqsOutcome {
+    Sent {
+        message_id: String,
+    },
+    Failed {
+        code: String,
+        message: String,
+        sender_fault: bool,
+    },
+}
+
+/// The SQS operation sinks need.
+#[async_trait]
+pub trait SqsApi: Send + Sync {
+    /// SendMessageBatch: one outcome per entry, in order.
+    async fn send_message_batch(
+        &self,
+        queue_url: &str,
+        entries: &[SqsEntry],
+    ) -> Result<Vec<SqsOutcome>, SinkError>;
+}
+
+/// `SqsApi` on the AWS SDK.
+#[derive(Clone, Debug)]
+pub struct SdkSqs {
+    client: Client,
+}
+
+impl SdkSqs {
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl SqsApi for SdkSqs {
+    async fn send_message_batch(
+        &self,
+        queue_url: &str,
+        entries: &[SqsEntry],
+    ) -> Result<Vec<SqsOutcome>, SinkError> {
+        let requests = entries
+            .iter()
+            .map(|e| {
+                let attribute = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(&e.output_id)
+                    .build()
+                    .map_err(|err| SinkError::Rejected(err.to_string()))?;
+                SendMessageBatchRequestEntry::builder()
+                    .id(&e.id)
+                    .message_body(&e.body)
+                    .message_attributes(OUTPUT_ID_ATTRIBUTE, attribute)
+                    .set_message_group_id(e.group_id.clone())
+                    .set_message_deduplication_id(e.deduplication_id.clone())
+                    .build()
+                    .map_err(|err| SinkError::Rejected(err.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let response = self
+            .client
+            .send_message_batch()
+            .queue_url(queue_url)
+            .set_entries(Some(requests))
+            .send()
+            .await
+            .map_err(|e| sink_error(classify(&e)))?;
+        Ok(entries
+            .iter()
+            .map(|e| {
+                if let Some(ok) = response.successful().iter().find(|s| s.id() == e.id) {
+                    SqsOutcome::Sent {
+                        message_id: ok.message_id().to_owned(),
+                    }
+                } else if let Some(failed) = response.failed().iter().find(|f| f.id() == e.id) {
+                    SqsOutcome::Failed {
+                        code: failed.code().to_owned(),
+                        message: failed.message().unwrap_or_default().to_owned(),
+                        sender_fault: failed.sender_fault(),
+                    }
+                } else {
+                    SqsOutcome::Failed {
+                        code: "Missing".into(),
+                        message: "the response does not mention this entry".into(),
+                        sender_fault: false,
+                    }
+                }
+            })
+            .collect())
+    }
+}
+
+/// Outputs to one SQS queue.
+pub struct SqsSink<A: SqsApi> {
+    api: Arc<A>,
+    queue_url: String,
+    fifo: bool,
+    backoff: Backoff,
+}
+
+impl<A: SqsApi> SqsSink<A> {
+    /// A FIFO queue is recognised by its `.fifo` suffix, as SQS requires of FIFO queue names.
+    pub fn new(api: Arc<A>, queue_url: impl Into<String>) -> Self {
+        let queue_url = queue_url.into();
+        let fifo = queue_url.ends_with(".fifo");
+        Self {
+            api,
+            queue_url,
+            fifo,
+            backoff: Backoff::default(),
+        }
+    }
+
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    async fn send_call(&self, messages: &[Output], indexes: Vec<usize>) -> Vec<(usize, SinkError)> {
+        let mut failed = Vec::new();
+        let mut pending = indexes;
+        let mut attempt = 0;
+        while !pending.is_empty() {
+            let entries: Vec<SqsEntry> = pending
+                .iter()
+                .enumerate()
+                .map(|(n, &i)| SqsEntry {
+                    id: n.to_string(),
+                    body: messages[i].body.clone(),
+                    output_id: messages[i].id.to_string(),
+                    group_id: self.fifo.then(|| messages[i].partition_key.clone()),
+                    deduplication_id: self.fifo.then(|| messages[i].id.to_string()),
+                })
+                .collect();
+            let mut retry = Vec::new();
+            match self.api.send_message_batch(&self.queue_url, &entries).await {
+                Ok(outcomes) => {
+                    for (&i, outcome) in pending.iter().zip(outcomes) {
+                        if let SqsOutcome::Failed {
+                            code,
+                            message,
+                            sender_fault,
+                        } = outcome
+                        {
+                            let text = format!("{code}: {message}");
+                            if sender_fault && !code.contains("Throttl") {
+                                failed.push((i, SinkError::Rejected(text)));
+                            } else {
+                                retry.push((i, SinkError::Unavailable(text)));
+                            }
+                        }
+                    }
+                }
+                Err(err) if err.is_retryable() => {
+                    retry.extend(pending.iter().map(|&i| (i, err.clone())))
+                }
+                Err(err) => {
+                    failed.extend(pending.iter().map(|&i| (i, err.clone())));
+                    return failed;
+                }
+            }
+            attempt += 1;
+            if !retry.is_empty() && attempt >= self.backoff.max_attempts {
+                failed.extend(retry);
+                return failed;
+            }
+            if !retry.is_empty() {
+                self.backoff.wait(attempt - 1).await;
+            }
+            pending = retry.into_iter().map(|(i, _)| i).collect();
+        }
+        failed
+    }
+}
+
+#[async_trait]
+impl<A: SqsApi> Sink for SqsSink<A> {
+    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+        let mut failed = Vec::new();
+        let mut calls: Vec<Vec<usize>> = Vec::new();
+        let mut call: Vec<usize> = Vec::new();
+        let mut call_bytes = 0;
+        for (i, message) in messages.iter().enumerate() {
+            let size = message.body.len();
+            if size > BATCH_MAX_BYTES {
+                failed.push((
+                    i,
+                    SinkError::Rejected(format!(
+                        "an SQS message is at most {BATCH_MAX_BYTES} bytes; this one is {size}"
+                    )),
+                ));
+                continue;
+            }
+            if call.len() == BATCH_MAX_ENTRIES || call_bytes + size > BATCH_MAX_BYTES {
+                calls.push(std::mem::take(&mut call));
+                call_bytes = 0;
+            }
+            call.push(i);
+            call_bytes += size;
+        }
+        if !call.is_empty() {
+            calls.push(call);
+        }
+        if self.fifo {
+            // One call after another, so that a group's messages keep their order.
+            for call in calls {
+                failed.extend(self.send_call(messages, call).await);
+            }
+        } else {
+            // A standard queue keeps no order: send every call at once.
+            let results =
+                futures::future::join_all(calls.into_iter().map(|c| self.send_call(messages, c)))
+                    .await;
+            failed.extend(results.into_iter().flatten());
+        }
+        failed.sort_by_key(|(i, _)| *i);
+        failed
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        BATCH_MAX_BYTES
+    }
+}

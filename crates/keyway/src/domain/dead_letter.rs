@@ -1,0 +1,136 @@
+//! Dead letters: records that can never be processed, with why, and the record as it arrived.
+
+use serde::{Deserialize, Serialize};
+
+use super::hash::sha256_hex;
+use super::output::{Output, OutputId};
+
+/// The body of a dead-letter message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetter {
+    pub operator: String,
+    /// Where the record sits in its stream, when the record got far enough to say.
+    pub origin: Option<String>,
+    pub sequence_number: Option<String>,
+    /// The field that is wrong and what is wrong with it.
+    pub field: String,
+    pub problem: String,
+    /// The record exactly as delivered (the Lambda event's record JSON).
+    pub payload: String,
+    /// True when `payload` was cut to fit the dead-letter sink; `payload_bytes` and
+    /// `payload_sha256` then identify the original, which the stream still holds.
+    pub payload_truncated: bool,
+    pub payload_bytes: usize,
+    pub payload_sha256: String,
+}
+
+impl DeadLetter {
+    /// A dead letter as an output for the dead-letter sink, cut to fit `max_bytes`.
+    pub fn into_output(mut self, max_bytes: usize) -> Output {
+        let id = OutputId::dead_letter(
+            self.origin.as_deref().unwrap_or(""),
+            self.sequence_number
+                .as_deref()
+                .unwrap_or(&self.payload_sha256),
+            &self.operator,
+        );
+        let partition_key = self.origin.clone().unwrap_or_else(|| self.operator.clone());
+        let mut body = serde_json::to_string(&self).expect("a dead letter always serializes");
+        if body.len() > max_bytes {
+            // JSON escaping can grow the payload up to six-fold, so cut until the whole body fits.
+            let overhead = body.len() - self.payload.len();
+            let mut keep = max_bytes.saturating_sub(overhead + 64);
+            loop {
+                while !self.payload.is_char_boundary(keep) {
+                    keep -= 1;
+                }
+                self.payload.truncate(keep);
+                self.payload_truncated = true;
+                body = serde_json::to_string(&self).expect("a dead letter always serializes");
+                if body.len() <= max_bytes || keep == 0 {
+                    break;
+                }
+                keep = keep.saturating_sub(body.len() - max_bytes);
+            }
+        }
+        Output {
+            id,
+            sink: DEAD_LETTER_SINK.to_owned(),
+            partition_key,
+            body,
+        }
+    }
+
+    pub fn new(
+        operator: &str,
+        origin: Option<String>,
+        sequence_number: Option<String>,
+        field: String,
+        problem: String,
+        payload: String,
+    ) -> Self {
+        let payload_sha256 = sha256_hex(&[payload.as_bytes()], 64);
+        Self {
+            operator: operator.to_owned(),
+            origin,
+            sequence_number,
+            field,
+            problem,
+            payload_bytes: payload.len(),
+            payload,
+            payload_truncated: false,
+            payload_sha256,
+        }
+    }
+}
+
+/// The name of the sink dead letters go to.
+pub const DEAD_LETTER_SINK: &str = "dead-letter";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn letter(payload: &str) -> DeadLetter {
+        DeadLetter::new(
+            "counter",
+            Some("s/shardId-0".into()),
+            Some("42".into()),
+            "data".into(),
+            "expected JSON".into(),
+            payload.into(),
+        )
+    }
+
+    #[test]
+    fn a_dead_letter_names_the_field_the_problem_and_carries_the_payload() {
+        let out = letter("{\"raw\":true}").into_output(256 * 1024);
+        let back: DeadLetter = serde_json::from_str(&out.body).unwrap();
+        assert_eq!(back.field, "data");
+        assert_eq!(back.problem, "expected JSON");
+        assert_eq!(back.payload, "{\"raw\":true}");
+        assert!(!back.payload_truncated);
+        assert_eq!(out.sink, DEAD_LETTER_SINK);
+    }
+
+    #[test]
+    fn a_payload_too_large_for_the_sink_is_cut_and_says_so() {
+        let payload = "\"é\\".repeat(50_000);
+        let out = letter(&payload).into_output(10_000);
+        assert!(out.body.len() <= 10_000, "{}", out.body.len());
+        let back: DeadLetter = serde_json::from_str(&out.body).unwrap();
+        assert!(back.payload_truncated);
+        assert_eq!(back.payload_bytes, payload.len());
+        assert!(payload.starts_with(&back.payload));
+        assert_eq!(back.payload_sha256, sha256_hex(&[payload.as_bytes()], 64));
+    }
+
+    #[test]
+    fn the_same_record_always_gets_the_same_dead_letter_id() {
+        assert_eq!(
+            letter("a").into_output(1000).id,
+            letter("a").into_output(1000).id
+        );
+    }
+}

@@ -1,0 +1,100 @@
+//! Stable hashing for everything that is persisted or compared across processes.
+//!
+//! `std`'s `DefaultHasher` may change between Rust releases and is seeded per process, so it must
+//! never decide anything that outlives a process: output ids, origins, partitions. SHA-256 and MD5
+//! are fixed by their specifications.
+
+use md5::{Digest as _, Md5};
+use sha2::Sha256;
+
+/// The first `hex_chars` hexadecimal digits of the SHA-256 of `parts` joined by a 0 byte, which can
+/// appear in none of the parts we hash (strings from JSON), so distinct part lists never collide by
+/// concatenation.
+pub fn sha256_hex(parts: &[&[u8]], hex_chars: usize) -> String {
+    let mut hasher = Sha256::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            hasher.update([0u8]);
+        }
+        hasher.update(part);
+    }
+    let digest = hasher.finalize();
+    let mut out = String::with_capacity(64);
+    for byte in digest {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out.truncate(hex_chars.min(64));
+    out
+}
+
+/// The 128-bit hash key Kinesis assigns to a partition key: MD5 of its UTF-8 bytes, read as an
+/// unsigned big-endian integer. A record goes to the shard whose hash key range contains it.
+pub fn kinesis_hash_key(partition_key: &str) -> u128 {
+    let digest = Md5::digest(partition_key.as_bytes());
+    u128::from_be_bytes(digest.into())
+}
+
+/// The shard, among `shards` shards that split the hash key space evenly (as CreateStream does),
+/// that owns `partition_key`.
+pub fn kinesis_shard_index(partition_key: &str, shards: u32) -> u32 {
+    shard_for_hash(kinesis_hash_key(partition_key), shards)
+}
+
+/// The shard owning hash key `hash` among `shards` even ranges of the 2^128 hash key space; the
+/// last shard also takes the remainder.
+pub fn shard_for_hash(hash: u128, shards: u32) -> u32 {
+    assert!(shards > 0, "a stream has at least one shard");
+    if shards == 1 {
+        return 0;
+    }
+    let n = u128::from(shards);
+    // floor(2^128 / n), computed without overflowing u128.
+    let width = u128::MAX / n + (u128::MAX % n + 1) / n;
+    (hash / width).min(n - 1) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_of_known_input_matches_the_published_digest() {
+        // SHA-256("abc") from FIPS 180-2, appendix B.1.
+        assert_eq!(
+            sha256_hex(&[b"abc"], 64),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn joining_parts_with_a_separator_keeps_different_splits_apart() {
+        assert_ne!(
+            sha256_hex(&[b"ab", b"c"], 32),
+            sha256_hex(&[b"a", b"bc"], 32)
+        );
+    }
+
+    #[test]
+    fn kinesis_hash_key_is_the_md5_of_the_partition_key() {
+        // MD5("") = d41d8cd98f00b204e9800998ecf8427e (RFC 1321 test suite).
+        assert_eq!(kinesis_hash_key(""), 0xd41d8cd98f00b204e9800998ecf8427e);
+    }
+
+    #[test]
+    fn shard_index_splits_the_hash_space_evenly() {
+        // MD5("") starts with 0xd4, which is in the last quarter of the space.
+        assert_eq!(kinesis_shard_index("", 4), 3);
+        assert_eq!(kinesis_shard_index("", 1), 0);
+        assert_eq!(shard_for_hash(u128::MAX, 3), 2);
+        assert_eq!(shard_for_hash(1u128 << 127, 2), 1);
+        assert_eq!(shard_for_hash((1u128 << 127) - 1, 2), 0);
+        let mut counts = [0u32; 4];
+        for i in 0..4000 {
+            counts[kinesis_shard_index(&format!("key-{i}"), 4) as usize] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (850..1150).contains(&c)),
+            "{counts:?}"
+        );
+    }
+}

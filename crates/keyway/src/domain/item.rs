@@ -1,0 +1,213 @@
+//! DynamoDB-shaped values without the SDK: the images of a DynamoDB Streams change and the items
+//! the state store writes are both maps of typed attribute values.
+//!
+//! The sizes follow the DynamoDB Developer Guide, "Item sizes and formats", because capacity units,
+//! the 400 KB item limit and the 16 MB BatchGetItem limit are all computed from them.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use serde_json::{Map, Value};
+
+/// An item: attribute name to value. Ordered, so that its JSON form is canonical.
+pub type Item = BTreeMap<String, AttrValue>;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    S(String),
+    /// Numbers travel as decimal strings, as in DynamoDB's own wire format, so no precision is lost.
+    N(String),
+    B(Vec<u8>),
+    Bool(bool),
+    Null,
+    L(Vec<AttrValue>),
+    M(BTreeMap<String, AttrValue>),
+    Ss(Vec<String>),
+    Ns(Vec<String>),
+    Bs(Vec<Vec<u8>>),
+}
+
+impl AttrValue {
+    /// The size DynamoDB bills for this value (without the attribute name).
+    pub fn size(&self) -> usize {
+        match self {
+            AttrValue::S(s) => s.len(),
+            AttrValue::N(n) => number_size(n),
+            AttrValue::B(b) => b.len(),
+            AttrValue::Bool(_) | AttrValue::Null => 1,
+            AttrValue::L(items) => 3 + items.iter().map(|v| v.size() + 1).sum::<usize>(),
+            AttrValue::M(map) => {
+                3 + map
+                    .iter()
+                    .map(|(k, v)| k.len() + v.size() + 1)
+                    .sum::<usize>()
+            }
+            AttrValue::Ss(items) => items.iter().map(String::len).sum(),
+            AttrValue::Ns(items) => items.iter().map(|n| number_size(n)).sum(),
+            AttrValue::Bs(items) => items.iter().map(Vec::len).sum(),
+        }
+    }
+
+    pub fn as_s(&self) -> Option<&str> {
+        match self {
+            AttrValue::S(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_n(&self) -> Option<&str> {
+        match self {
+            AttrValue::N(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Parses DynamoDB JSON (`{"S": "x"}`, `{"N": "1"}`, ...), the form Lambda delivers stream images in.
+    /// `path` names the value in errors, e.g. `dynamodb.NewImage.price`.
+    pub fn from_dynamodb_json(value: &Value, path: &str) -> Result<Self, String> {
+        let obj = value
+            .as_object()
+            .filter(|o| o.len() == 1)
+            .ok_or_else(|| format!("{path}: expected an object with one type key, got {value}"))?;
+        let (tag, inner) = obj.iter().next().expect("one entry");
+        let text = |v: &Value| {
+            v.as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("{path}.{tag}: expected a string, got {v}"))
+        };
+        let bytes = |v: &Value| {
+            let s = v
+                .as_str()
+                .ok_or_else(|| format!("{path}.{tag}: expected base64 text"))?;
+            base64::engine::general_purpose::STANDARD
+                .decode(s)
+                .map_err(|e| format!("{path}.{tag}: invalid base64: {e}"))
+        };
+        let array = |v: &Value| {
+            v.as_array()
+                .cloned()
+                .ok_or_else(|| format!("{path}.{tag}: expected an array, got {v}"))
+        };
+        Ok(match tag.as_str() {
+            "S" => AttrValue::S(text(inner)?),
+            "N" => AttrValue::N(text(inner)?),
+            "B" => AttrValue::B(bytes(inner)?),
+            "BOOL" => AttrValue::Bool(
+                inner
+                    .as_bool()
+                    .ok_or_else(|| format!("{path}.BOOL: expected true or false"))?,
+            ),
+            "NULL" => AttrValue::Null,
+            "L" => AttrValue::L(
+                array(inner)?
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| AttrValue::from_dynamodb_json(v, &format!("{path}[{i}]")))
+                    .collect::<Result<_, _>>()?,
+            ),
+            "M" => AttrValue::M(item_from_dynamodb_json(inner, path)?),
+            "SS" => AttrValue::Ss(array(inner)?.iter().map(text).collect::<Result<_, _>>()?),
+            "NS" => AttrValue::Ns(array(inner)?.iter().map(text).collect::<Result<_, _>>()?),
+            "BS" => AttrValue::Bs(array(inner)?.iter().map(bytes).collect::<Result<_, _>>()?),
+            other => return Err(format!("{path}: unknown DynamoDB type {other:?}")),
+        })
+    }
+
+    /// The DynamoDB JSON form of this value.
+    pub fn to_dynamodb_json(&self) -> Value {
+        let b64 = |b: &Vec<u8>| Value::String(base64::engine::general_purpose::STANDARD.encode(b));
+        let (tag, inner) = match self {
+            AttrValue::S(s) => ("S", Value::String(s.clone())),
+            AttrValue::N(n) => ("N", Value::String(n.clone())),
+            AttrValue::B(b) => ("B", b64(b)),
+            AttrValue::Bool(b) => ("BOOL", Value::Bool(*b)),
+            AttrValue::Null => ("NULL", Value::Bool(true)),
+            AttrValue::L(items) => ("L", items.iter().map(AttrValue::to_dynamodb_json).collect()),
+            AttrValue::M(map) => ("M", item_to_dynamodb_json(map)),
+            AttrValue::Ss(items) => ("SS", items.iter().cloned().map(Value::String).collect()),
+            AttrValue::Ns(items) => ("NS", items.iter().cloned().map(Value::String).collect()),
+            AttrValue::Bs(items) => ("BS", items.iter().map(b64).collect()),
+        };
+        let mut map = Map::new();
+        map.insert(tag.to_owned(), inner);
+        Value::Object(map)
+    }
+}
+
+/// Parses a DynamoDB JSON item (`{"id": {"S": "1"}}`).
+pub fn item_from_dynamodb_json(value: &Value, path: &str) -> Result<Item, String> {
+    let obj = value
+        .as_object()
+        .ok_or_else(|| format!("{path}: expected an object of attributes, got {value}"))?;
+    obj.iter()
+        .map(|(k, v)| {
+            Ok((
+                k.clone(),
+                AttrValue::from_dynamodb_json(v, &format!("{path}.{k}"))?,
+            ))
+        })
+        .collect()
+}
+
+pub fn item_to_dynamodb_json(item: &Item) -> Value {
+    Value::Object(
+        item.iter()
+            .map(|(k, v)| (k.clone(), v.to_dynamodb_json()))
+            .collect(),
+    )
+}
+
+/// The size DynamoDB bills for an item: attribute names plus values.
+pub fn item_size(item: &Item) -> usize {
+    item.iter().map(|(k, v)| k.len() + v.size()).sum()
+}
+
+/// DynamoDB stores numbers in a variable-length decimal form: about one byte per two significant
+/// digits plus one byte; leading and trailing zeros do not count.
+fn number_size(text: &str) -> usize {
+    let digits: String = text.chars().filter(char::is_ascii_digit).collect();
+    let significant = digits
+        .trim_start_matches('0')
+        .trim_end_matches('0')
+        .len()
+        .max(1);
+    significant.div_ceil(2) + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_dynamodb_json_type_round_trips() {
+        let image = json!({
+            "s": {"S": "text"}, "n": {"N": "123.45"}, "b": {"B": "AAEC"}, "t": {"BOOL": true},
+            "z": {"NULL": true}, "l": {"L": [{"S": "a"}, {"N": "1"}]},
+            "m": {"M": {"inner": {"SS": ["x", "y"]}}}, "ns": {"NS": ["1", "2"]}, "bs": {"BS": ["AAEC"]}
+        });
+        let item = item_from_dynamodb_json(&image, "NewImage").unwrap();
+        assert_eq!(item["b"], AttrValue::B(vec![0, 1, 2]));
+        assert_eq!(item_to_dynamodb_json(&item), image);
+    }
+
+    #[test]
+    fn an_unknown_type_is_rejected_naming_the_attribute() {
+        let err = item_from_dynamodb_json(&json!({"price": {"X": "1"}}), "NewImage").unwrap_err();
+        assert!(
+            err.contains("NewImage.price") && err.contains("\"X\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn sizes_follow_the_developer_guide_rules() {
+        let mut item = Item::new();
+        item.insert("pk".into(), AttrValue::S("abc".into())); // 2 + 3
+        item.insert("v".into(), AttrValue::N("1200".into())); // 1 + (2 significant digits -> 2)
+        item.insert("ok".into(), AttrValue::Bool(true)); // 2 + 1
+        assert_eq!(item_size(&item), 5 + 3 + 3);
+        let list = AttrValue::L(vec![AttrValue::S("ab".into()), AttrValue::Null]);
+        assert_eq!(list.size(), 3 + (2 + 1) + (1 + 1));
+    }
+}

@@ -1,0 +1,19 @@
+//! The domain model: records, sequence numbers, keys, outputs, keyed state and the batch plan.
+//!
+//! Everything here is pure: no AWS types, no I/O. Sources turn Lambda payloads into these types,
+//! adapters turn them into DynamoDB items and messages.
+
+pub mod dead_letter;
+pub mod hash;
+pub mod item;
+pub mod output;
+pub mod plan;
+pub mod record;
+pub mod state;
+
+pub use dead_letter::{DeadLetter, DEAD_LETTER_SINK};
+pub use item::{AttrValue, Item};
+pub use output::{Output, OutputId};
+pub use plan::{BatchPlan, KeyGroup};
+pub use record::{Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord};
+pub use state::{KeyState, Segment, SlotData, SlotUpdate, StateKind, Watermark};

@@ -1,0 +1,185 @@
+//! Source records: what a stream delivered, independent of the Lambda payload it came in.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::item::Item;
+
+/// A stream sequence number. Kinesis sequence numbers are decimal strings of up to 128 digits,
+/// beyond any integer type, and DynamoDB Streams uses the same form; both compare as numbers.
+/// The text is kept exactly as delivered, because a partial batch response must name a record by
+/// the very string Lambda gave it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SequenceNumber(String);
+
+impl SequenceNumber {
+    /// Parses a decimal sequence number, rejecting anything but digits.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text.is_empty() || text.len() > 128 || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("expected a decimal sequence number, got {text:?}"));
+        }
+        Ok(Self(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The digits without leading zeros, on which equality and order are defined.
+    fn significant(&self) -> &str {
+        let trimmed = self.0.trim_start_matches('0');
+        if trimmed.is_empty() {
+            "0"
+        } else {
+            trimmed
+        }
+    }
+}
+
+impl TryFrom<String> for SequenceNumber {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, String> {
+        Self::parse(&value)
+    }
+}
+
+impl From<SequenceNumber> for String {
+    fn from(value: SequenceNumber) -> String {
+        value.0
+    }
+}
+
+impl Ord for SequenceNumber {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Without leading zeros, a longer number is larger; equal lengths compare digit by digit.
+        let (a, b) = (self.significant(), other.significant());
+        a.len().cmp(&b.len()).then_with(|| a.cmp(b))
+    }
+}
+
+impl PartialOrd for SequenceNumber {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for SequenceNumber {
+    fn eq(&self, other: &Self) -> bool {
+        self.significant() == other.significant()
+    }
+}
+
+impl Eq for SequenceNumber {}
+
+impl std::hash::Hash for SequenceNumber {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.significant().hash(state);
+    }
+}
+
+impl fmt::Display for SequenceNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An ordered lineage of records: within one origin, sequence numbers only grow and a retry
+/// redelivers a suffix. For Kinesis that is a shard of a stream (`stream/shardId-…`). DynamoDB
+/// Streams does not name the shard in a Lambda event, but orders all changes of one item, so the
+/// origin there is the table plus a hash of the item's key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Origin(pub String);
+
+impl Origin {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One record as delivered by a stream, with where it sits in its origin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourceRecord {
+    pub origin: Origin,
+    pub sequence: SequenceNumber,
+    /// The Kinesis partition key, or for DynamoDB Streams the item's key as canonical JSON.
+    pub partition_key: String,
+    /// When the stream received the record, in milliseconds since the epoch, where known.
+    pub arrival_millis: Option<i64>,
+    pub payload: Payload,
+    /// The record as it arrived (the Lambda event's record JSON), for the dead-letter sink.
+    pub raw: String,
+}
+
+/// What a record carries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Payload {
+    /// Kinesis data: opaque bytes.
+    Bytes(Vec<u8>),
+    /// A DynamoDB Streams change.
+    Change(Change),
+}
+
+/// A DynamoDB Streams change of one item.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub kind: ChangeKind,
+    pub table: Option<String>,
+    pub keys: Item,
+    pub old_image: Option<Item>,
+    pub new_image: Option<Item>,
+    /// True when DynamoDB itself removed the item because its TTL expired.
+    pub ttl_deletion: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeKind {
+    Insert,
+    Modify,
+    Remove,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(text: &str) -> SequenceNumber {
+        SequenceNumber::parse(text).unwrap()
+    }
+
+    #[test]
+    fn sequence_numbers_beyond_u128_compare_as_numbers() {
+        let a = seq("49590338271490256608559692538361571095921575989136588898");
+        let b = seq("49590338271490256608559692540925702759324208523137515618");
+        assert!(a < b);
+        assert!(seq("9") < seq("10"));
+        assert!(seq("100") > seq("99"));
+        assert_eq!(seq("007"), seq("7"));
+        assert_eq!(seq("007").as_str(), "007");
+    }
+
+    #[test]
+    fn a_sequence_number_that_is_not_decimal_is_rejected_with_the_text() {
+        let err = SequenceNumber::parse("12a").unwrap_err();
+        assert!(err.contains("\"12a\""), "{err}");
+        assert!(SequenceNumber::parse("").is_err());
+    }
+
+    #[test]
+    fn sequence_numbers_round_trip_through_json_as_strings() {
+        let s = seq("123456789012345678901234567890123456789012345");
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(json, "\"123456789012345678901234567890123456789012345\"");
+        assert_eq!(serde_json::from_str::<SequenceNumber>(&json).unwrap(), s);
+        assert!(serde_json::from_str::<SequenceNumber>("\"x\"").is_err());
+    }
+}

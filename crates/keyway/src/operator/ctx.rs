@@ -1,0 +1,173 @@
+//! `Ctx`: what `process` sees of the current key — its state, the record, time — and how it emits.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::state::{ListSlot, MapSlot, SlotType, TypedSlot, ValueSlot};
+use super::{
+    InvalidInput, ListHandle, ListState, MapHandle, MapState, ProcessError, StateDescriptor,
+    StateError, ValueHandle, ValueState,
+};
+use crate::domain::{KeyState, Output, OutputId, SlotData, SourceRecord};
+
+static EMPTY_SLOT: SlotData = SlotData {
+    segments: Vec::new(),
+    entries: Vec::new(),
+};
+
+/// The context of one `process` call.
+pub struct Ctx<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) record: &'a SourceRecord,
+    pub(crate) now_millis: i64,
+    pub(crate) declared: &'a [StateDescriptor],
+    pub(crate) base: &'a KeyState,
+    pub(crate) slots: &'a mut BTreeMap<&'static str, Box<dyn TypedSlot>>,
+    pub(crate) outputs: &'a mut Vec<Output>,
+    /// Sink name to the largest body it accepts.
+    pub(crate) sinks: &'a HashMap<String, usize>,
+}
+
+impl<'a> Ctx<'a> {
+    /// The key being processed.
+    pub fn key(&self) -> &str {
+        self.key
+    }
+
+    /// The record being processed.
+    pub fn record(&self) -> &SourceRecord {
+        self.record
+    }
+
+    /// The invocation's time (epoch milliseconds): the same for every record of a batch, so a
+    /// replay of the batch computes the same results.
+    pub fn now_millis(&self) -> i64 {
+        self.now_millis
+    }
+
+    pub fn value<T>(&mut self, state: &ValueState<T>) -> Result<ValueHandle<'_, T>, StateError>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let slot = self.slot::<ValueSlot<T>>(state.name, std::any::type_name::<T>())?;
+        Ok(ValueHandle { slot })
+    }
+
+    pub fn list<T>(&mut self, state: &ListState<T>) -> Result<ListHandle<'_, T>, StateError>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let base = self.base.slots.get(state.name).unwrap_or(&EMPTY_SLOT);
+        let slot = Self::typed::<ListSlot<T>>(
+            self.slots,
+            self.declared,
+            base,
+            state.name,
+            std::any::type_name::<T>(),
+        )?;
+        Ok(ListHandle {
+            name: state.name,
+            base,
+            slot,
+        })
+    }
+
+    pub fn map<K, V>(&mut self, state: &MapState<K, V>) -> Result<MapHandle<'_, K, V>, StateError>
+    where
+        K: Serialize + DeserializeOwned + Ord + Send + 'static,
+        V: Serialize + DeserializeOwned + Send + 'static,
+    {
+        let slot =
+            self.slot::<MapSlot<K, V>>(state.name, std::any::type_name::<BTreeMap<K, V>>())?;
+        Ok(MapHandle { slot })
+    }
+
+    /// Emits `body` as JSON to the sink named `sink`, in order with the key's other outputs.
+    pub fn emit<B: Serialize>(
+        &mut self,
+        sink: &str,
+        partition_key: impl Into<String>,
+        body: &B,
+    ) -> Result<(), ProcessError> {
+        let text = serde_json::to_string(body).map_err(|e| {
+            ProcessError::Invalid(InvalidInput::new(format!("output.{sink}"), e.to_string()))
+        })?;
+        self.emit_text(sink, partition_key, text)
+    }
+
+    /// Emits `body` as is.
+    pub fn emit_text(
+        &mut self,
+        sink: &str,
+        partition_key: impl Into<String>,
+        body: String,
+    ) -> Result<(), ProcessError> {
+        let Some(&limit) = self.sinks.get(sink) else {
+            // A wiring mistake, not bad input: keep the record until the configuration is fixed.
+            return Err(ProcessError::Retry(format!(
+                "no sink named {sink:?} is configured"
+            )));
+        };
+        if body.len() > limit {
+            return Err(ProcessError::Invalid(InvalidInput::new(
+                format!("output.{sink}"),
+                format!(
+                    "{} bytes is more than the sink accepts ({limit} bytes)",
+                    body.len()
+                ),
+            )));
+        }
+        let index = u32::try_from(self.outputs.len()).expect("fewer than 2^32 outputs per record");
+        self.outputs.push(Output {
+            id: OutputId::derive(&self.record.origin, &self.record.sequence, index),
+            sink: sink.to_owned(),
+            partition_key: partition_key.into(),
+            body,
+        });
+        Ok(())
+    }
+
+    fn slot<S: SlotType>(
+        &mut self,
+        name: &'static str,
+        type_name: &str,
+    ) -> Result<&mut S, StateError> {
+        let base = self.base.slots.get(name).unwrap_or(&EMPTY_SLOT);
+        Self::typed::<S>(self.slots, self.declared, base, name, type_name)
+    }
+
+    /// The typed slot `name`, decoded from `base` on first use. Separate from `self` so that a
+    /// handle can hold the slot and the base at once.
+    fn typed<'s, S: SlotType>(
+        slots: &'s mut BTreeMap<&'static str, Box<dyn TypedSlot>>,
+        declared: &[StateDescriptor],
+        base: &SlotData,
+        name: &'static str,
+        type_name: &str,
+    ) -> Result<&'s mut S, StateError> {
+        let descriptor =
+            declared
+                .iter()
+                .find(|d| d.name == name)
+                .ok_or_else(|| StateError::Undeclared {
+                    slot: name.to_owned(),
+                })?;
+        if descriptor.kind != S::KIND || descriptor.type_name != type_name {
+            return Err(StateError::KindMismatch {
+                slot: name.to_owned(),
+                declared: format!("{} of {}", descriptor.kind.as_str(), descriptor.type_name),
+                used: format!("{} of {type_name}", S::KIND.as_str()),
+            });
+        }
+        if !slots.contains_key(name) {
+            slots.insert(name, Box::new(S::decode(name, base)?));
+        }
+        let slot = slots.get_mut(name).expect("inserted above");
+        Ok(slot
+            .as_any_mut()
+            .downcast_mut::<S>()
+            .expect("declared kind and type checked above"))
+    }
+}

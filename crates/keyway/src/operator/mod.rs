@@ -1,0 +1,130 @@
+//! The keyed operator API: what an application implements.
+//!
+//! An operator names its state, decodes a record into its input, says which key the input belongs
+//! to and processes one input at a time with the key's state and a way to emit outputs. The
+//! executor (`crate::executor`) does everything else: batching, loading, ordering, emitting,
+//! committing and reporting.
+//!
+//! `process` must be deterministic given the key's state and the input (read time only through
+//! `Ctx::now_millis`): when part of a key's batch has to be undone, the executor replays the part
+//! that stays, and retries recompute outputs that must carry the same ids.
+
+mod ctx;
+mod state;
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+pub use ctx::Ctx;
+pub(crate) use state::TypedSlot;
+pub use state::{
+    ListHandle, ListState, MapHandle, MapState, StateDescriptor, StateError, ValueHandle,
+    ValueState,
+};
+
+use crate::domain::hash::sha256_hex;
+use crate::domain::SourceRecord;
+
+/// Input that can never be processed: the field and what is wrong with it. The record goes to the
+/// dead-letter sink with this reason; the batch goes on.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+#[error("{field}: {problem}")]
+pub struct InvalidInput {
+    pub field: String,
+    pub problem: String,
+}
+
+impl InvalidInput {
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Why `process` did not apply a record.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum ProcessError {
+    /// The record is bad: it is dead-lettered and the key goes on with its next record.
+    #[error("invalid input: {0}")]
+    Invalid(#[from] InvalidInput),
+    /// The record may succeed later (a dependency is down, a bug is being fixed): its key stops
+    /// here and Lambda redelivers from this record.
+    #[error("retry later: {0}")]
+    Retry(String),
+}
+
+impl ProcessError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ProcessError::Retry(_))
+    }
+}
+
+impl From<StateError> for ProcessError {
+    fn from(err: StateError) -> Self {
+        match err {
+            // Stored state that no longer decodes will not decode on a retry either.
+            StateError::Decode { ref slot, .. } => {
+                ProcessError::Invalid(InvalidInput::new(format!("state.{slot}"), err.to_string()))
+            }
+            StateError::Encode { ref slot, .. } => {
+                ProcessError::Invalid(InvalidInput::new(format!("state.{slot}"), err.to_string()))
+            }
+            // A programming error: keep the record until a fixed version runs.
+            StateError::Undeclared { .. } | StateError::KindMismatch { .. } => {
+                ProcessError::Retry(err.to_string())
+            }
+        }
+    }
+}
+
+/// When outputs leave relative to the state commit (DESIGN §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Emit, then commit. Safe when a retry recomputes the same outputs: one writer per key, or
+    /// state facts that never change once written. Cheapest.
+    EmitThenCommit,
+    /// Store outputs with the state in the same conditional write and send them after the commit;
+    /// for keys that several invocations write and whose outputs depend on state that changes.
+    Outbox,
+}
+
+/// A keyed stream operator.
+pub trait KeyedOperator: Send + Sync + 'static {
+    type Input: Send;
+
+    /// Stable name: part of every state key this operator writes.
+    fn name(&self) -> &str;
+
+    /// Every state the operator reads or writes.
+    fn states(&self) -> Vec<StateDescriptor>;
+
+    /// Turns a record into input, or says which field is wrong.
+    fn decode(&self, record: &SourceRecord) -> Result<Self::Input, InvalidInput>;
+
+    /// The key whose state `process` sees.
+    fn key(&self, input: &Self::Input) -> String;
+
+    fn process(&self, ctx: &mut Ctx<'_>, input: Self::Input) -> Result<(), ProcessError>;
+
+    fn delivery(&self) -> Delivery {
+        Delivery::EmitThenCommit
+    }
+
+    /// How long a key's state lives after its last commit; `None` keeps it forever.
+    fn state_ttl(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// The signature of an operator's state structure: a stable hash of its states' names, kinds and
+/// type descriptions. It is part of every state key, so state written by a different structure is
+/// never read into this one.
+pub fn state_signature(states: &[StateDescriptor]) -> String {
+    let mut described: Vec<String> = states.iter().map(StateDescriptor::describe).collect();
+    described.sort();
+    let joined = described.join("\n");
+    sha256_hex(&[joined.as_bytes()], 16)
+}

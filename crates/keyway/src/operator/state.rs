@@ -1,0 +1,429 @@
+//! Typed state: descriptors an operator declares, and the handles `Ctx` gives out.
+//!
+//! A slot is decoded from its stored JSON entries on first access in a batch, used in typed form
+//! for every record of the key, and encoded once at commit, and only if it changed. A list that
+//! was only appended to is never decoded and keeps its stored segments.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::value::RawValue;
+use thiserror::Error;
+
+use crate::domain::{SlotData, SlotUpdate, StateKind};
+
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum StateError {
+    #[error("stored state {slot:?} does not decode: {error}")]
+    Decode { slot: String, error: String },
+    #[error("state {slot:?} does not encode: {error}")]
+    Encode { slot: String, error: String },
+    #[error("state {slot:?} is not declared in the operator's states()")]
+    Undeclared { slot: String },
+    #[error("state {slot:?} is declared as {declared} but used as {used}")]
+    KindMismatch {
+        slot: String,
+        declared: String,
+        used: String,
+    },
+}
+
+/// What an operator declares about one of its states.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateDescriptor {
+    pub name: &'static str,
+    pub kind: StateKind,
+    /// The Rust type, for people reading the lock file and logs.
+    pub type_name: &'static str,
+}
+
+impl StateDescriptor {
+    /// The text the operator's state signature is computed from.
+    pub fn describe(&self) -> String {
+        format!("{}:{}", self.name, self.kind.as_str())
+    }
+}
+
+/// A single value per key.
+pub struct ValueState<T> {
+    pub name: &'static str,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> ValueState<T> {
+    pub const fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            _type: PhantomData,
+        }
+    }
+
+    pub fn descriptor(&self) -> StateDescriptor {
+        StateDescriptor {
+            name: self.name,
+            kind: StateKind::Value,
+            type_name: std::any::type_name::<T>(),
+        }
+    }
+}
+
+/// An ordered list per key; appending never reads or rewrites what is stored.
+pub struct ListState<T> {
+    pub name: &'static str,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> ListState<T> {
+    pub const fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            _type: PhantomData,
+        }
+    }
+
+    pub fn descriptor(&self) -> StateDescriptor {
+        StateDescriptor {
+            name: self.name,
+            kind: StateKind::List,
+            type_name: std::any::type_name::<T>(),
+        }
+    }
+}
+
+/// A map per key, ordered by its keys.
+pub struct MapState<K, V> {
+    pub name: &'static str,
+    _type: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K, V> MapState<K, V> {
+    pub const fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            _type: PhantomData,
+        }
+    }
+
+    pub fn descriptor(&self) -> StateDescriptor {
+        StateDescriptor {
+            name: self.name,
+            kind: StateKind::Map,
+            type_name: std::any::type_name::<BTreeMap<K, V>>(),
+        }
+    }
+}
+
+/// A slot in typed form, as the executor holds it between records of one key.
+pub(crate) trait TypedSlot: Send {
+    /// How the slot changed since it was loaded, or `None` when it did not.
+    fn encode(&self, name: &str) -> Result<Option<SlotUpdate>, StateError>;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+pub(crate) trait SlotType: TypedSlot + Sized + 'static {
+    const KIND: StateKind;
+    fn decode(name: &str, base: &SlotData) -> Result<Self, StateError>;
+}
+
+fn decode_entry<T: DeserializeOwned>(name: &str, raw: &RawValue) -> Result<T, StateError> {
+    serde_json::from_str(raw.get()).map_err(|e| StateError::Decode {
+        slot: name.to_owned(),
+        error: e.to_string(),
+    })
+}
+
+fn encode_entry<T: Serialize>(name: &str, value: &T) -> Result<Box<RawValue>, StateError> {
+    serde_json::value::to_raw_value(value).map_err(|e| StateError::Encode {
+        slot: name.to_owned(),
+        error: e.to_string(),
+    })
+}
+
+pub(crate) struct ValueSlot<T> {
+    value: Option<T>,
+    dirty: bool,
+}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> TypedSlot for ValueSlot<T> {
+    fn encode(&self, name: &str) -> Result<Option<SlotUpdate>, StateError> {
+        if !self.dirty {
+            return Ok(None);
+        }
+        let tail = match &self.value {
+            Some(v) => vec![encode_entry(name, v)?],
+            None => Vec::new(),
+        };
+        Ok(Some(SlotUpdate { keep: 0, tail }))
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> SlotType for ValueSlot<T> {
+    const KIND: StateKind = StateKind::Value;
+    fn decode(name: &str, base: &SlotData) -> Result<Self, StateError> {
+        let value = base
+            .entries
+            .first()
+            .map(|raw| decode_entry(name, raw))
+            .transpose()?;
+        Ok(Self {
+            value,
+            dirty: false,
+        })
+    }
+}
+
+/// Reads and writes a value state of the current key.
+pub struct ValueHandle<'a, T> {
+    pub(crate) slot: &'a mut ValueSlot<T>,
+}
+
+impl<T> ValueHandle<'_, T> {
+    pub fn get(&self) -> Option<&T> {
+        self.slot.value.as_ref()
+    }
+
+    pub fn get_mut(&mut self) -> Option<&mut T> {
+        self.slot.dirty = true;
+        self.slot.value.as_mut()
+    }
+
+    pub fn set(&mut self, value: T) {
+        self.slot.value = Some(value);
+        self.slot.dirty = true;
+    }
+
+    pub fn take(&mut self) -> Option<T> {
+        self.slot.dirty |= self.slot.value.is_some();
+        self.slot.value.take()
+    }
+
+    pub fn clear(&mut self) {
+        self.take();
+    }
+
+    /// The stored value, or `default()` stored first.
+    pub fn get_or_insert_with(&mut self, default: impl FnOnce() -> T) -> &mut T {
+        self.slot.dirty = true;
+        self.slot.value.get_or_insert_with(default)
+    }
+}
+
+pub(crate) struct ListSlot<T> {
+    /// How many entries were loaded.
+    base_len: usize,
+    /// The loaded entries in typed form, once something needed to read them; appended items are
+    /// merged in from then on.
+    items: Option<Vec<T>>,
+    /// Items appended while `items` is not decoded.
+    appended: Vec<T>,
+    /// Loaded entries before this index are unchanged.
+    unchanged: usize,
+}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> TypedSlot for ListSlot<T> {
+    fn encode(&self, name: &str) -> Result<Option<SlotUpdate>, StateError> {
+        let changed: &[T] = match &self.items {
+            Some(items) if self.unchanged == self.base_len && items.len() == self.base_len => {
+                return Ok(None)
+            }
+            Some(items) => &items[self.unchanged..],
+            None if self.appended.is_empty() => return Ok(None),
+            None => &self.appended,
+        };
+        let tail = changed
+            .iter()
+            .map(|v| encode_entry(name, v))
+            .collect::<Result<_, _>>()?;
+        Ok(Some(SlotUpdate {
+            keep: self.unchanged,
+            tail,
+        }))
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> SlotType for ListSlot<T> {
+    const KIND: StateKind = StateKind::List;
+    fn decode(_name: &str, base: &SlotData) -> Result<Self, StateError> {
+        // Entries are decoded only when something reads them: appending needs none of them.
+        let base_len = base.entries.len();
+        Ok(Self {
+            base_len,
+            items: None,
+            appended: Vec::new(),
+            unchanged: base_len,
+        })
+    }
+}
+
+/// Reads and writes a list state of the current key.
+pub struct ListHandle<'a, T> {
+    pub(crate) name: &'a str,
+    pub(crate) base: &'a SlotData,
+    pub(crate) slot: &'a mut ListSlot<T>,
+}
+
+impl<T: DeserializeOwned> ListHandle<'_, T> {
+    fn items(&mut self) -> Result<&mut Vec<T>, StateError> {
+        if self.slot.items.is_none() {
+            let mut items: Vec<T> = self
+                .base
+                .entries
+                .iter()
+                .map(|raw| decode_entry(self.name, raw))
+                .collect::<Result<_, _>>()?;
+            items.append(&mut self.slot.appended);
+            self.slot.items = Some(items);
+        }
+        Ok(self.slot.items.as_mut().expect("decoded above"))
+    }
+
+    /// Appends without reading what is stored.
+    pub fn push(&mut self, value: T) {
+        match &mut self.slot.items {
+            Some(items) => items.push(value),
+            None => self.slot.appended.push(value),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.slot.items {
+            Some(items) => items.len(),
+            None => self.slot.base_len + self.slot.appended.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every element, in order.
+    pub fn read(&mut self) -> Result<&[T], StateError> {
+        Ok(self.items()?.as_slice())
+    }
+
+    /// Removes and returns every element.
+    pub fn take(&mut self) -> Result<Vec<T>, StateError> {
+        let items = std::mem::take(self.items()?);
+        self.slot.unchanged = 0;
+        Ok(items)
+    }
+
+    pub fn clear(&mut self) {
+        self.slot.items = Some(Vec::new());
+        self.slot.appended.clear();
+        self.slot.unchanged = 0;
+    }
+
+    /// Keeps the elements for which `keep` is true.
+    pub fn retain(&mut self, keep: impl FnMut(&T) -> bool) -> Result<(), StateError> {
+        let items = self.items()?;
+        let before = items.len();
+        items.retain(keep);
+        if items.len() != before {
+            self.slot.unchanged = 0;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) struct MapSlot<K, V> {
+    map: BTreeMap<K, V>,
+    dirty: bool,
+}
+
+impl<K, V> TypedSlot for MapSlot<K, V>
+where
+    K: Serialize + DeserializeOwned + Ord + Send + 'static,
+    V: Serialize + DeserializeOwned + Send + 'static,
+{
+    fn encode(&self, name: &str) -> Result<Option<SlotUpdate>, StateError> {
+        if !self.dirty {
+            return Ok(None);
+        }
+        let tail = self
+            .map
+            .iter()
+            .map(|entry| encode_entry(name, &entry))
+            .collect::<Result<_, _>>()?;
+        Ok(Some(SlotUpdate { keep: 0, tail }))
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl<K, V> SlotType for MapSlot<K, V>
+where
+    K: Serialize + DeserializeOwned + Ord + Send + 'static,
+    V: Serialize + DeserializeOwned + Send + 'static,
+{
+    const KIND: StateKind = StateKind::Map;
+    fn decode(name: &str, base: &SlotData) -> Result<Self, StateError> {
+        let map = base
+            .entries
+            .iter()
+            .map(|raw| decode_entry::<(K, V)>(name, raw))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { map, dirty: false })
+    }
+}
+
+/// Reads and writes a map state of the current key.
+pub struct MapHandle<'a, K, V> {
+    pub(crate) slot: &'a mut MapSlot<K, V>,
+}
+
+impl<K: Ord, V> MapHandle<'_, K, V> {
+    pub fn get(&self, key: &K) -> Option<&V> {
+        self.slot.map.get(key)
+    }
+
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.slot.dirty = true;
+        self.slot.map.get_mut(key)
+    }
+
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
+        self.slot.dirty = true;
+        self.slot.map.insert(key, value)
+    }
+
+    pub fn remove(&mut self, key: &K) -> Option<V> {
+        let removed = self.slot.map.remove(key);
+        self.slot.dirty |= removed.is_some();
+        removed
+    }
+
+    pub fn contains_key(&self, key: &K) -> bool {
+        self.slot.map.contains_key(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.slot.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slot.map.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.slot.map.iter()
+    }
+
+    pub fn clear(&mut self) {
+        self.slot.dirty |= !self.slot.map.is_empty();
+        self.slot.map.clear();
+    }
+}

@@ -1,0 +1,199 @@
+//! DynamoDB Streams events (the Lambda event source mapping payload) to source records.
+
+use serde_json::Value;
+
+use super::{epoch_seconds_to_millis, records_of, rejected, DecodedBatch};
+use crate::domain::hash::sha256_hex;
+use crate::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
+use crate::domain::{Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord};
+
+/// Decodes every record of a DynamoDB Streams event; a record that does not decode is returned as
+/// rejected, naming the field. Fails only when the event has no `Records` array at all.
+pub fn decode_event(event: &Value) -> Result<DecodedBatch, String> {
+    Ok(records_of(event)?.iter().map(decode_record).collect())
+}
+
+/// The table name in a stream ARN (`arn:aws:dynamodb:region:account:table/name/stream/label`).
+pub fn table_name(arn: &str) -> Option<&str> {
+    let rest = arn.split_once(":table/")?.1;
+    Some(rest.split_once("/stream/").map_or(rest, |(table, _)| table))
+}
+
+fn decode_record(raw: &Value) -> Result<SourceRecord, crate::executor::RejectedRecord> {
+    let change = raw.get("dynamodb");
+    let table = raw
+        .get("eventSourceARN")
+        .and_then(Value::as_str)
+        .and_then(table_name)
+        .or_else(|| raw.get("tableName").and_then(Value::as_str))
+        .map(str::to_owned);
+    let keys = change
+        .and_then(|c| c.get("Keys"))
+        .ok_or_else(|| "dynamodb.Keys: missing".to_owned())
+        .and_then(|k| item_from_dynamodb_json(k, "dynamodb.Keys"));
+    let sequence = match change.and_then(|c| c.get("SequenceNumber")) {
+        Some(Value::String(s)) => {
+            SequenceNumber::parse(s).map_err(|e| format!("dynamodb.SequenceNumber: {e}"))
+        }
+        Some(other) => Err(format!(
+            "dynamodb.SequenceNumber: expected a string, got {other}"
+        )),
+        None => Err("dynamodb.SequenceNumber: missing".to_owned()),
+    };
+    // All changes of one item are ordered, so the item is the origin (see `Origin`).
+    let origin = keys.as_ref().ok().map(|keys| {
+        let canonical = item_to_dynamodb_json(keys).to_string();
+        Origin(format!(
+            "{}/{}",
+            table.as_deref().unwrap_or(""),
+            sha256_hex(&[canonical.as_bytes()], 16)
+        ))
+    });
+    let (keys, sequence, origin) = match (keys, sequence, origin) {
+        (Ok(k), Ok(s), Some(o)) => (k, s, o),
+        (k, s, o) => {
+            let problem = [k.as_ref().err(), s.as_ref().err()]
+                .into_iter()
+                .flatten()
+                .next()
+                .cloned()
+                .unwrap_or_default();
+            return Err(rejected(raw, o.map(|o| o.0), s.ok(), problem));
+        }
+    };
+    let fail =
+        |problem: String| rejected(raw, Some(origin.0.clone()), Some(sequence.clone()), problem);
+
+    let kind = match raw.get("eventName").and_then(Value::as_str) {
+        Some("INSERT") => ChangeKind::Insert,
+        Some("MODIFY") => ChangeKind::Modify,
+        Some("REMOVE") => ChangeKind::Remove,
+        other => {
+            return Err(fail(format!(
+                "eventName: expected INSERT, MODIFY or REMOVE, got {other:?}"
+            )))
+        }
+    };
+    let image = |name: &str| -> Result<Option<crate::domain::Item>, String> {
+        match change.and_then(|c| c.get(name)) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => item_from_dynamodb_json(v, &format!("dynamodb.{name}")).map(Some),
+        }
+    };
+    let new_image = image("NewImage").map_err(fail)?;
+    let old_image = image("OldImage").map_err(fail)?;
+    let arrival_millis = change
+        .and_then(|c| c.get("ApproximateCreationDateTime"))
+        .filter(|v| !v.is_null())
+        .map(|v| epoch_seconds_to_millis(v, "dynamodb.ApproximateCreationDateTime"))
+        .transpose()
+        .map_err(fail)?;
+    // DynamoDB's TTL process deletes as the service principal (Developer Guide, "Working with
+    // expired items and time to live").
+    let identity = raw.get("userIdentity");
+    let ttl_deletion = identity.and_then(|u| u.get("type")).and_then(Value::as_str)
+        == Some("Service")
+        && identity
+            .and_then(|u| u.get("principalId"))
+            .and_then(Value::as_str)
+            == Some("dynamodb.amazonaws.com");
+    Ok(SourceRecord {
+        partition_key: item_to_dynamodb_json(&keys).to_string(),
+        origin,
+        sequence,
+        arrival_millis,
+        payload: Payload::Change(Change {
+            kind,
+            table,
+            keys,
+            old_image,
+            new_image,
+            ttl_deletion,
+        }),
+        raw: raw.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::AttrValue;
+    use serde_json::json;
+
+    fn record(name: &str, seq: &str) -> Value {
+        json!({
+            "eventID": "c4ca4238a0b923820dcc509a6f75849b", "eventName": name, "eventVersion": "1.1",
+            "eventSource": "aws:dynamodb", "awsRegion": "eu-west-1",
+            "dynamodb": {
+                "ApproximateCreationDateTime": 1479499740,
+                "Keys": {"Id": {"N": "101"}},
+                "NewImage": {"Id": {"N": "101"}, "Message": {"S": "New item!"}},
+                "SequenceNumber": seq, "SizeBytes": 26, "StreamViewType": "NEW_AND_OLD_IMAGES"
+            },
+            "eventSourceARN": "arn:aws:dynamodb:eu-west-1:123456789012:table/policies/stream/2015-06-27T00:48:05.899"
+        })
+    }
+
+    #[test]
+    fn an_insert_decodes_to_a_change_with_keys_image_and_origin_per_item() {
+        let batch = decode_event(&json!({"Records": [record("INSERT", "111")]})).unwrap();
+        let r = batch[0].as_ref().unwrap();
+        let Payload::Change(change) = &r.payload else {
+            panic!("a change")
+        };
+        assert_eq!(change.kind, ChangeKind::Insert);
+        assert_eq!(change.table.as_deref(), Some("policies"));
+        assert_eq!(change.keys["Id"], AttrValue::N("101".into()));
+        assert_eq!(
+            change.new_image.as_ref().unwrap()["Message"],
+            AttrValue::S("New item!".into())
+        );
+        assert!(change.old_image.is_none());
+        assert!(!change.ttl_deletion);
+        assert!(r.origin.as_str().starts_with("policies/"));
+        assert_eq!(r.partition_key, r#"{"Id":{"N":"101"}}"#);
+        assert_eq!(r.arrival_millis, Some(1_479_499_740_000));
+    }
+
+    #[test]
+    fn a_ttl_deletion_is_marked_as_one() {
+        let mut r = record("REMOVE", "112");
+        r["userIdentity"] = json!({"type": "Service", "principalId": "dynamodb.amazonaws.com"});
+        let batch = decode_event(&json!({"Records": [r]})).unwrap();
+        let Payload::Change(change) = &batch[0].as_ref().unwrap().payload else {
+            panic!()
+        };
+        assert!(change.ttl_deletion);
+        assert_eq!(change.kind, ChangeKind::Remove);
+    }
+
+    #[test]
+    fn a_record_without_creation_time_decodes() {
+        let mut r = record("MODIFY", "113");
+        r["dynamodb"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ApproximateCreationDateTime");
+        let batch = decode_event(&json!({"Records": [r]})).unwrap();
+        assert_eq!(batch[0].as_ref().unwrap().arrival_millis, None);
+    }
+
+    #[test]
+    fn an_unknown_event_name_is_rejected_naming_the_field() {
+        let batch = decode_event(&json!({"Records": [record("UPSERT", "114")]})).unwrap();
+        let rejected = batch[0].as_ref().unwrap_err();
+        assert_eq!(rejected.field, "eventName");
+        assert_eq!(rejected.sequence.as_ref().unwrap().as_str(), "114");
+    }
+
+    #[test]
+    fn the_same_item_in_two_records_has_the_same_origin() {
+        let batch =
+            decode_event(&json!({"Records": [record("INSERT", "1"), record("MODIFY", "2")]}))
+                .unwrap();
+        assert_eq!(
+            batch[0].as_ref().unwrap().origin,
+            batch[1].as_ref().unwrap().origin
+        );
+    }
+}

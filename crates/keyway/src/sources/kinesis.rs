@@ -1,0 +1,157 @@
+//! Kinesis stream events (the Lambda event source mapping payload) to source records.
+
+use base64::Engine as _;
+use serde_json::Value;
+
+use super::{epoch_seconds_to_millis, records_of, rejected, DecodedBatch};
+use crate::domain::{Origin, Payload, SequenceNumber, SourceRecord};
+
+/// Decodes every record of a Kinesis event; a record that does not decode is returned as rejected,
+/// naming the field. Fails only when the event has no `Records` array at all.
+pub fn decode_event(event: &Value) -> Result<DecodedBatch, String> {
+    Ok(records_of(event)?.iter().map(decode_record).collect())
+}
+
+/// The stream name in a Kinesis stream ARN (`arn:aws:kinesis:region:account:stream/name`).
+pub fn stream_name(arn: &str) -> &str {
+    arn.rsplit_once("stream/").map_or(arn, |(_, name)| name)
+}
+
+fn decode_record(raw: &Value) -> Result<SourceRecord, crate::executor::RejectedRecord> {
+    let text = |v: Option<&Value>, field: &str| -> Result<String, String> {
+        match v {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(format!("{field}: expected a string, got {other}")),
+            None => Err(format!("{field}: missing")),
+        }
+    };
+    let kinesis = raw.get("kinesis");
+    // Sequence number and origin first: with them a rejected record can still be reported.
+    let sequence = text(
+        kinesis.and_then(|k| k.get("sequenceNumber")),
+        "kinesis.sequenceNumber",
+    )
+    .and_then(|s| SequenceNumber::parse(&s).map_err(|e| format!("kinesis.sequenceNumber: {e}")));
+    let origin = text(raw.get("eventID"), "eventID").and_then(|id| {
+        let shard = id
+            .split_once(':')
+            .map(|(shard, _)| shard.to_owned())
+            .ok_or_else(|| format!("eventID: expected shardId-…:sequence, got {id:?}"))?;
+        let stream = raw
+            .get("eventSourceARN")
+            .and_then(Value::as_str)
+            .map(stream_name)
+            .unwrap_or("");
+        Ok(Origin(format!("{stream}/{shard}")))
+    });
+    let (sequence, origin) = match (sequence, origin) {
+        (Ok(s), Ok(o)) => (s, o),
+        (s, o) => {
+            let problem = [s.as_ref().err(), o.as_ref().err()]
+                .into_iter()
+                .flatten()
+                .next()
+                .cloned()
+                .unwrap_or_default();
+            return Err(rejected(raw, o.ok().map(|o| o.0), s.ok(), problem));
+        }
+    };
+    let fail =
+        |problem: String| rejected(raw, Some(origin.0.clone()), Some(sequence.clone()), problem);
+
+    let partition_key = text(
+        kinesis.and_then(|k| k.get("partitionKey")),
+        "kinesis.partitionKey",
+    )
+    .map_err(fail)?;
+    let data = text(kinesis.and_then(|k| k.get("data")), "kinesis.data").map_err(fail)?;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| fail(format!("kinesis.data: not base64: {e}")))?;
+    let arrival_millis = kinesis
+        .and_then(|k| k.get("approximateArrivalTimestamp"))
+        .filter(|v| !v.is_null())
+        .map(|v| epoch_seconds_to_millis(v, "kinesis.approximateArrivalTimestamp"))
+        .transpose()
+        .map_err(fail)?;
+    Ok(SourceRecord {
+        origin,
+        sequence,
+        partition_key,
+        arrival_millis,
+        payload: Payload::Bytes(data),
+        raw: raw.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn record(seq: &str, data: &str, ts: Value) -> Value {
+        json!({
+            "kinesis": {"kinesisSchemaVersion": "1.0", "partitionKey": "k1", "sequenceNumber": seq,
+                        "data": data, "approximateArrivalTimestamp": ts},
+            "eventSource": "aws:kinesis", "eventVersion": "1.0",
+            "eventID": format!("shardId-000000000006:{seq}"), "eventName": "aws:kinesis:record",
+            "awsRegion": "us-east-2", "eventSourceARN": "arn:aws:kinesis:us-east-2:123456789012:stream/orders"
+        })
+    }
+
+    #[test]
+    fn a_record_decodes_to_its_origin_sequence_key_data_and_arrival() {
+        let event = json!({"Records": [record("49590338271490256608559692538361571095921575989136588898", "SGVsbG8=", json!(1545084650.987))]});
+        let batch = decode_event(&event).unwrap();
+        let r = batch[0].as_ref().unwrap();
+        assert_eq!(r.origin.as_str(), "orders/shardId-000000000006");
+        assert_eq!(
+            r.sequence.as_str(),
+            "49590338271490256608559692538361571095921575989136588898"
+        );
+        assert_eq!(r.partition_key, "k1");
+        assert_eq!(r.payload, Payload::Bytes(b"Hello".to_vec()));
+        assert_eq!(r.arrival_millis, Some(1_545_084_650_987));
+    }
+
+    #[test]
+    fn a_record_without_arrival_time_still_decodes() {
+        let mut r = record("1", "SGVsbG8=", json!(null));
+        r["kinesis"]
+            .as_object_mut()
+            .unwrap()
+            .remove("approximateArrivalTimestamp");
+        let batch = decode_event(&json!({"Records": [r]})).unwrap();
+        assert_eq!(batch[0].as_ref().unwrap().arrival_millis, None);
+    }
+
+    #[test]
+    fn bad_base64_is_rejected_naming_the_field_and_keeping_the_sequence_number() {
+        let batch = decode_event(&json!({"Records": [record("7", "%%%", json!(1.5))]})).unwrap();
+        let rejected = batch[0].as_ref().unwrap_err();
+        assert_eq!(rejected.field, "kinesis.data");
+        assert!(rejected.problem.contains("base64"), "{}", rejected.problem);
+        assert_eq!(rejected.sequence.as_ref().unwrap().as_str(), "7");
+        assert!(rejected.raw.contains("%%%"));
+    }
+
+    #[test]
+    fn a_missing_sequence_number_is_rejected_without_one() {
+        let mut r = record("7", "SGVsbG8=", json!(1.5));
+        r["kinesis"]
+            .as_object_mut()
+            .unwrap()
+            .remove("sequenceNumber");
+        let batch = decode_event(&json!({"Records": [r]})).unwrap();
+        let rejected = batch[0].as_ref().unwrap_err();
+        assert_eq!(rejected.field, "kinesis.sequenceNumber");
+        assert_eq!(rejected.sequence, None);
+    }
+
+    #[test]
+    fn an_event_without_records_is_an_error() {
+        assert!(decode_event(&json!({"records": []}))
+            .unwrap_err()
+            .starts_with("Records"));
+    }
+}

@@ -1,0 +1,156 @@
+//! Lambda payloads to domain records, and batch responses back.
+//!
+//! Records are decoded one by one from the event's JSON, not through one typed event struct: a
+//! single malformed record must be dead-lettered on its own, not fail the whole invocation. The
+//! decoders accept what real senders produce (no ApproximateCreationDateTime, timestamps with any
+//! number of decimals, emulator payloads) and name the field when they reject something.
+
+pub mod dynamodb;
+pub mod kinesis;
+
+use aws_lambda_events::event::streams::{
+    DynamoDbBatchItemFailure, DynamoDbEventResponse, KinesisEventResponse,
+};
+use serde_json::Value;
+
+use crate::domain::SourceRecord;
+use crate::executor::{BatchReport, Executor, RejectedRecord};
+use crate::operator::KeyedOperator;
+
+/// One decoded batch: per record, the record or why it was rejected.
+pub type DecodedBatch = Vec<Result<SourceRecord, RejectedRecord>>;
+
+/// The `Records` array of a Lambda stream event.
+pub fn records_of(event: &Value) -> Result<&Vec<Value>, String> {
+    event
+        .get("Records")
+        .and_then(Value::as_array)
+        .ok_or_else(|| "Records: the event has no Records array".to_owned())
+}
+
+/// The partial batch response for a Kinesis batch: the lowest sequence number not applied, or no
+/// failure at all. Lambda retries from that record; an empty identifier would fail the batch, so
+/// one is never sent.
+pub fn kinesis_response(report: &BatchReport) -> KinesisEventResponse {
+    let mut response = KinesisEventResponse::default();
+    if let Some(seq) = &report.failed_from {
+        response.add_failure(seq.as_str());
+    }
+    response
+}
+
+/// The partial batch response for a DynamoDB Streams batch (same rules as Kinesis).
+pub fn dynamodb_response(report: &BatchReport) -> DynamoDbEventResponse {
+    let mut response = DynamoDbEventResponse::default();
+    if let Some(seq) = &report.failed_from {
+        let mut failure = DynamoDbBatchItemFailure::default();
+        failure.item_identifier = Some(seq.to_string());
+        response.batch_item_failures.push(failure);
+    }
+    response
+}
+
+/// Runs a Kinesis event through `executor` and answers the partial batch response. An error
+/// (the event has no records array, or a record without a sequence number could not be
+/// dead-lettered) fails the invocation, so that Lambda retries the whole batch.
+pub async fn run_kinesis<O: KeyedOperator>(
+    executor: &Executor<O>,
+    event: &Value,
+) -> Result<KinesisEventResponse, String> {
+    let report = executor.run(kinesis::decode_event(event)?).await;
+    match report.unreportable_failure {
+        Some(reason) => Err(reason),
+        None => Ok(kinesis_response(&report)),
+    }
+}
+
+/// Runs a DynamoDB Streams event through `executor`; see `run_kinesis`.
+pub async fn run_dynamodb<O: KeyedOperator>(
+    executor: &Executor<O>,
+    event: &Value,
+) -> Result<DynamoDbEventResponse, String> {
+    let report = executor.run(dynamodb::decode_event(event)?).await;
+    match report.unreportable_failure {
+        Some(reason) => Err(reason),
+        None => Ok(dynamodb_response(&report)),
+    }
+}
+
+/// Reads a timestamp in epoch seconds given as a number or a numeric string, with any number of
+/// decimals, to milliseconds.
+pub(crate) fn epoch_seconds_to_millis(value: &Value, field: &str) -> Result<i64, String> {
+    let seconds = match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse::<f64>().ok(),
+        _ => None,
+    }
+    .filter(|s| s.is_finite() && *s >= 0.0)
+    .ok_or_else(|| format!("{field}: expected epoch seconds, got {value}"))?;
+    Ok((seconds * 1000.0).round() as i64)
+}
+
+pub(crate) fn rejected(
+    raw: &Value,
+    origin: Option<String>,
+    sequence: Option<crate::domain::SequenceNumber>,
+    problem: String,
+) -> RejectedRecord {
+    // Problems are written "field: what is wrong"; split them for the dead letter.
+    let (field, problem) = match problem.split_once(": ") {
+        Some((field, rest)) if !field.contains(' ') => (field.to_owned(), rest.to_owned()),
+        _ => ("record".to_owned(), problem),
+    };
+    RejectedRecord {
+        origin,
+        sequence,
+        field,
+        problem,
+        raw: raw.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::SequenceNumber;
+
+    #[test]
+    fn timestamps_with_many_decimals_keep_millisecond_precision() {
+        let v: Value = serde_json::from_str("1545084650.98712345").unwrap();
+        assert_eq!(epoch_seconds_to_millis(&v, "t").unwrap(), 1_545_084_650_987);
+        let v: Value = serde_json::from_str("1545084650.05").unwrap();
+        assert_eq!(epoch_seconds_to_millis(&v, "t").unwrap(), 1_545_084_650_050);
+        assert_eq!(
+            epoch_seconds_to_millis(&Value::String("1545084650".into()), "t").unwrap(),
+            1_545_084_650_000
+        );
+        assert!(epoch_seconds_to_millis(&Value::Bool(true), "t")
+            .unwrap_err()
+            .starts_with("t: "));
+    }
+
+    #[test]
+    fn a_batch_without_failures_answers_an_empty_failure_list() {
+        let response = kinesis_response(&BatchReport::default());
+        assert_eq!(
+            serde_json::to_value(&response).unwrap(),
+            serde_json::json!({"batchItemFailures": []})
+        );
+    }
+
+    #[test]
+    fn a_failed_batch_names_exactly_the_lowest_unapplied_sequence_number() {
+        let report = BatchReport {
+            failed_from: Some(SequenceNumber::parse("4959").unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(kinesis_response(&report)).unwrap(),
+            serde_json::json!({"batchItemFailures": [{"itemIdentifier": "4959"}]})
+        );
+        assert_eq!(
+            serde_json::to_value(dynamodb_response(&report)).unwrap(),
+            serde_json::json!({"batchItemFailures": [{"itemIdentifier": "4959"}]})
+        );
+    }
+}

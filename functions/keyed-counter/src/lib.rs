@@ -1,0 +1,97 @@
+//! The keyed counter: counts events per key from a Kinesis stream and emits each key's running
+//! count. Input records are JSON `{"key": "...", "amount": 3}` (`amount` defaults to 1).
+//!
+//! One writer per key (its stream's shard), so emit-then-commit is safe: a retry recomputes the
+//! same counts with the same output ids.
+
+use serde::{Deserialize, Serialize};
+
+use keyway::domain::{Payload, SourceRecord};
+use keyway::operator::StateDescriptor;
+use keyway::{Ctx, InvalidInput, KeyedOperator, ProcessError, ValueState};
+
+/// The count of one key.
+pub const COUNT: ValueState<u64> = ValueState::new("count");
+/// The sink counts go to.
+pub const COUNTS: &str = "counts";
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CountEvent {
+    pub key: String,
+    #[serde(default = "one")]
+    pub amount: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// What the counter emits after each event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountUpdate {
+    pub key: String,
+    pub count: u64,
+    /// The sequence number of the event that produced this count.
+    pub sequence: String,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeyedCounter;
+
+impl KeyedOperator for KeyedCounter {
+    type Input = CountEvent;
+
+    fn name(&self) -> &str {
+        "keyed-counter"
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![COUNT.descriptor()]
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<CountEvent, InvalidInput> {
+        let Payload::Bytes(data) = &record.payload else {
+            return Err(InvalidInput::new("record", "expected a Kinesis record"));
+        };
+        let event: CountEvent = serde_json::from_slice(data).map_err(|e| {
+            InvalidInput::new(
+                "data",
+                format!("expected {{\"key\": string, \"amount\": unsigned integer}}: {e}"),
+            )
+        })?;
+        if event.key.is_empty() {
+            return Err(InvalidInput::new("data.key", "must not be empty"));
+        }
+        Ok(event)
+    }
+
+    fn key(&self, input: &CountEvent) -> String {
+        input.key.clone()
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, input: CountEvent) -> Result<(), ProcessError> {
+        let mut count = ctx.value(&COUNT)?;
+        let total = count
+            .get()
+            .copied()
+            .unwrap_or(0)
+            .checked_add(input.amount)
+            .ok_or_else(|| {
+                InvalidInput::new(
+                    "data.amount",
+                    format!(
+                        "{} would overflow the count of {:?}",
+                        input.amount, input.key
+                    ),
+                )
+            })?;
+        count.set(total);
+        let update = CountUpdate {
+            key: input.key.clone(),
+            count: total,
+            sequence: ctx.record().sequence.to_string(),
+        };
+        ctx.emit(COUNTS, input.key, &update)
+    }
+}
