@@ -1,1 +1,6 @@
-//! Shared helpers for the end-to-end tests.
+//! Helpers for the end-to-end tests: the AWS emulator harness (random resource names, readiness
+//! polling, clean-up), an in-memory world for executor tests, and test operators.
+
+pub mod emulator;
+pub mod harness;
+pub mod operators;

@@ -1,0 +1,197 @@
+//! An in-memory world for executor tests: a state table, SQS queues for outputs and dead letters,
+//! Kinesis-shaped batches, and Lambda's redelivery rule.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use keyway::adapters::dynamodb::DynamoStateStore;
+use keyway::adapters::memory::{MemorySqs, MemoryTable, QueuedMessage};
+use keyway::adapters::sqs::SqsSink;
+use keyway::domain::{DeadLetter, SequenceNumber};
+use keyway::local::events::{kinesis_event, KinesisEventRecord};
+use keyway::ports::{ManualClock, Sink, StateStore};
+use keyway::sources::kinesis::decode_event;
+use keyway::{BatchReport, Executor, KeyedOperator, Sinks};
+use serde_json::Value;
+
+pub struct World {
+    pub table: Arc<MemoryTable>,
+    pub store: Arc<DynamoStateStore<MemoryTable>>,
+    pub sqs: Arc<MemorySqs>,
+    pub clock: Arc<ManualClock>,
+    pub dead_letter_url: String,
+    /// Sink name to queue URL.
+    pub queues: BTreeMap<String, String>,
+}
+
+impl World {
+    /// A world whose operators emit to the named sinks (one standard queue each).
+    pub fn new(sinks: &[&str]) -> Self {
+        let table = Arc::new(MemoryTable::new());
+        let clock = ManualClock::at(1_767_225_600_000);
+        let store = Arc::new(DynamoStateStore::new(table.clone(), clock.clone()));
+        let sqs = Arc::new(MemorySqs::default());
+        let dead_letter_url = sqs.create_queue("dead-letter");
+        let queues = sinks
+            .iter()
+            .map(|s| (s.to_string(), sqs.create_queue(s)))
+            .collect();
+        Self {
+            table,
+            store,
+            sqs,
+            clock,
+            dead_letter_url,
+            queues,
+        }
+    }
+
+    pub fn sinks(&self) -> Sinks {
+        let mut sinks = Sinks::new(Arc::new(SqsSink::new(
+            self.sqs.clone(),
+            &self.dead_letter_url,
+        )));
+        for (name, url) in &self.queues {
+            sinks = sinks.with(
+                name.clone(),
+                Arc::new(SqsSink::new(self.sqs.clone(), url)) as Arc<dyn Sink>,
+            );
+        }
+        sinks
+    }
+
+    pub fn executor<O: KeyedOperator>(&self, operator: O) -> Executor<O> {
+        self.executor_on(operator, self.store.clone())
+    }
+
+    pub fn executor_on<O: KeyedOperator>(
+        &self,
+        operator: O,
+        store: Arc<dyn StateStore>,
+    ) -> Executor<O> {
+        Executor::new(operator, store, self.sinks(), self.clock.clone())
+    }
+
+    pub fn outputs(&self, sink: &str) -> Vec<QueuedMessage> {
+        self.sqs.messages(&self.queues[sink])
+    }
+
+    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        self.sqs
+            .messages(&self.dead_letter_url)
+            .iter()
+            .map(|m| serde_json::from_str(&m.body).expect("dead letters are JSON"))
+            .collect()
+    }
+}
+
+/// One shard of a Kinesis stream that hands out batches with growing sequence numbers.
+pub struct Shard {
+    pub stream: String,
+    pub shard_id: String,
+    next: u64,
+}
+
+impl Shard {
+    pub fn new(stream: &str, shard: u32) -> Self {
+        Self {
+            stream: stream.into(),
+            shard_id: format!("shardId-{shard:012}"),
+            next: 1000,
+        }
+    }
+
+    /// A Lambda Kinesis event of `records` (partition key, data), in order.
+    pub fn batch(&mut self, records: &[(&str, Vec<u8>)]) -> Value {
+        let sequences: Vec<String> = records
+            .iter()
+            .map(|_| {
+                self.next += 1;
+                // Real sequence numbers are 56 digits: keep the length, so order is by value.
+                format!("4959{:052}", self.next)
+            })
+            .collect();
+        let arn = format!(
+            "arn:aws:kinesis:us-east-1:123456789012:stream/{}",
+            self.stream
+        );
+        kinesis_event(
+            &arn,
+            records
+                .iter()
+                .zip(&sequences)
+                .map(|((key, data), seq)| KinesisEventRecord {
+                    shard_id: &self.shard_id,
+                    sequence_number: seq,
+                    partition_key: key,
+                    data,
+                    arrival_millis: 1_767_225_600_000,
+                }),
+        )
+    }
+}
+
+/// A JSON record for the keyed counter.
+pub fn count(key: &str, amount: u64) -> (&str, Vec<u8>) {
+    (
+        key,
+        format!(r#"{{"key":"{key}","amount":{amount}}}"#).into_bytes(),
+    )
+}
+
+/// What Lambda redelivers after a partial batch response: the records from `failed_from` on.
+pub fn redelivery(event: &Value, failed_from: &SequenceNumber) -> Value {
+    let records: Vec<Value> = event["Records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .filter(|r| {
+            let seq = SequenceNumber::parse(r["kinesis"]["sequenceNumber"].as_str().expect("seq"))
+                .expect("digits");
+            seq >= *failed_from
+        })
+        .cloned()
+        .collect();
+    serde_json::json!({ "Records": records })
+}
+
+/// Runs `event` as Lambda would with ReportBatchItemFailures: redelivering from the reported
+/// sequence number until the batch succeeds (at most `attempts` invocations). Returns the reports.
+pub async fn run_to_completion<O: KeyedOperator>(
+    executor: &Executor<O>,
+    event: &Value,
+    attempts: usize,
+) -> Vec<BatchReport> {
+    let mut reports = Vec::new();
+    let mut current = event.clone();
+    for _ in 0..attempts {
+        let report = executor
+            .run(decode_event(&current).expect("a Kinesis event"))
+            .await;
+        let failed = report.failed_from.clone();
+        reports.push(report);
+        match failed {
+            Some(seq) => current = redelivery(event, &seq),
+            None => return reports,
+        }
+    }
+    panic!("the batch did not complete in {attempts} invocations: {reports:?}");
+}
+
+/// The count stored for `key` by the keyed counter.
+pub async fn stored_count<O: KeyedOperator>(
+    world: &World,
+    executor: &Executor<O>,
+    key: &str,
+) -> Option<u64> {
+    let loaded = world
+        .store
+        .load(executor.namespace(), &[key.to_owned()])
+        .await
+        .expect("load");
+    loaded[key]
+        .slots
+        .get("count")
+        .and_then(|slot| slot.entries.first())
+        .map(|e| e.get().parse().expect("a count"))
+}

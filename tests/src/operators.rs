@@ -1,0 +1,281 @@
+//! Operators and store wrappers that put the runtime in the situations its guarantees are about.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use keyway::domain::{KeyState, Output, Payload, SourceRecord};
+use keyway::operator::StateDescriptor;
+use keyway::ports::{Commit, Namespace, Sink, SinkError, StateStore, StoreError};
+use keyway::{Ctx, Delivery, InvalidInput, KeyedOperator, ListState, ProcessError, ValueState};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Barrier;
+
+/// Wraps an operator; records whose sequence numbers are poisoned fail with a retryable error,
+/// as a record does while a dependency it needs is down.
+pub struct Poisoned<O> {
+    pub inner: O,
+    pub poisoned: Arc<Mutex<HashSet<String>>>,
+}
+
+impl<O> Poisoned<O> {
+    pub fn new(inner: O) -> Self {
+        Self {
+            inner,
+            poisoned: Arc::default(),
+        }
+    }
+
+    pub fn poison(&self, sequence: &str) {
+        self.poisoned.lock().unwrap().insert(sequence.to_owned());
+    }
+
+    pub fn heal(&self) {
+        self.poisoned.lock().unwrap().clear();
+    }
+}
+
+impl<O: KeyedOperator> KeyedOperator for Poisoned<O> {
+    type Input = O::Input;
+
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        self.inner.states()
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<O::Input, InvalidInput> {
+        self.inner.decode(record)
+    }
+
+    fn key(&self, input: &O::Input) -> String {
+        self.inner.key(input)
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, input: O::Input) -> Result<(), ProcessError> {
+        if self
+            .poisoned
+            .lock()
+            .unwrap()
+            .contains(ctx.record().sequence.as_str())
+        {
+            return Err(ProcessError::Retry("poisoned: a dependency is down".into()));
+        }
+        self.inner.process(ctx, input)
+    }
+
+    fn delivery(&self) -> Delivery {
+        self.inner.delivery()
+    }
+}
+
+/// The waker: events of a key wait in a buffer until the key's resolution arrives on another
+/// stream; then they leave resolved, and later events leave at once. The shape of identity
+/// enrichment: two input streams write one key, and outputs depend on state the other changes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Waker;
+
+pub const ACTOR: ValueState<String> = ValueState::new("actor");
+pub const PENDING: ListState<String> = ListState::new("pending");
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum WakerInput {
+    Resolution { key: String, actor: String },
+    Event { key: String, event: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolved {
+    pub event: String,
+    pub actor: String,
+}
+
+impl KeyedOperator for Waker {
+    type Input = WakerInput;
+
+    fn name(&self) -> &str {
+        "waker"
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![ACTOR.descriptor(), PENDING.descriptor()]
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<WakerInput, InvalidInput> {
+        let Payload::Bytes(data) = &record.payload else {
+            return Err(InvalidInput::new("record", "not Kinesis"));
+        };
+        serde_json::from_slice(data).map_err(|e| InvalidInput::new("data", e.to_string()))
+    }
+
+    fn key(&self, input: &WakerInput) -> String {
+        match input {
+            WakerInput::Resolution { key, .. } | WakerInput::Event { key, .. } => key.clone(),
+        }
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, input: WakerInput) -> Result<(), ProcessError> {
+        match input {
+            WakerInput::Event { key, event } => {
+                let actor = ctx.value(&ACTOR)?.get().cloned();
+                match actor {
+                    Some(actor) => ctx.emit("resolved", key, &Resolved { event, actor })?,
+                    None => ctx.list(&PENDING)?.push(event),
+                }
+            }
+            WakerInput::Resolution { key, actor } => {
+                ctx.value(&ACTOR)?.set(actor.clone());
+                for event in ctx.list(&PENDING)?.take()? {
+                    ctx.emit(
+                        "resolved",
+                        key.clone(),
+                        &Resolved {
+                            event,
+                            actor: actor.clone(),
+                        },
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn delivery(&self) -> Delivery {
+        Delivery::Outbox
+    }
+}
+
+/// A store where every load waits until `parties` loads happened: concurrent invocations all read
+/// the same version before any of them commits.
+pub struct BarrierStore {
+    pub inner: Arc<dyn StateStore>,
+    pub barrier: Barrier,
+}
+
+#[async_trait]
+impl StateStore for BarrierStore {
+    async fn load(
+        &self,
+        namespace: &Namespace,
+        keys: &[String],
+    ) -> Result<HashMap<String, KeyState>, StoreError> {
+        let loaded = self.inner.load(namespace, keys).await;
+        self.barrier.wait().await;
+        loaded
+    }
+
+    async fn commit(
+        &self,
+        namespace: &Namespace,
+        commits: Vec<Commit>,
+    ) -> Vec<Result<(), StoreError>> {
+        self.inner.commit(namespace, commits).await
+    }
+}
+
+/// A store whose commits never finish: the process dies between emitting and committing.
+pub struct CrashBeforeCommit {
+    pub inner: Arc<dyn StateStore>,
+}
+
+#[async_trait]
+impl StateStore for CrashBeforeCommit {
+    async fn load(
+        &self,
+        namespace: &Namespace,
+        keys: &[String],
+    ) -> Result<HashMap<String, KeyState>, StoreError> {
+        self.inner.load(namespace, keys).await
+    }
+
+    async fn commit(&self, _: &Namespace, _: Vec<Commit>) -> Vec<Result<(), StoreError>> {
+        futures::future::pending().await
+    }
+}
+
+/// A sink that fails every message while it is down.
+pub struct FlakySink {
+    pub inner: Arc<dyn Sink>,
+    pub down: AtomicBool,
+}
+
+impl FlakySink {
+    pub fn new(inner: Arc<dyn Sink>) -> Self {
+        Self {
+            inner,
+            down: AtomicBool::new(false),
+        }
+    }
+
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Sink for FlakySink {
+    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+        if self.down.load(Ordering::SeqCst) {
+            return (0..messages.len())
+                .map(|i| (i, SinkError::Unavailable("the sink is down".into())))
+                .collect();
+        }
+        self.inner.send(messages).await
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        self.inner.max_message_bytes()
+    }
+}
+
+/// Buffers every record's text in a list; a record `FLUSH` empties it and emits how many there were.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Buffer;
+
+pub const BUFFERED: ListState<String> = ListState::new("buffered");
+
+impl KeyedOperator for Buffer {
+    type Input = String;
+
+    fn name(&self) -> &str {
+        "buffer"
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![BUFFERED.descriptor()]
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<String, InvalidInput> {
+        let Payload::Bytes(data) = &record.payload else {
+            return Err(InvalidInput::new("record", "not Kinesis"));
+        };
+        String::from_utf8(data.clone()).map_err(|e| InvalidInput::new("data", e.to_string()))
+    }
+
+    fn key(&self, _: &String) -> String {
+        "the-key".into()
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, input: String) -> Result<(), ProcessError> {
+        let mut list = ctx.list(&BUFFERED)?;
+        if input == "FLUSH" {
+            let all = list.take()?;
+            let first_ok = all
+                .iter()
+                .enumerate()
+                .all(|(i, e)| e.starts_with(&format!("{i:05}")));
+            ctx.emit(
+                "flushed",
+                "the-key",
+                &serde_json::json!({"count": all.len(), "in_order": first_ok}),
+            )?;
+        } else {
+            list.push(input);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,311 @@
+//! How the executor handles the cases around its guarantees: invalid input met while processing,
+//! sinks that fail, large state, state TTL and outbox redelivery.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyed_counter::{CountUpdate, KeyedCounter, COUNTS};
+use keyway::adapters::sqs::SqsSink;
+use keyway::domain::Payload;
+use keyway::operator::StateDescriptor;
+use keyway::sources::kinesis::decode_event;
+use keyway::{Ctx, Executor, InvalidInput, KeyedOperator, ProcessError, Sinks};
+use keyway_tests::harness::{count, redelivery, run_to_completion, stored_count, Shard, World};
+use keyway_tests::operators::{Buffer, FlakySink, Resolved, Waker};
+
+#[tokio::test]
+async fn an_input_found_invalid_while_processing_is_dead_lettered_and_its_key_goes_on_without_it() {
+    let world = World::new(&[COUNTS]);
+    let executor = world.executor(KeyedCounter);
+    let mut shard = Shard::new("in", 0);
+    let event = shard.batch(&[count("a", 5), count("a", u64::MAX), count("a", 2)]);
+    let report = executor.run(decode_event(&event).unwrap()).await;
+    assert_eq!(report.failed_from, None);
+    assert_eq!(report.dead_lettered, 1);
+    assert_eq!(
+        stored_count(&world, &executor, "a").await,
+        Some(7),
+        "the overflowing amount is not applied"
+    );
+    let letter = &world.dead_letters()[0];
+    assert_eq!(letter.field, "data.amount");
+    assert!(letter.problem.contains("overflow"), "{}", letter.problem);
+    let counts: Vec<u64> = world
+        .outputs(COUNTS)
+        .iter()
+        .map(|m| serde_json::from_str::<CountUpdate>(&m.body).unwrap().count)
+        .collect();
+    assert_eq!(counts, [5, 7]);
+}
+
+#[tokio::test]
+async fn an_output_that_cannot_be_sent_keeps_its_record_unapplied_until_a_redelivery_sends_it() {
+    let world = World::new(&[]);
+    let queue = world.sqs.create_queue("counts");
+    let flaky = Arc::new(FlakySink::new(Arc::new(SqsSink::new(
+        world.sqs.clone(),
+        &queue,
+    ))));
+    let sinks = world.sinks().with(COUNTS, flaky.clone());
+    let executor = Executor::new(
+        KeyedCounter,
+        world.store.clone(),
+        sinks,
+        world.clock.clone(),
+    );
+    let mut shard = Shard::new("in", 0);
+    let event = shard.batch(&[count("a", 1), count("b", 1), count("a", 1)]);
+
+    flaky.set_down(true);
+    let report = executor.run(decode_event(&event).unwrap()).await;
+    assert_eq!(
+        report.failed_from.as_ref().map(|s| s.to_string()),
+        event["Records"][0]["kinesis"]["sequenceNumber"]
+            .as_str()
+            .map(str::to_owned)
+    );
+    assert_eq!(
+        stored_count(&world, &executor, "a").await,
+        None,
+        "nothing is committed for unsent outputs"
+    );
+
+    flaky.set_down(false);
+    run_to_completion(
+        &executor,
+        &redelivery(&event, report.failed_from.as_ref().unwrap()),
+        2,
+    )
+    .await;
+    assert_eq!(stored_count(&world, &executor, "a").await, Some(2));
+    assert_eq!(world.sqs.messages(&queue).len(), 3, "every output arrives");
+}
+
+#[tokio::test]
+async fn a_key_holding_ten_thousand_list_entries_of_two_kilobytes_works() {
+    let world = World::new(&["flushed"]);
+    let executor = world.executor(Buffer);
+    let mut shard = Shard::new("in", 0);
+    // Ten batches of 1,000 entries, as ten invocations would deliver them.
+    for b in 0..10 {
+        let records: Vec<(&str, Vec<u8>)> = (0..1000)
+            .map(|i| {
+                (
+                    "k",
+                    format!("{:05}{}", b * 1000 + i, "x".repeat(2043)).into_bytes(),
+                )
+            })
+            .collect();
+        let report = executor
+            .run(decode_event(&shard.batch(&records)).unwrap())
+            .await;
+        assert_eq!((report.applied, report.failed_from), (1000, None));
+    }
+    assert!(
+        world
+            .table
+            .items()
+            .iter()
+            .all(|i| keyway::domain::item::item_size(i) <= 400 * 1024),
+        "every item fits DynamoDB"
+    );
+    assert!(
+        world.table.len() > 40,
+        "20 MB of state spans many items: {}",
+        world.table.len()
+    );
+
+    let report = executor
+        .run(decode_event(&shard.batch(&[("k", b"FLUSH".to_vec())])).unwrap())
+        .await;
+    assert_eq!(report.failed_from, None);
+    let flushed: serde_json::Value =
+        serde_json::from_str(&world.outputs("flushed")[0].body).unwrap();
+    assert_eq!(
+        flushed,
+        serde_json::json!({"count": 10_000, "in_order": true})
+    );
+    // The next commit deletes the segments the flush retired.
+    executor
+        .run(decode_event(&shard.batch(&[("k", b"00000-after".to_vec())])).unwrap())
+        .await;
+    assert_eq!(world.table.len(), 1, "only the head item is left");
+}
+
+/// A counter whose state lives one hour after its last change.
+struct ExpiringCounter;
+
+impl KeyedOperator for ExpiringCounter {
+    type Input = keyed_counter::CountEvent;
+    fn name(&self) -> &str {
+        "expiring-counter"
+    }
+    fn states(&self) -> Vec<StateDescriptor> {
+        KeyedCounter.states()
+    }
+    fn decode(&self, record: &keyway::domain::SourceRecord) -> Result<Self::Input, InvalidInput> {
+        KeyedCounter.decode(record)
+    }
+    fn key(&self, input: &Self::Input) -> String {
+        input.key.clone()
+    }
+    fn process(&self, ctx: &mut Ctx<'_>, input: Self::Input) -> Result<(), ProcessError> {
+        KeyedCounter.process(ctx, input)
+    }
+    fn state_ttl(&self) -> Option<Duration> {
+        Some(Duration::from_secs(3600))
+    }
+}
+
+#[tokio::test]
+async fn state_past_its_ttl_is_never_read_even_before_dynamodb_deletes_it() {
+    let world = World::new(&[COUNTS]);
+    let executor = world.executor(ExpiringCounter);
+    let mut shard = Shard::new("in", 0);
+    executor
+        .run(decode_event(&shard.batch(&[count("a", 5)])).unwrap())
+        .await;
+    world.clock.advance(3_599_000);
+    executor
+        .run(decode_event(&shard.batch(&[count("a", 1)])).unwrap())
+        .await;
+    assert_eq!(
+        stored_count(&world, &executor, "a").await,
+        Some(6),
+        "within the TTL the state is there, and the TTL moves"
+    );
+    world.clock.advance(3_601_000);
+    assert_eq!(
+        world.table.len(),
+        1,
+        "DynamoDB has not deleted the item yet"
+    );
+    executor
+        .run(decode_event(&shard.batch(&[count("a", 1)])).unwrap())
+        .await;
+    assert_eq!(
+        stored_count(&world, &executor, "a").await,
+        Some(1),
+        "expired state counts as absent"
+    );
+}
+
+#[tokio::test]
+async fn an_outbox_that_could_not_be_sent_is_sent_again_by_the_redelivery_with_the_same_ids() {
+    let world = World::new(&[]);
+    let queue = world.sqs.create_queue("resolved");
+    let flaky = Arc::new(FlakySink::new(Arc::new(SqsSink::new(
+        world.sqs.clone(),
+        &queue,
+    ))));
+    let sinks = Sinks::new(Arc::new(SqsSink::new(
+        world.sqs.clone(),
+        &world.dead_letter_url,
+    )))
+    .with("resolved", flaky.clone());
+    let executor = Executor::new(Waker, world.store.clone(), sinks, world.clock.clone());
+    let mut shard = Shard::new("mixed", 0);
+    let event = shard.batch(&[
+        ("k", br#"{"key":"k","event":"e1"}"#.to_vec()),
+        ("k", br#"{"key":"k","actor":"alice"}"#.to_vec()),
+        ("k", br#"{"key":"k","event":"e2"}"#.to_vec()),
+    ]);
+    flaky.set_down(true);
+    let report = executor.run(decode_event(&event).unwrap()).await;
+    assert_eq!(report.commits, 1, "the state and its outbox are committed");
+    assert!(
+        report.failed_from.is_some(),
+        "but the batch is not done until the outbox is sent"
+    );
+
+    flaky.set_down(false);
+    let reports = run_to_completion(
+        &executor,
+        &redelivery(&event, report.failed_from.as_ref().unwrap()),
+        2,
+    )
+    .await;
+    assert_eq!(
+        reports[0].replayed, 3,
+        "the redelivery applies nothing again"
+    );
+    let sent: Vec<Resolved> = world
+        .sqs
+        .messages(&queue)
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            Resolved {
+                event: "e1".into(),
+                actor: "alice".into()
+            },
+            Resolved {
+                event: "e2".into(),
+                actor: "alice".into()
+            }
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
+    use keyway::domain::{AttrValue, ChangeKind, Item};
+    use keyway::local::events::{dynamodb_event, DynamoDbEventRecord};
+
+    /// Counts changes per table.
+    struct ChangeCounter;
+    impl KeyedOperator for ChangeCounter {
+        type Input = String;
+        fn name(&self) -> &str {
+            "change-counter"
+        }
+        fn states(&self) -> Vec<StateDescriptor> {
+            KeyedCounter.states()
+        }
+        fn decode(&self, record: &keyway::domain::SourceRecord) -> Result<String, InvalidInput> {
+            match &record.payload {
+                Payload::Change(change) => Ok(change.table.clone().unwrap_or_default()),
+                Payload::Bytes(_) => Err(InvalidInput::new("record", "expected a DynamoDB change")),
+            }
+        }
+        fn key(&self, table: &String) -> String {
+            table.clone()
+        }
+        fn process(&self, ctx: &mut Ctx<'_>, _: String) -> Result<(), ProcessError> {
+            let mut count = ctx.value(&keyed_counter::COUNT)?;
+            let next = count.get().copied().unwrap_or(0) + 1;
+            count.set(next);
+            Ok(())
+        }
+    }
+
+    let world = World::new(&[]);
+    let executor = world.executor(ChangeCounter);
+    let keys: Vec<Item> = (0..3)
+        .map(|i| Item::from([("id".to_owned(), AttrValue::S(format!("item-{i}")))]))
+        .collect();
+    let event = dynamodb_event(
+        "arn:aws:dynamodb:us-east-1:123456789012:table/orders/stream/2026-01-01T00:00:00.000",
+        keys.iter().enumerate().map(|(i, k)| DynamoDbEventRecord {
+            kind: ChangeKind::Insert,
+            keys: k,
+            old_image: None,
+            new_image: Some(k),
+            sequence_number: ["100", "200", "300"][i],
+            created_secs: 1_767_225_600,
+            ttl_deletion: false,
+        }),
+    );
+    let report = keyway::sources::run_dynamodb(&executor, &event)
+        .await
+        .unwrap();
+    assert!(report.batch_item_failures.is_empty());
+    // Redelivered, the three changes are recognised per item and not counted again.
+    keyway::sources::run_dynamodb(&executor, &event)
+        .await
+        .unwrap();
+    assert_eq!(stored_count(&world, &executor, "orders").await, Some(3));
+}
