@@ -19,7 +19,7 @@ async fn an_input_found_invalid_while_processing_is_dead_lettered_and_its_key_go
     let executor = world.executor(KeyedCounter);
     let mut shard = Shard::new("in", 0);
     let event = shard.batch(&[count("a", 5), count("a", u64::MAX), count("a", 2)]);
-    let report = executor.run(decode_event(&event).unwrap()).await;
+    let report = executor.run(decode_event(event.clone()).unwrap()).await;
     assert_eq!(report.failed_from, None);
     assert_eq!(report.dead_lettered, 1);
     assert_eq!(
@@ -57,7 +57,7 @@ async fn an_output_that_cannot_be_sent_keeps_its_record_unapplied_until_a_redeli
     let event = shard.batch(&[count("a", 1), count("b", 1), count("a", 1)]);
 
     flaky.set_down(true);
-    let report = executor.run(decode_event(&event).unwrap()).await;
+    let report = executor.run(decode_event(event.clone()).unwrap()).await;
     assert_eq!(
         report.failed_from.as_ref().map(|s| s.to_string()),
         event["Records"][0]["kinesis"]["sequenceNumber"]
@@ -97,7 +97,7 @@ async fn a_key_holding_ten_thousand_list_entries_of_two_kilobytes_works() {
             })
             .collect();
         let report = executor
-            .run(decode_event(&shard.batch(&records)).unwrap())
+            .run(decode_event(shard.batch(&records)).unwrap())
             .await;
         assert_eq!((report.applied, report.failed_from), (1000, None));
     }
@@ -116,7 +116,7 @@ async fn a_key_holding_ten_thousand_list_entries_of_two_kilobytes_works() {
     );
 
     let report = executor
-        .run(decode_event(&shard.batch(&[("k", b"FLUSH".to_vec())])).unwrap())
+        .run(decode_event(shard.batch(&[("k", b"FLUSH".to_vec())])).unwrap())
         .await;
     assert_eq!(report.failed_from, None);
     let flushed: serde_json::Value =
@@ -127,7 +127,7 @@ async fn a_key_holding_ten_thousand_list_entries_of_two_kilobytes_works() {
     );
     // The next commit deletes the segments the flush retired.
     executor
-        .run(decode_event(&shard.batch(&[("k", b"00000-after".to_vec())])).unwrap())
+        .run(decode_event(shard.batch(&[("k", b"00000-after".to_vec())])).unwrap())
         .await;
     assert_eq!(world.table.len(), 1, "only the head item is left");
 }
@@ -163,11 +163,11 @@ async fn state_past_its_ttl_is_never_read_even_before_dynamodb_deletes_it() {
     let executor = world.executor(ExpiringCounter);
     let mut shard = Shard::new("in", 0);
     executor
-        .run(decode_event(&shard.batch(&[count("a", 5)])).unwrap())
+        .run(decode_event(shard.batch(&[count("a", 5)])).unwrap())
         .await;
     world.clock.advance(3_599_000);
     executor
-        .run(decode_event(&shard.batch(&[count("a", 1)])).unwrap())
+        .run(decode_event(shard.batch(&[count("a", 1)])).unwrap())
         .await;
     assert_eq!(
         stored_count(&world, &executor, "a").await,
@@ -181,7 +181,7 @@ async fn state_past_its_ttl_is_never_read_even_before_dynamodb_deletes_it() {
         "DynamoDB has not deleted the item yet"
     );
     executor
-        .run(decode_event(&shard.batch(&[count("a", 1)])).unwrap())
+        .run(decode_event(shard.batch(&[count("a", 1)])).unwrap())
         .await;
     assert_eq!(
         stored_count(&world, &executor, "a").await,
@@ -211,7 +211,7 @@ async fn an_outbox_that_could_not_be_sent_is_sent_again_by_the_redelivery_with_t
         ("k", br#"{"key":"k","event":"e2"}"#.to_vec()),
     ]);
     flaky.set_down(true);
-    let report = executor.run(decode_event(&event).unwrap()).await;
+    let report = executor.run(decode_event(event.clone()).unwrap()).await;
     assert_eq!(report.commits, 1, "the state and its outbox are committed");
     assert!(
         report.failed_from.is_some(),
@@ -299,12 +299,12 @@ async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
             ttl_deletion: false,
         }),
     );
-    let report = keyway::sources::run_dynamodb(&executor, &event)
+    let report = keyway::sources::run_dynamodb(&executor, event.clone())
         .await
         .unwrap();
     assert!(report.batch_item_failures.is_empty());
     // Redelivered, the three changes are recognised per item and not counted again.
-    keyway::sources::run_dynamodb(&executor, &event)
+    keyway::sources::run_dynamodb(&executor, event.clone())
         .await
         .unwrap();
     assert_eq!(stored_count(&world, &executor, "orders").await, Some(3));

@@ -38,7 +38,8 @@ pub struct RejectedRecord {
     pub sequence: Option<SequenceNumber>,
     pub field: String,
     pub problem: String,
-    pub raw: String,
+    /// The record JSON as delivered.
+    pub raw: serde_json::Value,
 }
 
 /// The sinks an operator emits to, by name, and the dead-letter sink.
@@ -231,7 +232,7 @@ impl<O: KeyedOperator> Executor<O> {
                         rejected.sequence.as_ref().map(|s| s.to_string()),
                         rejected.field.clone(),
                         rejected.problem.clone(),
-                        rejected.raw.clone(),
+                        rejected.raw.to_string(),
                     );
                     unkeyed.push((index, letter));
                     inputs.push(None);
@@ -292,34 +293,36 @@ impl<O: KeyedOperator> Executor<O> {
 
         // 5. Emit: dead letters, outboxes left by earlier invocations, and (emit-then-commit) outputs.
         let dlq_limit = self.sinks.dead_letter_limit();
-        let mut messages: Vec<(Tag, Output)> = Vec::new();
+        let mut emission = Emission::default();
         for (index, letter) in unkeyed {
-            messages.push((Tag::Unkeyed { index }, letter.into_output(dlq_limit)));
+            emission.push(Tag::Unkeyed { index }, letter.into_output(dlq_limit));
         }
-        for (g, (group, run)) in plan.groups.iter().zip(&runs).enumerate() {
+        let emit_now = self.operator.delivery() == Delivery::EmitThenCommit;
+        for (g, (group, run)) in plan.groups.iter().zip(runs.iter_mut()).enumerate() {
             for output in &bases[g].outbox {
-                messages.push((Tag::Outbox { group: g }, output.clone()));
+                emission.push(Tag::Outbox { group: g }, output.clone());
             }
-            for (position, outcome) in run.outcomes.iter().enumerate() {
+            for (position, outcome) in run.outcomes.iter_mut().enumerate() {
                 let tag = Tag::Record { group: g, position };
                 match outcome {
-                    Outcome::Applied(outputs)
-                        if self.operator.delivery() == Delivery::EmitThenCommit =>
-                    {
-                        messages.extend(outputs.iter().map(|o| (tag, o.clone())));
+                    // Sent now, so no longer needed in the outcome.
+                    Outcome::Applied(outputs) if emit_now => {
+                        for output in std::mem::take(outputs) {
+                            emission.push(tag, output);
+                        }
                     }
                     Outcome::Invalid(invalid) => {
                         let record =
                             records[group.records[position]].expect("keyed records decoded");
                         let letter =
                             self.dead_letter(Some(record), Some(&group.key), invalid.clone());
-                        messages.push((tag, letter.into_output(dlq_limit)));
+                        emission.push(tag, letter.into_output(dlq_limit));
                     }
                     _ => {}
                 }
             }
         }
-        let failed_tags = self.emit(&messages, &mut report).await;
+        let failed_tags = self.emit(emission, &mut report).await;
 
         // Per key, how many records stay: up to the first that failed or whose messages did not
         // all go out. An outbox that could not be re-sent blocks its key, keeping output order.
@@ -429,13 +432,15 @@ impl<O: KeyedOperator> Executor<O> {
 
         // Outbox delivery: send what was just committed. What fails stays in the outbox, and the
         // key's records are redelivered, which sends it again.
-        let mut outbox_messages: Vec<(Tag, Output)> = Vec::new();
+        let mut outbox = Emission::default();
         for (g, outputs) in pending_outbox {
             if committed[g] {
-                outbox_messages.extend(outputs.into_iter().map(|o| (Tag::Outbox { group: g }, o)));
+                for output in outputs {
+                    outbox.push(Tag::Outbox { group: g }, output);
+                }
             }
         }
-        for tag in self.emit(&outbox_messages, &mut report).await {
+        for tag in self.emit(outbox, &mut report).await {
             if let Tag::Outbox { group } = tag {
                 report.fail(&batch_sequence(&plan.groups[group].records, &records));
             }
@@ -599,27 +604,20 @@ impl<O: KeyedOperator> Executor<O> {
             record.map(|r| r.sequence.to_string()),
             invalid.field,
             problem,
-            record.map(|r| r.raw.clone()).unwrap_or_default(),
+            record.map(|r| r.raw.to_string()).unwrap_or_default(),
         )
     }
 
     /// Sends every message to its sink, all sinks at once; returns the tags of messages not sent.
-    async fn emit(&self, messages: &[(Tag, Output)], report: &mut BatchReport) -> Vec<Tag> {
-        let mut by_sink: BTreeMap<&str, (Vec<Tag>, Vec<Output>)> = BTreeMap::new();
-        for (tag, output) in messages {
-            let entry = by_sink.entry(output.sink.as_str()).or_default();
-            entry.0.push(*tag);
-            entry.1.push(output.clone());
-        }
+    async fn emit(&self, emission: Emission, report: &mut BatchReport) -> Vec<Tag> {
+        let by_sink = emission.by_sink;
         let sends = by_sink.iter().map(|(name, (_, outputs))| async move {
-            match self.sinks.sinks.get(*name) {
+            match self.sinks.sinks.get(name) {
                 Some(sink) => sink.send(outputs).await,
                 // Ctx refuses unknown sinks; an outbox written under an older configuration
                 // may still name one. Keep it until the sink is configured again.
-                None => outputs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, _)| {
+                None => (0..outputs.len())
+                    .map(|i| {
                         (
                             i,
                             crate::ports::SinkError::Unavailable(format!("no sink named {name:?}")),
@@ -636,13 +634,30 @@ impl<O: KeyedOperator> Executor<O> {
                 failed.push(tags[*i]);
             }
             let sent = outputs.len() - failures.len();
-            if *name == DEAD_LETTER_SINK {
+            if name == DEAD_LETTER_SINK {
                 report.dead_lettered += sent;
             } else {
                 report.outputs_sent += sent;
             }
         }
         failed
+    }
+}
+
+/// Messages to send, grouped by sink, each with the tag that maps a failure back to its record.
+#[derive(Default)]
+struct Emission {
+    by_sink: BTreeMap<String, (Vec<Tag>, Vec<Output>)>,
+}
+
+impl Emission {
+    fn push(&mut self, tag: Tag, output: Output) {
+        let entry = match self.by_sink.get_mut(&output.sink) {
+            Some(entry) => entry,
+            None => self.by_sink.entry(output.sink.clone()).or_default(),
+        };
+        entry.0.push(tag);
+        entry.1.push(output);
     }
 }
 

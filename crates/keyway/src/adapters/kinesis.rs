@@ -24,11 +24,12 @@ pub const RECORD_MAX_BYTES: usize = 1024 * 1024;
 pub const PUT_RECORDS_MAX: usize = 500;
 pub const PUT_RECORDS_MAX_BYTES: usize = 5 * 1024 * 1024;
 
+/// One record of a PutRecords call, borrowed from the output it sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PutEntry {
-    pub partition_key: String,
-    pub data: Vec<u8>,
-    pub explicit_hash_key: Option<String>,
+pub struct PutEntry<'a> {
+    pub partition_key: &'a str,
+    pub data: &'a [u8],
+    pub explicit_hash_key: Option<&'a str>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,9 +86,9 @@ impl KinesisApi for SdkKinesis {
             .iter()
             .map(|e| {
                 PutRecordsRequestEntry::builder()
-                    .partition_key(&e.partition_key)
-                    .data(Blob::new(e.data.clone()))
-                    .set_explicit_hash_key(e.explicit_hash_key.clone())
+                    .partition_key(e.partition_key)
+                    .data(Blob::new(e.data))
+                    .set_explicit_hash_key(e.explicit_hash_key.map(str::to_owned))
                     .build()
                     .map_err(|err| SinkError::Rejected(err.to_string()))
             })
@@ -153,8 +154,8 @@ impl<A: KinesisApi> KinesisSink<A> {
             let entries: Vec<PutEntry> = pending
                 .iter()
                 .map(|&i| PutEntry {
-                    partition_key: messages[i].partition_key.clone(),
-                    data: messages[i].body.clone().into_bytes(),
+                    partition_key: &messages[i].partition_key,
+                    data: messages[i].body.as_bytes(),
                     explicit_hash_key: None,
                 })
                 .collect();

@@ -23,15 +23,16 @@ pub const BATCH_MAX_BYTES: usize = 256 * 1024;
 /// The attribute that carries the output id on standard queues.
 pub const OUTPUT_ID_ATTRIBUTE: &str = "outputId";
 
+/// One entry of a SendMessageBatch call, borrowed from the output it sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SqsEntry {
+pub struct SqsEntry<'a> {
     /// Unique within the call.
     pub id: String,
-    pub body: String,
-    pub output_id: String,
+    pub body: &'a str,
+    pub output_id: &'a str,
     /// FIFO queues only.
-    pub group_id: Option<String>,
-    pub deduplication_id: Option<String>,
+    pub group_id: Option<&'a str>,
+    pub deduplication_id: Option<&'a str>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,15 +82,15 @@ impl SqsApi for SdkSqs {
             .map(|e| {
                 let attribute = MessageAttributeValue::builder()
                     .data_type("String")
-                    .string_value(&e.output_id)
+                    .string_value(e.output_id)
                     .build()
                     .map_err(|err| SinkError::Rejected(err.to_string()))?;
                 SendMessageBatchRequestEntry::builder()
                     .id(&e.id)
-                    .message_body(&e.body)
+                    .message_body(e.body)
                     .message_attributes(OUTPUT_ID_ATTRIBUTE, attribute)
-                    .set_message_group_id(e.group_id.clone())
-                    .set_message_deduplication_id(e.deduplication_id.clone())
+                    .set_message_group_id(e.group_id.map(str::to_owned))
+                    .set_message_deduplication_id(e.deduplication_id.map(str::to_owned))
                     .build()
                     .map_err(|err| SinkError::Rejected(err.to_string()))
             })
@@ -163,10 +164,10 @@ impl<A: SqsApi> SqsSink<A> {
                 .enumerate()
                 .map(|(n, &i)| SqsEntry {
                     id: n.to_string(),
-                    body: messages[i].body.clone(),
-                    output_id: messages[i].id.to_string(),
-                    group_id: self.fifo.then(|| messages[i].partition_key.clone()),
-                    deduplication_id: self.fifo.then(|| messages[i].id.to_string()),
+                    body: &messages[i].body,
+                    output_id: messages[i].id.as_str(),
+                    group_id: self.fifo.then_some(messages[i].partition_key.as_str()),
+                    deduplication_id: self.fifo.then_some(messages[i].id.as_str()),
                 })
                 .collect();
             let mut retry = Vec::new();

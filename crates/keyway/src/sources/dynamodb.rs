@@ -2,15 +2,16 @@
 
 use serde_json::Value;
 
-use super::{epoch_seconds_to_millis, records_of, rejected, DecodedBatch};
+use super::{epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem};
 use crate::domain::hash::sha256_hex;
 use crate::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
 use crate::domain::{Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord};
+use crate::executor::RejectedRecord;
 
 /// Decodes every record of a DynamoDB Streams event; a record that does not decode is returned as
 /// rejected, naming the field. Fails only when the event has no `Records` array at all.
-pub fn decode_event(event: &Value) -> Result<DecodedBatch, String> {
-    Ok(records_of(event)?.iter().map(decode_record).collect())
+pub fn decode_event(event: Value) -> Result<DecodedBatch, String> {
+    Ok(records_of(event)?.into_iter().map(decode_record).collect())
 }
 
 /// The table name in a stream ARN (`arn:aws:dynamodb:region:account:table/name/stream/label`).
@@ -19,7 +20,25 @@ pub fn table_name(arn: &str) -> Option<&str> {
     Some(rest.split_once("/stream/").map_or(rest, |(table, _)| table))
 }
 
-fn decode_record(raw: &Value) -> Result<SourceRecord, crate::executor::RejectedRecord> {
+/// The record JSON moves into the result: it is kept, not copied, for a dead letter.
+// A batch holds records and rejections side by side, both about as large: boxing the rejection
+// would only add an allocation.
+#[allow(clippy::result_large_err)]
+fn decode_record(raw: Value) -> Result<SourceRecord, RejectedRecord> {
+    match parse(&raw) {
+        Ok((origin, sequence, arrival_millis, change)) => Ok(SourceRecord {
+            partition_key: item_to_dynamodb_json(&change.keys).to_string(),
+            origin,
+            sequence,
+            arrival_millis,
+            payload: Payload::Change(change),
+            raw,
+        }),
+        Err(problem) => Err(rejected(raw, problem)),
+    }
+}
+
+fn parse(raw: &Value) -> Result<(Origin, SequenceNumber, Option<i64>, Change), Problem> {
     let change = raw.get("dynamodb");
     let table = raw
         .get("eventSourceARN")
@@ -52,24 +71,31 @@ fn decode_record(raw: &Value) -> Result<SourceRecord, crate::executor::RejectedR
     let (keys, sequence, origin) = match (keys, sequence, origin) {
         (Ok(k), Ok(s), Some(o)) => (k, s, o),
         (k, s, o) => {
-            let problem = [k.as_ref().err(), s.as_ref().err()]
+            let text = [k.as_ref().err(), s.as_ref().err()]
                 .into_iter()
                 .flatten()
                 .next()
                 .cloned()
                 .unwrap_or_default();
-            return Err(rejected(raw, o.map(|o| o.0), s.ok(), problem));
+            return Err(Problem {
+                origin: o,
+                sequence: s.ok(),
+                text,
+            });
         }
     };
-    let fail =
-        |problem: String| rejected(raw, Some(origin.0.clone()), Some(sequence.clone()), problem);
+    let at = |text: String| Problem {
+        origin: Some(origin.clone()),
+        sequence: Some(sequence.clone()),
+        text,
+    };
 
     let kind = match raw.get("eventName").and_then(Value::as_str) {
         Some("INSERT") => ChangeKind::Insert,
         Some("MODIFY") => ChangeKind::Modify,
         Some("REMOVE") => ChangeKind::Remove,
         other => {
-            return Err(fail(format!(
+            return Err(at(format!(
                 "eventName: expected INSERT, MODIFY or REMOVE, got {other:?}"
             )))
         }
@@ -80,14 +106,14 @@ fn decode_record(raw: &Value) -> Result<SourceRecord, crate::executor::RejectedR
             Some(v) => item_from_dynamodb_json(v, &format!("dynamodb.{name}")).map(Some),
         }
     };
-    let new_image = image("NewImage").map_err(fail)?;
-    let old_image = image("OldImage").map_err(fail)?;
+    let new_image = image("NewImage").map_err(at)?;
+    let old_image = image("OldImage").map_err(at)?;
     let arrival_millis = change
         .and_then(|c| c.get("ApproximateCreationDateTime"))
         .filter(|v| !v.is_null())
         .map(|v| epoch_seconds_to_millis(v, "dynamodb.ApproximateCreationDateTime"))
         .transpose()
-        .map_err(fail)?;
+        .map_err(at)?;
     // DynamoDB's TTL process deletes as the service principal (Developer Guide, "Working with
     // expired items and time to live").
     let identity = raw.get("userIdentity");
@@ -97,21 +123,19 @@ fn decode_record(raw: &Value) -> Result<SourceRecord, crate::executor::RejectedR
             .and_then(|u| u.get("principalId"))
             .and_then(Value::as_str)
             == Some("dynamodb.amazonaws.com");
-    Ok(SourceRecord {
-        partition_key: item_to_dynamodb_json(&keys).to_string(),
+    Ok((
         origin,
         sequence,
         arrival_millis,
-        payload: Payload::Change(Change {
+        Change {
             kind,
             table,
             keys,
             old_image,
             new_image,
             ttl_deletion,
-        }),
-        raw: raw.to_string(),
-    })
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -136,7 +160,7 @@ mod tests {
 
     #[test]
     fn an_insert_decodes_to_a_change_with_keys_image_and_origin_per_item() {
-        let batch = decode_event(&json!({"Records": [record("INSERT", "111")]})).unwrap();
+        let batch = decode_event(json!({"Records": [record("INSERT", "111")]})).unwrap();
         let r = batch[0].as_ref().unwrap();
         let Payload::Change(change) = &r.payload else {
             panic!("a change")
@@ -159,7 +183,7 @@ mod tests {
     fn a_ttl_deletion_is_marked_as_one() {
         let mut r = record("REMOVE", "112");
         r["userIdentity"] = json!({"type": "Service", "principalId": "dynamodb.amazonaws.com"});
-        let batch = decode_event(&json!({"Records": [r]})).unwrap();
+        let batch = decode_event(json!({"Records": [r]})).unwrap();
         let Payload::Change(change) = &batch[0].as_ref().unwrap().payload else {
             panic!()
         };
@@ -174,13 +198,13 @@ mod tests {
             .as_object_mut()
             .unwrap()
             .remove("ApproximateCreationDateTime");
-        let batch = decode_event(&json!({"Records": [r]})).unwrap();
+        let batch = decode_event(json!({"Records": [r]})).unwrap();
         assert_eq!(batch[0].as_ref().unwrap().arrival_millis, None);
     }
 
     #[test]
     fn an_unknown_event_name_is_rejected_naming_the_field() {
-        let batch = decode_event(&json!({"Records": [record("UPSERT", "114")]})).unwrap();
+        let batch = decode_event(json!({"Records": [record("UPSERT", "114")]})).unwrap();
         let rejected = batch[0].as_ref().unwrap_err();
         assert_eq!(rejected.field, "eventName");
         assert_eq!(rejected.sequence.as_ref().unwrap().as_str(), "114");
@@ -189,7 +213,7 @@ mod tests {
     #[test]
     fn the_same_item_in_two_records_has_the_same_origin() {
         let batch =
-            decode_event(&json!({"Records": [record("INSERT", "1"), record("MODIFY", "2")]}))
+            decode_event(json!({"Records": [record("INSERT", "1"), record("MODIFY", "2")]}))
                 .unwrap();
         assert_eq!(
             batch[0].as_ref().unwrap().origin,

@@ -13,19 +13,30 @@ use aws_lambda_events::event::streams::{
 };
 use serde_json::Value;
 
-use crate::domain::SourceRecord;
+use crate::domain::{Origin, SequenceNumber, SourceRecord};
 use crate::executor::{BatchReport, Executor, RejectedRecord};
 use crate::operator::KeyedOperator;
 
 /// One decoded batch: per record, the record or why it was rejected.
 pub type DecodedBatch = Vec<Result<SourceRecord, RejectedRecord>>;
 
-/// The `Records` array of a Lambda stream event.
-pub fn records_of(event: &Value) -> Result<&Vec<Value>, String> {
-    event
-        .get("Records")
-        .and_then(Value::as_array)
-        .ok_or_else(|| "Records: the event has no Records array".to_owned())
+/// The `Records` array of a Lambda stream event, taken out of it.
+pub fn records_of(event: Value) -> Result<Vec<Value>, String> {
+    match event {
+        Value::Object(mut map) => match map.remove("Records") {
+            Some(Value::Array(records)) => Ok(records),
+            _ => Err("Records: the event has no Records array".to_owned()),
+        },
+        _ => Err("Records: the event is not a JSON object".to_owned()),
+    }
+}
+
+/// Why a record was rejected, with what could be read of its position.
+pub(crate) struct Problem {
+    pub origin: Option<Origin>,
+    pub sequence: Option<SequenceNumber>,
+    /// "field: what is wrong".
+    pub text: String,
 }
 
 /// The partial batch response for a Kinesis batch: the lowest sequence number not applied, or no
@@ -55,7 +66,7 @@ pub fn dynamodb_response(report: &BatchReport) -> DynamoDbEventResponse {
 /// dead-lettered) fails the invocation, so that Lambda retries the whole batch.
 pub async fn run_kinesis<O: KeyedOperator>(
     executor: &Executor<O>,
-    event: &Value,
+    event: Value,
 ) -> Result<KinesisEventResponse, String> {
     let report = executor.run(kinesis::decode_event(event)?).await;
     match report.unreportable_failure {
@@ -67,7 +78,7 @@ pub async fn run_kinesis<O: KeyedOperator>(
 /// Runs a DynamoDB Streams event through `executor`; see `run_kinesis`.
 pub async fn run_dynamodb<O: KeyedOperator>(
     executor: &Executor<O>,
-    event: &Value,
+    event: Value,
 ) -> Result<DynamoDbEventResponse, String> {
     let report = executor.run(dynamodb::decode_event(event)?).await;
     match report.unreportable_failure {
@@ -89,23 +100,18 @@ pub(crate) fn epoch_seconds_to_millis(value: &Value, field: &str) -> Result<i64,
     Ok((seconds * 1000.0).round() as i64)
 }
 
-pub(crate) fn rejected(
-    raw: &Value,
-    origin: Option<String>,
-    sequence: Option<crate::domain::SequenceNumber>,
-    problem: String,
-) -> RejectedRecord {
+pub(crate) fn rejected(raw: Value, problem: Problem) -> RejectedRecord {
     // Problems are written "field: what is wrong"; split them for the dead letter.
-    let (field, problem) = match problem.split_once(": ") {
+    let (field, text) = match problem.text.split_once(": ") {
         Some((field, rest)) if !field.contains(' ') => (field.to_owned(), rest.to_owned()),
-        _ => ("record".to_owned(), problem),
+        _ => ("record".to_owned(), problem.text),
     };
     RejectedRecord {
-        origin,
-        sequence,
+        origin: problem.origin.map(|o| o.0),
+        sequence: problem.sequence,
         field,
-        problem,
-        raw: raw.to_string(),
+        problem: text,
+        raw,
     }
 }
 

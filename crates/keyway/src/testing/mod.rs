@@ -432,7 +432,10 @@ pub async fn state_store_contract<T: Table + 'static>(
     .expect("long key");
     assert_eq!(
         entries_of(
-            &store.load(&ns, &[long_key.clone()]).await.unwrap()[&long_key],
+            &store
+                .load(&ns, std::slice::from_ref(&long_key))
+                .await
+                .unwrap()[&long_key],
             "count"
         ),
         ["3"]

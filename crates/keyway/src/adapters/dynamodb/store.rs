@@ -53,29 +53,49 @@ const HEAD_SK: &str = "head";
 const DOC: &str = "doc";
 const ENTRIES: &str = "e";
 
-/// The head's `doc` attribute.
-#[derive(Default, Serialize, Deserialize)]
+/// The head's `doc` attribute, as read.
+#[derive(Default, Deserialize)]
 struct HeadDoc {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default)]
     wm: BTreeMap<Origin, Watermark>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default)]
     slots: BTreeMap<String, SlotDoc>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     ob: Vec<Output>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     gc: Vec<(String, u64)>,
-    /// The key itself, when the partition key holds its hash.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    key: Option<String>,
 }
 
-#[derive(Default, Serialize, Deserialize)]
+#[derive(Default, Deserialize)]
 struct SlotDoc {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     seg: Vec<Segment>,
     /// Inline entries: those after the segments'.
     #[serde(default)]
     e: Vec<Box<RawValue>>,
+}
+
+/// The head's `doc` attribute, as written: the same fields, borrowed from the state.
+#[derive(Serialize)]
+struct HeadDocRef<'a> {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    wm: &'a BTreeMap<Origin, Watermark>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    slots: BTreeMap<&'a str, SlotDocRef<'a>>,
+    #[serde(skip_serializing_if = "<[Output]>::is_empty")]
+    ob: &'a [Output],
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    gc: Vec<&'a (String, u64)>,
+    /// The key itself when the partition key holds its hash, for people reading the table.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct SlotDocRef<'a> {
+    #[serde(skip_serializing_if = "<[Segment]>::is_empty")]
+    seg: &'a [Segment],
+    e: &'a [Box<RawValue>],
 }
 
 /// `StateStore` on any `Table`: the SDK's for AWS, the in-memory one for tests and local runs.
@@ -113,11 +133,15 @@ impl<T: Table> DynamoStateStore<T> {
 
     /// Reads every key, 100 a call, all calls at once; keys DynamoDB leaves unprocessed (or whose
     /// call was throttled) are read again after a backoff.
-    async fn get_all(&self, keys: Vec<ItemKey>) -> Result<HashMap<ItemKey, Item>, StoreError> {
+    async fn get_all(&self, keys: &[ItemKey]) -> Result<HashMap<ItemKey, Item>, StoreError> {
         let mut found = HashMap::with_capacity(keys.len());
-        let mut pending = keys;
+        let mut unprocessed: Vec<ItemKey> = Vec::new();
         let mut attempt = 0;
-        while !pending.is_empty() {
+        loop {
+            let pending: &[ItemKey] = if attempt == 0 { keys } else { &unprocessed };
+            if pending.is_empty() {
+                break;
+            }
             let calls = pending
                 .chunks(BATCH_GET_MAX)
                 .map(|chunk| async move { (chunk, self.table.batch_get(chunk).await) });
@@ -152,7 +176,7 @@ impl<T: Table> DynamoStateStore<T> {
             if !retry.is_empty() {
                 self.backoff.wait(attempt - 1).await;
             }
-            pending = retry;
+            unprocessed = retry;
         }
         Ok(found)
     }
@@ -218,16 +242,22 @@ impl<T: Table> DynamoStateStore<T> {
 }
 
 fn partition_key(namespace: &Namespace, key: &str) -> String {
-    if key.len() > KEY_MAX_BYTES {
-        format!(
-            "{}#{}#~{}",
-            namespace.operator,
-            namespace.signature,
-            sha256_hex(&[key.as_bytes()], 64)
-        )
+    // Built by hand: this runs for every key of every batch, and `format!` costs more than the rest.
+    let hashed;
+    let key = if key.len() > KEY_MAX_BYTES {
+        hashed = format!("~{}", sha256_hex(&[key.as_bytes()], 64));
+        hashed.as_str()
     } else {
-        format!("{}#{}#{}", namespace.operator, namespace.signature, key)
-    }
+        key
+    };
+    let mut pk =
+        String::with_capacity(namespace.operator.len() + namespace.signature.len() + key.len() + 2);
+    pk.push_str(&namespace.operator);
+    pk.push('#');
+    pk.push_str(&namespace.signature);
+    pk.push('#');
+    pk.push_str(key);
+    pk
 }
 
 fn segment_key(pk: &str, slot: &str, id: u64) -> ItemKey {
@@ -392,28 +422,26 @@ impl<T: Table> DynamoStateStore<T> {
         })
     }
 
-    fn head_item(prepared: &Prepared, undeleted: Vec<(String, u64)>) -> Result<Item, StoreError> {
+    fn head_item(prepared: &Prepared, undeleted: &[(String, u64)]) -> Result<Item, StoreError> {
         let state = &prepared.state;
-        let mut gc = state.retired.clone();
-        gc.extend(undeleted);
-        let doc = HeadDoc {
-            wm: state.watermarks.clone(),
+        let doc = HeadDocRef {
+            wm: &state.watermarks,
             slots: state
                 .slots
                 .iter()
                 .map(|(name, slot)| {
                     (
-                        name.clone(),
-                        SlotDoc {
-                            seg: slot.segments.clone(),
-                            e: slot.inline_entries().to_vec(),
+                        name.as_str(),
+                        SlotDocRef {
+                            seg: &slot.segments,
+                            e: slot.inline_entries(),
                         },
                     )
                 })
                 .collect(),
-            ob: state.outbox.clone(),
-            gc,
-            key: prepared.original_key.clone(),
+            ob: &state.outbox,
+            gc: state.retired.iter().chain(undeleted).collect(),
+            key: prepared.original_key.as_deref(),
         };
         let mut item = ItemKey {
             pk: prepared.pk.clone(),
@@ -483,7 +511,7 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
     ) -> Result<HashMap<String, KeyState>, StoreError> {
         let now_secs = self.clock.now_millis().div_euclid(1000);
         let head_keys: Vec<ItemKey> = keys.iter().map(|k| Self::head_key(namespace, k)).collect();
-        let heads = self.get_all(head_keys.clone()).await?;
+        let heads = self.get_all(&head_keys).await?;
 
         let mut states = HashMap::with_capacity(keys.len());
         let mut segment_keys = Vec::new();
@@ -509,7 +537,7 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
         }
 
         // Second wave: the segments of keys whose state outgrew their head.
-        let segments = self.get_all(segment_keys).await?;
+        let segments = self.get_all(&segment_keys).await?;
         for (key, head_key) in keys.iter().zip(&head_keys) {
             let state = states.get_mut(key).expect("every key has a state");
             for (name, slot) in &mut state.slots {
@@ -600,7 +628,7 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
             .zip(undeleted)
             .map(|(p, undeleted)| async move {
                 let p = p.as_ref().map_err(Clone::clone)?;
-                let item = Self::head_item(p, undeleted)?;
+                let item = Self::head_item(p, &undeleted)?;
                 let expect = if p.expected_version == 0 {
                     Expect::Absent
                 } else {

@@ -1,11 +1,16 @@
 //! Metering of service calls: counts per operation, DynamoDB capacity units as AWS bills them, and
 //! waves of requests.
 //!
+//! The CPU time spent inside the in-memory services can be accounted separately
+//! (`set_cpu_accounting`): on AWS that work happens on AWS's servers, so a benchmark of the
+//! runtime subtracts it.
+//!
 //! A wave is a set of requests that run concurrently. Given a simulated latency, every call sleeps
 //! that long on tokio's clock; under a paused clock (`tokio::time::pause`) calls issued together
 //! start at the same instant, so the number of distinct start instants is the number of waves.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -16,6 +21,7 @@ pub struct Meter {
     inner: Mutex<MeterSnapshot>,
     starts: Mutex<BTreeSet<Instant>>,
     latency: Mutex<Option<Duration>>,
+    cpu_accounting: AtomicBool,
 }
 
 /// What was metered so far.
@@ -29,6 +35,8 @@ pub struct MeterSnapshot {
     pub write_units: f64,
     /// Distinct start instants of calls (see the module doc).
     pub waves: u64,
+    /// Time spent inside the service's calls, when accounting is on (see `Meter::busy`).
+    pub service_cpu: Duration,
 }
 
 impl MeterSnapshot {
@@ -45,6 +53,23 @@ impl Meter {
     /// Every call sleeps `latency` from now on (see the module doc).
     pub fn set_latency(&self, latency: Option<Duration>) {
         *self.latency.lock().expect("meter lock") = latency;
+    }
+
+    /// Accounts the CPU time of the service's calls from now on; meant for runs without latency,
+    /// where a call never yields.
+    pub fn set_cpu_accounting(&self, on: bool) {
+        self.cpu_accounting.store(on, Ordering::Relaxed);
+    }
+
+    /// A guard that accounts the time until it drops, when accounting is on. It reads the
+    /// monotonic clock (a few nanoseconds, where the thread CPU clock is a system call that would
+    /// weigh on what it measures): inside a call that never yields, on one thread, that is CPU time.
+    pub fn busy(&self) -> Busy<'_> {
+        let start = self
+            .cpu_accounting
+            .load(Ordering::Relaxed)
+            .then(std::time::Instant::now);
+        Busy { meter: self, start }
     }
 
     /// Records a call and waits the simulated latency.
@@ -75,6 +100,34 @@ impl Meter {
         *self.inner.lock().expect("meter lock") = MeterSnapshot::default();
         self.starts.lock().expect("meter lock").clear();
     }
+}
+
+/// Accounts service CPU time on drop (see `Meter::busy`).
+pub struct Busy<'a> {
+    meter: &'a Meter,
+    start: Option<std::time::Instant>,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Some(start) = self.start {
+            self.meter.inner.lock().expect("meter lock").service_cpu += start.elapsed();
+        }
+    }
+}
+
+/// The CPU time the calling thread has used.
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes into the timespec we own; the clock id is a constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Read units of one strongly consistent read of an item of `size` bytes.

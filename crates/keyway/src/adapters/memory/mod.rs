@@ -6,7 +6,7 @@ mod meter;
 mod sink;
 mod table;
 
-pub use meter::{Meter, MeterSnapshot};
+pub use meter::{thread_cpu_time, Meter, MeterSnapshot};
 pub use sink::{
     EntryFaults, MemoryKinesis, MemorySqs, QueuedMessage, StoredRecord, FIFO_DEDUPLICATION_WINDOW,
 };

@@ -108,6 +108,7 @@ impl KinesisApi for MemoryKinesis {
         stream: &str,
         entries: &[PutEntry],
     ) -> Result<Vec<PutOutcome>, SinkError> {
+        let _busy = self.meter.busy();
         self.meter.call("PutRecords", 0.0, 0.0).await;
         let total: usize = entries
             .iter()
@@ -147,13 +148,13 @@ impl KinesisApi for MemoryKinesis {
                 });
                 continue;
             }
-            let hash = match &entry.explicit_hash_key {
+            let hash = match entry.explicit_hash_key {
                 Some(text) => text.parse::<u128>().map_err(|_| {
                     SinkError::Rejected(format!(
                         "ValidationException: ExplicitHashKey {text:?} is not a 128-bit decimal"
                     ))
                 })?,
-                None => kinesis_hash_key(&entry.partition_key),
+                None => kinesis_hash_key(entry.partition_key),
             };
             let shard = shard_for_hash(hash, shard_count) as usize;
             let sequence_number = format!("49{:054}", *next);
@@ -162,8 +163,8 @@ impl KinesisApi for MemoryKinesis {
             target.shards[shard].push(StoredRecord {
                 shard_id: shard_id.clone(),
                 sequence_number: sequence_number.clone(),
-                partition_key: entry.partition_key.clone(),
-                data: entry.data.clone(),
+                partition_key: entry.partition_key.to_owned(),
+                data: entry.data.to_vec(),
             });
             outcomes.push(PutOutcome::Written {
                 shard_id,
@@ -255,6 +256,7 @@ impl SqsApi for MemorySqs {
         queue_url: &str,
         entries: &[SqsEntry],
     ) -> Result<Vec<SqsOutcome>, SinkError> {
+        let _busy = self.meter.busy();
         self.meter.call("SendMessageBatch", 0.0, 0.0).await;
         if entries.is_empty() || entries.len() > BATCH_MAX_ENTRIES {
             return Err(SinkError::Rejected(format!(
@@ -302,22 +304,21 @@ impl SqsApi for MemorySqs {
                 continue;
             }
             *next_id += 1;
-            let message_id = format!("{:08x}-0000-4000-8000-{:012x}", *next_id, *next_id);
+            let message_id = next_id.to_string();
             let duplicate = queue.fifo
                 && entry
                     .deduplication_id
-                    .as_ref()
                     .is_some_and(|d| queue.seen.contains_key(d));
             if !duplicate {
-                if let Some(d) = &entry.deduplication_id {
-                    queue.seen.insert(d.clone(), now);
+                if let Some(d) = entry.deduplication_id {
+                    queue.seen.insert(d.to_owned(), now);
                 }
                 queue.messages.push(QueuedMessage {
                     message_id: message_id.clone(),
-                    body: entry.body.clone(),
-                    output_id: entry.output_id.clone(),
-                    group_id: entry.group_id.clone(),
-                    deduplication_id: entry.deduplication_id.clone(),
+                    body: entry.body.to_owned(),
+                    output_id: entry.output_id.to_owned(),
+                    group_id: entry.group_id.map(str::to_owned),
+                    deduplication_id: entry.deduplication_id.map(str::to_owned),
                 });
             }
             // SQS answers a deduplicated message as sent.

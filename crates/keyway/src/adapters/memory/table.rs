@@ -118,6 +118,7 @@ impl MemoryTable {
 #[async_trait]
 impl Table for MemoryTable {
     async fn batch_get(&self, keys: &[ItemKey]) -> Result<BatchGetOutput, StoreError> {
+        let _busy = self.meter.busy();
         if keys.len() > BATCH_GET_MAX {
             return Err(StoreError::Invalid(format!(
                 "ValidationException: {} keys in one BatchGetItem",
@@ -162,6 +163,7 @@ impl Table for MemoryTable {
     }
 
     async fn put(&self, item: Item, expect: Expect) -> Result<(), StoreError> {
+        let _busy = self.meter.busy();
         let key = Self::check_key(&item)?;
         let size = Self::check_size(&item)?;
         if self.draw(|f| f.throttle) {
@@ -180,7 +182,7 @@ impl Table for MemoryTable {
                 Expect::Version(v) => existing
                     .and_then(|i| i.get(VERSION))
                     .and_then(|a| a.as_n())
-                    .is_some_and(|n| n == v.to_string()),
+                    .is_some_and(|n| n.parse::<u64>() == Ok(v)),
             };
             // A failed condition still consumes write capacity.
             let units = write_units(size.max(old_size));
@@ -199,6 +201,7 @@ impl Table for MemoryTable {
         &self,
         requests: Vec<WriteRequest>,
     ) -> Result<Vec<WriteRequest>, StoreError> {
+        let _busy = self.meter.busy();
         if requests.len() > BATCH_WRITE_MAX {
             return Err(StoreError::Invalid(format!(
                 "ValidationException: {} requests in one BatchWriteItem",
@@ -254,6 +257,7 @@ impl Table for MemoryTable {
     }
 
     async fn get(&self, key: &ItemKey) -> Result<Option<Item>, StoreError> {
+        let _busy = self.meter.busy();
         let item = self.items.lock().expect("table lock").get(key).cloned();
         self.meter
             .call(
@@ -266,6 +270,7 @@ impl Table for MemoryTable {
     }
 
     async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
+        let _busy = self.meter.busy();
         let items: Vec<Item> = self
             .items
             .lock()
