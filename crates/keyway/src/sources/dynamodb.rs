@@ -103,6 +103,9 @@ fn parse(raw: &Value) -> Result<(Origin, SequenceNumber, Option<i64>, Change), P
     let image = |name: &str| -> Result<Option<crate::domain::Item>, String> {
         match change.and_then(|c| c.get(name)) {
             None | Some(Value::Null) => Ok(None),
+            // An item always has its key attributes, so an empty image is no image: senders that
+            // serialize through aws_lambda_events write `{}` for an absent one.
+            Some(Value::Object(map)) if map.is_empty() => Ok(None),
             Some(v) => item_from_dynamodb_json(v, &format!("dynamodb.{name}")).map(Some),
         }
     };

@@ -1,0 +1,202 @@
+//! The payloads in events/: each decodes as it should, survives a round trip through the event
+//! builders and the aws_lambda_events types, and produces what its function must answer.
+
+use std::path::PathBuf;
+
+use keyed_counter::{KeyedCounter, COUNTS};
+use keyway::domain::{ChangeKind, Payload, SourceRecord};
+use keyway::local::events::{kinesis_event, KinesisEventRecord};
+use keyway::sources::{dynamodb, kinesis};
+use keyway_tests::harness::{stored_count, World};
+use serde_json::Value;
+
+fn fixture(path: &str) -> Value {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../events")
+        .join(path);
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
+
+fn decoded(records: Vec<Result<SourceRecord, keyway::RejectedRecord>>) -> Vec<SourceRecord> {
+    records
+        .into_iter()
+        .map(|r| r.expect("every fixture record decodes"))
+        .collect()
+}
+
+/// What a record is, without the JSON it came in.
+fn essence(r: &SourceRecord) -> (String, String, String, Option<i64>, Payload) {
+    (
+        r.origin.to_string(),
+        r.sequence.to_string(),
+        r.partition_key.clone(),
+        r.arrival_millis,
+        r.payload.clone(),
+    )
+}
+
+#[tokio::test]
+async fn the_keyed_counter_batch_counts_good_records_dead_letters_bad_ones_and_answers_the_recorded_response(
+) {
+    let world = World::new(&[COUNTS]);
+    let executor = world.executor(KeyedCounter);
+    let response =
+        keyway::sources::run_kinesis(&executor, fixture("keyed-counter/kinesis-batch.json"))
+            .await
+            .unwrap();
+    assert_eq!(
+        serde_json::to_value(&response).unwrap(),
+        fixture("keyed-counter/kinesis-batch.response.json")
+    );
+    assert_eq!(stored_count(&world, &executor, "user-1").await, Some(3));
+    assert_eq!(stored_count(&world, &executor, "user-2").await, Some(6));
+    assert_eq!(stored_count(&world, &executor, "user-3").await, None);
+    let letters = world.dead_letters();
+    assert_eq!(letters.len(), 2);
+    assert!(
+        letters
+            .iter()
+            .any(|l| l.problem.contains("unknown field `colour`")),
+        "{letters:?}"
+    );
+    assert!(
+        letters.iter().any(|l| l.problem.contains("expected ident")),
+        "{letters:?}"
+    );
+}
+
+#[test]
+fn arrival_timestamps_keep_their_milliseconds_whatever_their_decimals() {
+    let records =
+        decoded(kinesis::decode_event(fixture("kinesis/arrival-precision.json")).unwrap());
+    let arrivals: Vec<Option<i64>> = records.iter().map(|r| r.arrival_millis).collect();
+    assert_eq!(
+        arrivals,
+        [Some(1_767_225_600_123), Some(1_767_225_600_050), None]
+    );
+}
+
+#[test]
+fn kinesis_fixtures_survive_a_round_trip_through_the_event_builder() {
+    for path in [
+        "keyed-counter/kinesis-batch.json",
+        "kinesis/arrival-precision.json",
+    ] {
+        let event = fixture(path);
+        let arn = event["Records"][0]["eventSourceARN"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let records = decoded(kinesis::decode_event(event).unwrap());
+        let shard_ids: Vec<String> = records
+            .iter()
+            .map(|r| r.origin.as_str().rsplit('/').next().unwrap().to_owned())
+            .collect();
+        let datas: Vec<Vec<u8>> = records
+            .iter()
+            .map(|r| match &r.payload {
+                Payload::Bytes(b) => b.clone(),
+                Payload::Change(_) => unreachable!(),
+            })
+            .collect();
+        let rebuilt = kinesis_event(
+            &arn,
+            records
+                .iter()
+                .zip(&shard_ids)
+                .zip(&datas)
+                .filter(|((r, _), _)| r.arrival_millis.is_some())
+                .map(|((r, shard), data)| KinesisEventRecord {
+                    shard_id: shard,
+                    sequence_number: r.sequence.as_str(),
+                    partition_key: &r.partition_key,
+                    data,
+                    arrival_millis: r.arrival_millis.unwrap(),
+                }),
+        );
+        let again = decoded(kinesis::decode_event(rebuilt).unwrap());
+        let with_arrival: Vec<_> = records
+            .iter()
+            .filter(|r| r.arrival_millis.is_some())
+            .map(essence)
+            .collect();
+        assert_eq!(
+            again.iter().map(essence).collect::<Vec<_>>(),
+            with_arrival,
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn fixtures_round_trip_through_the_aws_lambda_events_types_unchanged() {
+    let event = fixture("keyed-counter/kinesis-batch.json");
+    let typed: aws_lambda_events::event::kinesis::KinesisEvent =
+        serde_json::from_value(event.clone()).unwrap();
+    let back = serde_json::to_value(&typed).unwrap();
+    let ours = decoded(kinesis::decode_event(event).unwrap());
+    let theirs = decoded(kinesis::decode_event(back).unwrap());
+    assert_eq!(
+        ours.iter().map(essence).collect::<Vec<_>>(),
+        theirs.iter().map(essence).collect::<Vec<_>>()
+    );
+
+    let event = fixture("dynamodb/insert-modify-remove.json");
+    let typed: aws_lambda_events::event::dynamodb::Event =
+        serde_json::from_value(event.clone()).unwrap();
+    assert_eq!(typed.records.len(), 3);
+    let back = serde_json::to_value(&typed).unwrap();
+    let ours = decoded(dynamodb::decode_event(event).unwrap());
+    let theirs = decoded(dynamodb::decode_event(back).unwrap());
+    // The typed form always writes a creation time (0 where none was sent); everything else holds.
+    let changes = |rs: &[SourceRecord]| {
+        rs.iter()
+            .map(|r| (r.sequence.to_string(), r.payload.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(changes(&ours), changes(&theirs));
+}
+
+#[test]
+fn an_items_life_decodes_to_insert_modify_and_remove_with_their_images() {
+    let records =
+        decoded(dynamodb::decode_event(fixture("dynamodb/insert-modify-remove.json")).unwrap());
+    let kinds: Vec<(ChangeKind, bool, bool)> = records
+        .iter()
+        .map(|r| match &r.payload {
+            Payload::Change(c) => (c.kind, c.old_image.is_some(), c.new_image.is_some()),
+            Payload::Bytes(_) => unreachable!(),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (ChangeKind::Insert, false, true),
+            (ChangeKind::Modify, true, true),
+            (ChangeKind::Remove, true, false)
+        ]
+    );
+    assert!(
+        records.iter().all(|r| r.origin == records[0].origin),
+        "one item, one origin"
+    );
+    assert_eq!(records[0].arrival_millis, Some(1_767_225_600_257));
+    assert_eq!(records[2].arrival_millis, None);
+}
+
+#[test]
+fn a_ttl_deletion_and_an_emulator_record_decode() {
+    let ttl = decoded(dynamodb::decode_event(fixture("dynamodb/ttl-deletion.json")).unwrap());
+    assert!(
+        matches!(&ttl[0].payload, Payload::Change(c) if c.ttl_deletion && c.kind == ChangeKind::Remove)
+    );
+    let emulator =
+        decoded(dynamodb::decode_event(fixture("dynamodb/emulator-shape.json")).unwrap());
+    // The zero-padded sequence number is kept as sent: it names the record in a batch response.
+    assert_eq!(
+        emulator[0].sequence.as_str(),
+        "000000176722560012300000000041"
+    );
+    assert_eq!(emulator[0].arrival_millis, Some(1_767_225_600_000));
+}
