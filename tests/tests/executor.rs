@@ -309,3 +309,72 @@ async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
         .unwrap();
     assert_eq!(stored_count(&world, &executor, "orders").await, Some(3));
 }
+
+#[tokio::test]
+async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blocking_its_key() {
+    /// Emits a body larger than any SQS message.
+    struct Oversized;
+    impl KeyedOperator for Oversized {
+        type Input = keyed_counter::CountEvent;
+        fn name(&self) -> &str {
+            "oversized"
+        }
+        fn states(&self) -> Vec<StateDescriptor> {
+            KeyedCounter.states()
+        }
+        fn decode(
+            &self,
+            record: &keyway::domain::SourceRecord,
+        ) -> Result<Self::Input, InvalidInput> {
+            KeyedCounter.decode(record)
+        }
+        fn key(&self, input: &Self::Input) -> String {
+            input.key.clone()
+        }
+        fn process(&self, ctx: &mut Ctx<'_>, input: Self::Input) -> Result<(), ProcessError> {
+            KeyedCounter.process(ctx, input)?;
+            // Bypasses Ctx's size check, as an outbox written under a larger limit would.
+            ctx.emit_text("big", "k", "x".repeat(300 * 1024))
+        }
+    }
+
+    let world = World::new(&[COUNTS]);
+    let queue = world.sqs.create_queue("big");
+    /// An SQS sink that claims a larger limit than SQS has.
+    struct Lenient(SqsSink<keyway::adapters::memory::MemorySqs>);
+    #[async_trait::async_trait]
+    impl keyway::ports::Sink for Lenient {
+        async fn send(
+            &self,
+            messages: &[keyway::domain::Output],
+        ) -> Vec<(usize, keyway::ports::SinkError)> {
+            self.0.send(messages).await
+        }
+        fn max_message_bytes(&self) -> usize {
+            1024 * 1024
+        }
+    }
+    let sinks = world.sinks().with(
+        "big",
+        Arc::new(Lenient(SqsSink::new(world.sqs.clone(), &queue))),
+    );
+    let executor = Executor::new(Oversized, world.store.clone(), sinks, world.clock.clone());
+    let mut shard = Shard::new("in", 0);
+    let report = executor
+        .run(decode_event(shard.batch(&[count("k", 1), count("k", 1)])).unwrap())
+        .await;
+    assert_eq!(report.failed_from, None, "the key is not blocked");
+    assert_eq!(stored_count(&world, &executor, "k").await, Some(2));
+    let letters = world.dead_letters();
+    assert_eq!(letters.len(), 2);
+    assert_eq!(letters[0].field, "output.big");
+    assert!(
+        letters[0].problem.contains("at most"),
+        "{}",
+        letters[0].problem
+    );
+    assert!(
+        letters[0].payload_truncated,
+        "a 300 KB output is cut to fit the dead-letter queue"
+    );
+}

@@ -28,7 +28,7 @@ use crate::operator::{
     state_signature, Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, StateDescriptor,
     TypedSlot,
 };
-use crate::ports::{Clock, Commit, Namespace, Sink, StateStore};
+use crate::ports::{Clock, Commit, Namespace, Sink, SinkError, StateStore};
 
 /// A record the source could not turn into a `SourceRecord` (malformed event JSON, no sequence
 /// number...). It is dead-lettered as is.
@@ -609,7 +609,40 @@ impl<O: KeyedOperator> Executor<O> {
     }
 
     /// Sends every message to its sink, all sinks at once; returns the tags of messages not sent.
+    /// A message a sink refuses for good (too large, a name the service rejects) is dead-lettered
+    /// instead: retrying could never deliver it, and nothing may block a key forever.
     async fn emit(&self, emission: Emission, report: &mut BatchReport) -> Vec<Tag> {
+        let (mut failed, refused) = self.send_all(emission, report).await;
+        if refused.is_empty() {
+            return failed;
+        }
+        let limit = self.sinks.dead_letter_limit();
+        let mut letters = Emission::default();
+        for (tag, output, err) in refused {
+            let letter = DeadLetter::new(
+                self.operator.name(),
+                None,
+                None,
+                format!("output.{}", output.sink),
+                err.to_string(),
+                serde_json::to_string(&output).expect("an output always serializes"),
+            );
+            letters.push(tag, letter.into_output(limit));
+        }
+        let (failed_letters, refused_letters) = self.send_all(letters, report).await;
+        failed.extend(failed_letters);
+        failed.extend(refused_letters.into_iter().map(|(tag, _, _)| tag));
+        failed
+    }
+
+    /// One round of sends: the tags that failed and may succeed later, and the messages refused
+    /// for good (outside the dead-letter sink).
+    #[allow(clippy::type_complexity)]
+    async fn send_all(
+        &self,
+        emission: Emission,
+        report: &mut BatchReport,
+    ) -> (Vec<Tag>, Vec<(Tag, Output, SinkError)>) {
         let by_sink = emission.by_sink;
         let sends = by_sink.iter().map(|(name, (_, outputs))| async move {
             match self.sinks.sinks.get(name) {
@@ -617,30 +650,29 @@ impl<O: KeyedOperator> Executor<O> {
                 // Ctx refuses unknown sinks; an outbox written under an older configuration
                 // may still name one. Keep it until the sink is configured again.
                 None => (0..outputs.len())
-                    .map(|i| {
-                        (
-                            i,
-                            crate::ports::SinkError::Unavailable(format!("no sink named {name:?}")),
-                        )
-                    })
+                    .map(|i| (i, SinkError::Unavailable(format!("no sink named {name:?}"))))
                     .collect(),
             }
         });
         let results = join_all(sends).await;
-        let mut failed = Vec::new();
-        for ((name, (tags, outputs)), failures) in by_sink.iter().zip(results) {
-            for (i, err) in &failures {
-                warn!(sink = %name, id = %outputs[*i].id, error = %err, "output not sent");
-                failed.push(tags[*i]);
-            }
+        let (mut failed, mut refused) = (Vec::new(), Vec::new());
+        for ((name, (tags, outputs)), failures) in by_sink.into_iter().zip(results) {
             let sent = outputs.len() - failures.len();
             if name == DEAD_LETTER_SINK {
                 report.dead_lettered += sent;
             } else {
                 report.outputs_sent += sent;
             }
+            for (i, err) in failures {
+                warn!(sink = %name, id = %outputs[i].id, error = %err, "output not sent");
+                if err.is_retryable() || name == DEAD_LETTER_SINK {
+                    failed.push(tags[i]);
+                } else {
+                    refused.push((tags[i], outputs[i].clone(), err));
+                }
+            }
         }
-        failed
+        (failed, refused)
     }
 }
 

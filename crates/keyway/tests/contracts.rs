@@ -105,3 +105,113 @@ async fn the_sqs_sink_keeps_the_sink_contract_on_a_memory_fifo_queue() {
     };
     sink_contract(&sink, read, true).await;
 }
+
+fn outputs(n: usize) -> Vec<keyway::domain::Output> {
+    (0..n)
+        .map(|i| keyway::domain::Output {
+            id: keyway::domain::OutputId(format!("{i:032x}")),
+            sink: "out".into(),
+            partition_key: format!("key-{}", i % 7),
+            body: format!("{{\"n\":{i}}}"),
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sqs_sink_retries_the_entries_a_batch_could_not_send_until_all_are_sent_once() {
+    use keyway::adapters::memory::EntryFaults;
+    use keyway::ports::Sink;
+    let sqs = Arc::new(MemorySqs::new(EntryFaults { fail: 0.3, seed: 3 }));
+    let url = sqs.create_queue("out");
+    let sink = SqsSink::new(sqs.clone(), url.clone()).with_backoff(Backoff::default().seeded(3));
+    let messages = outputs(95);
+    assert!(
+        sink.send(&messages).await.is_empty(),
+        "every entry is sent in the end"
+    );
+    let mut bodies: Vec<String> = sqs.messages(&url).into_iter().map(|m| m.body).collect();
+    bodies.sort();
+    let mut expected: Vec<String> = messages.iter().map(|m| m.body.clone()).collect();
+    expected.sort();
+    assert_eq!(bodies, expected, "each message once");
+    assert!(
+        sqs.meter().snapshot().calls["SendMessageBatch"] > 10,
+        "failed entries were sent again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_kinesis_sink_retries_records_a_put_could_not_write_and_reports_those_it_never_could() {
+    use keyway::adapters::memory::EntryFaults;
+    use keyway::ports::Sink;
+    let flaky = Arc::new(MemoryKinesis::new(EntryFaults { fail: 0.3, seed: 9 }));
+    flaky.create_stream("out", 4);
+    let sink = KinesisSink::new(flaky.clone(), "out").with_backoff(Backoff::default().seeded(9));
+    assert!(
+        sink.send(&outputs(600)).await.is_empty(),
+        "600 records in two calls, failures retried"
+    );
+    assert_eq!(flaky.records("out").len(), 600);
+
+    let down = Arc::new(MemoryKinesis::new(EntryFaults { fail: 1.0, seed: 1 }));
+    down.create_stream("out", 1);
+    let sink = KinesisSink::new(down.clone(), "out").with_backoff(Backoff::default().seeded(1));
+    let failed = sink.send(&outputs(3)).await;
+    assert_eq!(
+        failed.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    assert!(
+        failed.iter().all(|(_, e)| e.is_retryable()),
+        "throttling stays retryable: {failed:?}"
+    );
+    assert_eq!(
+        down.meter().snapshot().calls["PutRecords"],
+        u64::from(Backoff::default().max_attempts)
+    );
+}
+
+#[tokio::test]
+async fn keys_the_services_would_refuse_as_group_or_partition_keys_are_sent_under_their_hash() {
+    use keyway::ports::Sink;
+    let odd_keys = ["", "a key with spaces", "clé-ünïcode", &"k".repeat(300)];
+    let messages: Vec<keyway::domain::Output> = odd_keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| keyway::domain::Output {
+            id: keyway::domain::OutputId(format!("{i:032x}")),
+            sink: "out".into(),
+            partition_key: key.to_string(),
+            body: format!("{i}"),
+        })
+        .collect();
+    let sqs = Arc::new(MemorySqs::default());
+    let url = sqs.create_queue("out.fifo");
+    assert!(SqsSink::new(sqs.clone(), url.clone())
+        .send(&messages)
+        .await
+        .is_empty());
+    let groups: Vec<String> = sqs
+        .messages(&url)
+        .into_iter()
+        .map(|m| m.group_id.unwrap())
+        .collect();
+    assert_eq!(groups.len(), 4);
+    assert!(
+        groups
+            .iter()
+            .all(|g| !g.is_empty() && g.len() <= 128 && g.bytes().all(|b| b.is_ascii_graphic())),
+        "{groups:?}"
+    );
+
+    let kinesis = Arc::new(MemoryKinesis::default());
+    kinesis.create_stream("out", 2);
+    assert!(KinesisSink::new(kinesis.clone(), "out")
+        .send(&messages)
+        .await
+        .is_empty());
+    assert!(kinesis
+        .records("out")
+        .iter()
+        .all(|r| !r.partition_key.is_empty() && r.partition_key.chars().count() <= 256));
+}

@@ -16,6 +16,7 @@ use aws_sdk_kinesis::Client;
 
 use super::retry::Backoff;
 use super::sdk_error::{classify, ErrorClass};
+use crate::domain::hash::sha256_hex;
 use crate::domain::Output;
 use crate::ports::{Sink, SinkError};
 
@@ -120,6 +121,16 @@ impl KinesisApi for SdkKinesis {
     }
 }
 
+/// The partition key to put an output under. Kinesis takes 1 to 256 characters; any other key is
+/// replaced by its SHA-256, which keeps one key on one shard and in order.
+fn partition_key(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.is_empty() || key.chars().count() > 256 {
+        std::borrow::Cow::Owned(sha256_hex(&[key.as_bytes()], 64))
+    } else {
+        std::borrow::Cow::Borrowed(key)
+    }
+}
+
 /// Outputs to one Kinesis stream. Each output's partition key is the record's partition key.
 pub struct KinesisSink<A: KinesisApi> {
     api: Arc<A>,
@@ -151,10 +162,15 @@ impl<A: KinesisApi> KinesisSink<A> {
         let mut pending = indexes;
         let mut attempt = 0;
         while !pending.is_empty() {
+            let keys: Vec<_> = pending
+                .iter()
+                .map(|&i| partition_key(&messages[i].partition_key))
+                .collect();
             let entries: Vec<PutEntry> = pending
                 .iter()
-                .map(|&i| PutEntry {
-                    partition_key: &messages[i].partition_key,
+                .zip(&keys)
+                .map(|(&i, key)| PutEntry {
+                    partition_key: key,
                     data: messages[i].body.as_bytes(),
                     explicit_hash_key: None,
                 })
@@ -202,16 +218,14 @@ impl<A: KinesisApi> Sink for KinesisSink<A> {
         let mut call: Vec<usize> = Vec::new();
         let mut call_bytes = 0;
         for (i, message) in messages.iter().enumerate() {
-            let size = message.body.len() + message.partition_key.len();
-            if size > RECORD_MAX_BYTES
-                || message.partition_key.is_empty()
-                || message.partition_key.chars().count() > 256
-            {
-                failed.push((i, SinkError::Rejected(format!(
-                    "a Kinesis record takes a partition key of 1-256 characters and at most 1 MiB with its data; got {} bytes, key of {} characters",
-                    size,
-                    message.partition_key.chars().count()
-                ))));
+            let size = message.body.len() + partition_key(&message.partition_key).len();
+            if size > RECORD_MAX_BYTES {
+                failed.push((
+                    i,
+                    SinkError::Rejected(format!(
+                        "a Kinesis record holds at most 1 MiB of data and partition key; this one is {size} bytes"
+                    )),
+                ));
                 continue;
             }
             if call.len() == PUT_RECORDS_MAX || call_bytes + size > PUT_RECORDS_MAX_BYTES {

@@ -5,6 +5,7 @@
 //! a duplicate sent within five minutes) with the partition key as MessageGroupId (SQS keeps a
 //! group's order); on a standard queue as the message attribute `outputId`, for the consumer.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -14,6 +15,8 @@ use aws_sdk_sqs::Client;
 use super::kinesis::sink_error;
 use super::retry::Backoff;
 use super::sdk_error::classify;
+
+use crate::domain::hash::sha256_hex;
 use crate::domain::Output;
 use crate::ports::{Sink, SinkError};
 
@@ -128,6 +131,17 @@ impl SqsApi for SdkSqs {
     }
 }
 
+/// The message group for a FIFO output. SQS takes 1 to 128 characters, letters, digits and
+/// punctuation; any other key is replaced by its SHA-256, which keeps one key in one group.
+fn group_id(key: &str) -> Cow<'_, str> {
+    let valid = !key.is_empty() && key.len() <= 128 && key.bytes().all(|b| b.is_ascii_graphic());
+    if valid {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(sha256_hex(&[key.as_bytes()], 64))
+    }
+}
+
 /// Outputs to one SQS queue.
 pub struct SqsSink<A: SqsApi> {
     api: Arc<A>,
@@ -159,6 +173,10 @@ impl<A: SqsApi> SqsSink<A> {
         let mut pending = indexes;
         let mut attempt = 0;
         while !pending.is_empty() {
+            let groups: Vec<Option<Cow<str>>> = pending
+                .iter()
+                .map(|&i| self.fifo.then(|| group_id(&messages[i].partition_key)))
+                .collect();
             let entries: Vec<SqsEntry> = pending
                 .iter()
                 .enumerate()
@@ -166,7 +184,7 @@ impl<A: SqsApi> SqsSink<A> {
                     id: n.to_string(),
                     body: &messages[i].body,
                     output_id: messages[i].id.as_str(),
-                    group_id: self.fifo.then_some(messages[i].partition_key.as_str()),
+                    group_id: groups[n].as_deref(),
                     deduplication_id: self.fifo.then_some(messages[i].id.as_str()),
                 })
                 .collect();
