@@ -5,19 +5,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use keyway::adapters::dynamodb::DynamoStateStore;
-use keyway::adapters::memory::{MemorySqs, MemoryTable, QueuedMessage};
 use keyway::adapters::sqs::SqsSink;
 use keyway::domain::{DeadLetter, SequenceNumber};
 use keyway::local::events::{kinesis_event, KinesisEventRecord};
+use keyway::local::{LocalSqs, LocalTable, QueuedMessage};
 use keyway::ports::{ManualClock, Sink, StateStore};
 use keyway::sources::kinesis::decode_event;
 use keyway::{BatchReport, Executor, KeyedOperator, Sinks};
 use serde_json::Value;
 
 pub struct World {
-    pub table: Arc<MemoryTable>,
-    pub store: Arc<DynamoStateStore<MemoryTable>>,
-    pub sqs: Arc<MemorySqs>,
+    pub table: Arc<LocalTable>,
+    pub store: Arc<DynamoStateStore<LocalTable>>,
+    pub sqs: Arc<LocalSqs>,
     pub clock: Arc<ManualClock>,
     pub dead_letter_url: String,
     /// Sink name to queue URL.
@@ -27,10 +27,10 @@ pub struct World {
 impl World {
     /// A world whose operators emit to the named sinks (one standard queue each).
     pub fn new(sinks: &[&str]) -> Self {
-        let table = Arc::new(MemoryTable::new());
+        let table = Arc::new(LocalTable::new());
         let clock = ManualClock::at(1_767_225_600_000);
         let store = Arc::new(DynamoStateStore::new(table.clone(), clock.clone()));
-        let sqs = Arc::new(MemorySqs::default());
+        let sqs = Arc::new(LocalSqs::default());
         let dead_letter_url = sqs.create_queue("dead-letter");
         let queues = sinks
             .iter()

@@ -341,7 +341,7 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
     let world = World::new(&[COUNTS]);
     let queue = world.sqs.create_queue("big");
     /// An SQS sink that claims a larger limit than SQS has.
-    struct Lenient(SqsSink<keyway::adapters::memory::MemorySqs>);
+    struct Lenient(SqsSink<keyway::local::LocalSqs>);
     #[async_trait::async_trait]
     impl keyway::ports::Sink for Lenient {
         async fn send(

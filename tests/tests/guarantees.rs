@@ -329,7 +329,7 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
     let mut bodies_by_id: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
     for m in &all {
         bodies_by_id
-            .entry(m.output_id.as_str())
+            .entry(m.output_id.as_deref().expect("outputs carry their id"))
             .or_default()
             .insert(m.body.as_str());
     }

@@ -17,9 +17,9 @@ use serde_json::Value;
 
 use keyed_counter::{KeyedCounter, COUNTS};
 use keyway::adapters::dynamodb::{DynamoStateStore, Expect, ItemKey, Table};
-use keyway::adapters::memory::{thread_cpu_time, MemorySqs, MemoryTable, MeterSnapshot};
 use keyway::adapters::sqs::SqsSink;
 use keyway::domain::{AttrValue, Payload};
+use keyway::local::{thread_cpu_time, LocalSqs, LocalTable, MeterSnapshot};
 use keyway::ports::ManualClock;
 use keyway::sources::kinesis::decode_event;
 use keyway::{Executor, KeyedOperator, Sinks};
@@ -85,7 +85,7 @@ fn runtime_builder(paused: bool) -> tokio::runtime::Runtime {
     builder.build().expect("a tokio runtime")
 }
 
-fn executor_on(table: Arc<MemoryTable>, sqs: Arc<MemorySqs>) -> Executor<KeyedCounter> {
+fn executor_on(table: Arc<LocalTable>, sqs: Arc<LocalSqs>) -> Executor<KeyedCounter> {
     let clock = ManualClock::at(1_767_225_600_000);
     let counts = sqs.create_queue("counts");
     let dead = sqs.create_queue("dead-letter");
@@ -113,9 +113,9 @@ fn figures(meter: &MeterSnapshot, waves: &[u64], events: usize) -> DesignFigures
 
 /// The executor over every batch, with metered DynamoDB latency: capacity, calls, waves.
 fn meter_executor(payloads: &[String]) -> DesignFigures {
-    let table = Arc::new(MemoryTable::new());
+    let table = Arc::new(LocalTable::new());
     table.meter().set_latency(Some(LATENCY));
-    let executor = executor_on(table.clone(), Arc::new(MemorySqs::default()));
+    let executor = executor_on(table.clone(), Arc::new(LocalSqs::default()));
     let mut waves = Vec::with_capacity(payloads.len());
     runtime_builder(true).block_on(async {
         for payload in payloads {
@@ -136,7 +136,7 @@ fn meter_executor(payloads: &[String]) -> DesignFigures {
 }
 
 /// The naive design: per event, GetItem the key's count and PutItem it back plus one.
-async fn naive_batch(table: &MemoryTable, payload: &str) {
+async fn naive_batch(table: &LocalTable, payload: &str) {
     let event: Value = serde_json::from_str(payload).expect("generated JSON");
     for record in decode_event(event)
         .expect("a Kinesis event")
@@ -169,7 +169,7 @@ async fn naive_batch(table: &MemoryTable, payload: &str) {
 }
 
 fn meter_naive(payloads: &[String]) -> DesignFigures {
-    let table = MemoryTable::new();
+    let table = LocalTable::new();
     table.meter().set_latency(Some(LATENCY));
     let mut waves = Vec::with_capacity(payloads.len());
     runtime_builder(true).block_on(async {
@@ -209,7 +209,7 @@ fn decode_only(payloads: &[String]) -> Duration {
 /// CPU time of the executor on the same payloads (without simulated latency), and the part of it
 /// spent inside the in-memory services.
 fn executor_cpu(payloads: &[String]) -> (Duration, Duration) {
-    let (table, sqs) = (Arc::new(MemoryTable::new()), Arc::new(MemorySqs::default()));
+    let (table, sqs) = (Arc::new(LocalTable::new()), Arc::new(LocalSqs::default()));
     table.meter().set_cpu_accounting(true);
     sqs.meter().set_cpu_accounting(true);
     let executor = executor_on(table.clone(), sqs.clone());

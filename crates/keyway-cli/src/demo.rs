@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use keyed_counter::{KeyedCounter, COUNTS};
 use keyway::adapters::dynamodb::DynamoStateStore;
-use keyway::adapters::memory::{MemorySqs, MemoryTable};
 use keyway::adapters::sqs::SqsSink;
+use keyway::local::{LocalSqs, LocalTable};
 use keyway::ports::{ManualClock, StateStore};
 use keyway::sources::kinesis::decode_event;
 use keyway::{BatchReport, Executor, Sinks};
@@ -56,9 +56,9 @@ pub fn run(batches: usize, seed: u64) -> Result<(), String> {
         .collect();
 
     let clock = ManualClock::at(1_767_225_600_000);
-    let table = Arc::new(MemoryTable::new());
+    let table = Arc::new(LocalTable::new());
     let store = Arc::new(DynamoStateStore::new(table.clone(), clock.clone()));
-    let sqs = Arc::new(MemorySqs::default());
+    let sqs = Arc::new(LocalSqs::default());
     let counts_queue = sqs.create_queue("counts");
     let dead_queue = sqs.create_queue("dead-letter");
     let sinks = Sinks::new(Arc::new(SqsSink::new(sqs.clone(), &dead_queue)))

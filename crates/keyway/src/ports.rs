@@ -1,6 +1,6 @@
 //! The ports the runtime depends on: keyed state, sinks and time. Narrow, async, `Send + Sync`.
 //!
-//! Every port has an in-memory implementation in `adapters::memory` that passes the same contract
+//! Every port has an in-memory implementation in `local` that passes the same contract
 //! suite (`testing`) as its AWS implementation.
 
 use std::collections::HashMap;

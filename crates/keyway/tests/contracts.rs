@@ -5,42 +5,50 @@ use std::sync::Arc;
 
 use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::adapters::kinesis::KinesisSink;
-use keyway::adapters::memory::{MemoryKinesis, MemorySqs, MemoryTable, TableFaults};
 use keyway::adapters::retry::Backoff;
 use keyway::adapters::sqs::SqsSink;
+use keyway::local::{FaultPlan, Faults, LocalKinesis, LocalSqs, LocalTable};
 use keyway::ports::ManualClock;
+use keyway::ports::SystemClock;
 use keyway::testing::{sink_contract, state_store_contract, table_contract, Received};
 
 #[tokio::test]
 async fn the_memory_table_keeps_the_table_contract() {
-    table_contract(&MemoryTable::new()).await;
+    table_contract(&LocalTable::new()).await;
 }
 
 #[tokio::test]
 async fn the_memory_table_keeps_the_table_contract_while_leaving_keys_unprocessed() {
-    let table = MemoryTable::new().with_faults(TableFaults {
-        unprocessed: 0.3,
-        seed: 11,
-        ..Default::default()
-    });
+    let table = LocalTable::new().with_faults(Faults::new(
+        FaultPlan {
+            partial_failure: 0.3,
+            seed: 11,
+            ..Default::default()
+        },
+        0,
+    ));
     table_contract(&table).await;
 }
 
 #[tokio::test]
 async fn the_state_store_keeps_its_contract_on_the_memory_table() {
     let clock = ManualClock::at(1_700_000_000_000);
-    let store = DynamoStateStore::new(Arc::new(MemoryTable::new()), clock.clone());
+    let store = DynamoStateStore::new(Arc::new(LocalTable::new()), clock.clone());
     state_store_contract(&store, clock).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_state_store_keeps_its_contract_through_throttling_and_unprocessed_keys() {
     let clock = ManualClock::at(1_700_000_000_000);
-    let table = MemoryTable::new().with_faults(TableFaults {
-        throttle: 0.1,
-        unprocessed: 0.1,
-        seed: 5,
-    });
+    let table = LocalTable::new().with_faults(Faults::new(
+        FaultPlan {
+            throttle: 0.1,
+            partial_failure: 0.1,
+            seed: 5,
+            ..Default::default()
+        },
+        0,
+    ));
     let store = DynamoStateStore::new(Arc::new(table), clock.clone())
         .with_backoff(Backoff::default().seeded(5));
     state_store_contract(&store, clock).await;
@@ -53,7 +61,7 @@ async fn the_state_store_keeps_its_contract_through_throttling_and_unprocessed_k
 
 #[tokio::test]
 async fn the_kinesis_sink_keeps_the_sink_contract_on_memory_kinesis() {
-    let kinesis = Arc::new(MemoryKinesis::default());
+    let kinesis = Arc::new(LocalKinesis::new(Arc::new(SystemClock), Faults::none()));
     kinesis.create_stream("out", 2);
     let sink = KinesisSink::new(kinesis.clone(), "out");
     let read = || async {
@@ -72,7 +80,7 @@ async fn the_kinesis_sink_keeps_the_sink_contract_on_memory_kinesis() {
 
 #[tokio::test]
 async fn the_sqs_sink_keeps_the_sink_contract_on_a_memory_standard_queue() {
-    let sqs = Arc::new(MemorySqs::default());
+    let sqs = Arc::new(LocalSqs::default());
     let url = sqs.create_queue("out");
     let sink = SqsSink::new(sqs.clone(), url.clone());
     let read = || async {
@@ -80,7 +88,7 @@ async fn the_sqs_sink_keeps_the_sink_contract_on_a_memory_standard_queue() {
             .into_iter()
             .map(|m| Received {
                 body: m.body,
-                output_id: Some(m.output_id),
+                output_id: m.output_id,
                 group: m.group_id,
             })
             .collect()
@@ -90,7 +98,7 @@ async fn the_sqs_sink_keeps_the_sink_contract_on_a_memory_standard_queue() {
 
 #[tokio::test]
 async fn the_sqs_sink_keeps_the_sink_contract_on_a_memory_fifo_queue() {
-    let sqs = Arc::new(MemorySqs::default());
+    let sqs = Arc::new(LocalSqs::default());
     let url = sqs.create_queue("out.fifo");
     let sink = SqsSink::new(sqs.clone(), url.clone());
     let read = || async {
@@ -119,9 +127,18 @@ fn outputs(n: usize) -> Vec<keyway::domain::Output> {
 
 #[tokio::test(start_paused = true)]
 async fn the_sqs_sink_retries_the_entries_a_batch_could_not_send_until_all_are_sent_once() {
-    use keyway::adapters::memory::EntryFaults;
     use keyway::ports::Sink;
-    let sqs = Arc::new(MemorySqs::new(EntryFaults { fail: 0.3, seed: 3 }));
+    let sqs = Arc::new(LocalSqs::new(
+        Arc::new(SystemClock),
+        Faults::new(
+            FaultPlan {
+                partial_failure: 0.3,
+                seed: 3,
+                ..Default::default()
+            },
+            0,
+        ),
+    ));
     let url = sqs.create_queue("out");
     let sink = SqsSink::new(sqs.clone(), url.clone()).with_backoff(Backoff::default().seeded(3));
     let messages = outputs(95);
@@ -142,9 +159,18 @@ async fn the_sqs_sink_retries_the_entries_a_batch_could_not_send_until_all_are_s
 
 #[tokio::test(start_paused = true)]
 async fn the_kinesis_sink_retries_records_a_put_could_not_write_and_reports_those_it_never_could() {
-    use keyway::adapters::memory::EntryFaults;
     use keyway::ports::Sink;
-    let flaky = Arc::new(MemoryKinesis::new(EntryFaults { fail: 0.3, seed: 9 }));
+    let flaky = Arc::new(LocalKinesis::new(
+        Arc::new(SystemClock),
+        Faults::new(
+            FaultPlan {
+                partial_failure: 0.3,
+                seed: 9,
+                ..Default::default()
+            },
+            0,
+        ),
+    ));
     flaky.create_stream("out", 4);
     let sink = KinesisSink::new(flaky.clone(), "out").with_backoff(Backoff::default().seeded(9));
     assert!(
@@ -153,7 +179,17 @@ async fn the_kinesis_sink_retries_records_a_put_could_not_write_and_reports_thos
     );
     assert_eq!(flaky.records("out").len(), 600);
 
-    let down = Arc::new(MemoryKinesis::new(EntryFaults { fail: 1.0, seed: 1 }));
+    let down = Arc::new(LocalKinesis::new(
+        Arc::new(SystemClock),
+        Faults::new(
+            FaultPlan {
+                partial_failure: 1.0,
+                seed: 1,
+                ..Default::default()
+            },
+            0,
+        ),
+    ));
     down.create_stream("out", 1);
     let sink = KinesisSink::new(down.clone(), "out").with_backoff(Backoff::default().seeded(1));
     let failed = sink.send(&outputs(3)).await;
@@ -185,7 +221,7 @@ async fn keys_the_services_would_refuse_as_group_or_partition_keys_are_sent_unde
             body: format!("{i}"),
         })
         .collect();
-    let sqs = Arc::new(MemorySqs::default());
+    let sqs = Arc::new(LocalSqs::default());
     let url = sqs.create_queue("out.fifo");
     assert!(SqsSink::new(sqs.clone(), url.clone())
         .send(&messages)
@@ -204,7 +240,7 @@ async fn keys_the_services_would_refuse_as_group_or_partition_keys_are_sent_unde
         "{groups:?}"
     );
 
-    let kinesis = Arc::new(MemoryKinesis::default());
+    let kinesis = Arc::new(LocalKinesis::new(Arc::new(SystemClock), Faults::none()));
     kinesis.create_stream("out", 2);
     assert!(KinesisSink::new(kinesis.clone(), "out")
         .send(&messages)

@@ -52,7 +52,7 @@ pub trait KinesisApi: Send + Sync {
     async fn put_records(
         &self,
         stream: &str,
-        entries: &[PutEntry],
+        entries: &[PutEntry<'_>],
     ) -> Result<Vec<PutOutcome>, SinkError>;
 }
 
@@ -81,7 +81,7 @@ impl KinesisApi for SdkKinesis {
     async fn put_records(
         &self,
         stream: &str,
-        entries: &[PutEntry],
+        entries: &[PutEntry<'_>],
     ) -> Result<Vec<PutOutcome>, SinkError> {
         let records = entries
             .iter()

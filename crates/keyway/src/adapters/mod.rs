@@ -1,12 +1,11 @@
-//! Implementations of the ports: on the AWS SDK (`dynamodb`, `kinesis`, `sqs`) and in memory
-//! (`memory`). Each AWS adapter is split into a narrow service API (one trait, the few operations
-//! used) and the logic on top of it (batching, retries, item layout), so that the same logic runs
-//! on AWS and on the in-memory services.
+//! Implementations of the ports on the AWS SDK (`dynamodb`, `kinesis`, `sqs`). Each adapter is
+//! split into a narrow service API (one trait, the few operations used) and the logic on top of it
+//! (batching, retries, item layout), so that the same logic runs on AWS and on the in-memory
+//! services of the embedded runtime (`crate::local`).
 
 pub mod aws;
 pub mod dynamodb;
 pub mod kinesis;
-pub mod memory;
 pub mod retry;
 pub(crate) mod sdk_error;
 pub mod sqs;

@@ -32,7 +32,8 @@ pub struct SqsEntry<'a> {
     /// Unique within the call.
     pub id: String,
     pub body: &'a str,
-    pub output_id: &'a str,
+    /// Sent as the `outputId` message attribute.
+    pub output_id: Option<&'a str>,
     /// FIFO queues only.
     pub group_id: Option<&'a str>,
     pub deduplication_id: Option<&'a str>,
@@ -57,7 +58,7 @@ pub trait SqsApi: Send + Sync {
     async fn send_message_batch(
         &self,
         queue_url: &str,
-        entries: &[SqsEntry],
+        entries: &[SqsEntry<'_>],
     ) -> Result<Vec<SqsOutcome>, SinkError>;
 }
 
@@ -78,22 +79,25 @@ impl SqsApi for SdkSqs {
     async fn send_message_batch(
         &self,
         queue_url: &str,
-        entries: &[SqsEntry],
+        entries: &[SqsEntry<'_>],
     ) -> Result<Vec<SqsOutcome>, SinkError> {
         let requests = entries
             .iter()
             .map(|e| {
-                let attribute = MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(e.output_id)
-                    .build()
-                    .map_err(|err| SinkError::Rejected(err.to_string()))?;
-                SendMessageBatchRequestEntry::builder()
+                let mut entry = SendMessageBatchRequestEntry::builder()
                     .id(&e.id)
                     .message_body(e.body)
-                    .message_attributes(OUTPUT_ID_ATTRIBUTE, attribute)
                     .set_message_group_id(e.group_id.map(str::to_owned))
-                    .set_message_deduplication_id(e.deduplication_id.map(str::to_owned))
+                    .set_message_deduplication_id(e.deduplication_id.map(str::to_owned));
+                if let Some(id) = e.output_id {
+                    let attribute = MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value(id)
+                        .build()
+                        .map_err(|err| SinkError::Rejected(err.to_string()))?;
+                    entry = entry.message_attributes(OUTPUT_ID_ATTRIBUTE, attribute);
+                }
+                entry
                     .build()
                     .map_err(|err| SinkError::Rejected(err.to_string()))
             })
@@ -183,7 +187,7 @@ impl<A: SqsApi> SqsSink<A> {
                 .map(|(n, &i)| SqsEntry {
                     id: n.to_string(),
                     body: &messages[i].body,
-                    output_id: messages[i].id.as_str(),
+                    output_id: Some(messages[i].id.as_str()),
                     group_id: groups[n].as_deref(),
                     deduplication_id: self.fifo.then_some(messages[i].id.as_str()),
                 })

@@ -2,7 +2,7 @@
 //! the state store built on it.
 //!
 //! The state store's logic (item layout, batching, retries, segments) is written once against
-//! `Table`; the SDK and the in-memory table (`adapters::memory::MemoryTable`) implement `Table` and
+//! `Table`; the SDK and the in-memory table (`local::LocalTable`) implement `Table` and
 //! pass the same contract suite, so the logic that runs in tests is the logic that runs on AWS.
 
 mod sdk;

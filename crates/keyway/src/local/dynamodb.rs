@@ -1,0 +1,586 @@
+//! In-memory DynamoDB: tables with a key schema, the semantics the state store relies on
+//! (strongly consistent reads, conditional puts, BatchGetItem of 100 keys and 16 MB with the rest
+//! unprocessed, BatchWriteItem of 25 requests with no key twice, the 400 KB item limit), a TTL
+//! process, and streams with NEW_AND_OLD_IMAGES where TTL deletions are marked as the service's.
+//! It meters calls and capacity units, and injects throttling, unprocessed keys and items, and the
+//! commits of a concurrent writer.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::faults::Faults;
+use super::meter::{read_units, write_units, Meter};
+use crate::adapters::dynamodb::{
+    BatchGetOutput, Expect, ItemKey, Table, WriteRequest, BATCH_GET_MAX, BATCH_WRITE_MAX,
+    ITEM_MAX_BYTES, PK, SK, TTL, VERSION,
+};
+use crate::domain::item::item_size;
+use crate::domain::{AttrValue, ChangeKind, Item};
+use crate::ports::{Clock, StoreError, SystemClock};
+
+/// BatchGetItem returns at most 16 MB; DynamoDB leaves the rest unprocessed.
+const BATCH_GET_RESPONSE_MAX: usize = 16 * 1024 * 1024;
+
+/// A table's key attributes (both strings here, as in every table keyway writes or reads).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySchema {
+    pub hash: String,
+    pub range: Option<String>,
+}
+
+impl KeySchema {
+    /// The schema of keyway's state table.
+    pub fn state_table() -> Self {
+        Self {
+            hash: PK.into(),
+            range: Some(SK.into()),
+        }
+    }
+}
+
+/// Appends a key value to a canonical key: its type, its length, then its text, so that no two
+/// different keys share a canonical form.
+fn push_canonical(out: &mut String, value: &AttrValue) {
+    use std::fmt::Write as _;
+    let (tag, text) = match value {
+        AttrValue::S(s) => ('S', std::borrow::Cow::Borrowed(s.as_str())),
+        AttrValue::N(n) => ('N', std::borrow::Cow::Borrowed(n.as_str())),
+        other => (
+            'J',
+            std::borrow::Cow::Owned(other.to_dynamodb_json().to_string()),
+        ),
+    };
+    let _ = write!(out, "{tag}{}:{text}", text.len());
+}
+
+/// One change as the table's stream holds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamRecord {
+    pub sequence_number: String,
+    pub kind: ChangeKind,
+    pub keys: Item,
+    pub old_image: Option<Item>,
+    pub new_image: Option<Item>,
+    pub created_millis: i64,
+    pub ttl_deletion: bool,
+}
+
+struct State {
+    items: BTreeMap<String, Item>,
+    stream: Option<Vec<StreamRecord>>,
+}
+
+/// One in-memory table.
+pub struct LocalTable {
+    name: String,
+    schema: KeySchema,
+    state: Mutex<State>,
+    /// The attribute DynamoDB's TTL process reads, when TTL is on.
+    ttl_attribute: Option<String>,
+    next_sequence: Arc<Mutex<u64>>,
+    clock: Arc<dyn Clock>,
+    meter: Meter,
+    faults: Faults,
+}
+
+impl Default for LocalTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LocalTable {
+    /// A state table (`pk`, `sk`, TTL on `ttl`) on the system clock, without a stream or faults.
+    pub fn new() -> Self {
+        Self::create(
+            "keyway-state",
+            KeySchema::state_table(),
+            Some(TTL.into()),
+            false,
+            Arc::new(SystemClock),
+            Faults::none(),
+        )
+    }
+
+    pub fn create(
+        name: &str,
+        schema: KeySchema,
+        ttl_attribute: Option<String>,
+        stream: bool,
+        clock: Arc<dyn Clock>,
+        faults: Faults,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            schema,
+            state: Mutex::new(State {
+                items: BTreeMap::new(),
+                stream: stream.then(Vec::new),
+            }),
+            ttl_attribute,
+            next_sequence: Arc::new(Mutex::new(0)),
+            clock,
+            meter: Meter::default(),
+            faults,
+        }
+    }
+
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
+    /// The ARN of the table's stream (one per table here).
+    pub fn stream_arn(&self) -> String {
+        format!(
+            "arn:aws:dynamodb:us-east-1:000000000000:table/{}/stream/2026-01-01T00:00:00.000",
+            self.name
+        )
+    }
+
+    /// Every item, in key order.
+    pub fn items(&self) -> Vec<Item> {
+        self.state
+            .lock()
+            .expect("table lock")
+            .items
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.lock().expect("table lock").items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Up to `max` stream records from position `from`.
+    pub fn stream_records(&self, from: usize, max: usize) -> Vec<StreamRecord> {
+        let state = self.state.lock().expect("table lock");
+        state
+            .stream
+            .as_ref()
+            .map(|s| s.iter().skip(from).take(max).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn stream_len(&self) -> usize {
+        self.state
+            .lock()
+            .expect("table lock")
+            .stream
+            .as_ref()
+            .map_or(0, Vec::len)
+    }
+
+    /// The position of the first stream record created at or after `millis`.
+    pub fn stream_position_at(&self, millis: i64) -> usize {
+        let state = self.state.lock().expect("table lock");
+        state
+            .stream
+            .as_ref()
+            .map_or(0, |s| s.partition_point(|r| r.created_millis < millis))
+    }
+
+    /// PutItem without a condition, as an application writing to its own table does.
+    pub fn put_item(&self, item: Item) -> Result<(), StoreError> {
+        let key = self.key_of(&item)?;
+        Self::check_size(&item)?;
+        let mut state = self.state.lock().expect("table lock");
+        self.write(&mut state, key, Some(item), false);
+        Ok(())
+    }
+
+    /// DeleteItem by the item's key attributes.
+    pub fn delete_item(&self, key: &Item) -> Result<(), StoreError> {
+        let key = self.key_of(key)?;
+        let mut state = self.state.lock().expect("table lock");
+        self.write(&mut state, key, None, false);
+        Ok(())
+    }
+
+    /// What DynamoDB's TTL process does, eventually: deletes the items whose TTL attribute is
+    /// before `now_secs`, each with a stream record marked as a deletion by the service.
+    pub fn expire(&self, now_secs: i64) -> usize {
+        let Some(attribute) = &self.ttl_attribute else {
+            return 0;
+        };
+        let mut state = self.state.lock().expect("table lock");
+        let expired: Vec<String> = state
+            .items
+            .iter()
+            .filter(|(_, item)| {
+                item.get(attribute)
+                    .and_then(AttrValue::as_n)
+                    .and_then(|n| n.parse::<i64>().ok())
+                    .is_some_and(|t| t <= now_secs)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &expired {
+            self.write(&mut state, key.clone(), None, true);
+        }
+        expired.len()
+    }
+
+    /// The canonical form of an item's key attributes: the map key items are stored under.
+    fn key_of(&self, item: &Item) -> Result<String, StoreError> {
+        let mut key = String::new();
+        for name in std::iter::once(&self.schema.hash).chain(self.schema.range.as_ref()) {
+            let value = item.get(name).ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "ValidationException: the item has no key attribute {name}"
+                ))
+            })?;
+            push_canonical(&mut key, value);
+        }
+        Ok(key)
+    }
+
+    fn item_key(&self, key: &ItemKey) -> String {
+        let mut canonical = String::with_capacity(key.pk.len() + key.sk.len() + 16);
+        push_canonical(&mut canonical, &AttrValue::S(key.pk.clone()));
+        if self.schema.range.is_some() {
+            push_canonical(&mut canonical, &AttrValue::S(key.sk.clone()));
+        }
+        canonical
+    }
+
+    fn key_attributes(&self, item: &Item) -> Item {
+        std::iter::once(&self.schema.hash)
+            .chain(self.schema.range.as_ref())
+            .filter_map(|name| item.get(name).map(|v| (name.clone(), v.clone())))
+            .collect()
+    }
+
+    /// Writes (or deletes, with `None`) the item at `key`, recording the change in the stream.
+    fn write(&self, state: &mut State, key: String, item: Option<Item>, ttl_deletion: bool) {
+        let old = match &item {
+            Some(item) => state.items.insert(key, item.clone()),
+            None => state.items.remove(&key),
+        };
+        let Some(stream) = state.stream.as_mut() else {
+            return;
+        };
+        let kind = match (&old, &item) {
+            (None, Some(_)) => ChangeKind::Insert,
+            (Some(_), Some(_)) => ChangeKind::Modify,
+            (Some(_), None) => ChangeKind::Remove,
+            (None, None) => return,
+        };
+        let keys = self.key_attributes(item.as_ref().or(old.as_ref()).expect("one of them exists"));
+        let mut next = self.next_sequence.lock().expect("sequence lock");
+        *next += 1;
+        stream.push(StreamRecord {
+            sequence_number: format!(
+                "{:021}",
+                100_000_000_000_000_000_000u128 + u128::from(*next)
+            ),
+            kind,
+            keys,
+            old_image: old,
+            new_image: item,
+            created_millis: self.clock.now_millis(),
+            ttl_deletion,
+        });
+    }
+
+    fn check_size(item: &Item) -> Result<usize, StoreError> {
+        let size = item_size(item);
+        if size > ITEM_MAX_BYTES {
+            return Err(StoreError::Invalid(format!(
+                "ValidationException: Item size has exceeded the maximum allowed size ({size} bytes)"
+            )));
+        }
+        Ok(size)
+    }
+
+    fn check_state_key(item: &Item) -> Result<ItemKey, StoreError> {
+        ItemKey::of(item).ok_or_else(|| {
+            StoreError::Invalid("ValidationException: the item has no pk/sk strings".into())
+        })
+    }
+
+    fn throttled(&self) -> Option<StoreError> {
+        self.faults
+            .draw_throttle()
+            .then(|| StoreError::Throttled("ProvisionedThroughputExceededException".into()))
+    }
+
+    fn do_batch_get(&self, keys: &[ItemKey]) -> Result<(BatchGetOutput, f64), StoreError> {
+        if keys.len() > BATCH_GET_MAX {
+            return Err(StoreError::Invalid(format!(
+                "ValidationException: {} keys in one BatchGetItem",
+                keys.len()
+            )));
+        }
+        let distinct: HashSet<&ItemKey> = keys.iter().collect();
+        if distinct.len() != keys.len() {
+            return Err(StoreError::Invalid(
+                "ValidationException: Provided list of item keys contains duplicates".into(),
+            ));
+        }
+        if let Some(err) = self.throttled() {
+            return Err(err);
+        }
+        let mut output = BatchGetOutput::default();
+        let mut units = 0.0;
+        let mut bytes = 0;
+        let state = self.state.lock().expect("table lock");
+        for key in keys {
+            if bytes >= BATCH_GET_RESPONSE_MAX || self.faults.draw_entry_failure() {
+                output.unprocessed.push(key.clone());
+                continue;
+            }
+            match state.items.get(&self.item_key(key)) {
+                Some(item) => {
+                    let size = item_size(item);
+                    bytes += size;
+                    units += read_units(size);
+                    output.items.push(item.clone());
+                }
+                // Reading an absent item still consumes a read.
+                None => units += read_units(0),
+            }
+        }
+        Ok((output, units))
+    }
+
+    fn do_put(&self, item: Item, expect: Expect) -> (Result<(), StoreError>, f64) {
+        let key = match Self::check_state_key(&item).and_then(|_| self.key_of(&item)) {
+            Ok(key) => key,
+            Err(err) => return (Err(err), 0.0),
+        };
+        let size = match Self::check_size(&item) {
+            Ok(size) => size,
+            Err(err) => return (Err(err), 0.0),
+        };
+        if let Some(err) = self.throttled() {
+            return (Err(err), 0.0);
+        }
+        let mut state = self.state.lock().expect("table lock");
+        if expect != Expect::Anything && self.faults.draw_conflict() {
+            // A concurrent writer commits the same state first: the version moves, nothing else.
+            if let Some(existing) = state.items.get_mut(&key) {
+                if let Some(v) = existing
+                    .get(VERSION)
+                    .and_then(AttrValue::as_n)
+                    .and_then(|n| n.parse::<u64>().ok())
+                {
+                    existing.insert(VERSION.into(), AttrValue::N((v + 1).to_string()));
+                    return (Err(StoreError::Conflict), write_units(size));
+                }
+            }
+        }
+        let existing = state.items.get(&key);
+        let old_size = existing.map(item_size).unwrap_or(0);
+        let holds = match expect {
+            Expect::Anything => true,
+            Expect::Absent => existing.is_none(),
+            Expect::Version(v) => existing
+                .and_then(|i| i.get(VERSION))
+                .and_then(AttrValue::as_n)
+                .is_some_and(|n| n.parse::<u64>() == Ok(v)),
+        };
+        // A failed condition still consumes write capacity.
+        let units = write_units(size.max(old_size));
+        if !holds {
+            return (Err(StoreError::Conflict), units);
+        }
+        self.write(&mut state, key, Some(item), false);
+        (Ok(()), units)
+    }
+
+    fn do_batch_write(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> Result<(Vec<WriteRequest>, f64), StoreError> {
+        if requests.len() > BATCH_WRITE_MAX {
+            return Err(StoreError::Invalid(format!(
+                "ValidationException: {} requests in one BatchWriteItem",
+                requests.len()
+            )));
+        }
+        let mut seen = HashSet::new();
+        for request in &requests {
+            let key = match request {
+                WriteRequest::Put(item) => {
+                    Self::check_size(item)?;
+                    Self::check_state_key(item)?
+                }
+                WriteRequest::Delete(key) => key.clone(),
+            };
+            if !seen.insert(key) {
+                return Err(StoreError::Invalid(
+                    "ValidationException: Provided list of item keys contains duplicates".into(),
+                ));
+            }
+        }
+        if let Some(err) = self.throttled() {
+            return Err(err);
+        }
+        let mut unprocessed = Vec::new();
+        let mut units = 0.0;
+        let mut state = self.state.lock().expect("table lock");
+        for request in requests {
+            if self.faults.draw_entry_failure() {
+                unprocessed.push(request);
+                continue;
+            }
+            match request {
+                WriteRequest::Put(item) => {
+                    let key = self.key_of(&item)?;
+                    let old = state.items.get(&key).map(item_size).unwrap_or(0);
+                    units += write_units(item_size(&item).max(old));
+                    self.write(&mut state, key, Some(item), false);
+                }
+                WriteRequest::Delete(key) => {
+                    let key = self.item_key(&key);
+                    units += write_units(state.items.get(&key).map(item_size).unwrap_or(0));
+                    self.write(&mut state, key, None, false);
+                }
+            }
+        }
+        Ok((unprocessed, units))
+    }
+}
+
+#[async_trait]
+impl Table for LocalTable {
+    async fn batch_get(&self, keys: &[ItemKey]) -> Result<BatchGetOutput, StoreError> {
+        // Accounts the whole call, metering included (see `Meter::busy`).
+        let _busy = self.meter.busy();
+        let result = self.do_batch_get(keys);
+        let units = result.as_ref().map_or(0.0, |(_, u)| *u);
+        self.meter.call("BatchGetItem", units, 0.0).await;
+        result.map(|(output, _)| output)
+    }
+
+    async fn put(&self, item: Item, expect: Expect) -> Result<(), StoreError> {
+        // Accounts the whole call, metering included (see `Meter::busy`).
+        let _busy = self.meter.busy();
+        let (result, units) = self.do_put(item, expect);
+        self.meter.call("PutItem", 0.0, units).await;
+        result
+    }
+
+    async fn batch_write(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> Result<Vec<WriteRequest>, StoreError> {
+        // Accounts the whole call, metering included (see `Meter::busy`).
+        let _busy = self.meter.busy();
+        let result = self.do_batch_write(requests);
+        let units = result.as_ref().map_or(0.0, |(_, u)| *u);
+        self.meter.call("BatchWriteItem", 0.0, units).await;
+        result.map(|(unprocessed, _)| unprocessed)
+    }
+
+    async fn get(&self, key: &ItemKey) -> Result<Option<Item>, StoreError> {
+        let item = {
+            let _busy = self.meter.busy();
+            self.state
+                .lock()
+                .expect("table lock")
+                .items
+                .get(&self.item_key(key))
+                .cloned()
+        };
+        self.meter
+            .call(
+                "GetItem",
+                read_units(item.as_ref().map(item_size).unwrap_or(0)),
+                0.0,
+            )
+            .await;
+        Ok(item)
+    }
+
+    async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
+        let items: Vec<Item> = {
+            let _busy = self.meter.busy();
+            let state = self.state.lock().expect("table lock");
+            state
+                .items
+                .values()
+                .filter(|item| item.get(&self.schema.hash).and_then(AttrValue::as_s) == Some(pk))
+                .cloned()
+                .collect()
+        };
+        let size: usize = items.iter().map(item_size).sum();
+        self.meter.call("Query", read_units(size), 0.0).await;
+        Ok(items)
+    }
+}
+
+/// The tables of the embedded runtime, by name.
+pub struct LocalDynamoDb {
+    tables: Mutex<BTreeMap<String, Arc<LocalTable>>>,
+    clock: Arc<dyn Clock>,
+    faults: super::faults::FaultPlan,
+}
+
+impl LocalDynamoDb {
+    pub fn new(clock: Arc<dyn Clock>, faults: super::faults::FaultPlan) -> Self {
+        Self {
+            tables: Mutex::new(BTreeMap::new()),
+            clock,
+            faults,
+        }
+    }
+
+    /// Creates a table (replacing one of the same name) and returns it.
+    pub fn create_table(
+        &self,
+        name: &str,
+        schema: KeySchema,
+        ttl_attribute: Option<String>,
+        stream: bool,
+    ) -> Arc<LocalTable> {
+        let mut tables = self.tables.lock().expect("tables lock");
+        // Each table draws its own faults, salted by its position, so runs repeat.
+        let faults = Faults::new(self.faults.clone(), 0x7ab1e + tables.len() as u64);
+        let table = Arc::new(LocalTable::create(
+            name,
+            schema,
+            ttl_attribute,
+            stream,
+            self.clock.clone(),
+            faults,
+        ));
+        tables.insert(name.to_owned(), table.clone());
+        table
+    }
+
+    pub fn table(&self, name: &str) -> Option<Arc<LocalTable>> {
+        self.tables.lock().expect("tables lock").get(name).cloned()
+    }
+
+    pub fn tables(&self) -> Vec<Arc<LocalTable>> {
+        self.tables
+            .lock()
+            .expect("tables lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Runs the TTL process on every table.
+    pub fn expire(&self) -> usize {
+        let now_secs = self.clock.now_millis().div_euclid(1000);
+        self.tables().iter().map(|t| t.expire(now_secs)).sum()
+    }
+}

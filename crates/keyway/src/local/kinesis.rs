@@ -1,0 +1,282 @@
+//! In-memory Kinesis: streams of N shards splitting the MD5 hash key space evenly, sequence
+//! numbers growing per shard, PutRecords with ExplicitHashKey and the service's limits (1 MiB a
+//! record, 500 records and 5 MiB a call), and optionally the per-shard write limit of 1,000
+//! records or 1 MiB a second, answered with ProvisionedThroughputExceededException.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::faults::Faults;
+use super::meter::Meter;
+use crate::adapters::kinesis::{
+    KinesisApi, PutEntry, PutOutcome, PUT_RECORDS_MAX, PUT_RECORDS_MAX_BYTES, RECORD_MAX_BYTES,
+};
+use crate::domain::hash::{kinesis_hash_key, shard_for_hash};
+use crate::ports::{Clock, SinkError};
+
+/// A record as a shard stores it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredRecord {
+    pub shard_id: String,
+    pub sequence_number: String,
+    pub partition_key: String,
+    pub data: Vec<u8>,
+    pub arrival_millis: i64,
+}
+
+/// Kinesis's per-shard write limit.
+pub const SHARD_RECORDS_PER_SECOND: u32 = 1_000;
+pub const SHARD_BYTES_PER_SECOND: usize = 1024 * 1024;
+
+struct Shard {
+    id: String,
+    records: Vec<StoredRecord>,
+    /// The second the write counters below are for, and what was written in it.
+    second: i64,
+    written_records: u32,
+    written_bytes: usize,
+}
+
+struct Stream {
+    arn: String,
+    shards: Vec<Shard>,
+}
+
+/// In-memory Kinesis streams.
+pub struct LocalKinesis {
+    streams: Mutex<BTreeMap<String, Stream>>,
+    next_sequence: Mutex<u128>,
+    clock: Arc<dyn Clock>,
+    meter: Meter,
+    faults: Faults,
+    write_limit: bool,
+}
+
+impl LocalKinesis {
+    pub fn new(clock: Arc<dyn Clock>, faults: Faults) -> Self {
+        Self {
+            streams: Mutex::new(BTreeMap::new()),
+            next_sequence: Mutex::new(1),
+            clock,
+            meter: Meter::default(),
+            faults,
+            write_limit: false,
+        }
+    }
+
+    /// Enforces the per-shard write limit of 1,000 records or 1 MiB a second.
+    pub fn with_write_limit(mut self) -> Self {
+        self.write_limit = true;
+        self
+    }
+
+    /// Creates a stream and returns its ARN.
+    pub fn create_stream(&self, name: &str, shards: usize) -> String {
+        let arn = format!("arn:aws:kinesis:us-east-1:000000000000:stream/{name}");
+        let shards = (0..shards.max(1))
+            .map(|i| Shard {
+                id: format!("shardId-{i:012}"),
+                records: Vec::new(),
+                second: 0,
+                written_records: 0,
+                written_bytes: 0,
+            })
+            .collect();
+        self.streams.lock().expect("streams lock").insert(
+            name.to_owned(),
+            Stream {
+                arn: arn.clone(),
+                shards,
+            },
+        );
+        arn
+    }
+
+    pub fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
+    pub fn stream_arn(&self, name: &str) -> Option<String> {
+        self.streams
+            .lock()
+            .expect("streams lock")
+            .get(name)
+            .map(|s| s.arn.clone())
+    }
+
+    /// The shard ids of `stream`, in hash key order.
+    pub fn shard_ids(&self, stream: &str) -> Vec<String> {
+        let streams = self.streams.lock().expect("streams lock");
+        streams
+            .get(stream)
+            .map(|s| s.shards.iter().map(|sh| sh.id.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every record of `stream`, shard by shard, each shard in sequence order.
+    pub fn records(&self, stream: &str) -> Vec<StoredRecord> {
+        let streams = self.streams.lock().expect("streams lock");
+        streams
+            .get(stream)
+            .map(|s| {
+                s.shards
+                    .iter()
+                    .flat_map(|sh| sh.records.iter().cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Up to `max` records of one shard from position `from` (an index into the shard), as a
+    /// shard iterator would return them.
+    pub fn read(&self, stream: &str, shard: usize, from: usize, max: usize) -> Vec<StoredRecord> {
+        let streams = self.streams.lock().expect("streams lock");
+        let Some(records) = streams
+            .get(stream)
+            .and_then(|s| s.shards.get(shard))
+            .map(|sh| &sh.records)
+        else {
+            return Vec::new();
+        };
+        records.iter().skip(from).take(max).cloned().collect()
+    }
+
+    /// How many records one shard holds.
+    pub fn shard_len(&self, stream: &str, shard: usize) -> usize {
+        let streams = self.streams.lock().expect("streams lock");
+        streams
+            .get(stream)
+            .and_then(|s| s.shards.get(shard))
+            .map_or(0, |sh| sh.records.len())
+    }
+
+    /// The position of the first record that arrived at or after `millis` (AT_TIMESTAMP).
+    pub fn position_at(&self, stream: &str, shard: usize, millis: i64) -> usize {
+        let streams = self.streams.lock().expect("streams lock");
+        let Some(records) = streams
+            .get(stream)
+            .and_then(|s| s.shards.get(shard))
+            .map(|sh| &sh.records)
+        else {
+            return 0;
+        };
+        records.partition_point(|r| r.arrival_millis < millis)
+    }
+
+    /// PutRecord, for producers in tests and the demo.
+    pub fn put_record(
+        &self,
+        stream: &str,
+        partition_key: &str,
+        data: &[u8],
+    ) -> Result<PutOutcome, SinkError> {
+        let mut outcomes = self.put(
+            stream,
+            &[PutEntry {
+                partition_key,
+                data,
+                explicit_hash_key: None,
+            }],
+        )?;
+        Ok(outcomes.remove(0))
+    }
+
+    fn put(&self, stream: &str, entries: &[PutEntry<'_>]) -> Result<Vec<PutOutcome>, SinkError> {
+        let total: usize = entries
+            .iter()
+            .map(|e| e.data.len() + e.partition_key.len())
+            .sum();
+        if entries.is_empty() || entries.len() > PUT_RECORDS_MAX || total > PUT_RECORDS_MAX_BYTES {
+            return Err(SinkError::Rejected(format!(
+                "ValidationException: PutRecords takes 1-{PUT_RECORDS_MAX} records and at most 5 MiB; got {} records, {total} bytes",
+                entries.len()
+            )));
+        }
+        if let Some(bad) = entries.iter().find(|e| {
+            e.partition_key.is_empty()
+                || e.partition_key.chars().count() > 256
+                || e.data.len() + e.partition_key.len() > RECORD_MAX_BYTES
+        }) {
+            return Err(SinkError::Rejected(format!(
+                "ValidationException: a record with a partition key of {} characters and {} bytes of data",
+                bad.partition_key.chars().count(),
+                bad.data.len()
+            )));
+        }
+        if self.faults.draw_throttle() {
+            return Err(SinkError::Throttled(
+                "LimitExceededException: Rate exceeded for stream".into(),
+            ));
+        }
+        let now = self.clock.now_millis();
+        let mut streams = self.streams.lock().expect("streams lock");
+        let target = streams.get_mut(stream).ok_or_else(|| {
+            SinkError::Rejected(format!(
+                "ResourceNotFoundException: Stream {stream} not found"
+            ))
+        })?;
+        let shard_count = target.shards.len() as u32;
+        let mut next = self.next_sequence.lock().expect("sequence lock");
+        let mut outcomes = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let hash = match entry.explicit_hash_key {
+                Some(text) => text.parse::<u128>().map_err(|_| {
+                    SinkError::Rejected(format!(
+                        "ValidationException: ExplicitHashKey {text:?} is not a 128-bit decimal"
+                    ))
+                })?,
+                None => kinesis_hash_key(entry.partition_key),
+            };
+            let shard = &mut target.shards[shard_for_hash(hash, shard_count) as usize];
+            let size = entry.data.len() + entry.partition_key.len();
+            if shard.second != now.div_euclid(1000) {
+                shard.second = now.div_euclid(1000);
+                shard.written_records = 0;
+                shard.written_bytes = 0;
+            }
+            let over_limit = self.write_limit
+                && (shard.written_records >= SHARD_RECORDS_PER_SECOND
+                    || shard.written_bytes + size > SHARD_BYTES_PER_SECOND);
+            if over_limit || self.faults.draw_entry_failure() {
+                outcomes.push(PutOutcome::Failed {
+                    code: "ProvisionedThroughputExceededException".into(),
+                    message: format!("Rate exceeded for shard {} in stream {stream}", shard.id),
+                });
+                continue;
+            }
+            shard.written_records += 1;
+            shard.written_bytes += size;
+            let sequence_number = format!("49{:054}", *next);
+            *next += 1;
+            shard.records.push(StoredRecord {
+                shard_id: shard.id.clone(),
+                sequence_number: sequence_number.clone(),
+                partition_key: entry.partition_key.to_owned(),
+                data: entry.data.to_vec(),
+                arrival_millis: now,
+            });
+            outcomes.push(PutOutcome::Written {
+                shard_id: shard.id.clone(),
+                sequence_number,
+            });
+        }
+        Ok(outcomes)
+    }
+}
+
+#[async_trait]
+impl KinesisApi for LocalKinesis {
+    async fn put_records(
+        &self,
+        stream: &str,
+        entries: &[PutEntry<'_>],
+    ) -> Result<Vec<PutOutcome>, SinkError> {
+        // Accounts the whole call, metering included (see `Meter::busy`).
+        let _busy = self.meter.busy();
+        let outcome = self.put(stream, entries);
+        self.meter.call("PutRecords", 0.0, 0.0).await;
+        outcome
+    }
+}
