@@ -4,3 +4,4 @@
 pub mod emulator;
 pub mod harness;
 pub mod operators;
+pub mod scripted;

@@ -9,6 +9,7 @@
 pub mod adapters;
 pub mod domain;
 pub mod executor;
+pub mod lambda;
 pub mod local;
 pub mod operator;
 pub mod ports;

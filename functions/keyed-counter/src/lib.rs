@@ -3,12 +3,16 @@
 //!
 //! One writer per key (its stream's shard), so emit-then-commit is safe: a retry recomputes the
 //! same counts with the same output ids.
+//!
+//! Environment: `STATE_TABLE` (the keyway state table), `COUNTS_SINK` and `DEAD_LETTER_SINK`
+//! (`kinesis:<stream>` or `sqs:<queue URL>`).
 
 use serde::{Deserialize, Serialize};
 
 use keyway::domain::{Payload, SourceRecord};
+use keyway::lambda::{required, Env, Platform, StreamHandler};
 use keyway::operator::StateDescriptor;
-use keyway::{Ctx, InvalidInput, KeyedOperator, ProcessError, ValueState};
+use keyway::{Ctx, Executor, InvalidInput, KeyedOperator, ProcessError, Sinks, ValueState};
 
 /// The count of one key.
 pub const COUNT: ValueState<u64> = ValueState::new("count");
@@ -94,4 +98,17 @@ impl KeyedOperator for KeyedCounter {
         };
         ctx.emit(COUNTS, input.key, &update)
     }
+}
+
+/// The function: the keyed counter wired to the ports its environment names.
+pub fn handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<KeyedCounter>, String> {
+    let sinks = Sinks::new(platform.sink(required(env, "DEAD_LETTER_SINK")?)?)
+        .with(COUNTS, platform.sink(required(env, "COUNTS_SINK")?)?);
+    let store = platform.state_store(required(env, "STATE_TABLE")?)?;
+    Ok(StreamHandler::new(Executor::new(
+        KeyedCounter,
+        store,
+        sinks,
+        platform.clock(),
+    )))
 }

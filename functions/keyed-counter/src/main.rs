@@ -1,14 +1,10 @@
-//! Lambda bootstrap of the keyed counter: configuration from the environment, clients built once.
-//!
-//! Environment: `STATE_TABLE` (the keyway state table), `COUNTS_SINK` and `DEAD_LETTER_SINK`
-//! (`kinesis:<stream>` or `sqs:<queue URL>`).
+//! Lambda bootstrap of the keyed counter: the AWS platform and the process environment, clients
+//! built once, then the handler for every invocation.
 
 use std::sync::Arc;
 
-use keyed_counter::{KeyedCounter, COUNTS};
-use keyway::adapters::aws::{required_env, AwsClients};
-use keyway::ports::SystemClock;
-use keyway::{Executor, Sinks};
+use keyway::adapters::aws::AwsClients;
+use keyway::lambda::{Env, Handler};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
 
@@ -23,19 +19,11 @@ async fn main() -> Result<(), Error> {
         .with_target(false)
         .without_time()
         .init();
-    let aws = AwsClients::from_env().await;
-    let clock = Arc::new(SystemClock);
-    let sinks = Sinks::new(aws.sink(&required_env("DEAD_LETTER_SINK")?)?)
-        .with(COUNTS, aws.sink(&required_env("COUNTS_SINK")?)?);
-    let store = aws.state_store(&required_env("STATE_TABLE")?, clock.clone());
-    let executor = Arc::new(Executor::new(KeyedCounter, store, sinks, clock));
+    let env: Env = std::env::vars().collect();
+    let handler = Arc::new(keyed_counter::handler(&AwsClients::from_env().await, &env)?);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
-        let executor = executor.clone();
-        async move {
-            keyway::sources::run_kinesis(&executor, event.payload)
-                .await
-                .map_err(Error::from)
-        }
+        let handler = handler.clone();
+        async move { handler.handle(event.payload).await.map_err(Error::from) }
     }))
     .await
 }

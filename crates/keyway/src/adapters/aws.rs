@@ -1,11 +1,13 @@
-//! Wiring for functions on AWS: SDK clients built once per process, and sinks named by target.
+//! The AWS platform: SDK clients built once per process, and the ports a function's
+//! configuration names.
 
 use std::sync::Arc;
 
 use super::dynamodb::{DynamoStateStore, SdkTable};
 use super::kinesis::{KinesisSink, SdkKinesis};
 use super::sqs::{SdkSqs, SqsSink};
-use crate::ports::{Clock, Sink};
+use crate::lambda::{Platform, SinkTarget};
+use crate::ports::{Clock, Sink, StateStore, SystemClock};
 
 /// The SDK clients a function needs.
 #[derive(Clone, Debug)]
@@ -29,35 +31,22 @@ impl AwsClients {
             sqs: Arc::new(SdkSqs::new(aws_sdk_sqs::Client::new(config))),
         }
     }
-
-    pub fn state_store(
-        &self,
-        table: &str,
-        clock: Arc<dyn Clock>,
-    ) -> Arc<DynamoStateStore<SdkTable>> {
-        Arc::new(DynamoStateStore::new(
-            Arc::new(SdkTable::new(self.dynamodb.clone(), table)),
-            clock,
-        ))
-    }
-
-    /// A sink for `target`: `kinesis:<stream name>` or `sqs:<queue URL>`.
-    pub fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, String> {
-        match target.split_once(':') {
-            Some(("kinesis", stream)) if !stream.is_empty() => {
-                Ok(Arc::new(KinesisSink::new(self.kinesis.clone(), stream)))
-            }
-            Some(("sqs", url)) if url.starts_with("http") => {
-                Ok(Arc::new(SqsSink::new(self.sqs.clone(), url)))
-            }
-            _ => Err(format!(
-                "sink target {target:?}: expected kinesis:<stream name> or sqs:<queue URL>"
-            )),
-        }
-    }
 }
 
-/// An environment variable that must be set, or an error naming it.
-pub fn required_env(name: &str) -> Result<String, String> {
-    std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))
+impl Platform for AwsClients {
+    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, String> {
+        let table = Arc::new(SdkTable::new(self.dynamodb.clone(), table));
+        Ok(Arc::new(DynamoStateStore::new(table, self.clock())))
+    }
+
+    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, String> {
+        Ok(match SinkTarget::parse(target)? {
+            SinkTarget::Kinesis(stream) => Arc::new(KinesisSink::new(self.kinesis.clone(), stream)),
+            SinkTarget::Sqs(url) => Arc::new(SqsSink::new(self.sqs.clone(), url)),
+        })
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::new(SystemClock)
+    }
 }

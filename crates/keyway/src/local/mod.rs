@@ -11,15 +11,20 @@
 
 pub mod clock;
 pub mod dynamodb;
+pub mod esm;
 pub mod events;
 pub mod faults;
 pub mod kinesis;
 pub mod meter;
+pub mod runtime;
 pub mod sqs;
+pub mod template;
 
 pub use clock::VirtualClock;
 pub use dynamodb::{KeySchema, LocalDynamoDb, LocalTable, StreamRecord};
+pub use esm::{EventSourceMapping, MappingSettings, MappingSource, MappingStats, StartingPosition};
 pub use faults::{FaultPlan, Faults};
 pub use kinesis::{LocalKinesis, StoredRecord};
 pub use meter::{thread_cpu_time, Meter, MeterSnapshot};
+pub use runtime::{Factory, LocalRuntime, LocalServices, RunReport};
 pub use sqs::{LocalSqs, QueuedMessage};

@@ -1,0 +1,645 @@
+//! The event source mapping emulator: reads Kinesis shards and DynamoDB streams and invokes a
+//! function with the batches Lambda would send, honouring the mapping's settings as the Lambda
+//! Developer Guide describes them ("Lambda event source mappings", "Using Lambda with Kinesis
+//! Data Streams", "Using Lambda with DynamoDB"):
+//!
+//! - BatchSize and MaximumBatchingWindowInSeconds: a batch goes when it is full, when its first
+//!   record has waited the window, or when it reaches the 6 MB payload limit;
+//! - StartingPosition: TRIM_HORIZON, LATEST or AT_TIMESTAMP;
+//! - ParallelizationFactor: each shard's records are spread over up to ten concurrent batches by
+//!   partition key, so one key's records stay in order;
+//! - ReportBatchItemFailures: the batch checkpoints before the lowest reported sequence number and
+//!   the rest is retried; an empty or null identifier fails the whole batch;
+//! - BisectBatchOnFunctionError: a failed batch is split in two and the halves retried apart,
+//!   without using up retries;
+//! - MaximumRetryAttempts and MaximumRecordAgeInSeconds: records past either are discarded and
+//!   described to the OnFailure destination (an SQS queue) as Lambda describes them;
+//! - function errors and timeouts fail the batch.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::dynamodb::{LocalTable, StreamRecord};
+use super::events::{dynamodb_event, kinesis_event, DynamoDbEventRecord, KinesisEventRecord};
+use super::faults::Faults;
+use super::kinesis::{LocalKinesis, StoredRecord};
+use super::sqs::LocalSqs;
+use crate::domain::hash::kinesis_hash_key;
+use crate::domain::item::item_to_dynamodb_json;
+use crate::lambda::{FunctionError, Handler};
+use crate::ports::Clock;
+
+/// Lambda's limit on the payload of one invocation.
+pub const PAYLOAD_MAX_BYTES: usize = 6 * 1024 * 1024;
+
+/// How long a failed batch waits before its retry. Lambda retries stream batches promptly; a
+/// pause keeps virtual time moving, so record ages grow and a run that only retries ends.
+pub const RETRY_DELAY: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartingPosition {
+    TrimHorizon,
+    Latest,
+    /// Epoch milliseconds.
+    AtTimestamp(i64),
+}
+
+/// An event source mapping's settings, with Lambda's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MappingSettings {
+    pub batch_size: usize,
+    pub maximum_batching_window: Duration,
+    pub starting_position: StartingPosition,
+    pub report_batch_item_failures: bool,
+    pub bisect_batch_on_function_error: bool,
+    /// `None` retries until the records expire (Lambda's -1).
+    pub maximum_retry_attempts: Option<u32>,
+    /// `None` keeps records as long as the stream does (Lambda's -1).
+    pub maximum_record_age: Option<Duration>,
+    /// The SQS queue URL discarded batches are described to.
+    pub on_failure: Option<String>,
+    pub parallelization_factor: u32,
+    /// The function's timeout.
+    pub function_timeout: Duration,
+}
+
+impl Default for MappingSettings {
+    fn default() -> Self {
+        Self {
+            batch_size: 100,
+            maximum_batching_window: Duration::ZERO,
+            starting_position: StartingPosition::TrimHorizon,
+            report_batch_item_failures: false,
+            bisect_batch_on_function_error: false,
+            maximum_retry_attempts: None,
+            maximum_record_age: None,
+            on_failure: None,
+            parallelization_factor: 1,
+            function_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Where a mapping reads from.
+#[derive(Clone)]
+pub enum MappingSource {
+    Kinesis {
+        kinesis: Arc<LocalKinesis>,
+        stream: String,
+    },
+    DynamoDb {
+        table: Arc<LocalTable>,
+    },
+}
+
+/// What a mapping did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MappingStats {
+    pub invocations: u64,
+    pub function_errors: u64,
+    pub timeouts: u64,
+    pub partial_failures: u64,
+    pub bisections: u64,
+    /// Records in invoked batches, retries included.
+    pub records_delivered: u64,
+    /// Records checkpointed after an invocation that succeeded for them.
+    pub records_done: u64,
+    pub discarded_for_age: u64,
+    pub discarded_for_retries: u64,
+    pub duplicate_deliveries: u64,
+}
+
+/// A record read from the source, with when the poller saw it.
+#[derive(Clone, Debug)]
+enum Polled {
+    Kinesis(StoredRecord),
+    DynamoDb(StreamRecord),
+}
+
+impl Polled {
+    fn sequence(&self) -> &str {
+        match self {
+            Polled::Kinesis(r) => &r.sequence_number,
+            Polled::DynamoDb(r) => &r.sequence_number,
+        }
+    }
+
+    fn arrival_millis(&self) -> i64 {
+        match self {
+            Polled::Kinesis(r) => r.arrival_millis,
+            Polled::DynamoDb(r) => r.created_millis,
+        }
+    }
+
+    /// What the record adds to an invocation's payload, roughly as Lambda counts it.
+    fn size(&self) -> usize {
+        match self {
+            Polled::Kinesis(r) => r.data.len() * 4 / 3 + r.partition_key.len() + 400,
+            Polled::DynamoDb(r) => {
+                let image = |i: &Option<crate::domain::Item>| {
+                    i.as_ref().map_or(0, crate::domain::item::item_size)
+                };
+                image(&r.old_image) + image(&r.new_image) + 400
+            }
+        }
+    }
+
+    /// The key records are spread over concurrent batches by.
+    fn partition_hash(&self) -> u128 {
+        match self {
+            Polled::Kinesis(r) => kinesis_hash_key(&r.partition_key),
+            Polled::DynamoDb(r) => kinesis_hash_key(&item_to_dynamodb_json(&r.keys).to_string()),
+        }
+    }
+}
+
+/// The batch at the head of a partition and what happened to it so far.
+#[derive(Clone, Copy, Debug)]
+struct Planned {
+    size: usize,
+    /// Retries so far (the first invocation is not a retry).
+    retries: u32,
+    /// Invocations so far, for the on-failure record.
+    invocations: u32,
+}
+
+/// One of the concurrent batches of a shard.
+struct Partition {
+    shard: usize,
+    queue: VecDeque<(Polled, i64)>,
+    /// The batches in flight: the one at the front is invoked next; bisection adds its halves.
+    plan: VecDeque<Planned>,
+    /// A failed batch is retried no earlier than this.
+    not_before: i64,
+}
+
+/// An event source mapping between a stream and a function.
+pub struct EventSourceMapping {
+    pub name: String,
+    pub function_arn: String,
+    handler: Arc<dyn Handler>,
+    source: MappingSource,
+    settings: MappingSettings,
+    /// Read position per shard, set on the first poll.
+    positions: Option<Vec<usize>>,
+    partitions: Vec<Partition>,
+    sqs: Arc<LocalSqs>,
+    clock: Arc<dyn Clock>,
+    faults: Arc<Faults>,
+    stats: MappingStats,
+}
+
+/// What one invocation came to.
+enum Outcome {
+    Success,
+    /// The records before this index succeeded.
+    Partial(usize),
+    Failure,
+}
+
+impl EventSourceMapping {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: impl Into<String>,
+        function_arn: impl Into<String>,
+        handler: Arc<dyn Handler>,
+        source: MappingSource,
+        settings: MappingSettings,
+        sqs: Arc<LocalSqs>,
+        clock: Arc<dyn Clock>,
+        faults: Arc<Faults>,
+    ) -> Self {
+        let settings = MappingSettings {
+            parallelization_factor: settings.parallelization_factor.clamp(1, 10),
+            batch_size: settings.batch_size.clamp(1, 10_000),
+            ..settings
+        };
+        Self {
+            name: name.into(),
+            function_arn: function_arn.into(),
+            handler,
+            source,
+            settings,
+            positions: None,
+            partitions: Vec::new(),
+            sqs,
+            clock,
+            faults,
+            stats: MappingStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &MappingStats {
+        &self.stats
+    }
+
+    pub fn settings(&self) -> &MappingSettings {
+        &self.settings
+    }
+
+    fn shard_count(&self) -> usize {
+        match &self.source {
+            MappingSource::Kinesis { kinesis, stream } => kinesis.shard_ids(stream).len(),
+            MappingSource::DynamoDb { .. } => 1,
+        }
+    }
+
+    /// Reads what the shards hold beyond the positions, into the partitions.
+    pub fn poll(&mut self) {
+        let shards = self.shard_count();
+        if self.positions.is_none() {
+            let start = |shard: usize| match (&self.source, self.settings.starting_position) {
+                (_, StartingPosition::TrimHorizon) => 0,
+                (MappingSource::Kinesis { kinesis, stream }, StartingPosition::Latest) => {
+                    kinesis.shard_len(stream, shard)
+                }
+                (MappingSource::Kinesis { kinesis, stream }, StartingPosition::AtTimestamp(t)) => {
+                    kinesis.position_at(stream, shard, t)
+                }
+                (MappingSource::DynamoDb { table }, StartingPosition::Latest) => table.stream_len(),
+                (MappingSource::DynamoDb { table }, StartingPosition::AtTimestamp(t)) => {
+                    table.stream_position_at(t)
+                }
+            };
+            self.positions = Some((0..shards).map(start).collect());
+            let factor = self.settings.parallelization_factor as usize;
+            self.partitions = (0..shards * factor)
+                .map(|i| Partition {
+                    shard: i / factor,
+                    queue: VecDeque::new(),
+                    plan: VecDeque::new(),
+                    not_before: i64::MIN,
+                })
+                .collect();
+        }
+        let now = self.clock.now_millis();
+        let factor = self.settings.parallelization_factor as u128;
+        let positions = self.positions.as_mut().expect("set above");
+        for (shard, position) in positions.iter_mut().enumerate() {
+            let fresh: Vec<Polled> = match &self.source {
+                MappingSource::Kinesis { kinesis, stream } => kinesis
+                    .read(stream, shard, *position, usize::MAX)
+                    .into_iter()
+                    .map(Polled::Kinesis)
+                    .collect(),
+                MappingSource::DynamoDb { table } => table
+                    .stream_records(*position, usize::MAX)
+                    .into_iter()
+                    .map(Polled::DynamoDb)
+                    .collect(),
+            };
+            *position += fresh.len();
+            for record in fresh {
+                let lane = (record.partition_hash() % factor) as usize;
+                self.partitions[shard * factor as usize + lane]
+                    .queue
+                    .push_back((record, now));
+            }
+        }
+    }
+
+    /// Whether any record waits, and the earliest time a waiting batch becomes due.
+    pub fn pending(&self) -> (usize, Option<i64>) {
+        let waiting = self.partitions.iter().map(|p| p.queue.len()).sum();
+        let due = self.partitions.iter().filter_map(|p| self.due_at(p)).min();
+        (waiting, due)
+    }
+
+    /// When the partition's next batch is due: now when one is planned or full, else when its
+    /// first record has waited the batching window.
+    fn due_at(&self, partition: &Partition) -> Option<i64> {
+        let (_, first_polled) = partition.queue.front()?;
+        if !partition.plan.is_empty() {
+            return Some(partition.not_before);
+        }
+        if partition.queue.len() >= self.settings.batch_size {
+            return Some(i64::MIN);
+        }
+        Some(first_polled + self.settings.maximum_batching_window.as_millis() as i64)
+    }
+
+    /// Invokes every partition whose batch is due, all at once; returns how many invocations ran.
+    pub async fn step(&mut self) -> usize {
+        let now = self.clock.now_millis();
+        let mut due: Vec<usize> = Vec::new();
+        for i in 0..self.partitions.len() {
+            self.discard_expired(i, now);
+            let partition = &self.partitions[i];
+            if self.due_at(partition).is_some_and(|t| t <= now) {
+                due.push(i);
+            }
+        }
+        let mut invocations = Vec::new();
+        for &i in &due {
+            let batch = self.next_batch(i);
+            invocations.push((i, batch));
+        }
+        let handler = self.handler.clone();
+        let calls = invocations.iter().map(|(_, batch)| {
+            let event = self.event(batch);
+            let timeout = if self.faults.draw(self.faults.plan().timeout) {
+                // Stopped somewhere in the middle, wherever it is by then.
+                Duration::from_micros(self.faults.pick(4_000))
+            } else {
+                self.settings.function_timeout
+            };
+            let duplicate = self
+                .faults
+                .draw(self.faults.plan().duplicate_delivery)
+                .then(|| event.clone());
+            let handler = handler.clone();
+            async move {
+                let result = match tokio::time::timeout(timeout, handler.handle(event)).await {
+                    Ok(result) => result.map_err(|e| (e, false)),
+                    Err(_) => Err((FunctionError("Task timed out".into()), true)),
+                };
+                if let (Ok(_), Some(again)) = (&result, duplicate) {
+                    // The same batch once more, as a lost acknowledgement makes Lambda do.
+                    let _ = tokio::time::timeout(timeout, handler.handle(again)).await;
+                    return (result, true);
+                }
+                (result, false)
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        let count = invocations.len();
+        for ((i, batch), (result, duplicated)) in invocations.into_iter().zip(results) {
+            self.stats.invocations += 1 + u64::from(duplicated);
+            self.stats.duplicate_deliveries += u64::from(duplicated);
+            self.stats.records_delivered += batch.len() as u64;
+            let outcome = self.classify(&batch, result);
+            self.apply(i, batch.len(), outcome);
+            self.partitions[i].not_before =
+                self.clock.now_millis() + RETRY_DELAY.as_millis() as i64;
+        }
+        count
+    }
+
+    /// The records of the partition's next batch (planned, or newly formed and planned).
+    fn next_batch(&mut self, i: usize) -> Vec<Polled> {
+        let batch_size = self.settings.batch_size;
+        let partition = &mut self.partitions[i];
+        if partition.plan.is_empty() {
+            let mut size = 0;
+            let mut bytes = 0;
+            for (record, _) in partition.queue.iter().take(batch_size) {
+                if size > 0 && bytes + record.size() > PAYLOAD_MAX_BYTES {
+                    break;
+                }
+                bytes += record.size();
+                size += 1;
+            }
+            partition.plan.push_back(Planned {
+                size,
+                retries: 0,
+                invocations: 0,
+            });
+        }
+        let planned = partition.plan.front_mut().expect("planned above");
+        planned.invocations += 1;
+        partition
+            .queue
+            .iter()
+            .take(planned.size)
+            .map(|(r, _)| r.clone())
+            .collect()
+    }
+
+    fn event(&self, batch: &[Polled]) -> Value {
+        match &self.source {
+            MappingSource::Kinesis { kinesis, stream } => {
+                let arn = kinesis.stream_arn(stream).unwrap_or_default();
+                kinesis_event(
+                    &arn,
+                    batch.iter().filter_map(|r| match r {
+                        Polled::Kinesis(r) => Some(KinesisEventRecord {
+                            shard_id: &r.shard_id,
+                            sequence_number: &r.sequence_number,
+                            partition_key: &r.partition_key,
+                            data: &r.data,
+                            arrival_millis: r.arrival_millis,
+                        }),
+                        Polled::DynamoDb(_) => None,
+                    }),
+                )
+            }
+            MappingSource::DynamoDb { table } => dynamodb_event(
+                &table.stream_arn(),
+                batch.iter().filter_map(|r| match r {
+                    Polled::DynamoDb(r) => Some(DynamoDbEventRecord {
+                        kind: r.kind,
+                        keys: &r.keys,
+                        old_image: r.old_image.as_ref(),
+                        new_image: r.new_image.as_ref(),
+                        sequence_number: &r.sequence_number,
+                        created_secs: r.created_millis.div_euclid(1000),
+                        ttl_deletion: r.ttl_deletion,
+                    }),
+                    Polled::Kinesis(_) => None,
+                }),
+            ),
+        }
+    }
+
+    fn classify(
+        &mut self,
+        batch: &[Polled],
+        result: Result<Value, (FunctionError, bool)>,
+    ) -> Outcome {
+        let response = match result {
+            Ok(response) => response,
+            Err((_, timed_out)) => {
+                self.stats.function_errors += 1;
+                self.stats.timeouts += u64::from(timed_out);
+                return Outcome::Failure;
+            }
+        };
+        if !self.settings.report_batch_item_failures {
+            return Outcome::Success;
+        }
+        // Lambda Developer Guide, "Configuring partial batch response": an empty or null list, or
+        // an empty or null response, is a success; an empty or null identifier, or one under a
+        // wrong key, fails the whole batch.
+        let failures = match response.get("batchItemFailures") {
+            None | Some(Value::Null) => return Outcome::Success,
+            Some(Value::Array(items)) => items,
+            Some(_) => return Outcome::Failure,
+        };
+        let mut lowest: Option<usize> = None;
+        for item in failures {
+            let Some(id) = item
+                .get("itemIdentifier")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+            else {
+                return Outcome::Failure;
+            };
+            // An identifier that names no record of the batch is treated as failing it all.
+            let Some(index) = batch.iter().position(|r| r.sequence() == id) else {
+                return Outcome::Failure;
+            };
+            lowest = Some(lowest.map_or(index, |l| l.min(index)));
+        }
+        match lowest {
+            None => Outcome::Success,
+            Some(index) => {
+                self.stats.partial_failures += 1;
+                Outcome::Partial(index)
+            }
+        }
+    }
+
+    fn apply(&mut self, i: usize, size: usize, outcome: Outcome) {
+        let bisect = self.settings.bisect_batch_on_function_error;
+        let partition = &mut self.partitions[i];
+        let planned = *partition.plan.front().expect("an invoked batch is planned");
+        match outcome {
+            Outcome::Success => {
+                partition.queue.drain(..size);
+                partition.plan.pop_front();
+                self.stats.records_done += size as u64;
+            }
+            Outcome::Partial(done) => {
+                partition.queue.drain(..done);
+                self.stats.records_done += done as u64;
+                let rest = Planned {
+                    size: size - done,
+                    retries: planned.retries + 1,
+                    ..planned
+                };
+                *partition.plan.front_mut().expect("planned") = rest;
+            }
+            Outcome::Failure if bisect && size > 1 => {
+                // Splitting does not use up retries.
+                self.stats.bisections += 1;
+                partition.plan.pop_front();
+                let first = Planned {
+                    size: size / 2,
+                    ..planned
+                };
+                let second = Planned {
+                    size: size - size / 2,
+                    ..planned
+                };
+                partition.plan.push_front(second);
+                partition.plan.push_front(first);
+            }
+            Outcome::Failure => {
+                partition.plan.front_mut().expect("planned").retries += 1;
+            }
+        }
+        let exhausted = partition.plan.front().is_some_and(|p| {
+            self.settings
+                .maximum_retry_attempts
+                .is_some_and(|max| p.retries > max)
+        });
+        if exhausted {
+            let planned = partition.plan.pop_front().expect("checked above");
+            let discarded: Vec<Polled> = partition
+                .queue
+                .drain(..planned.size)
+                .map(|(r, _)| r)
+                .collect();
+            self.stats.discarded_for_retries += discarded.len() as u64;
+            self.describe_discarded(i, &discarded, "RetryAttemptsExhausted", planned.invocations);
+        }
+    }
+
+    /// Discards the records at the head of the partition older than the maximum record age.
+    fn discard_expired(&mut self, i: usize, now: i64) {
+        let Some(max_age) = self.settings.maximum_record_age else {
+            return;
+        };
+        let max_age = max_age.as_millis() as i64;
+        let partition = &mut self.partitions[i];
+        let expired = partition
+            .queue
+            .iter()
+            .take_while(|(r, _)| now - r.arrival_millis() > max_age)
+            .count();
+        if expired == 0 {
+            return;
+        }
+        let discarded: Vec<Polled> = partition.queue.drain(..expired).map(|(r, _)| r).collect();
+        // The batch in flight loses those records; a batch left empty is gone.
+        let mut left = expired;
+        let mut invocations = 0;
+        while left > 0 {
+            let Some(front) = partition.plan.front_mut() else {
+                break;
+            };
+            invocations = invocations.max(front.invocations);
+            if front.size <= left {
+                left -= front.size;
+                partition.plan.pop_front();
+            } else {
+                front.size -= left;
+                left = 0;
+            }
+        }
+        self.stats.discarded_for_age += discarded.len() as u64;
+        self.describe_discarded(i, &discarded, "RecordAgeExceeded", invocations);
+    }
+
+    /// Sends the on-failure record for discarded records, in the shape Lambda sends it.
+    fn describe_discarded(&self, i: usize, records: &[Polled], condition: &str, invocations: u32) {
+        let (Some(destination), Some(first), Some(last)) =
+            (&self.settings.on_failure, records.first(), records.last())
+        else {
+            return;
+        };
+        let iso = |millis: i64| {
+            chrono::DateTime::from_timestamp_millis(millis)
+                .unwrap_or_default()
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        };
+        let shard = self.partitions[i].shard;
+        let (info_key, shard_id, stream_arn) = match &self.source {
+            MappingSource::Kinesis { kinesis, stream } => (
+                "KinesisBatchInfo",
+                kinesis
+                    .shard_ids(stream)
+                    .get(shard)
+                    .cloned()
+                    .unwrap_or_default(),
+                kinesis.stream_arn(stream).unwrap_or_default(),
+            ),
+            MappingSource::DynamoDb { table } => (
+                "DDBStreamBatchInfo",
+                "shardId-00000001".to_owned(),
+                table.stream_arn(),
+            ),
+        };
+        let now = self.clock.now_millis();
+        let mut body = json!({
+            "requestContext": {
+                "requestId": format!("{}-{}-{}", self.name, shard, first.sequence()),
+                "functionArn": self.function_arn,
+                "condition": condition,
+                "approximateInvokeCount": invocations,
+            },
+            "responseContext": {
+                "statusCode": 200,
+                "executedVersion": "$LATEST",
+                "functionError": "Unhandled",
+            },
+            "version": "1.0",
+            "timestamp": iso(now),
+        });
+        body[info_key] = json!({
+            "shardId": shard_id,
+            "startSequenceNumber": first.sequence(),
+            "endSequenceNumber": last.sequence(),
+            "approximateArrivalOfFirstRecord": iso(first.arrival_millis()),
+            "approximateArrivalOfLastRecord": iso(last.arrival_millis()),
+            "batchSize": records.len(),
+            "streamArn": stream_arn,
+        });
+        if let Err(err) = self.sqs.send_message(destination, body.to_string()) {
+            tracing::warn!(mapping = %self.name, error = %err, "on-failure record not delivered");
+        }
+    }
+}

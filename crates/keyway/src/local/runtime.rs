@@ -1,0 +1,370 @@
+//! The embedded runtime: the in-memory services, the functions of a SAM template wired to them as
+//! the template says, and their event source mappings, driven until every record is processed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::clock::VirtualClock;
+use super::dynamodb::{KeySchema, LocalDynamoDb};
+use super::esm::{EventSourceMapping, MappingSettings, MappingSource, MappingStats};
+use super::faults::{FaultPlan, Faults};
+use super::kinesis::LocalKinesis;
+use super::sqs::LocalSqs;
+use super::template::{self, Resolver, Resource, SourceRef, Wiring};
+use crate::adapters::dynamodb::DynamoStateStore;
+use crate::adapters::kinesis::KinesisSink;
+use crate::adapters::sqs::SqsSink;
+use crate::domain::KeyState;
+use crate::lambda::{Env, Handler, Platform, SinkTarget};
+use crate::ports::{Clock, Commit, Namespace, Sink, StateStore, StoreError};
+
+/// Kinesis, DynamoDB and SQS in memory, on one virtual clock, with one fault plan.
+pub struct LocalServices {
+    pub clock: Arc<VirtualClock>,
+    pub dynamodb: Arc<LocalDynamoDb>,
+    pub kinesis: Arc<LocalKinesis>,
+    pub sqs: Arc<LocalSqs>,
+    faults: FaultPlan,
+    /// Draws for faults of invocations: crashes before commit, timeouts, duplicate deliveries.
+    invocation_faults: Arc<Faults>,
+}
+
+impl LocalServices {
+    /// Services whose clock starts at `epoch_millis`; call inside the tokio runtime they run on.
+    pub fn new(epoch_millis: i64, faults: FaultPlan) -> Arc<Self> {
+        let clock = VirtualClock::starting_at(epoch_millis);
+        Arc::new(Self {
+            dynamodb: Arc::new(LocalDynamoDb::new(clock.clone(), faults.clone())),
+            kinesis: Arc::new(LocalKinesis::new(
+                clock.clone(),
+                Faults::new(faults.clone(), 0x6b1),
+            )),
+            sqs: Arc::new(LocalSqs::new(
+                clock.clone(),
+                Faults::new(faults.clone(), 0x5a5),
+            )),
+            invocation_faults: Arc::new(Faults::new(faults.clone(), 0x1a4)),
+            clock,
+            faults,
+        })
+    }
+
+    /// Every service call takes `latency` of virtual time, so that a timeout can stop an
+    /// invocation between two calls, as a real one would be stopped.
+    pub fn set_latency(&self, latency: Option<Duration>) {
+        self.kinesis.meter().set_latency(latency);
+        self.sqs.meter().set_latency(latency);
+        for table in self.dynamodb.tables() {
+            table.meter().set_latency(latency);
+        }
+    }
+}
+
+impl Platform for LocalServices {
+    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, String> {
+        let table = self
+            .dynamodb
+            .table(table)
+            .ok_or_else(|| format!("no table named {table:?}"))?;
+        let store: Arc<dyn StateStore> = Arc::new(DynamoStateStore::new(table, self.clock.clone()));
+        if self.faults.crash_before_commit > 0.0 {
+            return Ok(Arc::new(CrashBeforeCommit {
+                inner: store,
+                faults: self.invocation_faults.clone(),
+            }));
+        }
+        Ok(store)
+    }
+
+    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, String> {
+        Ok(match SinkTarget::parse(target)? {
+            SinkTarget::Kinesis(stream) => Arc::new(KinesisSink::new(self.kinesis.clone(), stream)),
+            SinkTarget::Sqs(url) => Arc::new(SqsSink::new(self.sqs.clone(), url)),
+        })
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+}
+
+/// A state store whose process may die between emitting and committing: the commit never
+/// finishes, and the invocation ends by its timeout.
+struct CrashBeforeCommit {
+    inner: Arc<dyn StateStore>,
+    faults: Arc<Faults>,
+}
+
+#[async_trait]
+impl StateStore for CrashBeforeCommit {
+    async fn load(
+        &self,
+        namespace: &Namespace,
+        keys: &[String],
+    ) -> Result<std::collections::HashMap<String, KeyState>, StoreError> {
+        self.inner.load(namespace, keys).await
+    }
+
+    async fn commit(
+        &self,
+        namespace: &Namespace,
+        commits: Vec<Commit>,
+    ) -> Vec<Result<(), StoreError>> {
+        if self.faults.draw(self.faults.plan().crash_before_commit) {
+            return futures::future::pending().await;
+        }
+        self.inner.commit(namespace, commits).await
+    }
+}
+
+/// Builds a function's handler from its platform and environment (a function crate's `handler`).
+pub type Factory =
+    Box<dyn Fn(&dyn Platform, &Env) -> Result<Arc<dyn Handler>, String> + Send + Sync>;
+
+/// What a run did, per event source mapping.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    pub mappings: Vec<(String, MappingStats)>,
+    /// Virtual time the run took.
+    pub elapsed: Duration,
+}
+
+/// A template's functions on the in-memory services.
+pub struct LocalRuntime {
+    pub services: Arc<LocalServices>,
+    pub wiring: Wiring,
+    names: Names,
+    mappings: Vec<EventSourceMapping>,
+}
+
+/// Resource names, URLs and ARNs by logical id.
+#[derive(Default)]
+struct Names {
+    references: BTreeMap<String, String>,
+    attributes: BTreeMap<(String, String), String>,
+}
+
+impl Resolver for Names {
+    fn reference(&self, logical_id: &str) -> Option<String> {
+        self.references.get(logical_id).cloned()
+    }
+
+    fn attribute(&self, logical_id: &str, attribute: &str) -> Option<String> {
+        self.attributes
+            .get(&(logical_id.to_owned(), attribute.to_owned()))
+            .cloned()
+    }
+}
+
+impl LocalRuntime {
+    /// Creates the template's resources, builds each function with the factory registered under
+    /// its logical id, and maps its event sources. A function without a factory is an error.
+    pub fn from_template(
+        text: &str,
+        services: Arc<LocalServices>,
+        factories: &BTreeMap<String, Factory>,
+    ) -> Result<Self, String> {
+        let (wiring, template) = template::parse(text).map_err(|e| e.to_string())?;
+        let mut names = Names::default();
+        for (id, resource) in &wiring.resources {
+            let mut attr =
+                |a: &str, v: String| names.attributes.insert((id.clone(), a.to_owned()), v);
+            match resource {
+                Resource::Table {
+                    name,
+                    hash_key,
+                    range_key,
+                    ttl_attribute,
+                    stream,
+                } => {
+                    let schema = KeySchema {
+                        hash: hash_key.clone(),
+                        range: range_key.clone(),
+                    };
+                    let table = services.dynamodb.create_table(
+                        name,
+                        schema,
+                        ttl_attribute.clone(),
+                        *stream,
+                    );
+                    attr("StreamArn", table.stream_arn());
+                    attr(
+                        "Arn",
+                        format!("arn:aws:dynamodb:us-east-1:000000000000:table/{name}"),
+                    );
+                    names.references.insert(id.clone(), name.clone());
+                }
+                Resource::Stream { name, shards } => {
+                    let arn = services.kinesis.create_stream(name, *shards);
+                    attr("Arn", arn);
+                    names.references.insert(id.clone(), name.clone());
+                }
+                Resource::Queue { name } => {
+                    let url = services.sqs.create_queue(name);
+                    attr("Arn", LocalSqs::queue_arn(&url));
+                    attr("QueueUrl", url.clone());
+                    attr("QueueName", name.clone());
+                    names.references.insert(id.clone(), url);
+                }
+            }
+        }
+        for function in &wiring.functions {
+            names
+                .references
+                .insert(function.logical_id.clone(), function.name.clone());
+        }
+        let mut mappings = Vec::new();
+        for function in &wiring.functions {
+            let factory = factories.get(&function.logical_id).ok_or_else(|| {
+                format!(
+                    "no function is registered for {} of the template",
+                    function.logical_id
+                )
+            })?;
+            let env: Env = function
+                .env
+                .iter()
+                .map(|(k, raw)| {
+                    Ok((
+                        k.clone(),
+                        template::resolve_env(raw, &template, &names).map_err(|e| e.to_string())?,
+                    ))
+                })
+                .collect::<Result<_, String>>()?;
+            let handler = factory(services.as_ref(), &env)
+                .map_err(|e| format!("{}: {e}", function.logical_id))?;
+            let function_arn = format!(
+                "arn:aws:lambda:us-east-1:000000000000:function:{}",
+                function.name
+            );
+            for event in &function.events {
+                let source = match &event.source {
+                    SourceRef::Kinesis(id) => MappingSource::Kinesis {
+                        kinesis: services.kinesis.clone(),
+                        stream: names
+                            .reference(id)
+                            .ok_or_else(|| format!("{}: no stream {id}", event.name))?,
+                    },
+                    SourceRef::DynamoDb(id) => {
+                        let table = names
+                            .reference(id)
+                            .ok_or_else(|| format!("{}: no table {id}", event.name))?;
+                        MappingSource::DynamoDb {
+                            table: services.dynamodb.table(&table).expect("created above"),
+                        }
+                    }
+                };
+                let mut settings = event.settings.clone();
+                settings.on_failure = event.on_failure.as_ref().and_then(|q| names.reference(q));
+                mappings.push(EventSourceMapping::new(
+                    format!("{}/{}", function.logical_id, event.name),
+                    function_arn.clone(),
+                    handler.clone(),
+                    source,
+                    settings,
+                    services.sqs.clone(),
+                    services.clock.clone(),
+                    services.invocation_faults.clone(),
+                ));
+            }
+        }
+        let mut runtime = Self {
+            services,
+            wiring,
+            names,
+            mappings,
+        };
+        // Mappings start where their starting position says, before anything is written.
+        for mapping in &mut runtime.mappings {
+            mapping.poll();
+        }
+        Ok(runtime)
+    }
+
+    /// A runtime without a template, for mappings added by hand.
+    pub fn new(services: Arc<LocalServices>) -> Self {
+        Self {
+            services,
+            wiring: Wiring::default(),
+            names: Names::default(),
+            mappings: Vec::new(),
+        }
+    }
+
+    /// Adds a mapping of `handler` to `source`; it starts reading at its starting position now.
+    pub fn add_mapping(
+        &mut self,
+        name: &str,
+        handler: Arc<dyn Handler>,
+        source: MappingSource,
+        settings: MappingSettings,
+    ) {
+        let mut mapping = EventSourceMapping::new(
+            name,
+            format!("arn:aws:lambda:us-east-1:000000000000:function:{name}"),
+            handler,
+            source,
+            settings,
+            self.services.sqs.clone(),
+            self.services.clock.clone(),
+            self.services.invocation_faults.clone(),
+        );
+        mapping.poll();
+        self.mappings.push(mapping);
+    }
+
+    /// The name (stream, table) or URL (queue) of a resource of the template.
+    pub fn resource(&self, logical_id: &str) -> Option<String> {
+        self.names.reference(logical_id)
+    }
+
+    pub fn mappings(&self) -> &[EventSourceMapping] {
+        &self.mappings
+    }
+
+    /// Runs the mappings until no record waits, or fails when records still wait after `limit`
+    /// of virtual time (a function that keeps failing with unlimited retries).
+    pub async fn run_until_idle(&mut self, limit: Duration) -> Result<RunReport, String> {
+        let start = self.services.clock.now_millis();
+        let deadline = start + limit.as_millis() as i64;
+        loop {
+            let now = self.services.clock.now_millis();
+            if now > deadline {
+                let waiting: usize = self.mappings.iter().map(|m| m.pending().0).sum();
+                return Err(format!("{waiting} records still wait after {limit:?}"));
+            }
+            self.services.dynamodb.expire();
+            for mapping in &mut self.mappings {
+                mapping.poll();
+            }
+            let ran: usize = futures::future::join_all(self.mappings.iter_mut().map(|m| m.step()))
+                .await
+                .into_iter()
+                .sum();
+            if ran > 0 {
+                continue;
+            }
+            match self.mappings.iter().filter_map(|m| m.pending().1).min() {
+                Some(due) => {
+                    let wait = (due - now).max(1) as u64;
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                }
+                None => {
+                    return Ok(RunReport {
+                        mappings: self
+                            .mappings
+                            .iter()
+                            .map(|m| (m.name.clone(), m.stats().clone()))
+                            .collect(),
+                        elapsed: Duration::from_millis(
+                            (self.services.clock.now_millis() - start) as u64,
+                        ),
+                    })
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! Reads the wiring of the embedded runtime from the SAM template the stack is deployed with:
+//! tables, streams, queues, and for each function its environment and its Kinesis and DynamoDB
+//! event sources with their settings. Local and deployed wiring therefore cannot drift.
+//!
+//! The template is read as CloudFormation reads it, for what keyway stacks use: `Parameters`
+//! with defaults, `Globals.Function`, `!Ref`, `!GetAtt`, `!Sub` (and their `Ref`/`Fn::` forms).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_yaml::Value;
+
+use super::esm::{MappingSettings, StartingPosition};
+use crate::lambda::Env;
+
+/// A resource the embedded runtime creates.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resource {
+    Table {
+        name: String,
+        hash_key: String,
+        range_key: Option<String>,
+        ttl_attribute: Option<String>,
+        stream: bool,
+    },
+    Stream {
+        name: String,
+        shards: usize,
+    },
+    Queue {
+        name: String,
+    },
+}
+
+/// Where an event source reads from: the logical id of a stream or table.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SourceRef {
+    Kinesis(String),
+    DynamoDb(String),
+}
+
+/// A function's event source mapping, as the template defines it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventDef {
+    pub name: String,
+    pub source: SourceRef,
+    pub settings: MappingSettings,
+    /// Logical id of the on-failure queue.
+    pub on_failure: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FunctionDef {
+    pub logical_id: String,
+    pub name: String,
+    pub timeout: Duration,
+    pub env: Env,
+    pub events: Vec<EventDef>,
+}
+
+/// Everything the runtime needs from the template.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Wiring {
+    /// By logical id.
+    pub resources: BTreeMap<String, Resource>,
+    pub functions: Vec<FunctionDef>,
+}
+
+/// How a reference to a resource resolves: its name, URL or ARN.
+pub trait Resolver {
+    /// `!Ref logical_id`
+    fn reference(&self, logical_id: &str) -> Option<String>;
+    /// `!GetAtt logical_id.attribute`
+    fn attribute(&self, logical_id: &str, attribute: &str) -> Option<String>;
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("template: {0}")]
+pub struct TemplateError(pub String);
+
+fn err<T>(message: impl Into<String>) -> Result<T, TemplateError> {
+    Err(TemplateError(message.into()))
+}
+
+fn get<'a>(value: &'a Value, key: &str) -> Option<&'a Value> {
+    value.as_mapping().and_then(|m| m.get(key))
+}
+
+/// Parses a template's text into its wiring; references are resolved later, once the resources
+/// exist, by `resolve`.
+pub fn parse(text: &str) -> Result<(Wiring, Value), TemplateError> {
+    let template: Value =
+        serde_yaml::from_str(text).map_err(|e| TemplateError(format!("not YAML: {e}")))?;
+    let resources = get(&template, "Resources")
+        .and_then(Value::as_mapping)
+        .ok_or_else(|| TemplateError("no Resources".into()))?;
+    let mut wiring = Wiring::default();
+    for (id, resource) in resources {
+        let id = id
+            .as_str()
+            .ok_or_else(|| TemplateError("a resource id is not a string".into()))?
+            .to_owned();
+        let kind = get(resource, "Type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
+        let literal = |key: &str| get(&props, key).and_then(Value::as_str).map(str::to_owned);
+        match kind {
+            "AWS::DynamoDB::Table" => {
+                let schema = get(&props, "KeySchema")
+                    .and_then(Value::as_sequence)
+                    .cloned()
+                    .unwrap_or_default();
+                let key_of = |role: &str| {
+                    schema
+                        .iter()
+                        .find(|k| get(k, "KeyType").and_then(Value::as_str) == Some(role))
+                        .and_then(|k| get(k, "AttributeName"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                };
+                let hash_key = key_of("HASH")
+                    .ok_or_else(|| TemplateError(format!("{id}: KeySchema has no HASH key")))?;
+                let ttl = get(&props, "TimeToLiveSpecification");
+                let ttl_attribute = ttl
+                    .filter(|t| get(t, "Enabled").and_then(Value::as_bool) == Some(true))
+                    .and_then(|t| get(t, "AttributeName"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                let stream = get(&props, "StreamSpecification").is_some();
+                let name = literal("TableName").unwrap_or_else(|| id.clone());
+                wiring.resources.insert(
+                    id.clone(),
+                    Resource::Table {
+                        name,
+                        hash_key,
+                        range_key: key_of("RANGE"),
+                        ttl_attribute,
+                        stream,
+                    },
+                );
+            }
+            "AWS::Kinesis::Stream" => {
+                let shards = get(&props, "ShardCount")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(1) as usize;
+                let name = literal("Name").unwrap_or_else(|| id.clone());
+                wiring
+                    .resources
+                    .insert(id.clone(), Resource::Stream { name, shards });
+            }
+            "AWS::SQS::Queue" => {
+                let fifo = get(&props, "FifoQueue").and_then(Value::as_bool) == Some(true);
+                let name = literal("QueueName").unwrap_or_else(|| {
+                    if fifo {
+                        format!("{id}.fifo")
+                    } else {
+                        id.clone()
+                    }
+                });
+                wiring
+                    .resources
+                    .insert(id.clone(), Resource::Queue { name });
+            }
+            _ => {}
+        }
+    }
+    for (id, resource) in resources {
+        if get(resource, "Type").and_then(Value::as_str) != Some("AWS::Serverless::Function") {
+            continue;
+        }
+        let id = id.as_str().unwrap_or_default().to_owned();
+        wiring.functions.push(function(&template, &id, resource)?);
+    }
+    Ok((wiring, template))
+}
+
+fn function(template: &Value, id: &str, resource: &Value) -> Result<FunctionDef, TemplateError> {
+    let globals = get(template, "Globals")
+        .and_then(|g| get(g, "Function"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
+    let pick = |key: &str| get(&props, key).or_else(|| get(&globals, key)).cloned();
+    // Lambda's default timeout is 3 seconds.
+    let timeout = Duration::from_secs(pick("Timeout").and_then(|v| v.as_u64()).unwrap_or(3));
+    let name = get(&props, "FunctionName")
+        .and_then(Value::as_str)
+        .unwrap_or(id)
+        .to_owned();
+    let mut events = Vec::new();
+    for (event_name, event) in get(&props, "Events")
+        .and_then(Value::as_mapping)
+        .into_iter()
+        .flatten()
+    {
+        let event_name = event_name.as_str().unwrap_or_default().to_owned();
+        let kind = get(event, "Type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let p = get(event, "Properties").cloned().unwrap_or(Value::Null);
+        let logical = |key: &str| -> Result<String, TemplateError> {
+            let value = get(&p, key)
+                .ok_or_else(|| TemplateError(format!("{id}.{event_name}: no {key}")))?;
+            logical_id(value).ok_or_else(|| {
+                TemplateError(format!(
+                    "{id}.{event_name}.{key}: expected !GetAtt or !Ref of a resource"
+                ))
+            })
+        };
+        let source = match kind {
+            "Kinesis" => SourceRef::Kinesis(logical("Stream")?),
+            "DynamoDB" => SourceRef::DynamoDb(logical("Stream")?),
+            _ => continue,
+        };
+        let settings = settings(&p, timeout)
+            .map_err(|e| TemplateError(format!("{id}.{event_name}: {}", e.0)))?;
+        let on_failure = get(&p, "DestinationConfig")
+            .and_then(|d| get(d, "OnFailure"))
+            .and_then(|o| get(o, "Destination"))
+            .map(|d| {
+                logical_id(d).ok_or_else(|| {
+                    TemplateError(format!(
+                        "{id}.{event_name}: OnFailure.Destination must reference a queue"
+                    ))
+                })
+            })
+            .transpose()?;
+        events.push(EventDef {
+            name: event_name,
+            source,
+            settings,
+            on_failure,
+        });
+    }
+    let mut env = Env::new();
+    for source in [&globals, &props] {
+        let variables = get(source, "Environment")
+            .and_then(|e| get(e, "Variables"))
+            .and_then(Value::as_mapping);
+        for (k, v) in variables.into_iter().flatten() {
+            // Kept unresolved here: `resolve` substitutes references once resources exist.
+            env.insert(
+                k.as_str().unwrap_or_default().to_owned(),
+                serde_yaml::to_string(v).unwrap_or_default(),
+            );
+        }
+    }
+    Ok(FunctionDef {
+        logical_id: id.to_owned(),
+        name,
+        timeout,
+        env,
+        events,
+    })
+}
+
+fn settings(p: &Value, timeout: Duration) -> Result<MappingSettings, TemplateError> {
+    let defaults = MappingSettings::default();
+    let int = |key: &str| get(p, key).and_then(Value::as_i64);
+    let seconds = |v: i64| {
+        if v < 0 {
+            None
+        } else {
+            Some(Duration::from_secs(v as u64))
+        }
+    };
+    let starting_position = match get(p, "StartingPosition").and_then(Value::as_str) {
+        Some("TRIM_HORIZON") | None => StartingPosition::TrimHorizon,
+        Some("LATEST") => StartingPosition::Latest,
+        Some("AT_TIMESTAMP") => {
+            let t = get(p, "StartingPositionTimestamp")
+                .and_then(Value::as_f64)
+                .ok_or_else(|| {
+                    TemplateError("AT_TIMESTAMP needs StartingPositionTimestamp".into())
+                })?;
+            StartingPosition::AtTimestamp((t * 1000.0) as i64)
+        }
+        Some(other) => {
+            return err(format!(
+                "StartingPosition {other:?} is not TRIM_HORIZON, LATEST or AT_TIMESTAMP"
+            ))
+        }
+    };
+    let mut report_batch_item_failures = false;
+    for value in get(p, "FunctionResponseTypes")
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+    {
+        match value.as_str() {
+            Some("ReportBatchItemFailures") => report_batch_item_failures = true,
+            // Linters accept any string here; Lambda does not.
+            other => {
+                return err(format!(
+                    "FunctionResponseTypes: {other:?} is not ReportBatchItemFailures"
+                ))
+            }
+        }
+    }
+    Ok(MappingSettings {
+        batch_size: int("BatchSize").map_or(defaults.batch_size, |v| v as usize),
+        maximum_batching_window: int("MaximumBatchingWindowInSeconds")
+            .map_or(Duration::ZERO, |v| Duration::from_secs(v.max(0) as u64)),
+        starting_position,
+        report_batch_item_failures,
+        bisect_batch_on_function_error: get(p, "BisectBatchOnFunctionError")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        maximum_retry_attempts: int("MaximumRetryAttempts").and_then(|v| u32::try_from(v).ok()),
+        maximum_record_age: int("MaximumRecordAgeInSeconds").and_then(seconds),
+        on_failure: None,
+        parallelization_factor: int("ParallelizationFactor").map_or(1, |v| v as u32),
+        function_timeout: timeout,
+    })
+}
+
+/// The logical id a `!GetAtt X.Attr`, `!Ref X` or their long forms point at.
+fn logical_id(value: &Value) -> Option<String> {
+    match value {
+        Value::Tagged(tagged) => {
+            let inner = tagged.value.as_str()?;
+            Some(inner.split('.').next().unwrap_or(inner).to_owned())
+        }
+        Value::Mapping(m) => {
+            if let Some(r) = m.get("Ref").and_then(Value::as_str) {
+                return Some(r.to_owned());
+            }
+            match m.get("Fn::GetAtt")? {
+                Value::Sequence(parts) => parts.first()?.as_str().map(str::to_owned),
+                Value::String(s) => Some(s.split('.').next().unwrap_or(s).to_owned()),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Resolves a value as CloudFormation would: references, attributes, substitutions, parameters.
+pub fn resolve(
+    value: &Value,
+    template: &Value,
+    resolver: &dyn Resolver,
+) -> Result<String, TemplateError> {
+    let parameter = |name: &str| {
+        get(template, "Parameters")
+            .and_then(|p| get(p, name))
+            .and_then(|p| get(p, "Default"))
+            .map(scalar)
+    };
+    let reference = |name: &str| -> Result<String, TemplateError> {
+        match name {
+            "AWS::Region" => Ok("us-east-1".into()),
+            "AWS::AccountId" => Ok("000000000000".into()),
+            "AWS::StackName" => Ok("keyway-local".into()),
+            "AWS::Partition" => Ok("aws".into()),
+            _ => resolver
+                .reference(name)
+                .or_else(|| parameter(name))
+                .ok_or_else(|| {
+                    TemplateError(format!("!Ref {name}: no such resource or parameter"))
+                }),
+        }
+    };
+    let attribute = |path: &str| -> Result<String, TemplateError> {
+        let (id, attr) = path
+            .split_once('.')
+            .ok_or_else(|| TemplateError(format!("!GetAtt {path}: expected Resource.Attribute")))?;
+        resolver
+            .attribute(id, attr)
+            .ok_or_else(|| TemplateError(format!("!GetAtt {path}: unknown")))
+    };
+    let substitute = |text: &str| -> Result<String, TemplateError> {
+        let mut out = String::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let end = rest[start..]
+                .find('}')
+                .ok_or_else(|| TemplateError(format!("!Sub {text:?}: unclosed ${{")))?
+                + start;
+            let name = &rest[start + 2..end];
+            out.push_str(&if name.contains('.') && !name.starts_with("AWS::") {
+                attribute(name)?
+            } else {
+                reference(name)?
+            });
+            rest = &rest[end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    };
+    match value {
+        Value::Tagged(tagged) => {
+            let tag = tagged.tag.to_string();
+            let inner = tagged
+                .value
+                .as_str()
+                .ok_or_else(|| TemplateError(format!("{tag}: expected a string")))?;
+            match tag.as_str() {
+                "!Ref" => reference(inner),
+                "!GetAtt" => attribute(inner),
+                "!Sub" => substitute(inner),
+                other => err(format!("{other} is not supported here")),
+            }
+        }
+        Value::Mapping(m) => {
+            if let Some(name) = m.get("Ref").and_then(Value::as_str) {
+                reference(name)
+            } else if let Some(v) = m.get("Fn::GetAtt") {
+                match v {
+                    Value::Sequence(parts) => attribute(
+                        &parts
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join("."),
+                    ),
+                    other => attribute(other.as_str().unwrap_or_default()),
+                }
+            } else if let Some(text) = m.get("Fn::Sub").and_then(Value::as_str) {
+                substitute(text)
+            } else {
+                err(format!("unsupported value {value:?}"))
+            }
+        }
+        other => Ok(scalar(other)),
+    }
+}
+
+fn scalar(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// An environment variable's value as `function` stored it, resolved.
+pub fn resolve_env(
+    raw: &str,
+    template: &Value,
+    resolver: &dyn Resolver,
+) -> Result<String, TemplateError> {
+    let value: Value = serde_yaml::from_str(raw).map_err(|e| TemplateError(e.to_string()))?;
+    resolve(&value, template, resolver)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEMPLATE: &str = r#"
+Transform: AWS::Serverless-2016-10-31
+Parameters:
+  Stage:
+    Type: String
+    Default: dev
+Globals:
+  Function:
+    Timeout: 30
+    Environment:
+      Variables:
+        STAGE: !Ref Stage
+Resources:
+  State:
+    Type: AWS::DynamoDB::Table
+    Properties:
+      KeySchema:
+        - { AttributeName: pk, KeyType: HASH }
+        - { AttributeName: sk, KeyType: RANGE }
+      TimeToLiveSpecification: { AttributeName: ttl, Enabled: true }
+  Clicks:
+    Type: AWS::Kinesis::Stream
+    Properties: { ShardCount: 2 }
+  Failed:
+    Type: AWS::SQS::Queue
+  Counter:
+    Type: AWS::Serverless::Function
+    Properties:
+      Environment:
+        Variables:
+          STATE_TABLE: !Ref State
+          OUT: !Sub "sqs:${Failed}"
+      Events:
+        Clicks:
+          Type: Kinesis
+          Properties:
+            Stream: !GetAtt Clicks.Arn
+            StartingPosition: LATEST
+            BatchSize: 500
+            MaximumBatchingWindowInSeconds: 2
+            FunctionResponseTypes: [ReportBatchItemFailures]
+            BisectBatchOnFunctionError: true
+            MaximumRetryAttempts: 5
+            MaximumRecordAgeInSeconds: -1
+            ParallelizationFactor: 4
+            DestinationConfig:
+              OnFailure:
+                Destination: !GetAtt Failed.Arn
+"#;
+
+    struct Names;
+    impl Resolver for Names {
+        fn reference(&self, id: &str) -> Option<String> {
+            Some(format!("ref-of-{id}"))
+        }
+        fn attribute(&self, id: &str, attr: &str) -> Option<String> {
+            Some(format!("{attr}-of-{id}"))
+        }
+    }
+
+    #[test]
+    fn a_sam_template_gives_resources_functions_and_mapping_settings() {
+        let (wiring, template) = parse(TEMPLATE).unwrap();
+        assert_eq!(
+            wiring.resources["State"],
+            Resource::Table {
+                name: "State".into(),
+                hash_key: "pk".into(),
+                range_key: Some("sk".into()),
+                ttl_attribute: Some("ttl".into()),
+                stream: false
+            }
+        );
+        assert_eq!(
+            wiring.resources["Clicks"],
+            Resource::Stream {
+                name: "Clicks".into(),
+                shards: 2
+            }
+        );
+        let f = &wiring.functions[0];
+        assert_eq!(f.timeout, Duration::from_secs(30));
+        let event = &f.events[0];
+        assert_eq!(event.source, SourceRef::Kinesis("Clicks".into()));
+        assert_eq!(event.on_failure.as_deref(), Some("Failed"));
+        let s = &event.settings;
+        assert_eq!(
+            (s.batch_size, s.maximum_batching_window, s.starting_position),
+            (500, Duration::from_secs(2), StartingPosition::Latest)
+        );
+        assert!(s.report_batch_item_failures && s.bisect_batch_on_function_error);
+        assert_eq!(
+            (
+                s.maximum_retry_attempts,
+                s.maximum_record_age,
+                s.parallelization_factor
+            ),
+            (Some(5), None, 4)
+        );
+        let env = |k: &str| resolve_env(&f.env[k], &template, &Names).unwrap();
+        assert_eq!(env("STATE_TABLE"), "ref-of-State");
+        assert_eq!(env("OUT"), "sqs:ref-of-Failed");
+        assert_eq!(
+            env("STAGE"),
+            "ref-of-Stage",
+            "a resolver is asked before parameters"
+        );
+    }
+
+    #[test]
+    fn a_misspelled_response_type_is_an_error_naming_the_event() {
+        let broken = TEMPLATE.replace("[ReportBatchItemFailures]", "[ReportBatchItemFailure]");
+        let e = parse(&broken).unwrap_err();
+        assert!(
+            e.0.contains("Counter.Clicks") && e.0.contains("ReportBatchItemFailure"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,583 @@
+//! The event source mapping emulator reproduces Lambda's documented behaviour, one setting a test.
+//! Each test names the section of the AWS Lambda Developer Guide it follows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyway::domain::{AttrValue, Item};
+use keyway::lambda::FunctionError;
+use keyway::local::{
+    FaultPlan, KeySchema, LocalRuntime, LocalServices, MappingSettings, MappingSource,
+    StartingPosition,
+};
+use keyway::ports::Clock;
+use keyway_tests::scripted::{Scripted, Seen};
+use serde_json::{json, Value};
+
+const EPOCH: i64 = 1_767_225_600_000;
+
+struct Setup {
+    runtime: LocalRuntime,
+    stream: String,
+    failures: String,
+}
+
+/// One stream of `shards` shards, an on-failure queue, and `handler` mapped with `settings`.
+fn setup(shards: usize, handler: Arc<Scripted>, settings: MappingSettings) -> Setup {
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    services.kinesis.create_stream("in", shards);
+    let failures = services.sqs.create_queue("failed-batches");
+    let mut runtime = LocalRuntime::new(services.clone());
+    let settings = MappingSettings {
+        on_failure: Some(failures.clone()),
+        ..settings
+    };
+    let source = MappingSource::Kinesis {
+        kinesis: services.kinesis.clone(),
+        stream: "in".into(),
+    };
+    runtime.add_mapping("f", handler, source, settings);
+    Setup {
+        runtime,
+        stream: "in".into(),
+        failures,
+    }
+}
+
+impl Setup {
+    fn put(&self, key: &str, n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                match self
+                    .runtime
+                    .services
+                    .kinesis
+                    .put_record(&self.stream, key, format!("{key}-{i}").as_bytes())
+                    .unwrap()
+                {
+                    keyway::adapters::kinesis::PutOutcome::Written {
+                        sequence_number, ..
+                    } => sequence_number,
+                    failed => panic!("{failed:?}"),
+                }
+            })
+            .collect()
+    }
+
+    async fn run(&mut self) -> keyway::local::RunReport {
+        self.runtime
+            .run_until_idle(Duration::from_secs(3600))
+            .await
+            .expect("the run ends")
+    }
+
+    fn failure_records(&self) -> Vec<Value> {
+        self.runtime
+            .services
+            .sqs
+            .messages(&self.failures)
+            .iter()
+            .map(|m| serde_json::from_str(&m.body).unwrap())
+            .collect()
+    }
+}
+
+fn sequences(batch: &[Seen]) -> Vec<String> {
+    batch.iter().map(|s| s.sequence.clone()).collect()
+}
+
+/// "Lambda event source mappings", batching behavior: a batch holds at most BatchSize records.
+#[tokio::test(start_paused = true)]
+async fn batches_hold_at_most_the_batch_size() {
+    let f = Scripted::succeeding();
+    let mut s = setup(
+        1,
+        f.clone(),
+        MappingSettings {
+            batch_size: 100,
+            ..Default::default()
+        },
+    );
+    s.put("k", 250);
+    let report = s.run().await;
+    assert_eq!(f.sizes(), [100, 100, 50]);
+    assert_eq!(report.mappings[0].1.records_done, 250);
+}
+
+/// "Lambda event source mappings", batching window: Lambda waits up to
+/// MaximumBatchingWindowInSeconds for a batch to fill, and not at all once it is full.
+#[tokio::test(start_paused = true)]
+async fn a_batch_waits_for_the_batching_window_unless_it_is_full() {
+    let f = Scripted::succeeding();
+    let mut s = setup(
+        1,
+        f.clone(),
+        MappingSettings {
+            batch_size: 10,
+            maximum_batching_window: Duration::from_secs(5),
+            ..Default::default()
+        },
+    );
+    s.put("k", 3);
+    let start = s.runtime.services.clock.now_millis();
+    let report = s.run().await;
+    assert_eq!(f.sizes(), [3]);
+    assert_eq!(
+        report.elapsed,
+        Duration::from_secs(5),
+        "three records waited the whole window"
+    );
+
+    s.put("k", 10);
+    let report = s.run().await;
+    assert_eq!(f.sizes(), [3, 10]);
+    assert_eq!(report.elapsed, Duration::ZERO, "a full batch goes at once");
+    assert!(s.runtime.services.clock.now_millis() - start >= 5_000);
+}
+
+/// "Using Lambda with Kinesis", starting position: LATEST reads only records added after the
+/// mapping starts, TRIM_HORIZON every record, AT_TIMESTAMP records from a time on.
+#[tokio::test(start_paused = true)]
+async fn the_starting_position_decides_which_records_are_read() {
+    for (position, expected) in [
+        (StartingPosition::TrimHorizon, 6),
+        (StartingPosition::Latest, 2),
+        (StartingPosition::AtTimestamp(EPOCH + 60_000), 4),
+    ] {
+        let services = LocalServices::new(EPOCH, FaultPlan::default());
+        services.kinesis.create_stream("in", 1);
+        let put = |n: usize| {
+            for i in 0..n {
+                services
+                    .kinesis
+                    .put_record("in", "k", format!("{i}").as_bytes())
+                    .unwrap();
+            }
+        };
+        put(2);
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        put(2);
+        let mut runtime = LocalRuntime::new(services.clone());
+        let f = Scripted::succeeding();
+        let settings = MappingSettings {
+            starting_position: position,
+            ..Default::default()
+        };
+        runtime.add_mapping(
+            "f",
+            f.clone(),
+            MappingSource::Kinesis {
+                kinesis: services.kinesis.clone(),
+                stream: "in".into(),
+            },
+            settings,
+        );
+        put(2);
+        runtime
+            .run_until_idle(Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(f.batches().concat().len(), expected, "{position:?}");
+    }
+}
+
+/// "Configuring partial batch response with Kinesis": Lambda checkpoints before the lowest
+/// reported sequence number and retries from there.
+#[tokio::test(start_paused = true)]
+async fn a_partial_batch_response_redelivers_from_the_lowest_failed_record() {
+    let f = Scripted::new(|call, batch| {
+        Ok(match call {
+            0 => {
+                json!({"batchItemFailures": [{"itemIdentifier": batch[4].sequence}, {"itemIdentifier": batch[2].sequence}]})
+            }
+            _ => json!({"batchItemFailures": []}),
+        })
+    });
+    let mut s = setup(
+        1,
+        f.clone(),
+        MappingSettings {
+            report_batch_item_failures: true,
+            ..Default::default()
+        },
+    );
+    let written = s.put("k", 6);
+    let report = s.run().await;
+    let batches = f.batches();
+    assert_eq!(sequences(&batches[0]), written);
+    assert_eq!(
+        sequences(&batches[1]),
+        written[2..],
+        "only the records from the lowest failure are retried"
+    );
+    assert_eq!(batches.len(), 2);
+    assert_eq!(report.mappings[0].1.partial_failures, 1);
+}
+
+/// "Configuring partial batch response with Kinesis", success and failure conditions: without
+/// ReportBatchItemFailures a response is ignored; an empty or null identifier fails the batch.
+#[tokio::test(start_paused = true)]
+async fn partial_batch_responses_count_only_when_reported_and_well_formed() {
+    let reporting = |first: Value| {
+        Scripted::new(move |call, _| {
+            Ok(if call == 0 {
+                first.clone()
+            } else {
+                json!({"batchItemFailures": []})
+            })
+        })
+    };
+    // Not turned on: the same response checkpoints the whole batch.
+    let f = reporting(json!({"batchItemFailures": [{"itemIdentifier": "1"}]}));
+    let mut s = setup(1, f.clone(), MappingSettings::default());
+    s.put("k", 3);
+    s.run().await;
+    assert_eq!(f.sizes(), [3]);
+
+    for bad in [
+        json!({"batchItemFailures": [{"itemIdentifier": ""}]}),
+        json!({"batchItemFailures": [{"itemIdentifier": null}]}),
+        json!({"batchItemFailures": [{"sequenceNumber": "1"}]}),
+    ] {
+        let f = reporting(bad.clone());
+        let mut s = setup(
+            1,
+            f.clone(),
+            MappingSettings {
+                report_batch_item_failures: true,
+                ..Default::default()
+            },
+        );
+        s.put("k", 3);
+        s.run().await;
+        assert_eq!(f.sizes(), [3, 3], "{bad}: the whole batch is retried");
+    }
+    for fine in [
+        json!({"batchItemFailures": []}),
+        json!({"batchItemFailures": null}),
+        json!({}),
+        Value::Null,
+    ] {
+        let f = reporting(fine.clone());
+        let mut s = setup(
+            1,
+            f.clone(),
+            MappingSettings {
+                report_batch_item_failures: true,
+                ..Default::default()
+            },
+        );
+        s.put("k", 3);
+        s.run().await;
+        assert_eq!(f.sizes(), [3], "{fine}: a complete success");
+    }
+}
+
+/// "Using Lambda with Kinesis", error handling: BisectBatchOnFunctionError splits a failing batch
+/// in two, without using up retries, until the bad record is alone; MaximumRetryAttempts then
+/// discards it and the on-failure destination receives the batch's description.
+#[tokio::test(start_paused = true)]
+async fn bisection_isolates_a_poison_record_which_is_discarded_after_its_retries() {
+    let poison = Arc::new(std::sync::Mutex::new(String::new()));
+    let p = poison.clone();
+    let f = Scripted::new(move |_, batch| {
+        if batch.iter().any(|r| r.sequence == *p.lock().unwrap()) {
+            Err(FunctionError("poisoned".into()))
+        } else {
+            Ok(json!({}))
+        }
+    });
+    let settings = MappingSettings {
+        bisect_batch_on_function_error: true,
+        maximum_retry_attempts: Some(2),
+        ..Default::default()
+    };
+    let mut s = setup(1, f.clone(), settings);
+    let written = s.put("k", 8);
+    *poison.lock().unwrap() = written[5].clone();
+    let report = s.run().await;
+    let stats = &report.mappings[0].1;
+
+    // Records 0-7, the poison at 5: [0-7] fails; [0-3] ok, [4-7] fails; [4-5] fails; [4] ok,
+    // [5] fails three times (one try, two retries) and is discarded; then [6-7] ok.
+    assert_eq!(f.sizes(), [8, 4, 4, 2, 1, 1, 1, 1, 2]);
+    assert_eq!(stats.bisections, 3);
+    assert_eq!(stats.records_done, 7);
+    assert_eq!(stats.discarded_for_retries, 1);
+    let delivered: Vec<String> = f
+        .batches()
+        .iter()
+        .flatten()
+        .map(|r| r.sequence.clone())
+        .collect();
+    assert!(
+        delivered.contains(&written[7]),
+        "the records after the poison are processed"
+    );
+
+    let records = s.failure_records();
+    assert_eq!(records.len(), 1);
+    let info = &records[0]["KinesisBatchInfo"];
+    assert_eq!(
+        records[0]["requestContext"]["condition"],
+        "RetryAttemptsExhausted"
+    );
+    // Invocations that carried the record: in the batches of 8, 4 and 2, then three alone.
+    assert_eq!(records[0]["requestContext"]["approximateInvokeCount"], 6);
+    assert_eq!(
+        (
+            info["startSequenceNumber"].as_str(),
+            info["endSequenceNumber"].as_str()
+        ),
+        (Some(written[5].as_str()), Some(written[5].as_str()))
+    );
+    assert_eq!(info["batchSize"], 1);
+    assert_eq!(info["shardId"], "shardId-000000000000");
+    assert_eq!(
+        info["streamArn"],
+        "arn:aws:kinesis:us-east-1:000000000000:stream/in"
+    );
+}
+
+/// "Using Lambda with Kinesis", error handling: without bisection a failing batch is retried
+/// MaximumRetryAttempts times, then discarded whole.
+#[tokio::test(start_paused = true)]
+async fn a_failing_batch_is_retried_the_maximum_number_of_times_then_discarded() {
+    let f = Scripted::new(|call, _| {
+        if call < 4 {
+            Err(FunctionError("down".into()))
+        } else {
+            Ok(json!({}))
+        }
+    });
+    let mut s = setup(
+        1,
+        f.clone(),
+        MappingSettings {
+            maximum_retry_attempts: Some(3),
+            batch_size: 5,
+            ..Default::default()
+        },
+    );
+    let written = s.put("k", 7);
+    let report = s.run().await;
+    // One invocation and three retries of the first five, discarded; the last two succeed.
+    assert_eq!(f.sizes(), [5, 5, 5, 5, 2]);
+    assert_eq!(report.mappings[0].1.discarded_for_retries, 5);
+    let record = &s.failure_records()[0];
+    assert_eq!(record["requestContext"]["approximateInvokeCount"], 4);
+    assert_eq!(
+        record["KinesisBatchInfo"]["startSequenceNumber"],
+        written[0].as_str()
+    );
+    assert_eq!(
+        record["KinesisBatchInfo"]["endSequenceNumber"],
+        written[4].as_str()
+    );
+    assert_eq!(record["KinesisBatchInfo"]["batchSize"], 5);
+}
+
+/// "Using Lambda with Kinesis", error handling: records older than MaximumRecordAgeInSeconds are
+/// discarded, also while their batch is being retried.
+#[tokio::test(start_paused = true)]
+async fn records_past_the_maximum_age_are_discarded_and_described() {
+    let f = Scripted::new(|_, _| Err(FunctionError("down".into())));
+    let settings = MappingSettings {
+        maximum_record_age: Some(Duration::from_secs(60)),
+        ..Default::default()
+    };
+    let mut s = setup(1, f.clone(), settings);
+    s.put("k", 4);
+    let report = s.run().await;
+    let stats = &report.mappings[0].1;
+    assert_eq!(stats.discarded_for_age, 4);
+    assert!(
+        report.elapsed >= Duration::from_secs(60) && report.elapsed < Duration::from_secs(62),
+        "{:?}",
+        report.elapsed
+    );
+    assert!(
+        f.sizes().len() > 100,
+        "retried all along until the records expired"
+    );
+    let record = &s.failure_records()[0];
+    assert_eq!(record["requestContext"]["condition"], "RecordAgeExceeded");
+    assert_eq!(record["KinesisBatchInfo"]["batchSize"], 4);
+}
+
+/// "Using Lambda with Kinesis", polling and batching, ParallelizationFactor: up to ten batches
+/// of a shard run at once, and records with the same partition key stay in order.
+#[tokio::test(start_paused = true)]
+async fn a_parallelization_factor_runs_a_shards_batches_at_once_keeping_each_keys_order() {
+    let f = Scripted::taking(Duration::from_millis(200), |_, _| Ok(json!({})));
+    let mut s = setup(
+        1,
+        f.clone(),
+        MappingSettings {
+            parallelization_factor: 4,
+            batch_size: 5,
+            ..Default::default()
+        },
+    );
+    let mut written: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for round in 0..5 {
+        for key in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+            written
+                .entry(key.into())
+                .or_default()
+                .extend(s.put(key, 1 + round % 2));
+        }
+    }
+    s.run().await;
+    assert!(f.max_concurrency() > 1, "batches of one shard ran at once");
+    assert!(f.max_concurrency() <= 4);
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for batch in f.batches() {
+        for r in batch {
+            seen.entry(r.key).or_default().push(r.sequence);
+        }
+    }
+    assert_eq!(seen, written, "every key's records arrive once, in order");
+}
+
+/// "Using Lambda with Kinesis", error handling: a function that runs past its timeout fails the
+/// batch, which is retried.
+#[tokio::test(start_paused = true)]
+async fn an_invocation_past_the_function_timeout_fails_and_is_retried() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = calls.clone();
+    let f = Scripted::taking(Duration::from_secs(5), move |_, _| {
+        c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(json!({}))
+    });
+    let settings = MappingSettings {
+        function_timeout: Duration::from_secs(3),
+        maximum_retry_attempts: Some(1),
+        ..Default::default()
+    };
+    let mut s = setup(1, f.clone(), settings);
+    s.put("k", 2);
+    let report = s.run().await;
+    let stats = &report.mappings[0].1;
+    assert_eq!(
+        stats.timeouts, 2,
+        "the first try and its one retry time out"
+    );
+    assert_eq!(stats.discarded_for_retries, 2);
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a timed-out invocation never answers"
+    );
+}
+
+/// "Using Lambda with DynamoDB": changes arrive in order with NEW_AND_OLD_IMAGES; items removed by
+/// TTL carry the service's identity; discarded batches are described as DDBStreamBatchInfo.
+#[tokio::test(start_paused = true)]
+async fn a_dynamodb_stream_delivers_changes_ttl_deletions_and_failure_records() {
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let schema = KeySchema {
+        hash: "id".into(),
+        range: None,
+    };
+    let table =
+        services
+            .dynamodb
+            .create_table("subscriptions", schema, Some("expires".into()), true);
+    let failures = services.sqs.create_queue("failed");
+    let events = Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let e = events.clone();
+    let f = Scripted::new(move |call, _| {
+        if call == 0 {
+            Err(FunctionError("once".into()))
+        } else {
+            Ok(json!({}))
+        }
+    });
+    let recorder = Arc::new(Recording {
+        inner: f.clone(),
+        events: e,
+    });
+    let mut runtime = LocalRuntime::new(services.clone());
+    let settings = MappingSettings {
+        on_failure: Some(failures.clone()),
+        maximum_retry_attempts: Some(0),
+        ..Default::default()
+    };
+    runtime.add_mapping(
+        "f",
+        recorder,
+        MappingSource::DynamoDb {
+            table: table.clone(),
+        },
+        settings,
+    );
+
+    let item = |id: &str, extra: &[(&str, AttrValue)]| -> Item {
+        let mut i = Item::from([("id".to_owned(), AttrValue::S(id.into()))]);
+        i.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        i
+    };
+    table.put_item(item("gone", &[])).unwrap();
+    runtime
+        .run_until_idle(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let record = serde_json::from_str::<Value>(&services.sqs.messages(&failures)[0].body).unwrap();
+    assert_eq!(
+        record["DDBStreamBatchInfo"]["streamArn"],
+        table.stream_arn()
+    );
+    assert_eq!(record["DDBStreamBatchInfo"]["batchSize"], 1);
+
+    table
+        .put_item(item("a", &[("v", AttrValue::N("1".into()))]))
+        .unwrap();
+    table
+        .put_item(item("a", &[("v", AttrValue::N("2".into()))]))
+        .unwrap();
+    let expires = (EPOCH / 1000 + 30).to_string();
+    table
+        .put_item(item("t", &[("expires", AttrValue::N(expires))]))
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    runtime
+        .run_until_idle(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let delivered: Vec<Value> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .skip(1)
+        .flat_map(|e| e["Records"].as_array().unwrap().clone())
+        .collect();
+    let names: Vec<&str> = delivered
+        .iter()
+        .map(|r| r["eventName"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["INSERT", "MODIFY", "INSERT", "REMOVE"]);
+    assert_eq!(delivered[1]["dynamodb"]["OldImage"]["v"], json!({"N": "1"}));
+    assert_eq!(delivered[1]["dynamodb"]["NewImage"]["v"], json!({"N": "2"}));
+    assert_eq!(
+        delivered[3]["userIdentity"],
+        json!({"type": "Service", "principalId": "dynamodb.amazonaws.com"})
+    );
+    // Every delivered record decodes as keyway's DynamoDB source reads it.
+    let decoded = keyway::sources::dynamodb::decode_event(json!({"Records": delivered})).unwrap();
+    assert!(decoded.iter().all(Result::is_ok));
+}
+
+/// Keeps every event it was given, then answers as `inner` does.
+struct Recording {
+    inner: Arc<Scripted>,
+    events: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+#[async_trait::async_trait]
+impl keyway::lambda::Handler for Recording {
+    async fn handle(&self, event: Value) -> Result<Value, FunctionError> {
+        self.events.lock().unwrap().push(event.clone());
+        self.inner.handle(event).await
+    }
+}
