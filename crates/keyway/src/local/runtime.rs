@@ -2,6 +2,7 @@
 //! the template says, and their event source mappings, driven until every record is processed.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use super::sqs::LocalSqs;
 use super::template::{self, Resolver, Resource, SourceRef, Wiring};
 use crate::adapters::dynamodb::DynamoStateStore;
 use crate::adapters::kinesis::KinesisSink;
+use crate::adapters::retry::Backoff;
 use crate::adapters::sqs::SqsSink;
 use crate::domain::KeyState;
 use crate::lambda::{Env, Handler, Platform, SinkTarget};
@@ -30,6 +32,8 @@ pub struct LocalServices {
     faults: FaultPlan,
     /// Draws for faults of invocations: crashes before commit, timeouts, duplicate deliveries.
     invocation_faults: Arc<Faults>,
+    /// Seeds the backoff jitter of every store and sink handed out, so that runs repeat.
+    backoff_seeds: AtomicU64,
 }
 
 impl LocalServices {
@@ -47,6 +51,7 @@ impl LocalServices {
                 Faults::new(faults.clone(), 0x5a5),
             )),
             invocation_faults: Arc::new(Faults::new(faults.clone(), 0x1a4)),
+            backoff_seeds: AtomicU64::new(faults.seed),
             clock,
             faults,
         })
@@ -69,7 +74,8 @@ impl Platform for LocalServices {
             .dynamodb
             .table(table)
             .ok_or_else(|| format!("no table named {table:?}"))?;
-        let store: Arc<dyn StateStore> = Arc::new(DynamoStateStore::new(table, self.clock.clone()));
+        let store: Arc<dyn StateStore> =
+            Arc::new(DynamoStateStore::new(table, self.clock.clone()).with_backoff(self.backoff()));
         if self.faults.crash_before_commit > 0.0 {
             return Ok(Arc::new(CrashBeforeCommit {
                 inner: store,
@@ -81,13 +87,23 @@ impl Platform for LocalServices {
 
     fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, String> {
         Ok(match SinkTarget::parse(target)? {
-            SinkTarget::Kinesis(stream) => Arc::new(KinesisSink::new(self.kinesis.clone(), stream)),
-            SinkTarget::Sqs(url) => Arc::new(SqsSink::new(self.sqs.clone(), url)),
+            SinkTarget::Kinesis(stream) => Arc::new(
+                KinesisSink::new(self.kinesis.clone(), stream).with_backoff(self.backoff()),
+            ),
+            SinkTarget::Sqs(url) => {
+                Arc::new(SqsSink::new(self.sqs.clone(), url).with_backoff(self.backoff()))
+            }
         })
     }
 
     fn clock(&self) -> Arc<dyn Clock> {
         self.clock.clone()
+    }
+}
+
+impl LocalServices {
+    fn backoff(&self) -> Backoff {
+        Backoff::default().seeded(self.backoff_seeds.fetch_add(1, Ordering::SeqCst))
     }
 }
 
