@@ -65,7 +65,8 @@ impl Scripted {
 
 #[async_trait]
 impl Handler for Scripted {
-    async fn handle(&self, event: Value) -> Result<Value, FunctionError> {
+    async fn handle(&self, event: &str) -> Result<Value, FunctionError> {
+        let event: Value = serde_json::from_str(event).expect("the event is JSON");
         let records: Vec<Seen> = event["Records"]
             .as_array()
             .expect("a stream event")

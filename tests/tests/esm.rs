@@ -576,8 +576,11 @@ struct Recording {
 
 #[async_trait::async_trait]
 impl keyway::lambda::Handler for Recording {
-    async fn handle(&self, event: Value) -> Result<Value, FunctionError> {
-        self.events.lock().unwrap().push(event.clone());
+    async fn handle(&self, event: &str) -> Result<Value, FunctionError> {
+        self.events
+            .lock()
+            .unwrap()
+            .push(serde_json::from_str(event).unwrap());
         self.inner.handle(event).await
     }
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyed_counter::CountUpdate;
-use keyway::adapters::kinesis::{KinesisApi, PutEntry, PutOutcome};
 use keyway::domain::{Origin, OutputId, SequenceNumber};
 use keyway::lambda::Handler;
 use keyway::local::{Factory, FaultPlan, LocalRuntime, LocalServices, RunReport, StartingPosition};
@@ -31,46 +30,26 @@ fn factories() -> BTreeMap<String, Factory> {
     factories
 }
 
-/// Puts `events` (key, amount) on the clicks stream, retrying what the stream refuses, and
-/// returns (shard, sequence number) of each in order.
+/// Puts `events` (key, amount) on the clicks stream; returns each one's (shard, sequence number).
 async fn produce(runtime: &LocalRuntime, events: &[(String, u64)]) -> Vec<(String, String)> {
     let stream = runtime
         .resource("ClicksStream")
         .expect("the template's stream");
-    let kinesis = runtime.services.kinesis.clone();
-    let mut positions = Vec::with_capacity(events.len());
-    for chunk in events.chunks(500) {
-        let datas: Vec<Vec<u8>> = chunk
-            .iter()
-            .map(|(k, a)| format!(r#"{{"key":"{k}","amount":{a}}}"#).into_bytes())
-            .collect();
-        // One record after another, so that a key's events keep their order.
-        for ((key, _), data) in chunk.iter().zip(&datas) {
-            loop {
-                let entry = PutEntry {
-                    partition_key: key,
-                    data,
-                    explicit_hash_key: None,
-                };
-                match kinesis.put_records(&stream, &[entry]).await {
-                    Ok(outcomes) => match &outcomes[0] {
-                        PutOutcome::Written {
-                            shard_id,
-                            sequence_number,
-                        } => {
-                            positions.push((shard_id.clone(), sequence_number.clone()));
-                            break;
-                        }
-                        PutOutcome::Failed { .. } => {
-                            tokio::time::sleep(Duration::from_millis(10)).await
-                        }
-                    },
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                }
-            }
-        }
-    }
-    positions
+    let records: Vec<(String, Vec<u8>)> = events
+        .iter()
+        .map(|(k, a)| {
+            (
+                k.clone(),
+                format!(r#"{{"key":"{k}","amount":{a}}}"#).into_bytes(),
+            )
+        })
+        .collect();
+    runtime
+        .services
+        .kinesis
+        .put_in_order(&stream, &records)
+        .await
+        .expect("the stream takes every record")
 }
 
 fn zipf_events(n: usize, keys: usize, seed: u64) -> Vec<(String, u64)> {

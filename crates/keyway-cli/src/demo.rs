@@ -1,187 +1,209 @@
-//! `keyway demo`: the keyed counter over the embedded runtime. It runs generated batches through
-//! the executor, with malformed records mixed in and one batch delivered twice, then checks every
-//! stored count against the counts computed from the input and prints what happened.
+//! `keyway demo`: the stack of template.yaml on the embedded runtime. Generated clicks go into the
+//! stack's Kinesis stream — a few malformed, every fault of the runtime injected at a low rate —
+//! and the functions run as Lambda would run them; then every stored count is checked against the
+//! input, and what each function did is printed.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 
-use serde_json::Value;
+use indicatif::{ProgressBar, ProgressStyle};
 
-use keyed_counter::{KeyedCounter, COUNTS};
-use keyway::adapters::dynamodb::DynamoStateStore;
-use keyway::adapters::sqs::SqsSink;
-use keyway::local::{LocalSqs, LocalTable};
-use keyway::ports::{ManualClock, StateStore};
-use keyway::sources::kinesis::decode_event;
-use keyway::{BatchReport, Executor, Sinks};
+use keyed_counter::KeyedCounter;
+use keyway::domain::DeadLetter;
+use keyway::lambda::Platform;
+use keyway::local::{FaultPlan, LocalRuntime, LocalServices, MappingStats};
+use keyway::ports::Namespace;
+use keyway::KeyedOperator;
 
-use crate::workload::{zipf_batches, BATCH_SIZE};
+use crate::stack;
+use crate::workload::zipf_keys;
 
-/// Replaces one record's data with text that is not JSON, as a misbehaving producer would.
-fn spoil_one_record(payload: &str, index: usize) -> String {
-    use base64::Engine as _;
-    let mut event: Value = serde_json::from_str(payload).expect("generated JSON");
-    event["Records"][index]["kinesis"]["data"] =
-        Value::String(base64::engine::general_purpose::STANDARD.encode("{not json"));
-    event.to_string()
+const EPOCH: i64 = 1_767_225_600_000;
+
+pub struct DemoOptions {
+    pub events: usize,
+    pub faults: f64,
+    pub seed: u64,
 }
 
-fn expected_counts(payloads: &[String]) -> BTreeMap<String, u64> {
-    let mut counts = BTreeMap::new();
-    for payload in payloads {
-        let event: Value = serde_json::from_str(payload).expect("generated JSON");
-        for record in decode_event(event)
-            .expect("a Kinesis event")
-            .into_iter()
-            .flatten()
-        {
-            if let keyway::domain::Payload::Bytes(data) = &record.payload {
-                if let Ok(input) = serde_json::from_slice::<keyed_counter::CountEvent>(data) {
-                    *counts.entry(input.key).or_insert(0) += input.amount;
-                }
-            }
-        }
+pub fn run(options: DemoOptions) -> Result<(), String> {
+    if options.events == 0 {
+        return Err("--events must be at least 1".into());
     }
-    counts
-}
-
-pub fn run(batches: usize, seed: u64) -> Result<(), String> {
-    if batches == 0 {
-        return Err("--batches must be at least 1".into());
-    }
-    let payloads: Vec<String> = zipf_batches(batches, 1_000, 1.1, seed)
-        .iter()
-        .enumerate()
-        .map(|(i, p)| spoil_one_record(p, (i * 37) % BATCH_SIZE))
-        .collect();
-
-    let clock = ManualClock::at(1_767_225_600_000);
-    let table = Arc::new(LocalTable::new());
-    let store = Arc::new(DynamoStateStore::new(table.clone(), clock.clone()));
-    let sqs = Arc::new(LocalSqs::default());
-    let counts_queue = sqs.create_queue("counts");
-    let dead_queue = sqs.create_queue("dead-letter");
-    let sinks = Sinks::new(Arc::new(SqsSink::new(sqs.clone(), &dead_queue)))
-        .with(COUNTS, Arc::new(SqsSink::new(sqs.clone(), &counts_queue)));
-    let executor = Executor::new(KeyedCounter, store.clone(), sinks, clock);
-
-    println!("keyway demo: the keyed counter on the embedded runtime");
-    println!("  {batches} batches of {BATCH_SIZE} events from one Kinesis shard, keys Zipf(1.1) over 1,000 users, seed {seed}");
-    println!("  one record per batch is not JSON; batch 1 is delivered twice\n");
-
+    // Virtual time: batching windows and retries pass instantly, and the seed fixes the run.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
+        .start_paused(true)
         .build()
         .map_err(|e| e.to_string())?;
-    let mut total = BatchReport::default();
-    runtime.block_on(async {
-        let mut order: Vec<usize> = (0..payloads.len()).collect();
-        order.insert(2.min(order.len()), 0);
-        for (step, &i) in order.iter().enumerate() {
-            let event: Value = serde_json::from_str(&payloads[i]).expect("generated JSON");
-            let report = executor.run(decode_event(event).expect("a Kinesis event")).await;
-            if step < 4 || step + 1 == order.len() {
-                println!(
-                    "  batch {:>3}{}: applied {:>3}, replayed {:>3}, dead-lettered {}, keys {:>3}, commits {:>3}{}",
-                    i + 1,
-                    if step == 2 { " (again)" } else { "        " },
-                    report.applied,
-                    report.replayed,
-                    report.dead_lettered,
-                    report.keys,
-                    report.commits,
-                    report.failed_from.as_ref().map(|s| format!(", retry from {s}")).unwrap_or_default()
-                );
-            } else if step == 4 {
-                println!("  ...");
+    runtime.block_on(demo(options))
+}
+
+async fn demo(options: DemoOptions) -> Result<(), String> {
+    let faults = FaultPlan::all(options.faults, options.seed);
+    let services = LocalServices::new(EPOCH, faults);
+    let mut runtime =
+        LocalRuntime::from_template(stack::TEMPLATE, services.clone(), &stack::functions())?;
+    services.set_latency(Some(Duration::from_millis(1)));
+    let stream = runtime
+        .resource("ClicksStream")
+        .ok_or("the template has no ClicksStream")?;
+
+    println!("keyway demo: the stack of template.yaml on the embedded runtime");
+    println!(
+        "  {} clicks of users drawn from Zipf(1.1) over 1,000 users into {stream}; one in 10,000 is malformed",
+        options.events
+    );
+    println!("  faults: throttling, partial failures, write conflicts, crashes before commit, timeouts and duplicate deliveries, each at {}%, seed {}\n", options.faults * 100.0, options.seed);
+
+    let keys = zipf_keys(options.events, 1_000, 1.1, options.seed);
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    let records: Vec<(String, Vec<u8>)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            if i % 10_000 == 9_999 {
+                (key.clone(), b"{\"key\": 42}".to_vec())
+            } else {
+                *expected.entry(key.clone()).or_default() += 1;
+                (key.clone(), format!(r#"{{"key":"{key}"}}"#).into_bytes())
             }
-            total.records += report.records;
-            total.applied += report.applied;
-            total.replayed += report.replayed;
-            total.dead_lettered += report.dead_lettered;
-            total.outputs_sent += report.outputs_sent;
-            total.commits += report.commits;
-        }
-    });
+        })
+        .collect();
 
-    let expected = expected_counts(&payloads);
-    let keys: Vec<String> = expected.keys().cloned().collect();
-    let stored = runtime
-        .block_on(store.load(executor.namespace(), &keys))
-        .map_err(|e| e.to_string())?;
-    let mut mismatches = 0;
-    for (key, want) in &expected {
-        let got = stored[key]
-            .slots
-            .get("count")
-            .and_then(|s| s.entries.first())
-            .and_then(|e| e.get().parse::<u64>().ok());
-        if got != Some(*want) {
-            mismatches += 1;
-        }
+    let progress = ProgressBar::new(records.len() as u64);
+    progress.set_style(
+        ProgressStyle::with_template("  {bar:40} {pos}/{len} events {msg}")
+            .map_err(|e| e.to_string())?,
+    );
+    // Produced and processed in slices, as a live stream would be.
+    for slice in records.chunks(5_000) {
+        services
+            .kinesis
+            .put_in_order(&stream, slice)
+            .await
+            .map_err(|e| e.to_string())?;
+        runtime
+            .run_until_idle(Duration::from_secs(24 * 3600))
+            .await?;
+        progress.inc(slice.len() as u64);
     }
-    let meter = table.meter().snapshot();
-    let dead = sqs.messages(&dead_queue);
-    let mut top: Vec<(&String, &u64)> = expected.iter().collect();
-    top.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    progress.finish_and_clear();
+    runtime.run_until_idle(Duration::from_secs(3600)).await?;
+    let virtual_time = Duration::from_millis(
+        (keyway::ports::Clock::now_millis(services.clock.as_ref()) - EPOCH) as u64,
+    );
 
-    println!("\nwhat it did");
+    let table = runtime.resource("StateTable").ok_or("no StateTable")?;
+    let store = services.state_store(&table)?;
+    let namespace = Namespace {
+        operator: "keyed-counter".into(),
+        signature: keyway::operator::state_signature(&KeyedCounter.states()),
+    };
+    let key_list: Vec<String> = expected.keys().cloned().collect();
+    let stored = store
+        .load(&namespace, &key_list)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mismatches = expected
+        .iter()
+        .filter(|(key, want)| {
+            stored[*key]
+                .slots
+                .get("count")
+                .and_then(|s| s.entries.first())
+                .and_then(|e| e.get().parse::<u64>().ok())
+                != Some(**want)
+        })
+        .count();
+
+    let queue = |id: &str| {
+        runtime
+            .resource(id)
+            .map(|url| services.sqs.messages(&url))
+            .unwrap_or_default()
+    };
+    let counts = queue("CountsQueue");
+    let distinct: HashSet<&str> = counts
+        .iter()
+        .filter_map(|m| m.output_id.as_deref())
+        .collect();
+    let dead = queue("DeadLetterQueue");
+    let failed = queue("FailedBatchesQueue");
+
     println!(
-        "  records delivered   {:>7}  (including the duplicate batch)",
-        total.records
+        "what each function did, in {:.0} s of virtual time",
+        virtual_time.as_secs_f64()
     );
-    println!("  applied             {:>7}", total.applied);
+    for mapping in runtime.mappings() {
+        print_mapping(&mapping.name, mapping.stats());
+    }
+    println!("\nwhat came out");
+    println!("  CountsQueue         {:>8} messages, {} distinct output ids (a retry repeats an id, never a count)", counts.len(), distinct.len());
+    println!("  DeadLetterQueue     {:>8} messages", dead.len());
+    if let Some(first) = dead.first() {
+        println!("                      first: {}", reason(&first.body));
+    }
     println!(
-        "  replayed, skipped   {:>7}  (the duplicate batch: nothing applied twice)",
-        total.replayed
+        "  FailedBatchesQueue  {:>8} messages (batches given up: none while retries last)",
+        failed.len()
     );
+    let state_items = services
+        .dynamodb
+        .table(&table)
+        .map(|t| t.len())
+        .unwrap_or(0);
     println!(
-        "  dead-lettered       {:>7}  (first reason: {})",
-        total.dead_lettered,
-        dead.first().map(|m| reason(&m.body)).unwrap_or_default()
+        "  StateTable          {:>8} items, one per user",
+        state_items
     );
-    println!("  outputs sent        {:>7}  (one running count per applied event, with a deterministic id)", total.outputs_sent);
-    println!("  keys                {:>7}", expected.len());
-    println!(
-        "  hottest keys        {}",
-        top.iter()
-            .take(5)
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    println!("\nDynamoDB, as AWS would bill it");
-    println!(
-        "  API calls           {:>7}  ({})",
-        meter.total_calls(),
-        meter
-            .calls
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    println!("  read request units  {:>7.0}", meter.read_units);
-    println!("  write request units {:>7.0}", meter.write_units);
-    println!(
-        "  per 1,000 events    {:>7.1} capacity units",
-        meter.capacity_units() * 1000.0 / total.applied.max(1) as f64
-    );
-    if mismatches == 0 {
-        println!("\nverified: every one of the {} stored counts equals the count computed from the input", expected.len());
+    println!("\nverification");
+    let malformed = records.len() - expected.values().sum::<u64>() as usize;
+    let dead_ids: HashSet<&str> = dead.iter().filter_map(|m| m.output_id.as_deref()).collect();
+    if mismatches == 0 && distinct.len() == records.len() - malformed && dead_ids.len() == malformed
+    {
+        println!("  every one of the {} users' counts equals its clicks in the input; every valid click left", expected.len());
+        println!("  exactly one output id and each of the {malformed} malformed ones exactly one dead letter");
         Ok(())
     } else {
-        Err(format!("{mismatches} stored counts differ from the input"))
+        Err(format!(
+            "{mismatches} stored counts differ from the input; {} distinct outputs for {} valid clicks; {} dead letters for {malformed} malformed clicks",
+            distinct.len(),
+            records.len() - malformed,
+            dead_ids.len()
+        ))
     }
+}
+
+fn print_mapping(name: &str, s: &MappingStats) {
+    println!("  {name}");
+    println!(
+        "    invocations        {:>8}  ({} duplicate deliveries)",
+        s.invocations, s.duplicate_deliveries
+    );
+    println!(
+        "    records delivered  {:>8}  ({} done; the rest were retries)",
+        s.records_delivered, s.records_done
+    );
+    println!(
+        "    function errors    {:>8}  ({} timeouts; crashes before commit end as timeouts)",
+        s.function_errors, s.timeouts
+    );
+    println!("    partial failures   {:>8}  (write conflicts, sinks that failed: retried from the lowest record)", s.partial_failures);
+    println!("    bisections         {:>8}", s.bisections);
+    println!(
+        "    records discarded  {:>8}",
+        s.discarded_for_age + s.discarded_for_retries
+    );
 }
 
 fn reason(body: &str) -> String {
-    serde_json::from_str::<keyway::domain::DeadLetter>(body)
+    serde_json::from_str::<DeadLetter>(body)
         .map(|l| {
             format!(
                 "{}: {}",
                 l.field,
-                l.problem.chars().take(60).collect::<String>()
+                l.problem.chars().take(100).collect::<String>()
             )
         })
         .unwrap_or_default()

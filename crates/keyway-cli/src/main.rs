@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod stack;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -24,11 +25,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Runs the keyed counter over the embedded runtime and prints what it did.
+    /// Runs the stack of template.yaml on the embedded runtime and prints what it did.
     Demo {
-        /// Batches of 500 events to run.
-        #[arg(long, default_value_t = 20)]
-        batches: usize,
+        /// Clicks to send through the stack.
+        #[arg(long, default_value_t = 50_000)]
+        events: usize,
+        /// Probability of each injected fault.
+        #[arg(long, default_value_t = 0.01)]
+        faults: f64,
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
@@ -52,6 +56,17 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Events per second through the embedded runtime, with a no-op function and with the keyed
+    /// counter, in one run.
+    Local {
+        #[arg(long, default_value_t = 50_000)]
+        events: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -64,15 +79,23 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { batches, seed } => demo::run(batches, seed),
-        Command::Bench {
-            which:
-                BenchCommand::Runtime {
-                    batches,
-                    seed,
-                    json,
-                },
-        } => bench::runtime(batches, seed, json),
+        Command::Demo {
+            events,
+            faults,
+            seed,
+        } => demo::run(demo::DemoOptions {
+            events,
+            faults,
+            seed,
+        }),
+        Command::Bench { which } => match which {
+            BenchCommand::Runtime {
+                batches,
+                seed,
+                json,
+            } => bench::runtime(batches, seed, json),
+            BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -11,17 +11,25 @@ pub const BATCH_SIZE: usize = 500;
 pub const STREAM_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/clicks";
 pub const SHARD_ID: &str = "shardId-000000000000";
 
+/// `n` keys `user-1` ... drawn from Zipf(`exponent`) over `keys` distinct keys.
+pub fn zipf_keys(n: usize, keys: u64, exponent: f64, seed: u64) -> Vec<String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let zipf = Zipf::new(keys as f64, exponent).expect("valid Zipf parameters");
+    (0..n)
+        .map(|_| format!("user-{}", zipf.sample(&mut rng) as u64))
+        .collect()
+}
+
 /// `batches` Lambda Kinesis events of `BATCH_SIZE` records, keys drawn from Zipf(`exponent`) over
 /// `keys` distinct keys, with sequence numbers growing across batches.
 pub fn zipf_batches(batches: usize, keys: u64, exponent: f64, seed: u64) -> Vec<String> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let zipf = Zipf::new(keys as f64, exponent).expect("valid Zipf parameters");
+    let mut keys = zipf_keys(batches * BATCH_SIZE, keys, exponent, seed).into_iter();
     let mut sequence: u64 = 0;
     (0..batches)
         .map(|_| {
             let records: Vec<(String, String, Vec<u8>)> = (0..BATCH_SIZE)
                 .map(|_| {
-                    let key = format!("user-{}", zipf.sample(&mut rng) as u64);
+                    let key = keys.next().expect("enough keys");
                     sequence += 1;
                     let data = format!(r#"{{"key":"{key}","amount":1}}"#).into_bytes();
                     (format!("4959{sequence:052}"), key, data)

@@ -39,10 +39,11 @@ pub fn required<'a>(env: &'a Env, name: &str) -> Result<&'a str, String> {
 #[error("{0}")]
 pub struct FunctionError(pub String);
 
-/// A Lambda function as the event source mapping sees it: an event in, a response out.
+/// A Lambda function as the event source mapping sees it: an event's JSON text in, a response
+/// out. Text, as Lambda hands the payload to the function's runtime, which parses it.
 #[async_trait]
 pub trait Handler: Send + Sync {
-    async fn handle(&self, event: Value) -> Result<Value, FunctionError>;
+    async fn handle(&self, event: &str) -> Result<Value, FunctionError>;
 }
 
 /// Runs Kinesis and DynamoDB Streams events through an executor and answers partial batch
@@ -63,7 +64,9 @@ impl<O: KeyedOperator> StreamHandler<O> {
 
 #[async_trait]
 impl<O: KeyedOperator> Handler for StreamHandler<O> {
-    async fn handle(&self, event: Value) -> Result<Value, FunctionError> {
+    async fn handle(&self, event: &str) -> Result<Value, FunctionError> {
+        let event: Value = serde_json::from_str(event)
+            .map_err(|e| FunctionError(format!("the event is not JSON: {e}")))?;
         let source = event["Records"][0]["eventSource"]
             .as_str()
             .unwrap_or("aws:kinesis")

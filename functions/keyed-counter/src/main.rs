@@ -6,7 +6,7 @@ use std::sync::Arc;
 use keyway::adapters::aws::AwsClients;
 use keyway::lambda::{Env, Handler};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// Batches make thousands of small allocations; mimalloc serves them faster than the system's.
 #[global_allocator]
@@ -21,9 +21,15 @@ async fn main() -> Result<(), Error> {
         .init();
     let env: Env = std::env::vars().collect();
     let handler = Arc::new(keyed_counter::handler(&AwsClients::from_env().await, &env)?);
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+    // The payload stays text until the handler parses it, once.
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| {
         let handler = handler.clone();
-        async move { handler.handle(event.payload).await.map_err(Error::from) }
+        async move {
+            handler
+                .handle(event.payload.get())
+                .await
+                .map_err(Error::from)
+        }
     }))
     .await
 }

@@ -69,7 +69,7 @@ pub struct StreamRecord {
 
 struct State {
     items: BTreeMap<String, Item>,
-    stream: Option<Vec<StreamRecord>>,
+    stream: Option<Vec<Arc<StreamRecord>>>,
 }
 
 /// One in-memory table.
@@ -168,7 +168,7 @@ impl LocalTable {
     }
 
     /// Up to `max` stream records from position `from`.
-    pub fn stream_records(&self, from: usize, max: usize) -> Vec<StreamRecord> {
+    pub fn stream_records(&self, from: usize, max: usize) -> Vec<Arc<StreamRecord>> {
         let state = self.state.lock().expect("table lock");
         state
             .stream
@@ -284,7 +284,7 @@ impl LocalTable {
         let keys = self.key_attributes(item.as_ref().or(old.as_ref()).expect("one of them exists"));
         let mut next = self.next_sequence.lock().expect("sequence lock");
         *next += 1;
-        stream.push(StreamRecord {
+        stream.push(Arc::new(StreamRecord {
             sequence_number: format!(
                 "{:021}",
                 100_000_000_000_000_000_000u128 + u128::from(*next)
@@ -295,7 +295,7 @@ impl LocalTable {
             new_image: item,
             created_millis: self.clock.now_millis(),
             ttl_deletion,
-        });
+        }));
     }
 
     fn check_size(item: &Item) -> Result<usize, StoreError> {

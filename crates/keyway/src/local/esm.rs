@@ -23,11 +23,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::dynamodb::{LocalTable, StreamRecord};
-use super::events::{dynamodb_event, kinesis_event, DynamoDbEventRecord, KinesisEventRecord};
+use super::events::{
+    dynamodb_event_json, kinesis_event_json, DynamoDbEventRecord, KinesisEventRecord,
+};
 use super::faults::Faults;
 use super::kinesis::{LocalKinesis, StoredRecord};
 use super::sqs::LocalSqs;
-use crate::domain::hash::kinesis_hash_key;
 use crate::domain::item::item_to_dynamodb_json;
 use crate::lambda::{FunctionError, Handler};
 use crate::ports::Clock;
@@ -115,8 +116,8 @@ pub struct MappingStats {
 /// A record read from the source, with when the poller saw it.
 #[derive(Clone, Debug)]
 enum Polled {
-    Kinesis(StoredRecord),
-    DynamoDb(StreamRecord),
+    Kinesis(Arc<StoredRecord>),
+    DynamoDb(Arc<StreamRecord>),
 }
 
 impl Polled {
@@ -147,11 +148,13 @@ impl Polled {
         }
     }
 
-    /// The key records are spread over concurrent batches by.
-    fn partition_hash(&self) -> u128 {
+    /// The key records are spread over concurrent batches by: any stable hash does.
+    fn partition_hash(&self) -> u64 {
         match self {
-            Polled::Kinesis(r) => kinesis_hash_key(&r.partition_key),
-            Polled::DynamoDb(r) => kinesis_hash_key(&item_to_dynamodb_json(&r.keys).to_string()),
+            Polled::Kinesis(r) => xxhash_rust::xxh3::xxh3_64(r.partition_key.as_bytes()),
+            Polled::DynamoDb(r) => {
+                xxhash_rust::xxh3::xxh3_64(item_to_dynamodb_json(&r.keys).to_string().as_bytes())
+            }
         }
     }
 }
@@ -276,7 +279,7 @@ impl EventSourceMapping {
                 .collect();
         }
         let now = self.clock.now_millis();
-        let factor = self.settings.parallelization_factor as u128;
+        let factor = u64::from(self.settings.parallelization_factor);
         let positions = self.positions.as_mut().expect("set above");
         for (shard, position) in positions.iter_mut().enumerate() {
             let fresh: Vec<Polled> = match &self.source {
@@ -293,7 +296,11 @@ impl EventSourceMapping {
             };
             *position += fresh.len();
             for record in fresh {
-                let lane = (record.partition_hash() % factor) as usize;
+                let lane = if factor == 1 {
+                    0
+                } else {
+                    (record.partition_hash() % factor) as usize
+                };
                 self.partitions[shard * factor as usize + lane]
                     .queue
                     .push_back((record, now));
@@ -352,13 +359,13 @@ impl EventSourceMapping {
                 .then(|| event.clone());
             let handler = handler.clone();
             async move {
-                let result = match tokio::time::timeout(timeout, handler.handle(event)).await {
+                let result = match tokio::time::timeout(timeout, handler.handle(&event)).await {
                     Ok(result) => result.map_err(|e| (e, false)),
                     Err(_) => Err((FunctionError("Task timed out".into()), true)),
                 };
                 if let (Ok(_), Some(again)) = (&result, duplicate) {
                     // The same batch once more, as a lost acknowledgement makes Lambda do.
-                    let _ = tokio::time::timeout(timeout, handler.handle(again)).await;
+                    let _ = tokio::time::timeout(timeout, handler.handle(&again)).await;
                     return (result, true);
                 }
                 (result, false)
@@ -408,11 +415,11 @@ impl EventSourceMapping {
             .collect()
     }
 
-    fn event(&self, batch: &[Polled]) -> Value {
+    fn event(&self, batch: &[Polled]) -> String {
         match &self.source {
             MappingSource::Kinesis { kinesis, stream } => {
                 let arn = kinesis.stream_arn(stream).unwrap_or_default();
-                kinesis_event(
+                kinesis_event_json(
                     &arn,
                     batch.iter().filter_map(|r| match r {
                         Polled::Kinesis(r) => Some(KinesisEventRecord {
@@ -426,7 +433,7 @@ impl EventSourceMapping {
                     }),
                 )
             }
-            MappingSource::DynamoDb { table } => dynamodb_event(
+            MappingSource::DynamoDb { table } => dynamodb_event_json(
                 &table.stream_arn(),
                 batch.iter().filter_map(|r| match r {
                     Polled::DynamoDb(r) => Some(DynamoDbEventRecord {

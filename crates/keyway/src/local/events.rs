@@ -1,6 +1,8 @@
 //! Lambda event payloads as the Kinesis and DynamoDB Streams event source mappings send them
 //! (shapes from the Lambda Developer Guide, "Using Lambda with Kinesis" and "... with DynamoDB").
 
+use std::fmt::Write as _;
+
 use base64::Engine as _;
 use serde_json::{json, Value};
 
@@ -23,30 +25,61 @@ pub fn kinesis_event<'a>(
     stream_arn: &str,
     records: impl IntoIterator<Item = KinesisEventRecord<'a>>,
 ) -> Value {
+    serde_json::from_str(&kinesis_event_json(stream_arn, records)).expect("the builder writes JSON")
+}
+
+/// The same event as JSON text, the form Lambda hands a function. Written directly: the event
+/// source mapping emulator builds one for every batch.
+pub fn kinesis_event_json<'a>(
+    stream_arn: &str,
+    records: impl IntoIterator<Item = KinesisEventRecord<'a>>,
+) -> String {
     let region = stream_arn.split(':').nth(3).unwrap_or("us-east-1");
-    let records: Vec<Value> = records
-        .into_iter()
-        .map(|r| {
-            json!({
-                "kinesis": {
-                    "kinesisSchemaVersion": "1.0",
-                    "partitionKey": r.partition_key,
-                    "sequenceNumber": r.sequence_number,
-                    "data": base64::engine::general_purpose::STANDARD.encode(r.data),
-                    // Lambda sends seconds with millisecond decimals.
-                    "approximateArrivalTimestamp": r.arrival_millis as f64 / 1000.0,
-                },
-                "eventSource": "aws:kinesis",
-                "eventVersion": "1.0",
-                "eventID": format!("{}:{}", r.shard_id, r.sequence_number),
-                "eventName": "aws:kinesis:record",
-                "invokeIdentityArn": "arn:aws:iam::123456789012:role/keyway-function",
-                "awsRegion": region,
-                "eventSourceARN": stream_arn,
-            })
-        })
-        .collect();
-    json!({ "Records": records })
+    let mut out = String::with_capacity(16 * 1024);
+    out.push_str("{\"Records\":[");
+    for (i, r) in records.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"kinesis\":{\"kinesisSchemaVersion\":\"1.0\",\"partitionKey\":");
+        push_json_string(&mut out, r.partition_key);
+        out.push_str(",\"sequenceNumber\":");
+        push_json_string(&mut out, r.sequence_number);
+        out.push_str(",\"data\":\"");
+        base64::engine::general_purpose::STANDARD.encode_string(r.data, &mut out);
+        // Lambda sends seconds with millisecond decimals.
+        let _ = write!(
+            out,
+            "\",\"approximateArrivalTimestamp\":{}.{:03}",
+            r.arrival_millis.div_euclid(1000),
+            r.arrival_millis.rem_euclid(1000)
+        );
+        out.push_str("},\"eventSource\":\"aws:kinesis\",\"eventVersion\":\"1.0\",\"eventID\":");
+        // Shard ids and sequence numbers need no escaping.
+        out.push('"');
+        out.push_str(r.shard_id);
+        out.push(':');
+        out.push_str(r.sequence_number);
+        out.push('"');
+        out.push_str(",\"eventName\":\"aws:kinesis:record\",\"invokeIdentityArn\":\"arn:aws:iam::123456789012:role/keyway-function\",\"awsRegion\":");
+        push_json_string(&mut out, region);
+        out.push_str(",\"eventSourceARN\":");
+        push_json_string(&mut out, stream_arn);
+        out.push('}');
+    }
+    out.push_str("]}");
+    out
+}
+
+/// Appends `text` as a JSON string.
+fn push_json_string(out: &mut String, text: &str) {
+    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(text);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(text).expect("a string serializes"));
+    }
 }
 
 /// A change to put in a DynamoDB Streams event.
@@ -60,6 +93,14 @@ pub struct DynamoDbEventRecord<'a> {
     /// Epoch seconds.
     pub created_secs: i64,
     pub ttl_deletion: bool,
+}
+
+/// A DynamoDB Streams event as JSON text, the form Lambda hands a function.
+pub fn dynamodb_event_json<'a>(
+    stream_arn: &str,
+    records: impl IntoIterator<Item = DynamoDbEventRecord<'a>>,
+) -> String {
+    dynamodb_event(stream_arn, records).to_string()
 }
 
 /// A DynamoDB Streams event (NEW_AND_OLD_IMAGES) for the stream `stream_arn`.
@@ -130,6 +171,29 @@ mod tests {
         let typed: aws_lambda_events::event::kinesis::KinesisEvent =
             serde_json::from_value(event).unwrap();
         assert_eq!(typed.records[0].kinesis.partition_key, "k");
+    }
+
+    #[test]
+    fn partition_keys_that_need_escaping_are_escaped() {
+        let text = kinesis_event_json(
+            "arn:aws:kinesis:eu-west-1:123456789012:stream/s",
+            [KinesisEventRecord {
+                shard_id: "shardId-0",
+                sequence_number: "1",
+                partition_key: "a \"quoted\\ key\n",
+                data: b"",
+                arrival_millis: 5,
+            }],
+        );
+        let event: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            event["Records"][0]["kinesis"]["partitionKey"],
+            "a \"quoted\\ key\n"
+        );
+        assert_eq!(
+            event["Records"][0]["kinesis"]["approximateArrivalTimestamp"],
+            0.005
+        );
     }
 
     #[test]

@@ -32,7 +32,8 @@ pub const SHARD_BYTES_PER_SECOND: usize = 1024 * 1024;
 
 struct Shard {
     id: String,
-    records: Vec<StoredRecord>,
+    /// Shared with the readers: a record is never copied once written.
+    records: Vec<Arc<StoredRecord>>,
     /// The second the write counters below are for, and what was written in it.
     second: i64,
     written_records: u32,
@@ -123,7 +124,7 @@ impl LocalKinesis {
             .map(|s| {
                 s.shards
                     .iter()
-                    .flat_map(|sh| sh.records.iter().cloned())
+                    .flat_map(|sh| sh.records.iter().map(|r| StoredRecord::clone(r)))
                     .collect()
             })
             .unwrap_or_default()
@@ -131,7 +132,13 @@ impl LocalKinesis {
 
     /// Up to `max` records of one shard from position `from` (an index into the shard), as a
     /// shard iterator would return them.
-    pub fn read(&self, stream: &str, shard: usize, from: usize, max: usize) -> Vec<StoredRecord> {
+    pub fn read(
+        &self,
+        stream: &str,
+        shard: usize,
+        from: usize,
+        max: usize,
+    ) -> Vec<Arc<StoredRecord>> {
         let streams = self.streams.lock().expect("streams lock");
         let Some(records) = streams
             .get(stream)
@@ -163,6 +170,45 @@ impl LocalKinesis {
             return 0;
         };
         records.partition_point(|r| r.arrival_millis < millis)
+    }
+
+    /// Puts records as a careful producer does: one at a time, each retried until the stream takes
+    /// it, so that throttling and injected failures never reorder a key's records. Returns each
+    /// record's (shard id, sequence number).
+    pub async fn put_in_order(
+        &self,
+        stream: &str,
+        records: &[(String, Vec<u8>)],
+    ) -> Result<Vec<(String, String)>, SinkError> {
+        let mut positions = Vec::with_capacity(records.len());
+        for (key, data) in records {
+            loop {
+                let entry = PutEntry {
+                    partition_key: key,
+                    data,
+                    explicit_hash_key: None,
+                };
+                match self.put_records(stream, std::slice::from_ref(&entry)).await {
+                    Ok(mut outcomes) => match outcomes.remove(0) {
+                        PutOutcome::Written {
+                            shard_id,
+                            sequence_number,
+                        } => {
+                            positions.push((shard_id, sequence_number));
+                            break;
+                        }
+                        PutOutcome::Failed { .. } => {
+                            tokio::time::sleep(std::time::Duration::from_millis(10)).await
+                        }
+                    },
+                    Err(err) if err.is_retryable() => {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        Ok(positions)
     }
 
     /// PutRecord, for producers in tests and the demo.
@@ -250,13 +296,13 @@ impl LocalKinesis {
             shard.written_bytes += size;
             let sequence_number = format!("49{:054}", *next);
             *next += 1;
-            shard.records.push(StoredRecord {
+            shard.records.push(Arc::new(StoredRecord {
                 shard_id: shard.id.clone(),
                 sequence_number: sequence_number.clone(),
                 partition_key: entry.partition_key.to_owned(),
                 data: entry.data.to_vec(),
                 arrival_millis: now,
-            });
+            }));
             outcomes.push(PutOutcome::Written {
                 shard_id: shard.id.clone(),
                 sequence_number,

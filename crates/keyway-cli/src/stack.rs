@@ -1,0 +1,22 @@
+//! The stack the embedded runtime runs: template.yaml, compiled in, and the functions it names.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use keyway::lambda::Handler;
+use keyway::local::Factory;
+
+/// The SAM template the stack is deployed with.
+pub const TEMPLATE: &str = include_str!("../../../template.yaml");
+
+/// Every function of the template, by logical id.
+pub fn functions() -> BTreeMap<String, Factory> {
+    let mut functions: BTreeMap<String, Factory> = BTreeMap::new();
+    functions.insert(
+        "KeyedCounterFunction".into(),
+        Box::new(|platform, env| {
+            Ok(Arc::new(keyed_counter::handler(platform, env)?) as Arc<dyn Handler>)
+        }),
+    );
+    functions
+}
