@@ -354,7 +354,7 @@ impl LocalRuntime {
                 return Err(format!("{waiting} records still wait after {limit:?}"));
             }
             // DynamoDB's TTL process runs in the background; here once a virtual second.
-            if now - last_expiry >= 1_000 {
+            if now.saturating_sub(last_expiry) >= 1_000 {
                 self.services.dynamodb.expire();
                 last_expiry = now;
             }
