@@ -164,6 +164,8 @@ pub struct Executor<O: KeyedOperator> {
 }
 
 impl<O: KeyedOperator> Executor<O> {
+    /// Panics when a state's structure cannot be traced: a programming error, caught by
+    /// `keyway signatures --check` before anything is deployed.
     pub fn new(
         operator: O,
         store: Arc<dyn StateStore>,
@@ -171,6 +173,16 @@ impl<O: KeyedOperator> Executor<O> {
         clock: Arc<dyn Clock>,
     ) -> Self {
         let states = operator.states();
+        for state in &states {
+            if let Err(err) = &state.shape {
+                panic!(
+                    "operator {}: the structure of state {:?} ({}) cannot be traced ({err}); declare it with_shape",
+                    operator.name(),
+                    state.name,
+                    state.type_name
+                );
+            }
+        }
         let namespace = Namespace {
             operator: operator.name().to_owned(),
             signature: state_signature(&states),

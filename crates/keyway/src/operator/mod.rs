@@ -10,6 +10,7 @@
 //! that stays, and retries recompute outputs that must carry the same ids.
 
 mod ctx;
+pub mod signature;
 mod state;
 
 use std::time::Duration;
@@ -120,8 +121,8 @@ pub trait KeyedOperator: Send + Sync + 'static {
 }
 
 /// The signature of an operator's state structure: a stable hash of its states' names, kinds and
-/// type descriptions. It is part of every state key, so state written by a different structure is
-/// never read into this one.
+/// type structures (`signature`). It is part of every state key, so state written by a different
+/// structure is never read into this one.
 pub fn state_signature(states: &[StateDescriptor]) -> String {
     let mut described: Vec<String> = states.iter().map(StateDescriptor::describe).collect();
     described.sort();

@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use thiserror::Error;
 
+use super::signature::Shape;
 use crate::domain::{SlotData, SlotUpdate, StateKind};
 
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -38,34 +39,54 @@ pub struct StateDescriptor {
     pub kind: StateKind,
     /// The Rust type, for people reading the lock file and logs.
     pub type_name: &'static str,
+    /// The structure of the type, or why it could not be traced.
+    pub shape: Result<Shape, String>,
 }
 
 impl StateDescriptor {
-    /// The text the operator's state signature is computed from.
+    /// What the operator's state signature is computed from: name, kind and structure.
     pub fn describe(&self) -> String {
-        format!("{}:{}", self.name, self.kind.as_str())
+        let shape = match &self.shape {
+            Ok(shape) => shape.text(),
+            Err(e) => format!("UNTRACEABLE<{e}>"),
+        };
+        format!("{}:{}\n{shape}", self.name, self.kind.as_str())
+    }
+}
+
+fn shape_of<T: DeserializeOwned>(root: &str, custom: Option<&'static str>) -> Result<Shape, String> {
+    match custom {
+        Some(text) => Ok(Shape::custom(root, text)),
+        None => Shape::of::<T>(root),
     }
 }
 
 /// A single value per key.
 pub struct ValueState<T> {
     pub name: &'static str,
+    custom: Option<&'static str>,
     _type: PhantomData<fn() -> T>,
 }
 
 impl<T> ValueState<T> {
     pub const fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            _type: PhantomData,
-        }
+        Self { name, custom: None, _type: PhantomData }
     }
 
+    /// For a type whose structure cannot be traced: `shape` stands for it, and must change
+    /// whenever the serialized form does.
+    pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
+        Self { name, custom: Some(shape), _type: PhantomData }
+    }
+}
+
+impl<T: DeserializeOwned> ValueState<T> {
     pub fn descriptor(&self) -> StateDescriptor {
         StateDescriptor {
             name: self.name,
             kind: StateKind::Value,
             type_name: std::any::type_name::<T>(),
+            shape: shape_of::<T>("$", self.custom),
         }
     }
 }
@@ -73,22 +94,28 @@ impl<T> ValueState<T> {
 /// An ordered list per key; appending never reads or rewrites what is stored.
 pub struct ListState<T> {
     pub name: &'static str,
+    custom: Option<&'static str>,
     _type: PhantomData<fn() -> T>,
 }
 
 impl<T> ListState<T> {
     pub const fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            _type: PhantomData,
-        }
+        Self { name, custom: None, _type: PhantomData }
     }
 
+    /// See `ValueState::with_shape`; `shape` stands for the element type.
+    pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
+        Self { name, custom: Some(shape), _type: PhantomData }
+    }
+}
+
+impl<T: DeserializeOwned> ListState<T> {
     pub fn descriptor(&self) -> StateDescriptor {
         StateDescriptor {
             name: self.name,
             kind: StateKind::List,
             type_name: std::any::type_name::<T>(),
+            shape: shape_of::<T>("$item", self.custom),
         }
     }
 }
@@ -96,22 +123,32 @@ impl<T> ListState<T> {
 /// A map per key, ordered by its keys.
 pub struct MapState<K, V> {
     pub name: &'static str,
+    custom: Option<&'static str>,
     _type: PhantomData<fn() -> (K, V)>,
 }
 
 impl<K, V> MapState<K, V> {
     pub const fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            _type: PhantomData,
-        }
+        Self { name, custom: None, _type: PhantomData }
     }
 
+    /// See `ValueState::with_shape`; `shape` stands for the key and value types.
+    pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
+        Self { name, custom: Some(shape), _type: PhantomData }
+    }
+}
+
+impl<K: DeserializeOwned, V: DeserializeOwned> MapState<K, V> {
     pub fn descriptor(&self) -> StateDescriptor {
+        let shape = match self.custom {
+            Some(text) => Ok(Shape::custom("$entry", text)),
+            None => Shape::of::<K>("$key").and_then(|k| Ok(k.merge(Shape::of::<V>("$value")?))),
+        };
         StateDescriptor {
             name: self.name,
             kind: StateKind::Map,
             type_name: std::any::type_name::<BTreeMap<K, V>>(),
+            shape,
         }
     }
 }
