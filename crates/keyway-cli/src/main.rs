@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod signatures;
 mod stack;
 mod workload;
 
@@ -35,6 +36,17 @@ enum Command {
         faults: f64,
         #[arg(long, default_value_t = 7)]
         seed: u64,
+    },
+    /// The operators' state signatures: print them, check them against the lock file, or update it.
+    Signatures {
+        /// Exit non-zero, naming what changed, when the lock file differs.
+        #[arg(long, conflicts_with = "update")]
+        check: bool,
+        /// Rewrite the lock file.
+        #[arg(long)]
+        update: bool,
+        #[arg(long, default_value = keyway::operator::lock::LOCK_FILE)]
+        lock: std::path::PathBuf,
     },
     /// Benchmarks.
     Bench {
@@ -88,6 +100,18 @@ fn main() -> std::process::ExitCode {
             faults,
             seed,
         }),
+        Command::Signatures {
+            check,
+            update,
+            lock,
+        } => {
+            let mode = match (check, update) {
+                (true, _) => signatures::Mode::Check,
+                (_, true) => signatures::Mode::Update,
+                _ => signatures::Mode::Print,
+            };
+            signatures::run(mode, &lock)
+        }
         Command::Bench { which } => match which {
             BenchCommand::Runtime {
                 batches,

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use keyway::lambda::Handler;
 use keyway::local::Factory;
+use keyway::operator::StateDescriptor;
+use keyway::KeyedOperator;
 
 /// The SAM template the stack is deployed with.
 pub const TEMPLATE: &str = include_str!("../../../template.yaml");
@@ -19,4 +21,10 @@ pub fn functions() -> BTreeMap<String, Factory> {
         }),
     );
     functions
+}
+
+/// Every operator of the stack's functions, with its states: what the signature lock lists.
+pub fn operators() -> Vec<(String, Vec<StateDescriptor>)> {
+    let counter = keyed_counter::KeyedCounter;
+    vec![(counter.name().to_owned(), counter.states())]
 }

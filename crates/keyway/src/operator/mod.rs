@@ -10,6 +10,7 @@
 //! that stays, and retries recompute outputs that must carry the same ids.
 
 mod ctx;
+pub mod lock;
 pub mod signature;
 mod state;
 

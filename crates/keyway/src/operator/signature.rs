@@ -15,7 +15,9 @@
 use std::collections::BTreeMap;
 
 use serde::de::DeserializeOwned;
-use serde_reflection::{ContainerFormat, Format, Named, Samples, Tracer, TracerConfig, VariantFormat};
+use serde_reflection::{
+    ContainerFormat, Format, Named, Samples, Tracer, TracerConfig, VariantFormat,
+};
 
 use crate::domain::hash::sha256_hex;
 
@@ -31,7 +33,9 @@ impl Shape {
     pub fn of<T: DeserializeOwned>(root: &str) -> Result<Self, String> {
         let mut tracer = Tracer::new(TracerConfig::default());
         let samples = Samples::new();
-        let (format, _) = tracer.trace_type::<T>(&samples).map_err(|e| e.to_string())?;
+        let (format, _) = tracer
+            .trace_type::<T>(&samples)
+            .map_err(|e| e.to_string())?;
         let registry = tracer.registry().map_err(|e| e.to_string())?;
         let mut lines = BTreeMap::new();
         lines.insert(root.to_owned(), render(&format));
@@ -44,7 +48,9 @@ impl Shape {
     /// A shape given by hand for a type that cannot be traced; change `text` whenever the
     /// serialized structure changes.
     pub fn custom(root: &str, text: &str) -> Self {
-        Self { lines: BTreeMap::from([(root.to_owned(), format!("CUSTOM<{text}>"))]) }
+        Self {
+            lines: BTreeMap::from([(root.to_owned(), format!("CUSTOM<{text}>"))]),
+        }
     }
 
     pub fn merge(mut self, other: Shape) -> Self {
@@ -54,7 +60,11 @@ impl Shape {
 
     /// The lines, one per type path.
     pub fn text(&self) -> String {
-        self.lines.iter().map(|(path, ty)| format!("{path}: {ty}")).collect::<Vec<_>>().join("\n")
+        self.lines
+            .iter()
+            .map(|(path, ty)| format!("{path}: {ty}"))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     pub fn signature(&self) -> String {
@@ -86,7 +96,10 @@ fn render(format: &Format) -> String {
         Format::Option(inner) => format!("OPTION<{}>", render(inner)),
         Format::Seq(inner) => format!("SEQ<{}>", render(inner)),
         Format::Map { key, value } => format!("MAP<{},{}>", render(key), render(value)),
-        Format::Tuple(items) => format!("TUPLE<{}>", items.iter().map(render).collect::<Vec<_>>().join(",")),
+        Format::Tuple(items) => format!(
+            "TUPLE<{}>",
+            items.iter().map(render).collect::<Vec<_>>().join(",")
+        ),
         Format::TupleArray { content, size } => format!("ARRAY<{};{size}>", render(content)),
     }
 }
@@ -178,37 +191,73 @@ mod tests {
     mod before {
         use serde::Deserialize;
         #[derive(Deserialize)]
-        pub struct Profile { pub user: User }
+        pub struct Profile {
+            pub user: User,
+        }
         #[derive(Deserialize)]
-        pub struct User { pub address: Address }
+        pub struct User {
+            pub address: Address,
+        }
         #[derive(Deserialize)]
-        pub struct Address { pub street: String }
+        pub struct Address {
+            pub street: String,
+        }
         #[derive(Deserialize)]
-        pub struct Person { pub name: String, pub age: u32 }
+        pub struct Person {
+            pub name: String,
+            pub age: u32,
+        }
         #[derive(Deserialize)]
-        pub enum Status { Active, Banned { reason: String } }
+        pub enum Status {
+            Active,
+            Banned { reason: String },
+        }
         #[derive(Deserialize)]
-        pub struct Wrapper<T> { pub inner: T }
+        pub struct Wrapper<T> {
+            pub inner: T,
+        }
         #[derive(Deserialize)]
-        pub struct Counter { pub count: u64, pub seen: Vec<String> }
+        pub struct Counter {
+            pub count: u64,
+            pub seen: Vec<String>,
+        }
     }
 
     mod after {
         use serde::Deserialize;
         #[derive(Deserialize)]
-        pub struct Profile { pub user: User }
+        pub struct Profile {
+            pub user: User,
+        }
         #[derive(Deserialize)]
-        pub struct User { pub address: Address }
+        pub struct User {
+            pub address: Address,
+        }
         #[derive(Deserialize)]
-        pub struct Address { pub street: String, pub zip: Option<String> }
+        pub struct Address {
+            pub street: String,
+            pub zip: Option<String>,
+        }
         #[derive(Deserialize)]
-        pub struct Population { pub name: String, pub age: u32 }
+        pub struct Population {
+            pub name: String,
+            pub age: u32,
+        }
         #[derive(Deserialize)]
-        pub enum Status { Active, Banned { reason: String }, Suspended }
+        pub enum Status {
+            Active,
+            Banned { reason: String },
+            Suspended,
+        }
         #[derive(Deserialize)]
-        pub struct Wrapper<T> { pub inner: T }
+        pub struct Wrapper<T> {
+            pub inner: T,
+        }
         #[derive(Deserialize)]
-        pub struct Counter { pub total: u64, pub seen: Vec<String> }
+        pub struct Counter {
+            pub total: u64,
+            pub seen: Vec<String>,
+        }
     }
 
     mod documented {
@@ -231,41 +280,66 @@ mod tests {
 
     #[test]
     fn a_field_added_two_levels_down_changes_the_signature_and_names_the_path() {
-        let (old, new) = (Shape::of::<before::Profile>("$").unwrap(), Shape::of::<after::Profile>("$").unwrap());
+        let (old, new) = (
+            Shape::of::<before::Profile>("$").unwrap(),
+            Shape::of::<after::Profile>("$").unwrap(),
+        );
         assert_ne!(old.signature(), new.signature());
         assert_eq!(diff(&old, &new), ["Address.zip: OPTION<STR> added"]);
     }
 
     #[test]
     fn a_list_of_person_is_not_a_list_of_population() {
-        assert_ne!(sig::<Vec<before::Person>>(), sig::<Vec<after::Population>>());
+        assert_ne!(
+            sig::<Vec<before::Person>>(),
+            sig::<Vec<after::Population>>()
+        );
     }
 
     #[test]
     fn a_value_holding_a_list_is_not_a_list_state() {
         const AS_VALUE: ValueState<Vec<u64>> = ValueState::new("numbers");
         const AS_LIST: ListState<u64> = ListState::new("numbers");
-        assert_ne!(op(vec![AS_VALUE.descriptor()]), op(vec![AS_LIST.descriptor()]));
+        assert_ne!(
+            op(vec![AS_VALUE.descriptor()]),
+            op(vec![AS_LIST.descriptor()])
+        );
     }
 
     #[test]
     fn renaming_or_retyping_a_field_changes_the_signature() {
-        assert_ne!(sig::<before::Counter>(), sig::<after::Counter>(), "count renamed to total");
-        let renamed = diff(&Shape::of::<before::Counter>("$").unwrap(), &Shape::of::<after::Counter>("$").unwrap());
-        assert_eq!(renamed, ["Counter.count: U64 removed", "Counter.total: U64 added"]);
+        assert_ne!(
+            sig::<before::Counter>(),
+            sig::<after::Counter>(),
+            "count renamed to total"
+        );
+        let renamed = diff(
+            &Shape::of::<before::Counter>("$").unwrap(),
+            &Shape::of::<after::Counter>("$").unwrap(),
+        );
+        assert_eq!(
+            renamed,
+            ["Counter.count: U64 removed", "Counter.total: U64 added"]
+        );
         assert_ne!(sig::<u64>(), sig::<i64>());
         assert_ne!(sig::<Option<u64>>(), sig::<u64>());
     }
 
     #[test]
     fn an_enum_variant_added_changes_the_signature() {
-        let (old, new) = (Shape::of::<before::Status>("$").unwrap(), Shape::of::<after::Status>("$").unwrap());
+        let (old, new) = (
+            Shape::of::<before::Status>("$").unwrap(),
+            Shape::of::<after::Status>("$").unwrap(),
+        );
         assert_eq!(diff(&old, &new), ["Status::Suspended: UNIT added"]);
     }
 
     #[test]
     fn a_change_inside_a_generic_parameter_changes_the_signature() {
-        assert_ne!(sig::<before::Wrapper<u64>>(), sig::<before::Wrapper<String>>());
+        assert_ne!(
+            sig::<before::Wrapper<u64>>(),
+            sig::<before::Wrapper<String>>()
+        );
         assert_ne!(sig::<Vec<(String, u8)>>(), sig::<Vec<(String, u16)>>());
         assert_ne!(sig::<BTreeMap<String, u8>>(), sig::<BTreeMap<u8, String>>());
     }
@@ -280,16 +354,26 @@ mod tests {
     #[test]
     fn doc_comments_methods_and_the_order_of_states_do_not_change_it() {
         assert_eq!(sig::<before::Counter>(), sig::<documented::Counter>());
-        assert_eq!(Shape::of::<before::Wrapper<u8>>("$"), Shape::of::<after::Wrapper<u8>>("$"));
+        assert_eq!(
+            Shape::of::<before::Wrapper<u8>>("$"),
+            Shape::of::<after::Wrapper<u8>>("$")
+        );
         const A: ValueState<u64> = ValueState::new("a");
         const B: ListState<String> = ListState::new("b");
-        assert_eq!(op(vec![A.descriptor(), B.descriptor()]), op(vec![B.descriptor(), A.descriptor()]));
+        assert_eq!(
+            op(vec![A.descriptor(), B.descriptor()]),
+            op(vec![B.descriptor(), A.descriptor()])
+        );
     }
 
     #[test]
     fn sets_maps_tuples_and_options_are_traced() {
-        let shape = Shape::of::<(HashSet<String>, HashMap<String, Option<(u8, bool)>>)>("$").unwrap();
-        assert_eq!(shape.text(), "$: TUPLE<SEQ<STR>,MAP<STR,OPTION<TUPLE<U8,BOOL>>>>");
+        let shape =
+            Shape::of::<(HashSet<String>, HashMap<String, Option<(u8, bool)>>)>("$").unwrap();
+        assert_eq!(
+            shape.text(),
+            "$: TUPLE<SEQ<STR>,MAP<STR,OPTION<TUPLE<U8,BOOL>>>>"
+        );
     }
 
     #[test]
@@ -297,7 +381,10 @@ mod tests {
         const DYNAMIC: ValueState<serde_json::Value> = ValueState::new("doc");
         assert!(DYNAMIC.descriptor().shape.is_err());
         const GIVEN: ValueState<serde_json::Value> = ValueState::with_shape("doc", "json-v1");
-        assert_eq!(GIVEN.descriptor().shape.unwrap().text(), "$: CUSTOM<json-v1>");
+        assert_eq!(
+            GIVEN.descriptor().shape.unwrap().text(),
+            "$: CUSTOM<json-v1>"
+        );
     }
 
     /// Pinned: signatures name stored state, so they must not drift between releases.
@@ -308,7 +395,16 @@ mod tests {
             id: String,
             values: Vec<u32>,
         }
-        assert_eq!(Shape::of::<Pinned>("$").unwrap().text(), "$: Pinned\nPinned.id: STR\nPinned.values: SEQ<U32>");
-        assert_eq!(sig::<Pinned>(), sha256_hex(&["$: Pinned\nPinned.id: STR\nPinned.values: SEQ<U32>".as_bytes()], 16));
+        assert_eq!(
+            Shape::of::<Pinned>("$").unwrap().text(),
+            "$: Pinned\nPinned.id: STR\nPinned.values: SEQ<U32>"
+        );
+        assert_eq!(
+            sig::<Pinned>(),
+            sha256_hex(
+                &["$: Pinned\nPinned.id: STR\nPinned.values: SEQ<U32>".as_bytes()],
+                16
+            )
+        );
     }
 }

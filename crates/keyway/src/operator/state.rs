@@ -54,7 +54,10 @@ impl StateDescriptor {
     }
 }
 
-fn shape_of<T: DeserializeOwned>(root: &str, custom: Option<&'static str>) -> Result<Shape, String> {
+fn shape_of<T: DeserializeOwned>(
+    root: &str,
+    custom: Option<&'static str>,
+) -> Result<Shape, String> {
     match custom {
         Some(text) => Ok(Shape::custom(root, text)),
         None => Shape::of::<T>(root),
@@ -70,13 +73,21 @@ pub struct ValueState<T> {
 
 impl<T> ValueState<T> {
     pub const fn new(name: &'static str) -> Self {
-        Self { name, custom: None, _type: PhantomData }
+        Self {
+            name,
+            custom: None,
+            _type: PhantomData,
+        }
     }
 
     /// For a type whose structure cannot be traced: `shape` stands for it, and must change
     /// whenever the serialized form does.
     pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
-        Self { name, custom: Some(shape), _type: PhantomData }
+        Self {
+            name,
+            custom: Some(shape),
+            _type: PhantomData,
+        }
     }
 }
 
@@ -100,12 +111,20 @@ pub struct ListState<T> {
 
 impl<T> ListState<T> {
     pub const fn new(name: &'static str) -> Self {
-        Self { name, custom: None, _type: PhantomData }
+        Self {
+            name,
+            custom: None,
+            _type: PhantomData,
+        }
     }
 
     /// See `ValueState::with_shape`; `shape` stands for the element type.
     pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
-        Self { name, custom: Some(shape), _type: PhantomData }
+        Self {
+            name,
+            custom: Some(shape),
+            _type: PhantomData,
+        }
     }
 }
 
@@ -129,12 +148,20 @@ pub struct MapState<K, V> {
 
 impl<K, V> MapState<K, V> {
     pub const fn new(name: &'static str) -> Self {
-        Self { name, custom: None, _type: PhantomData }
+        Self {
+            name,
+            custom: None,
+            _type: PhantomData,
+        }
     }
 
     /// See `ValueState::with_shape`; `shape` stands for the key and value types.
     pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
-        Self { name, custom: Some(shape), _type: PhantomData }
+        Self {
+            name,
+            custom: Some(shape),
+            _type: PhantomData,
+        }
     }
 }
 

@@ -1,0 +1,55 @@
+//! `keyway signatures`: prints the stack's operators' state signatures, checks them against the
+//! lock file (`--check`, non-zero with the changes named when they differ) or rewrites it
+//! (`--update`).
+
+use std::path::Path;
+
+use keyway::operator::lock;
+
+use crate::stack;
+
+pub enum Mode {
+    Print,
+    Check,
+    Update,
+}
+
+pub fn run(mode: Mode, lock_path: &Path) -> Result<(), String> {
+    let current = lock::entries(&stack::operators())?;
+    match mode {
+        Mode::Print => {
+            print!("{}", lock::render(&current));
+            Ok(())
+        }
+        Mode::Update => {
+            std::fs::write(lock_path, lock::render(&current))
+                .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+            println!(
+                "wrote {} ({} operators)",
+                lock_path.display(),
+                current.len()
+            );
+            Ok(())
+        }
+        Mode::Check => {
+            let text = std::fs::read_to_string(lock_path)
+                .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+            let changes = lock::check(&lock::parse(&text)?, &current);
+            if changes.is_empty() {
+                println!(
+                    "{}: every operator's state signature matches",
+                    lock_path.display()
+                );
+                return Ok(());
+            }
+            eprintln!("state signatures differ from {}:", lock_path.display());
+            for change in &changes {
+                eprintln!("  {change}");
+            }
+            Err(format!(
+                "{} change(s): the operators' state would start afresh. If that is intended (or a migration carries it), run `keyway signatures --update`",
+                changes.len()
+            ))
+        }
+    }
+}
