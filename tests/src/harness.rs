@@ -72,6 +72,19 @@ impl World {
         Executor::new(operator, store, self.sinks(), self.clock.clone())
     }
 
+    /// Items of operators' state, leaving out their signature histories.
+    pub fn state_items(&self) -> usize {
+        self.table
+            .items()
+            .iter()
+            .filter(|i| {
+                !i["pk"]
+                    .as_s()
+                    .is_some_and(|pk| pk.contains("#signature-history#"))
+            })
+            .count()
+    }
+
     pub fn outputs(&self, sink: &str) -> Vec<QueuedMessage> {
         self.sqs.messages(&self.queues[sink])
     }

@@ -129,7 +129,7 @@ async fn a_key_holding_ten_thousand_list_entries_of_two_kilobytes_works() {
     executor
         .run(decode_event(shard.batch(&[("k", b"00000-after".to_vec())])).unwrap())
         .await;
-    assert_eq!(world.table.len(), 1, "only the head item is left");
+    assert_eq!(world.state_items(), 1, "only the head item is left");
 }
 
 /// A counter whose state lives one hour after its last change.
@@ -176,7 +176,7 @@ async fn state_past_its_ttl_is_never_read_even_before_dynamodb_deletes_it() {
     );
     world.clock.advance(3_601_000);
     assert_eq!(
-        world.table.len(),
+        world.state_items(),
         1,
         "DynamoDB has not deleted the item yet"
     );

@@ -14,7 +14,7 @@
 //! replaying the records that stay, from the loaded state: operators are deterministic, so the
 //! replay computes the same state and the same outputs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,13 +22,14 @@ use futures::future::join_all;
 use tracing::{info, warn};
 
 use crate::domain::{
-    BatchPlan, DeadLetter, KeyState, Output, SequenceNumber, SourceRecord, DEAD_LETTER_SINK,
+    BatchPlan, DeadLetter, KeyState, Output, SequenceNumber, SlotData, SourceRecord,
+    DEAD_LETTER_SINK,
 };
 use crate::operator::{
-    state_signature, Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, StateDescriptor,
-    TypedSlot,
+    state_signature, Ctx, Delivery, InvalidInput, KeyedOperator, Migration, OldState, ProcessError,
+    StateDescriptor, TypedSlot,
 };
-use crate::ports::{Clock, Commit, Namespace, Sink, SinkError, StateStore};
+use crate::ports::{Clock, Commit, Namespace, Sink, SinkError, StateStore, StoreError};
 
 /// A record the source could not turn into a `SourceRecord` (malformed event JSON, no sequence
 /// number...). It is dead-lettered as is.
@@ -85,6 +86,10 @@ pub struct BatchReport {
     pub keys: usize,
     pub commits: usize,
     pub conflicts: usize,
+    /// Keys whose state under an older signature a migration carried over.
+    pub migrated: usize,
+    /// Keys whose state under the previous signature was left behind: they start afresh.
+    pub reset: usize,
     /// The lowest sequence number not fully applied: Lambda redelivers from there.
     pub failed_from: Option<SequenceNumber>,
     /// Set when a record that has no sequence number could not be dead-lettered: the only way to
@@ -106,15 +111,24 @@ pub struct ExecutorConfig {
     /// Watermarks of origins with no record for this long are dropped (no stream redelivers
     /// records older than its retention; Kinesis keeps at most 365 days, 24 hours by default).
     pub watermark_retention: Duration,
+    /// After the operator's state signature changed, a key missing under the new signature is
+    /// looked up under the previous one for this long, to count it as reset. (Migrations look up
+    /// their signatures whenever a key is missing.)
+    pub look_back: Duration,
 }
 
 impl Default for ExecutorConfig {
     fn default() -> Self {
         Self {
             watermark_retention: Duration::from_secs(8 * 24 * 3600),
+            look_back: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
+
+/// Where an operator's signature history is kept: a namespace and key of its own.
+const HISTORY: &str = "signature-history";
+const HISTORY_SLOT: &str = "signatures";
 
 /// What happened to one record of a key.
 #[derive(Clone, Debug)]
@@ -161,6 +175,9 @@ pub struct Executor<O: KeyedOperator> {
     sink_limits: HashMap<String, usize>,
     clock: Arc<dyn Clock>,
     config: ExecutorConfig,
+    migrations: Vec<Migration>,
+    /// The signature this one replaced, and since when, once read from the signature history.
+    history: tokio::sync::OnceCell<Option<(String, i64)>>,
 }
 
 impl<O: KeyedOperator> Executor<O> {
@@ -188,6 +205,7 @@ impl<O: KeyedOperator> Executor<O> {
             signature: state_signature(&states),
         };
         let sink_limits = sinks.limits();
+        let migrations = operator.migrations();
         Self {
             operator,
             namespace,
@@ -197,6 +215,8 @@ impl<O: KeyedOperator> Executor<O> {
             sink_limits,
             clock,
             config: ExecutorConfig::default(),
+            migrations,
+            history: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -265,10 +285,26 @@ impl<O: KeyedOperator> Executor<O> {
 
         // 3. Load.
         let keys: Vec<String> = plan.keys().map(str::to_owned).collect();
-        let mut loaded = match self.store.load(&self.namespace, &keys).await {
+        let (loaded, previous) = futures::join!(
+            self.store.load(&self.namespace, &keys),
+            self.previous_signature(now)
+        );
+        let mut loaded = match loaded {
             Ok(loaded) => loaded,
             Err(err) => {
                 warn!(operator = %self.namespace.operator, error = %err, "state load failed; the batch will be redelivered");
+                for index in 0..batch.len() {
+                    if let Some(seq) = sequence_of(index) {
+                        report.fail(seq);
+                    }
+                }
+                return report;
+            }
+        };
+        let migrated = match self.look_back(&mut loaded, previous, &mut report).await {
+            Ok(migrated) => migrated,
+            Err(err) => {
+                warn!(operator = %self.namespace.operator, error = %err, "reading state under an older signature failed; the batch will be redelivered");
                 for index in 0..batch.len() {
                     if let Some(seq) = sequence_of(index) {
                         report.fail(seq);
@@ -389,7 +425,9 @@ impl<O: KeyedOperator> Executor<O> {
                 report.fail(&record_refs[keep[g]].sequence);
             }
             let run = &runs[g];
-            match self.next_state(base, run, &record_refs, now) {
+            // A migrated key is written under the new signature even if nothing else changed.
+            let force = migrated.contains(&group.key);
+            match self.next_state(base, run, &record_refs, now, force) {
                 Ok(Some((state, outbox))) => {
                     if !outbox.is_empty() {
                         pending_outbox.push((g, outbox));
@@ -458,6 +496,16 @@ impl<O: KeyedOperator> Executor<O> {
             }
         }
 
+        if report.migrated > 0 || report.reset > 0 {
+            // Once per invocation, not once per key.
+            warn!(
+                operator = %self.namespace.operator,
+                signature = %self.namespace.signature,
+                migrated = report.migrated,
+                reset = report.reset,
+                "state written under an older signature was migrated or left behind"
+            );
+        }
         info!(
             operator = %self.namespace.operator,
             records = report.records,
@@ -553,9 +601,10 @@ impl<O: KeyedOperator> Executor<O> {
         run: &KeyRun,
         records: &[&SourceRecord],
         now: i64,
+        force: bool,
     ) -> Result<Option<(KeyState, Vec<Output>)>, crate::operator::StateError> {
         let mut state = base;
-        let mut changed = !state.outbox.is_empty();
+        let mut changed = force || !state.outbox.is_empty();
         for (name, slot) in &run.slots {
             if let Some(update) = slot.encode(name)? {
                 let data = state.slots.entry((*name).to_owned()).or_default();
@@ -598,6 +647,152 @@ impl<O: KeyedOperator> Executor<O> {
             .state_ttl()
             .map(|ttl| now / 1000 + ttl.as_secs() as i64);
         Ok(Some((state, outbox)))
+    }
+
+    /// The signature this one replaced, and when this one took over. The first call records
+    /// this signature in the operator's history; a failure to read or write the history only
+    /// means resets are not counted, so it is logged and passed over.
+    async fn previous_signature(&self, now: i64) -> Option<(String, i64)> {
+        self.history
+            .get_or_init(|| async {
+                self.record_signature(now).await.unwrap_or_else(|err| {
+                    warn!(operator = %self.namespace.operator, error = %err, "signature history unavailable");
+                    None
+                })
+            })
+            .await
+            .clone()
+    }
+
+    async fn record_signature(&self, now: i64) -> Result<Option<(String, i64)>, StoreError> {
+        let namespace = Namespace {
+            operator: self.namespace.operator.clone(),
+            signature: HISTORY.into(),
+        };
+        let key = [HISTORY.to_owned()];
+        for _ in 0..3 {
+            let mut state = self
+                .store
+                .load(&namespace, &key)
+                .await?
+                .remove(HISTORY)
+                .unwrap_or_default();
+            let mut entries: Vec<(String, i64)> = state
+                .slots
+                .get(HISTORY_SLOT)
+                .map(|s| {
+                    s.entries
+                        .iter()
+                        .filter_map(|e| serde_json::from_str(e.get()).ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(at) = entries
+                .iter()
+                .rposition(|(sig, _)| *sig == self.namespace.signature)
+            {
+                return Ok(at
+                    .checked_sub(1)
+                    .map(|before| (entries[before].0.clone(), entries[at].1)));
+            }
+            let previous = entries.last().map(|(sig, _)| (sig.clone(), now));
+            entries.push((self.namespace.signature.clone(), now));
+            let raw = entries
+                .iter()
+                .map(|e| serde_json::value::to_raw_value(e).expect("a pair serializes"))
+                .collect();
+            state.slots.insert(
+                HISTORY_SLOT.into(),
+                SlotData {
+                    segments: Vec::new(),
+                    entries: raw,
+                },
+            );
+            let commit = Commit {
+                key: HISTORY.into(),
+                expected_version: state.version,
+                state,
+            };
+            match self.store.commit(&namespace, vec![commit]).await.remove(0) {
+                Ok(()) => return Ok(previous),
+                // Another invocation recorded it first: read again.
+                Err(StoreError::Conflict) => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        Err(StoreError::Conflict)
+    }
+
+    /// For keys with no state under the current signature, reads their state under the
+    /// signatures migrations come from, and the previous signature: migrated state becomes the
+    /// key's loaded state; state left behind is counted as a reset. Returns the migrated keys.
+    async fn look_back(
+        &self,
+        loaded: &mut HashMap<String, KeyState>,
+        previous: Option<(String, i64)>,
+        report: &mut BatchReport,
+    ) -> Result<HashSet<String>, StoreError> {
+        let mut migrated = HashSet::new();
+        let mut missing: Vec<String> = loaded
+            .iter()
+            .filter(|(_, s)| s.version == 0)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if missing.is_empty() {
+            return Ok(migrated);
+        }
+        missing.sort();
+        let mut signatures: Vec<String> =
+            self.migrations.iter().map(|m| m.from.to_owned()).collect();
+        if let Some((signature, since)) = previous {
+            let recent =
+                self.clock.now_millis() - since <= self.config.look_back.as_millis() as i64;
+            if recent && !signatures.contains(&signature) {
+                signatures.push(signature);
+            }
+        }
+        for signature in signatures {
+            if missing.is_empty() {
+                break;
+            }
+            let namespace = Namespace {
+                operator: self.namespace.operator.clone(),
+                signature: signature.clone(),
+            };
+            let old = self.store.load(&namespace, &missing).await?;
+            let migration = self.migrations.iter().find(|m| m.from == signature);
+            missing.retain(|key| {
+                let Some(state) = old.get(key).filter(|s| s.version > 0 && !s.slots.is_empty()) else {
+                    return true;
+                };
+                match migration.map(|m| (m.migrate)(&OldState { slots: &state.slots })) {
+                    Some(Ok(new)) => {
+                        let slots = new
+                            .slots
+                            .into_iter()
+                            .map(|(name, entries)| (name, SlotData { segments: Vec::new(), entries }))
+                            .collect();
+                        // The watermarks come along: what the old state applied stays applied.
+                        let state = KeyState {
+                            watermarks: state.watermarks.clone(),
+                            outbox: state.outbox.clone(),
+                            slots,
+                            ..KeyState::default()
+                        };
+                        loaded.insert(key.clone(), state);
+                        migrated.insert(key.clone());
+                        report.migrated += 1;
+                    }
+                    Some(Err(err)) => {
+                        warn!(operator = %self.namespace.operator, key, error = %err, "migration failed; the key starts afresh");
+                        report.reset += 1;
+                    }
+                    None => report.reset += 1,
+                }
+                false
+            });
+        }
+        Ok(migrated)
     }
 
     fn dead_letter(

@@ -11,6 +11,7 @@
 
 mod ctx;
 pub mod lock;
+pub mod migration;
 pub mod signature;
 mod state;
 
@@ -19,6 +20,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use ctx::Ctx;
+pub use migration::{Migration, NewState, OldState};
 pub(crate) use state::TypedSlot;
 pub use state::{
     ListHandle, ListState, MapHandle, MapState, StateDescriptor, StateError, ValueHandle,
@@ -118,6 +120,11 @@ pub trait KeyedOperator: Send + Sync + 'static {
     /// How long a key's state lives after its last commit; `None` keeps it forever.
     fn state_ttl(&self) -> Option<Duration> {
         None
+    }
+
+    /// Conversions of state written under older signatures (see `migration`).
+    fn migrations(&self) -> Vec<Migration> {
+        Vec::new()
     }
 }
 
