@@ -177,26 +177,6 @@ impl StateStore for BarrierStore {
     }
 }
 
-/// A store whose commits never finish: the process dies between emitting and committing.
-pub struct CrashBeforeCommit {
-    pub inner: Arc<dyn StateStore>,
-}
-
-#[async_trait]
-impl StateStore for CrashBeforeCommit {
-    async fn load(
-        &self,
-        namespace: &Namespace,
-        keys: &[String],
-    ) -> Result<HashMap<String, KeyState>, StoreError> {
-        self.inner.load(namespace, keys).await
-    }
-
-    async fn commit(&self, _: &Namespace, _: Vec<Commit>) -> Vec<Result<(), StoreError>> {
-        futures::future::pending().await
-    }
-}
-
 /// A sink that fails every message while it is down.
 pub struct FlakySink {
     pub inner: Arc<dyn Sink>,

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use keyed_counter::{CountUpdate, KeyedCounter, COUNTS};
 use keyway::domain::SequenceNumber;
+use keyway::local::CrashBeforeCommit;
 use keyway::sources::kinesis::decode_event;
 use keyway_tests::harness::{count, redelivery, run_to_completion, stored_count, Shard, World};
-use keyway_tests::operators::{BarrierStore, CrashBeforeCommit, Poisoned, Resolved, Waker};
+use keyway_tests::operators::{BarrierStore, Poisoned, Resolved, Waker};
 use serde_json::Value;
 use tokio::sync::Barrier;
 
@@ -307,9 +308,7 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
     // The first invocation emits, then dies before its commit finishes.
     let crashing = world.executor_on(
         KeyedCounter,
-        Arc::new(CrashBeforeCommit {
-            inner: world.store.clone(),
-        }),
+        Arc::new(CrashBeforeCommit::always(world.store.clone())),
     );
     let crashed = tokio::time::timeout(
         Duration::from_millis(200),

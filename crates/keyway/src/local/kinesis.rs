@@ -139,37 +139,35 @@ impl LocalKinesis {
         from: usize,
         max: usize,
     ) -> Vec<Arc<StoredRecord>> {
-        let streams = self.streams.lock().expect("streams lock");
-        let Some(records) = streams
-            .get(stream)
-            .and_then(|s| s.shards.get(shard))
-            .map(|sh| &sh.records)
-        else {
-            return Vec::new();
-        };
-        records.iter().skip(from).take(max).cloned().collect()
+        self.with_shard(stream, shard, |records| {
+            records.iter().skip(from).take(max).cloned().collect()
+        })
     }
 
     /// How many records one shard holds.
     pub fn shard_len(&self, stream: &str, shard: usize) -> usize {
-        let streams = self.streams.lock().expect("streams lock");
-        streams
-            .get(stream)
-            .and_then(|s| s.shards.get(shard))
-            .map_or(0, |sh| sh.records.len())
+        self.with_shard(stream, shard, |records| records.len())
     }
 
     /// The position of the first record that arrived at or after `millis` (AT_TIMESTAMP).
     pub fn position_at(&self, stream: &str, shard: usize, millis: i64) -> usize {
+        self.with_shard(stream, shard, |records| {
+            records.partition_point(|r| r.arrival_millis < millis)
+        })
+    }
+
+    /// `f` of one shard's records; of no records when there is no such shard.
+    fn with_shard<T>(
+        &self,
+        stream: &str,
+        shard: usize,
+        f: impl FnOnce(&[Arc<StoredRecord>]) -> T,
+    ) -> T {
         let streams = self.streams.lock().expect("streams lock");
-        let Some(records) = streams
+        f(streams
             .get(stream)
             .and_then(|s| s.shards.get(shard))
-            .map(|sh| &sh.records)
-        else {
-            return 0;
-        };
-        records.partition_point(|r| r.arrival_millis < millis)
+            .map_or(&[], |sh| sh.records.as_slice()))
     }
 
     /// Puts records as a careful producer does: one at a time, each retried until the stream takes

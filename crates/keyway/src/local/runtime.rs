@@ -77,10 +77,10 @@ impl Platform for LocalServices {
         let store: Arc<dyn StateStore> =
             Arc::new(DynamoStateStore::new(table, self.clock.clone()).with_backoff(self.backoff()));
         if self.faults.crash_before_commit > 0.0 {
-            return Ok(Arc::new(CrashBeforeCommit {
-                inner: store,
-                faults: self.invocation_faults.clone(),
-            }));
+            return Ok(Arc::new(CrashBeforeCommit::new(
+                store,
+                self.invocation_faults.clone(),
+            )));
         }
         Ok(store)
     }
@@ -109,9 +109,30 @@ impl LocalServices {
 
 /// A state store whose process may die between emitting and committing: the commit never
 /// finishes, and the invocation ends by its timeout.
-struct CrashBeforeCommit {
+pub struct CrashBeforeCommit {
     inner: Arc<dyn StateStore>,
     faults: Arc<Faults>,
+}
+
+impl CrashBeforeCommit {
+    /// Crashes with the plan's `crash_before_commit` probability.
+    pub fn new(inner: Arc<dyn StateStore>, faults: Arc<Faults>) -> Self {
+        Self { inner, faults }
+    }
+
+    /// Crashes at every commit.
+    pub fn always(inner: Arc<dyn StateStore>) -> Self {
+        Self::new(
+            inner,
+            Arc::new(Faults::new(
+                FaultPlan {
+                    crash_before_commit: 1.0,
+                    ..FaultPlan::default()
+                },
+                0,
+            )),
+        )
+    }
 }
 
 #[async_trait]
