@@ -305,7 +305,9 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
     let mut shard = Shard::new("counts-in", 0);
     let event = shard.batch(&[count("a", 1), count("b", 1), count("a", 1), count("c", 1)]);
 
-    // The first invocation emits, then dies before its commit finishes.
+    // The function has run before (its signature history is written)...
+    world.executor(KeyedCounter).run(Vec::new()).await;
+    // ...when an invocation emits, then dies before its commit finishes.
     let crashing = world.executor_on(
         KeyedCounter,
         Arc::new(CrashBeforeCommit::always(world.store.clone())),
