@@ -631,14 +631,20 @@ impl<O: KeyedOperator> Executor<O> {
             // Nothing to store: a redelivery recomputes the same outputs with the same ids.
             return Ok(None);
         }
+        // Within an origin a key's records come in sequence order: the last one applied is the
+        // watermark, so each origin is advanced once.
+        let mut last: BTreeMap<&crate::domain::Origin, &SourceRecord> = BTreeMap::new();
         for (outcome, record) in run.outcomes.iter().zip(records) {
             if matches!(outcome, Outcome::Applied(_) | Outcome::Invalid(_)) {
-                state.advance(
-                    &record.origin,
-                    &record.sequence,
-                    record.arrival_millis.unwrap_or(now),
-                );
+                last.insert(&record.origin, record);
             }
+        }
+        for (origin, record) in last {
+            state.advance(
+                origin,
+                &record.sequence,
+                record.arrival_millis.unwrap_or(now),
+            );
         }
         state.prune_watermarks(now, self.config.watermark_retention.as_millis() as i64);
         state.outbox = outbox.clone();

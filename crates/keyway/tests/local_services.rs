@@ -99,7 +99,7 @@ async fn a_fifo_queue_drops_a_deduplication_id_seen_in_the_last_five_minutes() {
         let url = url.clone();
         async move {
             let entry = SqsEntry {
-                id: "0".into(),
+                id: "0",
                 body,
                 output_id: Some("id-1"),
                 group_id: Some("g"),
@@ -131,9 +131,10 @@ async fn a_batch_over_ten_entries_or_256_kib_is_refused() {
     let sqs = LocalSqs::default();
     let url = sqs.create_queue("out");
     let body = "x".repeat(30 * 1024);
+    let ids: Vec<String> = (0..11).map(|i| i.to_string()).collect();
     let entries: Vec<SqsEntry> = (0..11)
         .map(|i| SqsEntry {
-            id: i.to_string(),
+            id: &ids[i],
             body: "b",
             output_id: None,
             group_id: None,
@@ -143,7 +144,7 @@ async fn a_batch_over_ten_entries_or_256_kib_is_refused() {
     assert!(sqs.send_message_batch(&url, &entries).await.is_err());
     let entries: Vec<SqsEntry> = (0..9)
         .map(|i| SqsEntry {
-            id: i.to_string(),
+            id: &ids[i],
             body: &body,
             output_id: None,
             group_id: None,

@@ -21,6 +21,8 @@ use crate::domain::Output;
 use crate::ports::{Sink, SinkError};
 
 pub const BATCH_MAX_ENTRIES: usize = 10;
+/// The ids of a call's entries, by position.
+const ENTRY_IDS: [&str; BATCH_MAX_ENTRIES] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
 /// The total payload of one SendMessageBatch, and of one message.
 pub const BATCH_MAX_BYTES: usize = 256 * 1024;
 /// The attribute that carries the output id on standard queues.
@@ -30,7 +32,7 @@ pub const OUTPUT_ID_ATTRIBUTE: &str = "outputId";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SqsEntry<'a> {
     /// Unique within the call.
-    pub id: String,
+    pub id: &'a str,
     pub body: &'a str,
     /// Sent as the `outputId` message attribute.
     pub output_id: Option<&'a str>,
@@ -85,7 +87,7 @@ impl SqsApi for SdkSqs {
             .iter()
             .map(|e| {
                 let mut entry = SendMessageBatchRequestEntry::builder()
-                    .id(&e.id)
+                    .id(e.id)
                     .message_body(e.body)
                     .set_message_group_id(e.group_id.map(str::to_owned))
                     .set_message_deduplication_id(e.deduplication_id.map(str::to_owned));
@@ -185,7 +187,7 @@ impl<A: SqsApi> SqsSink<A> {
                 .iter()
                 .enumerate()
                 .map(|(n, &i)| SqsEntry {
-                    id: n.to_string(),
+                    id: ENTRY_IDS[n],
                     body: &messages[i].body,
                     output_id: Some(messages[i].id.as_str()),
                     group_id: groups[n].as_deref(),

@@ -111,7 +111,7 @@ impl LocalSqs {
     /// SendMessage of one body, as Lambda sends to an on-failure destination.
     pub fn send_message(&self, url: &str, body: String) -> Result<String, SinkError> {
         let entry = SqsEntry {
-            id: "0".into(),
+            id: "0",
             body: &body,
             output_id: None,
             group_id: None,
@@ -142,7 +142,7 @@ impl LocalSqs {
                 "AWS.SimpleQueueService.BatchRequestTooLong: {total} bytes"
             )));
         }
-        let ids: HashSet<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        let ids: HashSet<&str> = entries.iter().map(|e| e.id).collect();
         if ids.len() != entries.len() {
             return Err(SinkError::Rejected(
                 "AWS.SimpleQueueService.BatchEntryIdsNotDistinct".into(),
