@@ -6,7 +6,7 @@ out: one running count per click in the counts queue, one dead letter per malfor
 counts in the state table. Failure semantics (partial batch responses, bisection, retries) are the
 embedded runtime's tests: the emulator does not implement them.
 
-Usage: e2e_ministack.py --endpoint URL --bootstrap PATH --template PATH
+Usage: e2e_ministack.py --endpoint URL --bootstrap PATH --template PATH --lock PATH
 """
 
 import argparse
@@ -31,6 +31,16 @@ def client(service, endpoint):
     )
 
 
+def locked_signature(lock, operator):
+    """The operator's signature as state-signatures.lock records it."""
+    with open(lock) as f:
+        for line in f:
+            words = line.split()
+            if words[:2] == ["operator", operator]:
+                return words[2]
+    sys.exit(f"e2e: {operator} is not in {lock}")
+
+
 def wait(what, check, timeout=120.0, every=0.5):
     deadline = time.time() + timeout
     while True:
@@ -47,6 +57,7 @@ def main():
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--template", required=True)
+    parser.add_argument("--lock", required=True)
     args = parser.parse_args()
     run = uuid.uuid4().hex[:8]
 
@@ -126,11 +137,20 @@ def main():
     if fields != ["data", "data"]:
         sys.exit(f"e2e: dead letters name {fields}")
 
+    # State lives under the operator's locked signature; beside it, the operator's signature
+    # history (one item of its own) records that this signature is the one deployed.
+    signature = locked_signature(args.lock, "keyed-counter")
     dynamodb = client("dynamodb", args.endpoint)
     items = dynamodb.scan(TableName=outputs["StateTableName"], ConsistentRead=True)["Items"]
-    heads = [i for i in items if i["sk"]["S"] == "head" and i["pk"]["S"].startswith("keyed-counter#")]
+    heads = [i for i in items if i["sk"]["S"] == "head" and i["pk"]["S"].startswith(f"keyed-counter#{signature}#")]
     if len(heads) != 10:
-        sys.exit(f"e2e: {len(heads)} keys in the state table, expected 10")
+        sys.exit(f"e2e: {len(heads)} keys under signature {signature} in the state table, expected 10")
+    history = [i for i in items if i["pk"]["S"] == "keyed-counter#signature-history#signature-history"]
+    if len(history) != 1 or signature not in json.dumps(history[0]):
+        sys.exit(f"e2e: the signature history does not record {signature}: {history}")
+    others = [i["pk"]["S"] for i in items if i not in heads and i not in history and i["sk"]["S"] == "head"]
+    if others:
+        sys.exit(f"e2e: unexpected keys in the state table: {others}")
 
     cfn.delete_stack(StackName=stack)
     print(f"e2e: {len(clicks)} clicks counted by the deployed function, 2 dead letters, 10 keys of state: ok")
