@@ -1,18 +1,21 @@
-"""The stack of template.yaml deployed on the AWS emulator, end to end.
+"""The stack deployed on the AWS emulator, end to end, twice: from template.yaml and from the CDK app.
 
 Deploys template.yaml through the emulator's CloudFormation (SAM transform) with the real
-keyed-counter bootstrap binary, puts clicks on the stack's Kinesis stream, and checks what comes
-out: one running count per click in the counts queue, one dead letter per malformed click, and the
-counts in the state table. Failure semantics (partial batch responses, bisection, retries) are the
-embedded runtime's tests: the emulator does not implement them.
+keyed-counter bootstrap binary, then the CDK app's synthesized template with its assets published
+as `cdk deploy` publishes them. For each stack it puts clicks on the stack's Kinesis stream and
+checks what comes out: one running count per click in the counts queue, one dead letter per
+malformed click, and the counts in the state table under the operator's locked signature. Failure
+semantics (partial batch responses, bisection, retries) are the embedded runtime's tests: the
+emulator does not implement them.
 
-Usage: e2e_ministack.py --endpoint URL --bootstrap PATH --template PATH --lock PATH
+Usage: e2e_ministack.py --endpoint URL --bootstrap PATH --template PATH --cdk-out DIR --lock PATH
 """
 
 import argparse
 import base64
 import io
 import json
+import os
 import sys
 import time
 import uuid
@@ -52,35 +55,20 @@ def wait(what, check, timeout=120.0, every=0.5):
         time.sleep(every)
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--template", required=True)
-    parser.add_argument("--lock", required=True)
-    args = parser.parse_args()
-    run = uuid.uuid4().hex[:8]
-
-    # The function's code: the bootstrap binary, zipped, in the emulator's S3.
+def zipped(files):
+    """A zip of (name, path, executable) entries, as Lambda takes a function's code."""
     code = io.BytesIO()
     with zipfile.ZipFile(code, "w", zipfile.ZIP_DEFLATED) as archive:
-        info = zipfile.ZipInfo("bootstrap")
-        info.external_attr = 0o755 << 16
-        with open(args.bootstrap, "rb") as binary:
-            archive.writestr(info, binary.read())
-    s3 = client("s3", args.endpoint)
-    bucket = f"keyway-code-{run}"
-    s3.create_bucket(Bucket=bucket)
-    s3.put_object(Bucket=bucket, Key="keyed-counter.zip", Body=code.getvalue())
+        for name, path, executable in files:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o755 if executable else 0o644) << 16
+            with open(path, "rb") as f:
+                archive.writestr(info, f.read())
+    return code.getvalue()
 
-    with open(args.template) as f:
-        template = f.read()
-    if "CodeUri: .\n" not in template:
-        sys.exit("e2e: template.yaml no longer has 'CodeUri: .'; update this script")
-    template = template.replace("CodeUri: .\n", f"CodeUri: s3://{bucket}/keyed-counter.zip\n")
 
-    cfn = client("cloudformation", args.endpoint)
-    stack = f"keyway-e2e-{run}"
+def create_stack(cfn, stack, template):
+    """Creates the stack and waits for it; returns its outputs."""
     cfn.create_stack(StackName=stack, TemplateBody=template, Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"])
 
     def created():
@@ -93,9 +81,71 @@ def main():
 
     outputs = {o["OutputKey"]: o["OutputValue"] for o in wait("the stack", created)["Outputs"]}
     print(f"e2e: stack {stack} created: {outputs}")
+    return outputs
 
+
+def deploy_sam(endpoint, template_path, bootstrap, stack):
+    """template.yaml through the emulator's SAM transform, its CodeUri pointing at the binary."""
+    s3 = client("s3", endpoint)
+    bucket = f"{stack}-code"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="keyed-counter.zip", Body=zipped([("bootstrap", bootstrap, True)]))
+    with open(template_path) as f:
+        template = f.read()
+    if "CodeUri: .\n" not in template:
+        sys.exit("e2e: template.yaml no longer has 'CodeUri: .'; update this script")
+    template = template.replace("CodeUri: .\n", f"CodeUri: s3://{bucket}/keyed-counter.zip\n")
+    return create_stack(client("cloudformation", endpoint), stack, template)
+
+
+def deploy_cdk(endpoint, cdk_out, stack):
+    """The CDK app's synthesized stack, its file assets published as `cdk deploy` publishes them:
+    each zipped into the bootstrap bucket under the key the template names."""
+    with open(os.path.join(cdk_out, "keyway.assets.json")) as f:
+        manifest = json.load(f)
+    s3 = client("s3", endpoint)
+    made = set()
+    for asset in manifest["files"].values():
+        source = os.path.join(cdk_out, asset["source"]["path"])
+        if asset["source"]["packaging"] != "zip":
+            continue  # the template itself: given to CloudFormation directly
+        files = [
+            (os.path.relpath(os.path.join(d, n), source), os.path.join(d, n), os.access(os.path.join(d, n), os.X_OK))
+            for d, _, names in os.walk(source)
+            for n in names
+        ]
+        for destination in asset["destinations"].values():
+            bucket = destination["bucketName"].replace("${AWS::AccountId}", "000000000000").replace("${AWS::Region}", "us-east-1")
+            if bucket not in made:
+                s3.create_bucket(Bucket=bucket)
+                made.add(bucket)
+            s3.put_object(Bucket=bucket, Key=destination["objectKey"], Body=zipped(files))
+    with open(os.path.join(cdk_out, "keyway.template.json")) as f:
+        template = f.read()
+    return create_stack(client("cloudformation", endpoint), stack, template)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--template", required=True)
+    parser.add_argument("--cdk-out", required=True)
+    parser.add_argument("--lock", required=True)
+    args = parser.parse_args()
+    run = uuid.uuid4().hex[:8]
+    signature = locked_signature(args.lock, "keyed-counter")
+
+    stack = f"keyway-e2e-sam-{run}"
+    check(args.endpoint, stack, deploy_sam(args.endpoint, args.template, args.bootstrap, stack), signature)
+    stack = f"keyway-e2e-cdk-{run}"
+    check(args.endpoint, stack, deploy_cdk(args.endpoint, args.cdk_out, stack), signature)
+
+
+def check(endpoint, stack, outputs, signature):
+    """Puts clicks on the stack's stream and checks what the deployed function made of them."""
     # Clicks of ten users, two of them malformed.
-    kinesis = client("kinesis", args.endpoint)
+    kinesis = client("kinesis", endpoint)
     clicks = [f"user-{i % 10}" for i in range(200)]
     records = [{"PartitionKey": key, "Data": json.dumps({"key": key}).encode()} for key in clicks]
     records += [{"PartitionKey": "user-x", "Data": b"{not json"}, {"PartitionKey": "user-y", "Data": b'{"key": 7}'}]
@@ -104,7 +154,7 @@ def main():
         if response.get("FailedRecordCount"):
             sys.exit(f"e2e: the stream refused records: {response}")
 
-    sqs = client("sqs", args.endpoint)
+    sqs = client("sqs", endpoint)
     counts = {}
     outputs_seen = set()
 
@@ -139,8 +189,7 @@ def main():
 
     # State lives under the operator's locked signature; beside it, the operator's signature
     # history (one item of its own) records that this signature is the one deployed.
-    signature = locked_signature(args.lock, "keyed-counter")
-    dynamodb = client("dynamodb", args.endpoint)
+    dynamodb = client("dynamodb", endpoint)
     items = dynamodb.scan(TableName=outputs["StateTableName"], ConsistentRead=True)["Items"]
     heads = [i for i in items if i["sk"]["S"] == "head" and i["pk"]["S"].startswith(f"keyed-counter#{signature}#")]
     if len(heads) != 10:
@@ -152,8 +201,8 @@ def main():
     if others:
         sys.exit(f"e2e: unexpected keys in the state table: {others}")
 
-    cfn.delete_stack(StackName=stack)
-    print(f"e2e: {len(clicks)} clicks counted by the deployed function, 2 dead letters, 10 keys of state: ok")
+    client("cloudformation", endpoint).delete_stack(StackName=stack)
+    print(f"e2e: {stack}: {len(clicks)} clicks counted by the deployed function, 2 dead letters, 10 keys of state: ok")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 //! The embedded runtime running the stack's own template.yaml: the keyed counter wired as the
-//! template says, a chaos run with every fault, and determinism under a seed.
+//! template says, a chaos run with every fault, and determinism under a seed; and the CDK app's
+//! synthesized stack, which must wire exactly as template.yaml does.
+//!
+//! The CDK template is synthesized by the test command (`npx cdk synth` in infra/, after `npm ci`);
+//! `KEYWAY_CDK_OUT` names its output folder.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -89,12 +93,92 @@ async fn stored_counts(runtime: &LocalRuntime, keys: &[String]) -> BTreeMap<Stri
         .collect()
 }
 
+/// Puts `events` on the stream, runs until idle, and checks every key's stored count.
+async fn counts_every_event(runtime: &mut LocalRuntime, events: &[(String, u64)]) {
+    produce(runtime, events).await;
+    runtime
+        .run_until_idle(Duration::from_secs(600))
+        .await
+        .unwrap();
+    let expected = expected_counts(events);
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    assert_eq!(stored_counts(runtime, &keys).await, expected);
+}
+
 fn expected_counts(events: &[(String, u64)]) -> BTreeMap<String, Option<u64>> {
     let mut counts: BTreeMap<String, Option<u64>> = BTreeMap::new();
     for (key, amount) in events {
         *counts.entry(key.clone()).or_default().get_or_insert(0) += amount;
     }
     counts
+}
+
+/// The CDK app's synthesized template, when the test command made one.
+fn cdk_template() -> Option<String> {
+    match std::env::var("KEYWAY_CDK_OUT") {
+        Ok(dir) => Some(
+            std::fs::read_to_string(format!("{dir}/keyway.template.json"))
+                .unwrap_or_else(|e| panic!("{dir}/keyway.template.json: {e}")),
+        ),
+        Err(_) if std::env::var("KEYWAY_REQUIRE_CDK").is_ok() => {
+            panic!("KEYWAY_CDK_OUT is not set, but KEYWAY_REQUIRE_CDK says the CDK app must be checked")
+        }
+        Err(_) => {
+            eprintln!(
+                "KEYWAY_CDK_OUT is not set: the CDK app was not checked (./scripts/test checks it)"
+            );
+            None
+        }
+    }
+}
+
+/// Environment values resolved by naming what they reference.
+struct Names;
+impl keyway::local::template::Resolver for Names {
+    fn reference(&self, id: &str) -> Option<String> {
+        Some(format!("ref-of-{id}"))
+    }
+    fn attribute(&self, id: &str, attribute: &str) -> Option<String> {
+        Some(format!("{attribute}-of-{id}"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cdk_app_builds_the_stack_that_template_yaml_describes() {
+    use keyway::local::template::{parse, resolve_env, FunctionDef};
+    let Some(cdk_text) = cdk_template() else {
+        return;
+    };
+    let (sam, sam_template) = parse(&template()).unwrap();
+    let (cdk, cdk_template) = parse(&cdk_text).unwrap();
+    assert_eq!(cdk.resources, sam.resources, "tables, streams and queues");
+    let env = |f: &FunctionDef, template| -> BTreeMap<String, String> {
+        f.env
+            .iter()
+            .map(|(k, v)| (k.clone(), resolve_env(v, template, &Names).unwrap()))
+            .collect()
+    };
+    assert_eq!(cdk.functions.len(), sam.functions.len());
+    for (c, s) in cdk.functions.iter().zip(&sam.functions) {
+        assert_eq!(
+            (&c.logical_id, &c.name, c.timeout, &c.events),
+            (&s.logical_id, &s.name, s.timeout, &s.events),
+            "{}: name, timeout and event source mappings",
+            s.logical_id
+        );
+        assert_eq!(
+            env(c, &cdk_template),
+            env(s, &sam_template),
+            "{}",
+            s.logical_id
+        );
+    }
+
+    // And the embedded runtime runs the CDK stack as it runs template.yaml.
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let mut runtime = LocalRuntime::from_template(&cdk_text, services, &factories()).unwrap();
+    let events = zipf_events(1_000, 30, 3);
+    counts_every_event(&mut runtime, &events).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -121,14 +205,7 @@ async fn the_template_wires_the_keyed_counter_to_its_stream_queues_and_settings(
     assert_eq!(s.on_failure, runtime.resource("FailedBatchesQueue"));
 
     let events = zipf_events(2_000, 50, 1);
-    produce(&runtime, &events).await;
-    runtime
-        .run_until_idle(Duration::from_secs(600))
-        .await
-        .unwrap();
-    let expected = expected_counts(&events);
-    let keys: Vec<String> = expected.keys().cloned().collect();
-    assert_eq!(stored_counts(&runtime, &keys).await, expected);
+    counts_every_event(&mut runtime, &events).await;
     let counts_queue = runtime.resource("CountsQueue").unwrap();
     assert_eq!(runtime.services.sqs.messages(&counts_queue).len(), 2_000);
 }

@@ -3,7 +3,10 @@
 //! event sources with their settings. Local and deployed wiring therefore cannot drift.
 //!
 //! The template is read as CloudFormation reads it, for what keyway stacks use: `Parameters`
-//! with defaults, `Globals.Function`, `!Ref`, `!GetAtt`, `!Sub` (and their `Ref`/`Fn::` forms).
+//! with defaults, `Globals.Function`, `!Ref`, `!GetAtt`, `!Sub`, `Fn::Join` (and their `Ref`/`Fn::`
+//! forms). Functions are either SAM's `AWS::Serverless::Function` with `Events`, or, as the CDK
+//! app in infra/ synthesizes them, `AWS::Lambda::Function` with `AWS::Lambda::EventSourceMapping`
+//! resources; JSON templates read as YAML does.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -166,75 +169,45 @@ pub fn parse(text: &str) -> Result<(Wiring, Value), TemplateError> {
         }
     }
     for (id, resource) in resources {
-        if get(resource, "Type").and_then(Value::as_str) != Some("AWS::Serverless::Function") {
-            continue;
+        let id = id.as_str().unwrap_or_default();
+        match get(resource, "Type").and_then(Value::as_str) {
+            Some("AWS::Serverless::Function") => wiring
+                .functions
+                .push(sam_function(&template, id, resource)?),
+            Some("AWS::Lambda::Function") => wiring
+                .functions
+                .push(lambda_function(resources, id, resource)?),
+            _ => {}
         }
-        let id = id.as_str().unwrap_or_default().to_owned();
-        wiring.functions.push(function(&template, &id, resource)?);
     }
     Ok((wiring, template))
 }
 
-fn function(template: &Value, id: &str, resource: &Value) -> Result<FunctionDef, TemplateError> {
-    let globals = get(template, "Globals")
-        .and_then(|g| get(g, "Function"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
-    let pick = |key: &str| get(&props, key).or_else(|| get(&globals, key)).cloned();
-    // Lambda's default timeout is 3 seconds.
-    let timeout = Duration::from_secs(pick("Timeout").and_then(|v| v.as_u64()).unwrap_or(3));
-    let name = get(&props, "FunctionName")
-        .and_then(Value::as_str)
-        .unwrap_or(id)
-        .to_owned();
-    let mut events = Vec::new();
-    for (event_name, event) in get(&props, "Events")
-        .and_then(Value::as_mapping)
-        .into_iter()
-        .flatten()
-    {
-        let event_name = event_name.as_str().unwrap_or_default().to_owned();
-        let kind = get(event, "Type")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let p = get(event, "Properties").cloned().unwrap_or(Value::Null);
-        let logical = |key: &str| -> Result<String, TemplateError> {
-            let value = get(&p, key)
-                .ok_or_else(|| TemplateError(format!("{id}.{event_name}: no {key}")))?;
-            logical_id(value).ok_or_else(|| {
-                TemplateError(format!(
-                    "{id}.{event_name}.{key}: expected !GetAtt or !Ref of a resource"
-                ))
-            })
-        };
-        let source = match kind {
-            "Kinesis" => SourceRef::Kinesis(logical("Stream")?),
-            "DynamoDB" => SourceRef::DynamoDb(logical("Stream")?),
-            _ => continue,
-        };
-        let settings = settings(&p, timeout)
-            .map_err(|e| TemplateError(format!("{id}.{event_name}: {}", e.0)))?;
-        let on_failure = get(&p, "DestinationConfig")
-            .and_then(|d| get(d, "OnFailure"))
-            .and_then(|o| get(o, "Destination"))
-            .map(|d| {
-                logical_id(d).ok_or_else(|| {
-                    TemplateError(format!(
-                        "{id}.{event_name}: OnFailure.Destination must reference a queue"
-                    ))
-                })
-            })
-            .transpose()?;
-        events.push(EventDef {
-            name: event_name,
-            source,
-            settings,
-            on_failure,
-        });
+/// What a function's definition gives, whichever its resource type.
+struct FunctionProps {
+    timeout: Duration,
+    name: String,
+    env: Env,
+}
+
+impl FunctionProps {
+    fn into_function(self, id: &str, events: Vec<EventDef>) -> FunctionDef {
+        FunctionDef {
+            logical_id: id.to_owned(),
+            name: self.name,
+            timeout: self.timeout,
+            env: self.env,
+            events,
+        }
     }
+}
+
+/// Reads timeout, name and environment from the function's properties, over `globals` (SAM's
+/// `Globals.Function`; nothing for a plain `AWS::Lambda::Function`).
+fn function_props(id: &str, props: &Value, globals: &Value) -> FunctionProps {
+    let pick = |key: &str| get(props, key).or_else(|| get(globals, key)).cloned();
     let mut env = Env::new();
-    for source in [&globals, &props] {
+    for source in [globals, props] {
         let variables = get(source, "Environment")
             .and_then(|e| get(e, "Variables"))
             .and_then(Value::as_mapping);
@@ -246,13 +219,134 @@ fn function(template: &Value, id: &str, resource: &Value) -> Result<FunctionDef,
             );
         }
     }
-    Ok(FunctionDef {
-        logical_id: id.to_owned(),
-        name,
-        timeout,
+    FunctionProps {
+        // Lambda's default timeout is 3 seconds.
+        timeout: Duration::from_secs(pick("Timeout").and_then(|v| v.as_u64()).unwrap_or(3)),
+        name: get(props, "FunctionName")
+            .and_then(Value::as_str)
+            .unwrap_or(id)
+            .to_owned(),
         env,
-        events,
+    }
+}
+
+/// An event source mapping's settings and on-failure queue: SAM's event properties and
+/// `AWS::Lambda::EventSourceMapping`'s properties share these names.
+fn event_def(
+    id: &str,
+    name: String,
+    source: SourceRef,
+    p: &Value,
+    timeout: Duration,
+) -> Result<EventDef, TemplateError> {
+    let settings =
+        settings(p, timeout).map_err(|e| TemplateError(format!("{id}.{name}: {}", e.0)))?;
+    let on_failure = get(p, "DestinationConfig")
+        .and_then(|d| get(d, "OnFailure"))
+        .and_then(|o| get(o, "Destination"))
+        .map(|d| {
+            logical_id(d).ok_or_else(|| {
+                TemplateError(format!(
+                    "{id}.{name}: OnFailure.Destination must reference a queue"
+                ))
+            })
+        })
+        .transpose()?;
+    Ok(EventDef {
+        name,
+        source,
+        settings,
+        on_failure,
     })
+}
+
+fn sam_function(
+    template: &Value,
+    id: &str,
+    resource: &Value,
+) -> Result<FunctionDef, TemplateError> {
+    let globals = get(template, "Globals")
+        .and_then(|g| get(g, "Function"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
+    let function = function_props(id, &props, &globals);
+    let timeout = function.timeout;
+    let mut events = Vec::new();
+    for (event_name, event) in get(&props, "Events")
+        .and_then(Value::as_mapping)
+        .into_iter()
+        .flatten()
+    {
+        let event_name = event_name.as_str().unwrap_or_default().to_owned();
+        let kind = get(event, "Type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let p = get(event, "Properties").cloned().unwrap_or(Value::Null);
+        let stream = || -> Result<String, TemplateError> {
+            let value = get(&p, "Stream")
+                .ok_or_else(|| TemplateError(format!("{id}.{event_name}: no Stream")))?;
+            logical_id(value).ok_or_else(|| {
+                TemplateError(format!(
+                    "{id}.{event_name}.Stream: expected !GetAtt or !Ref of a resource"
+                ))
+            })
+        };
+        let source = match kind {
+            "Kinesis" => SourceRef::Kinesis(stream()?),
+            "DynamoDB" => SourceRef::DynamoDb(stream()?),
+            _ => continue,
+        };
+        events.push(event_def(id, event_name, source, &p, timeout)?);
+    }
+    Ok(function.into_function(id, events))
+}
+
+/// A plain CloudFormation function (what the CDK synthesizes): its event sources are the
+/// `AWS::Lambda::EventSourceMapping` resources whose `FunctionName` references it.
+fn lambda_function(
+    resources: &serde_yaml::Mapping,
+    id: &str,
+    resource: &Value,
+) -> Result<FunctionDef, TemplateError> {
+    let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
+    let function = function_props(id, &props, &Value::Null);
+    let timeout = function.timeout;
+    let mut events = Vec::new();
+    for (mapping_id, mapping) in resources {
+        if get(mapping, "Type").and_then(Value::as_str) != Some("AWS::Lambda::EventSourceMapping") {
+            continue;
+        }
+        let mapping_id = mapping_id.as_str().unwrap_or_default();
+        let p = get(mapping, "Properties").cloned().unwrap_or(Value::Null);
+        if get(&p, "FunctionName").and_then(logical_id).as_deref() != Some(id) {
+            continue;
+        }
+        let source_id = get(&p, "EventSourceArn")
+            .and_then(logical_id)
+            .ok_or_else(|| {
+                TemplateError(format!(
+                    "{mapping_id}.EventSourceArn: expected !GetAtt of a stream or table"
+                ))
+            })?;
+        let source = match resources
+            .get(source_id.as_str())
+            .and_then(|r| get(r, "Type"))
+            .and_then(Value::as_str)
+        {
+            Some("AWS::Kinesis::Stream") => SourceRef::Kinesis(source_id),
+            Some("AWS::DynamoDB::Table") => SourceRef::DynamoDb(source_id),
+            // Queues and other sources are not stream triggers: the runtime does not drive them.
+            _ => continue,
+        };
+        // SAM names a function's mappings <function><event>: the CDK app keeps those names.
+        let name = mapping_id
+            .strip_prefix(id)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(mapping_id);
+        events.push(event_def(id, name.to_owned(), source, &p, timeout)?);
+    }
+    Ok(function.into_function(id, events))
 }
 
 fn settings(p: &Value, timeout: Duration) -> Result<MappingSettings, TemplateError> {
@@ -420,6 +514,18 @@ pub fn resolve(
                 }
             } else if let Some(text) = m.get("Fn::Sub").and_then(Value::as_str) {
                 substitute(text)
+            } else if let Some(join) = m.get("Fn::Join") {
+                // [delimiter, [values...]], as the CDK writes string interpolations.
+                let parts = join.as_sequence().filter(|p| p.len() == 2);
+                let (delimiter, values) = match parts.map(|p| (p[0].as_str(), p[1].as_sequence())) {
+                    Some((Some(d), Some(v))) => (d, v),
+                    _ => return err("Fn::Join: expected [delimiter, [values]]"),
+                };
+                Ok(values
+                    .iter()
+                    .map(|v| resolve(v, template, resolver))
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(delimiter))
             } else {
                 err(format!("unsupported value {value:?}"))
             }
@@ -558,6 +664,72 @@ Resources:
             "ref-of-Stage",
             "a resolver is asked before parameters"
         );
+    }
+
+    /// TEMPLATE as the CDK synthesizes it: JSON, plain functions, a separate mapping resource,
+    /// `Fn::Join` for interpolations, and no Globals.
+    const CLOUDFORMATION: &str = r#"{
+  "Resources": {
+    "State": {"Type": "AWS::DynamoDB::Table", "Properties": {
+      "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+      "TimeToLiveSpecification": {"AttributeName": "ttl", "Enabled": true}}},
+    "Clicks": {"Type": "AWS::Kinesis::Stream", "Properties": {"ShardCount": 2}},
+    "Failed": {"Type": "AWS::SQS::Queue"},
+    "CounterServiceRole": {"Type": "AWS::IAM::Role"},
+    "Counter": {"Type": "AWS::Lambda::Function", "Properties": {
+      "Timeout": 30,
+      "Role": {"Fn::GetAtt": ["CounterServiceRole", "Arn"]},
+      "Environment": {"Variables": {
+        "STAGE": {"Ref": "Stage"},
+        "STATE_TABLE": {"Ref": "State"},
+        "OUT": {"Fn::Join": ["", ["sqs:", {"Ref": "Failed"}]]}}}}},
+    "CounterClicks": {"Type": "AWS::Lambda::EventSourceMapping", "Properties": {
+      "FunctionName": {"Ref": "Counter"},
+      "EventSourceArn": {"Fn::GetAtt": ["Clicks", "Arn"]},
+      "StartingPosition": "LATEST",
+      "BatchSize": 500,
+      "MaximumBatchingWindowInSeconds": 2,
+      "FunctionResponseTypes": ["ReportBatchItemFailures"],
+      "BisectBatchOnFunctionError": true,
+      "MaximumRetryAttempts": 5,
+      "MaximumRecordAgeInSeconds": -1,
+      "ParallelizationFactor": 4,
+      "DestinationConfig": {"OnFailure": {"Destination": {"Fn::GetAtt": ["Failed", "Arn"]}}}}}
+  }
+}"#;
+
+    #[test]
+    fn a_synthesized_cloudformation_template_wires_as_its_sam_form_does() {
+        let (sam, sam_template) = parse(TEMPLATE).unwrap();
+        let (cfn, cfn_template) = parse(CLOUDFORMATION).unwrap();
+        assert_eq!(cfn.resources, sam.resources);
+        let (s, c) = (&sam.functions[0], &cfn.functions[0]);
+        assert_eq!(cfn.functions.len(), 1, "the role is not a function");
+        assert_eq!(
+            (&c.logical_id, &c.name, c.timeout, &c.events),
+            (&s.logical_id, &s.name, s.timeout, &s.events)
+        );
+        assert_eq!(
+            c.events[0].name, "Clicks",
+            "the function's prefix is dropped"
+        );
+        let resolved = |f: &FunctionDef, template: &Value| -> BTreeMap<String, String> {
+            f.env
+                .iter()
+                .map(|(k, v)| (k.clone(), resolve_env(v, template, &Names).unwrap()))
+                .collect()
+        };
+        assert_eq!(resolved(c, &cfn_template), resolved(s, &sam_template));
+    }
+
+    #[test]
+    fn a_mapping_whose_source_is_not_a_resource_is_an_error_naming_it() {
+        let broken = CLOUDFORMATION.replace(
+            r#""EventSourceArn": {"Fn::GetAtt": ["Clicks", "Arn"]}"#,
+            r#""EventSourceArn": "arn:aws:kinesis:us-east-1:000000000000:stream/x""#,
+        );
+        let e = parse(&broken).unwrap_err();
+        assert!(e.0.contains("CounterClicks.EventSourceArn"), "{e}");
     }
 
     #[test]
