@@ -107,7 +107,10 @@ export class KeywayStack extends Stack {
     keyedCounter.addEventSource(source);
     // SAM names a function's event source mapping <function><event>: the event is `Clicks`.
     const mapping = keyedCounter.node.children.find((c) => c instanceof lambda.EventSourceMapping);
-    logicalId(mapping!, 'KeyedCounterFunctionClicks');
+    if (mapping === undefined) {
+      throw new Error('KeyedCounterFunction: the Kinesis event source made no event source mapping');
+    }
+    logicalId(mapping, 'KeyedCounterFunctionClicks');
 
     new CfnOutput(this, 'ClicksStreamName', { value: clicks.streamName });
     new CfnOutput(this, 'CountsQueueUrl', { value: counts.queueUrl });

@@ -145,19 +145,13 @@ impl keyway::local::template::Resolver for Names {
 
 #[tokio::test(start_paused = true)]
 async fn the_cdk_app_builds_the_stack_that_template_yaml_describes() {
-    use keyway::local::template::{parse, resolve_env, FunctionDef};
+    use keyway::local::template::parse;
     let Some(cdk_text) = cdk_template() else {
         return;
     };
     let (sam, sam_template) = parse(&template()).unwrap();
     let (cdk, cdk_template) = parse(&cdk_text).unwrap();
     assert_eq!(cdk.resources, sam.resources, "tables, streams and queues");
-    let env = |f: &FunctionDef, template| -> BTreeMap<String, String> {
-        f.env
-            .iter()
-            .map(|(k, v)| (k.clone(), resolve_env(v, template, &Names).unwrap()))
-            .collect()
-    };
     assert_eq!(cdk.functions.len(), sam.functions.len());
     for (c, s) in cdk.functions.iter().zip(&sam.functions) {
         assert_eq!(
@@ -167,9 +161,9 @@ async fn the_cdk_app_builds_the_stack_that_template_yaml_describes() {
             s.logical_id
         );
         assert_eq!(
-            env(c, &cdk_template),
-            env(s, &sam_template),
-            "{}",
+            c.resolved_env(&cdk_template, &Names).unwrap(),
+            s.resolved_env(&sam_template, &Names).unwrap(),
+            "{}: environment",
             s.logical_id
         );
     }

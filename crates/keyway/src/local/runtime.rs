@@ -261,16 +261,9 @@ impl LocalRuntime {
                     function.logical_id
                 )
             })?;
-            let env: Env = function
-                .env
-                .iter()
-                .map(|(k, raw)| {
-                    Ok((
-                        k.clone(),
-                        template::resolve_env(raw, &template, &names).map_err(|e| e.to_string())?,
-                    ))
-                })
-                .collect::<Result<_, String>>()?;
+            let env = function
+                .resolved_env(&template, &names)
+                .map_err(|e| e.to_string())?;
             let handler = factory(services.as_ref(), &env)
                 .map_err(|e| format!("{}: {e}", function.logical_id))?;
             let function_arn = format!(

@@ -212,7 +212,7 @@ fn function_props(id: &str, props: &Value, globals: &Value) -> FunctionProps {
             .and_then(|e| get(e, "Variables"))
             .and_then(Value::as_mapping);
         for (k, v) in variables.into_iter().flatten() {
-            // Kept unresolved here: `resolve` substitutes references once resources exist.
+            // Kept unresolved here: `FunctionDef::resolved_env` resolves them once resources exist.
             env.insert(
                 k.as_str().unwrap_or_default().to_owned(),
                 serde_yaml::to_string(v).unwrap_or_default(),
@@ -543,14 +543,24 @@ fn scalar(value: &Value) -> String {
     }
 }
 
-/// An environment variable's value as `function` stored it, resolved.
-pub fn resolve_env(
-    raw: &str,
-    template: &Value,
-    resolver: &dyn Resolver,
-) -> Result<String, TemplateError> {
-    let value: Value = serde_yaml::from_str(raw).map_err(|e| TemplateError(e.to_string()))?;
-    resolve(&value, template, resolver)
+impl FunctionDef {
+    /// The function's environment with every reference resolved, as Lambda would see it.
+    pub fn resolved_env(
+        &self,
+        template: &Value,
+        resolver: &dyn Resolver,
+    ) -> Result<Env, TemplateError> {
+        self.env
+            .iter()
+            .map(|(name, raw)| {
+                let value: Value = serde_yaml::from_str(raw)
+                    .map_err(|e| TemplateError(format!("{}.{name}: {e}", self.logical_id)))?;
+                let resolved = resolve(&value, template, resolver)
+                    .map_err(|e| TemplateError(format!("{}.{name}: {}", self.logical_id, e.0)))?;
+                Ok((name.clone(), resolved))
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -656,7 +666,8 @@ Resources:
             ),
             (Some(5), None, 4)
         );
-        let env = |k: &str| resolve_env(&f.env[k], &template, &Names).unwrap();
+        let env = f.resolved_env(&template, &Names).unwrap();
+        let env = |k: &str| env[k].clone();
         assert_eq!(env("STATE_TABLE"), "ref-of-State");
         assert_eq!(env("OUT"), "sqs:ref-of-Failed");
         assert_eq!(
@@ -713,13 +724,10 @@ Resources:
             c.events[0].name, "Clicks",
             "the function's prefix is dropped"
         );
-        let resolved = |f: &FunctionDef, template: &Value| -> BTreeMap<String, String> {
-            f.env
-                .iter()
-                .map(|(k, v)| (k.clone(), resolve_env(v, template, &Names).unwrap()))
-                .collect()
-        };
-        assert_eq!(resolved(c, &cfn_template), resolved(s, &sam_template));
+        assert_eq!(
+            c.resolved_env(&cfn_template, &Names).unwrap(),
+            s.resolved_env(&sam_template, &Names).unwrap()
+        );
     }
 
     #[test]
