@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use keyway::domain::{KeyState, Output, Payload, SourceRecord};
 use keyway::operator::StateDescriptor;
-use keyway::ports::{Commit, Namespace, Sink, SinkError, StateStore, StoreError};
+use keyway::ports::{
+    Commit, Committed, LoadKey, Namespace, Sink, SinkError, StateStore, StoreError, StoreLimits,
+};
 use keyway::{Ctx, Delivery, InvalidInput, KeyedOperator, ListState, ProcessError, ValueState};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;
@@ -149,8 +151,9 @@ impl KeyedOperator for Waker {
     }
 }
 
-/// A store where every load waits until `parties` loads happened: concurrent invocations all read
-/// the same version before any of them commits.
+/// A store where every load of an operator's keys waits until `parties` such loads happened:
+/// concurrent invocations all read the same version before any of them commits. (Loads of the
+/// operator's signature history pass: they are not the invocation's.)
 pub struct BarrierStore {
     pub inner: Arc<dyn StateStore>,
     pub barrier: Barrier,
@@ -158,13 +161,15 @@ pub struct BarrierStore {
 
 #[async_trait]
 impl StateStore for BarrierStore {
-    async fn load(
+    async fn load_keys(
         &self,
         namespace: &Namespace,
-        keys: &[String],
+        keys: &[LoadKey],
     ) -> Result<HashMap<String, KeyState>, StoreError> {
-        let loaded = self.inner.load(namespace, keys).await;
-        self.barrier.wait().await;
+        let loaded = self.inner.load_keys(namespace, keys).await;
+        if namespace.signature != "signature-history" {
+            self.barrier.wait().await;
+        }
         loaded
     }
 
@@ -172,8 +177,20 @@ impl StateStore for BarrierStore {
         &self,
         namespace: &Namespace,
         commits: Vec<Commit>,
-    ) -> Vec<Result<(), StoreError>> {
+    ) -> Vec<Result<Committed, StoreError>> {
         self.inner.commit(namespace, commits).await
+    }
+
+    async fn clear_outbox(
+        &self,
+        namespace: &Namespace,
+        committed: Vec<Committed>,
+    ) -> Vec<Result<(), StoreError>> {
+        self.inner.clear_outbox(namespace, committed).await
+    }
+
+    fn limits(&self) -> StoreLimits {
+        self.inner.limits()
     }
 }
 

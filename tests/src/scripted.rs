@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use keyway::lambda::{FunctionError, Handler};
+use keyway::lambda::{FunctionError, Handler, Invocation};
 use serde_json::Value;
 
 /// One record as the function saw it.
@@ -65,7 +65,7 @@ impl Scripted {
 
 #[async_trait]
 impl Handler for Scripted {
-    async fn handle(&self, event: &str) -> Result<Value, FunctionError> {
+    async fn handle(&self, event: &str, _: &Invocation) -> Result<Value, FunctionError> {
         let event: Value = serde_json::from_str(event).expect("the event is JSON");
         let records: Vec<Seen> = event["Records"]
             .as_array()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyway::domain::{AttrValue, Item};
-use keyway::lambda::FunctionError;
+use keyway::lambda::{FunctionError, Invocation};
 use keyway::local::{
     FaultPlan, KeySchema, LocalRuntime, LocalServices, MappingSettings, MappingSource,
     StartingPosition,
@@ -576,11 +576,11 @@ struct Recording {
 
 #[async_trait::async_trait]
 impl keyway::lambda::Handler for Recording {
-    async fn handle(&self, event: &str) -> Result<Value, FunctionError> {
+    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
         self.events
             .lock()
             .unwrap()
             .push(serde_json::from_str(event).unwrap());
-        self.inner.handle(event).await
+        self.inner.handle(event, invocation).await
     }
 }

@@ -299,12 +299,12 @@ async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
             ttl_deletion: false,
         }),
     );
-    let report = keyway::sources::run_dynamodb(&executor, event.clone())
+    let report = keyway::sources::run_dynamodb(&executor, event.clone(), None)
         .await
         .unwrap();
     assert!(report.batch_item_failures.is_empty());
     // Redelivered, the three changes are recognised per item and not counted again.
-    keyway::sources::run_dynamodb(&executor, event.clone())
+    keyway::sources::run_dynamodb(&executor, event.clone(), None)
         .await
         .unwrap();
     assert_eq!(stored_count(&world, &executor, "orders").await, Some(3));

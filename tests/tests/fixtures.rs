@@ -42,7 +42,7 @@ async fn the_keyed_counter_batch_counts_good_records_dead_letters_bad_ones_and_a
     let world = World::new(&[COUNTS]);
     let executor = world.executor(KeyedCounter);
     let response =
-        keyway::sources::run_kinesis(&executor, fixture("keyed-counter/kinesis-batch.json"))
+        keyway::sources::run_kinesis(&executor, fixture("keyed-counter/kinesis-batch.json"), None)
             .await
             .unwrap();
     assert_eq!(

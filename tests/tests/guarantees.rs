@@ -351,7 +351,8 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
         .iter()
         .map(|r| {
             let r = r.as_ref().unwrap();
-            keyway::domain::OutputId::derive(&r.origin, &r.sequence, 0).to_string()
+            keyway::domain::OutputId::derive("keyed-counter", COUNTS, &r.origin, &r.sequence, 0)
+                .to_string()
         })
         .collect();
     assert_eq!(

@@ -252,6 +252,8 @@ async fn run(events: &[(String, u64)], faults: FaultPlan) -> Run {
         .iter()
         .map(|(shard, seq)| {
             OutputId::derive(
+                "keyed-counter",
+                keyed_counter::COUNTS,
                 &Origin(format!("ClicksStream/{shard}")),
                 &SequenceNumber::parse(seq).unwrap(),
                 0,

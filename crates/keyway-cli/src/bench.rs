@@ -365,7 +365,11 @@ struct NoOp;
 
 #[async_trait::async_trait]
 impl keyway::lambda::Handler for NoOp {
-    async fn handle(&self, _event: &str) -> Result<Value, keyway::lambda::FunctionError> {
+    async fn handle(
+        &self,
+        _event: &str,
+        _: &keyway::lambda::Invocation,
+    ) -> Result<Value, keyway::lambda::FunctionError> {
         Ok(serde_json::json!({ "batchItemFailures": [] }))
     }
 }

@@ -39,11 +39,19 @@ pub fn required<'a>(env: &'a Env, name: &str) -> Result<&'a str, String> {
 #[error("{0}")]
 pub struct FunctionError(pub String);
 
+/// What Lambda says of one invocation besides its event.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Invocation {
+    pub request_id: String,
+    /// When the invocation times out (epoch milliseconds), if it does.
+    pub deadline_millis: Option<i64>,
+}
+
 /// A Lambda function as the event source mapping sees it: an event's JSON text in, a response
 /// out. Text, as Lambda hands the payload to the function's runtime, which parses it.
 #[async_trait]
 pub trait Handler: Send + Sync {
-    async fn handle(&self, event: &str) -> Result<Value, FunctionError>;
+    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError>;
 }
 
 /// Runs Kinesis and DynamoDB Streams events through an executor and answers partial batch
@@ -64,7 +72,7 @@ impl<O: KeyedOperator> StreamHandler<O> {
 
 #[async_trait]
 impl<O: KeyedOperator> Handler for StreamHandler<O> {
-    async fn handle(&self, event: &str) -> Result<Value, FunctionError> {
+    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
         let event: Value = serde_json::from_str(event)
             .map_err(|e| FunctionError(format!("the event is not JSON: {e}")))?;
         let source = event["Records"][0]["eventSource"]
@@ -72,10 +80,12 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
             .unwrap_or("aws:kinesis")
             .to_owned();
         let response = match source.as_str() {
-            "aws:dynamodb" => crate::sources::run_dynamodb(&self.executor, event)
-                .await
-                .map(|r| serde_json::to_value(r).expect("a response serializes")),
-            _ => crate::sources::run_kinesis(&self.executor, event)
+            "aws:dynamodb" => {
+                crate::sources::run_dynamodb(&self.executor, event, invocation.deadline_millis)
+                    .await
+            }
+            .map(|r| serde_json::to_value(r).expect("a response serializes")),
+            _ => crate::sources::run_kinesis(&self.executor, event, invocation.deadline_millis)
                 .await
                 .map(|r| serde_json::to_value(r).expect("a response serializes")),
         };

@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use thiserror::Error;
 
-use crate::domain::{KeyState, Output};
+use crate::domain::{KeyState, Origin, Output, StoreMemo};
 
 /// A state store failure. `is_retryable` says whether the same request may succeed later.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -59,32 +60,130 @@ pub struct Namespace {
     pub signature: String,
 }
 
+/// A key to load, with the lineages its records in the batch come from: a store that keeps some
+/// watermarks apart from the key's other state reads the ones the batch needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadKey {
+    pub key: String,
+    pub lineages: Vec<Origin>,
+}
+
+impl From<&str> for LoadKey {
+    fn from(key: &str) -> Self {
+        Self {
+            key: key.to_owned(),
+            lineages: Vec::new(),
+        }
+    }
+}
+
+impl From<String> for LoadKey {
+    fn from(key: String) -> Self {
+        Self {
+            key,
+            lineages: Vec::new(),
+        }
+    }
+}
+
 /// One key's new state, to be written only if the key is still at `expected_version`.
 #[derive(Clone, Debug)]
 pub struct Commit {
     pub key: String,
     pub expected_version: u64,
     pub state: KeyState,
+    /// How long after a record's arrival its source may still redeliver it: the watermarks must
+    /// outlive that, whatever the state's own TTL.
+    pub redelivery_window: Duration,
+}
+
+impl Commit {
+    /// A commit whose watermarks are kept for `DEFAULT_REDELIVERY_WINDOW`.
+    pub fn new(key: impl Into<String>, expected_version: u64, state: KeyState) -> Self {
+        Self {
+            key: key.into(),
+            expected_version,
+            state,
+            redelivery_window: DEFAULT_REDELIVERY_WINDOW,
+        }
+    }
+}
+
+/// The longest any source keyway reads can redeliver a record: a Kinesis stream keeps records up
+/// to 365 days; a day more covers a retention raised while records were in flight.
+pub const DEFAULT_REDELIVERY_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// A commit that landed: the version it wrote, and the store's notes to touch it again.
+#[derive(Clone, Debug)]
+pub struct Committed {
+    pub key: String,
+    pub version: u64,
+    pub memo: StoreMemo,
 }
 
 /// Keyed state with optimistic concurrency.
 #[async_trait]
 pub trait StateStore: Send + Sync {
-    /// Loads every key with strongly consistent reads; a key with nothing stored, or whose TTL has
-    /// passed, comes back empty (an expired key keeps its version so a commit can replace it).
+    /// Loads every key with strongly consistent reads; a key with nothing stored comes back empty.
+    /// A key whose TTL has passed comes back with empty slots, and keeps its version (so a commit
+    /// can replace it), its watermarks and its outbox.
+    async fn load_keys(
+        &self,
+        namespace: &Namespace,
+        keys: &[LoadKey],
+    ) -> Result<HashMap<String, KeyState>, StoreError>;
+
+    /// `load_keys` for keys whose lineages do not matter (tools, tests, migrations' look-ups of
+    /// state that is not written back as loaded).
     async fn load(
         &self,
         namespace: &Namespace,
         keys: &[String],
-    ) -> Result<HashMap<String, KeyState>, StoreError>;
+    ) -> Result<HashMap<String, KeyState>, StoreError> {
+        let keys: Vec<LoadKey> = keys.iter().map(|k| LoadKey::from(k.as_str())).collect();
+        self.load_keys(namespace, &keys).await
+    }
 
     /// Writes each key's state if its version is still the one read; one result per commit, in
     /// order. A key that another writer changed fails with `StoreError::Conflict` and is unchanged.
+    /// A write whose response was lost is found to have landed, never reported as a conflict.
     async fn commit(
         &self,
         namespace: &Namespace,
         commits: Vec<Commit>,
+    ) -> Vec<Result<Committed, StoreError>>;
+
+    /// Empties the outbox of keys just committed, once their outputs went out, unless a key
+    /// changed since (whoever changed it saw the outbox and took care of it). One result per key.
+    async fn clear_outbox(
+        &self,
+        namespace: &Namespace,
+        committed: Vec<Committed>,
     ) -> Vec<Result<(), StoreError>>;
+
+    /// What the store can hold: state beyond these limits could never be committed, so the
+    /// executor dead-letters the record that would need it rather than retry it forever.
+    fn limits(&self) -> StoreLimits {
+        StoreLimits::default()
+    }
+}
+
+/// The limits of a state store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// The largest state entry (one value, list element or map entry), or outbox output as JSON.
+    pub max_entry_bytes: usize,
+    /// The most lineages one commit of a key may advance.
+    pub lineages_per_commit: usize,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        Self {
+            max_entry_bytes: usize::MAX,
+            lineages_per_commit: usize::MAX,
+        }
+    }
 }
 
 /// A destination for outputs.
@@ -96,6 +195,13 @@ pub trait Sink: Send + Sync {
 
     /// The largest message body the sink accepts.
     fn max_message_bytes(&self) -> usize;
+
+    /// Whether the sink keeps the order of a partition key's messages (a FIFO queue, a Kinesis
+    /// stream). The executor then sends a key's messages one after another and stops the key at
+    /// its first failure, so that nothing overtakes a message that has to be sent again.
+    fn ordered(&self) -> bool {
+        true
+    }
 }
 
 /// Wall-clock time. The runtime reads time only through this, so tests can control it.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use keyway::adapters::aws::AwsClients;
-use keyway::lambda::{Env, Handler};
+use keyway::lambda::{Env, Handler, Invocation};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::value::RawValue;
 
@@ -25,8 +25,12 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| {
         let handler = handler.clone();
         async move {
+            let invocation = Invocation {
+                request_id: event.context.request_id.clone(),
+                deadline_millis: i64::try_from(event.context.deadline).ok(),
+            };
             handler
-                .handle(event.payload.get())
+                .handle(event.payload.get(), &invocation)
                 .await
                 .map_err(Error::from)
         }

@@ -2,12 +2,20 @@
 //! configuration names.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
 
 use super::dynamodb::{DynamoStateStore, SdkTable};
 use super::kinesis::{KinesisSink, SdkKinesis};
 use super::sqs::{SdkSqs, SqsSink};
 use crate::lambda::{Platform, SinkTarget};
 use crate::ports::{Clock, Sink, StateStore, SystemClock};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// One attempt of any call: BatchWriteItem of 25 items and PutRecords of 5 MB take well under it.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The SDK clients a function needs.
 #[derive(Clone, Debug)]
@@ -24,11 +32,25 @@ impl AwsClients {
         Self::from_config(&config)
     }
 
+    /// Clients on `config`, with the SDK's own retries turned off: every adapter retries with
+    /// its own backoff, knowing which entries of a batch call to send again, and retries on top
+    /// of the SDK's would multiply. Timeouts are explicit, so that a call that hangs is retried
+    /// (or given up) well inside the function's timeout.
     pub fn from_config(config: &aws_config::SdkConfig) -> Self {
+        let config = config
+            .to_builder()
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+                    .build(),
+            )
+            .build();
         Self {
-            dynamodb: aws_sdk_dynamodb::Client::new(config),
-            kinesis: Arc::new(SdkKinesis::new(aws_sdk_kinesis::Client::new(config))),
-            sqs: Arc::new(SdkSqs::new(aws_sdk_sqs::Client::new(config))),
+            dynamodb: aws_sdk_dynamodb::Client::new(&config),
+            kinesis: Arc::new(SdkKinesis::new(aws_sdk_kinesis::Client::new(&config))),
+            sqs: Arc::new(SdkSqs::new(aws_sdk_sqs::Client::new(&config))),
         }
     }
 }
@@ -48,5 +70,40 @@ impl Platform for AwsClients {
 
     fn clock(&self) -> Arc<dyn Clock> {
         Arc::new(SystemClock)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sdk_clients_leave_retries_to_the_adapters_and_time_out_explicitly() {
+        let config = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .build();
+        let clients = AwsClients::from_config(&config);
+        let dynamodb = clients.dynamodb.config();
+        assert_eq!(dynamodb.retry_config().map(|r| r.max_attempts()), Some(1));
+        let timeouts = dynamodb.timeout_config().expect("timeouts set");
+        assert_eq!(timeouts.operation_attempt_timeout(), Some(ATTEMPT_TIMEOUT));
+        assert_eq!(timeouts.connect_timeout(), Some(CONNECT_TIMEOUT));
+        assert_eq!(
+            clients
+                .sqs
+                .config()
+                .retry_config()
+                .map(|r| r.max_attempts()),
+            Some(1)
+        );
+        assert_eq!(
+            clients
+                .kinesis
+                .config()
+                .retry_config()
+                .map(|r| r.max_attempts()),
+            Some(1)
+        );
     }
 }

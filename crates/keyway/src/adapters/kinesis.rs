@@ -2,10 +2,10 @@
 //! `KinesisSink`, which batches outputs (500 records / 5 MB a call) and retries the records a
 //! call could not write.
 //!
-//! Order: outputs of one partition key reach a shard in the order sent, except where a record
-//! failed inside a PutRecords call and a later record of the same key in that call succeeded; the
-//! retry then lands after it. Consumers that need strict order deduplicate and order by output id
-//! and source sequence, which every output carries.
+//! Order: a stream keeps a partition key's records in the order they were written, but a record
+//! that fails inside a PutRecords call does not stop a later one of the same key in that call.
+//! The sink is therefore `ordered`: the executor gives it one output of a key per call, and sends
+//! a key's next output only once the previous one was written.
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use aws_sdk_kinesis::Client;
 
 use super::retry::Backoff;
-use super::sdk_error::{classify, ErrorClass};
+use super::sdk_error::{class_of, classify, CodeClass, ErrorClass};
 use crate::domain::hash::sha256_hex;
 use crate::domain::Output;
 use crate::ports::{Sink, SinkError};
@@ -73,6 +73,10 @@ pub struct SdkKinesis {
 impl SdkKinesis {
     pub fn new(client: Client) -> Self {
         Self { client }
+    }
+
+    pub fn config(&self) -> &aws_sdk_kinesis::Config {
+        self.client.config()
     }
 }
 
@@ -180,11 +184,12 @@ impl<A: KinesisApi> KinesisSink<A> {
                 Ok(outcomes) => {
                     for (&i, outcome) in pending.iter().zip(outcomes) {
                         if let PutOutcome::Failed { code, message } = outcome {
-                            let err = if code.contains("Throughput") || code.contains("Throttl") {
-                                SinkError::Throttled(format!("{code}: {message}"))
-                            } else {
-                                // InternalFailure and KMS errors are transient per the API reference.
-                                SinkError::Unavailable(format!("{code}: {message}"))
+                            let text = format!("{code}: {message}");
+                            // A record's own errors (throughput, InternalFailure, KMS) are all
+                            // passing per the API reference: retry each of them.
+                            let err = match class_of(&code) {
+                                CodeClass::Throttled => SinkError::Throttled(text),
+                                _ => SinkError::Unavailable(text),
                             };
                             retry.push((i, err));
                         }

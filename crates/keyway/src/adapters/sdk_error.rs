@@ -1,4 +1,11 @@
-//! Classifies AWS SDK errors into retryable and final ones, for every adapter.
+//! Classifies AWS errors into retryable and final ones, for every adapter: SDK errors of whole
+//! calls, and the error codes of single entries of batch calls (PutRecords, SendMessageBatch).
+//!
+//! The tables hold the codes the service API references document for DynamoDB, Kinesis, SQS and
+//! KMS (a KMS-encrypted stream or queue answers with KMS's codes), and those the SDKs' own retry
+//! classifiers treat as throttling or transient. A code that says the request is configured
+//! wrongly for now (a KMS key disabled, access denied) is not the message's fault: it is
+//! retryable, so that records wait for the fix instead of going to the dead-letter sink.
 
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
@@ -7,7 +14,7 @@ use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkErro
 pub enum ErrorClass {
     /// Throttled: back off and retry.
     Throttled(String),
-    /// A transient failure (timeout, connection, 5xx): retry.
+    /// A transient failure (timeout, connection, 5xx) or a configuration being fixed: retry.
     Unavailable(String),
     /// A condition did not hold.
     ConditionFailed(String),
@@ -15,26 +22,87 @@ pub enum ErrorClass {
     Invalid(String),
 }
 
-/// Error codes AWS services answer when a caller goes too fast.
+/// What an error code says of a request, before any condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodeClass {
+    Throttled,
+    Transient,
+    /// Nothing in the tables: the request itself is at fault.
+    Refused,
+}
+
+/// Codes AWS services answer when a caller goes too fast.
 const THROTTLING: &[&str] = &[
-    "ProvisionedThroughputExceededException",
-    "ThrottlingException",
+    // The SDKs' retry classifiers.
     "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "TransactionInProgressException",
     "RequestLimitExceeded",
+    "BandwidthLimitExceeded",
     "LimitExceededException",
     "RequestThrottled",
-    "TooManyRequestsException",
+    "SlowDown",
+    "PriorRequestNotComplete",
+    "EC2ThrottledException",
+    // DynamoDB.
+    "ReplicatedWriteConflictException",
+    // SQS (query and JSON protocols).
+    "AWS.SimpleQueueService.RequestThrottled",
+    "KmsThrottled",
+    "KMS.ThrottlingException",
+    // Kinesis.
     "KMSThrottlingException",
 ];
 
-/// Error codes of transient service-side failures.
+/// Codes of transient service-side failures, and of KMS states an operator fixes.
 const TRANSIENT: &[&str] = &[
+    "RequestTimeout",
+    "RequestTimeoutException",
     "InternalServerError",
     "InternalFailure",
     "InternalError",
+    "InternalServiceError",
     "ServiceUnavailable",
     "ServiceUnavailableException",
+    "TransactionConflictException",
+    "AWS.SimpleQueueService.InternalError",
+    // KMS behind Kinesis (PutRecords entries and calls).
+    "KMSInternalException",
+    "KMSDisabledException",
+    "KMSInvalidStateException",
+    "KMSAccessDeniedException",
+    "KMSNotFoundException",
+    "KMSOptInRequired",
+    // KMS behind SQS.
+    "KmsAccessDenied",
+    "KmsDisabled",
+    "KmsInvalidState",
+    "KmsNotFound",
+    "KmsOptInRequired",
+    "KmsInvalidKeyUsage",
+    "KMS.KMSInternalException",
+    "KMS.DisabledException",
+    "KMS.KMSInvalidStateException",
+    "KMS.AccessDeniedException",
+    "KMS.NotFoundException",
+    "KMS.KeyUnavailableException",
+    "KMS.DependencyTimeoutException",
 ];
+
+/// The class of an error code.
+pub fn class_of(code: &str) -> CodeClass {
+    if THROTTLING.contains(&code) {
+        CodeClass::Throttled
+    } else if TRANSIENT.contains(&code) {
+        CodeClass::Transient
+    } else {
+        CodeClass::Refused
+    }
+}
 
 pub fn classify<E, R>(err: &SdkError<E, R>) -> ErrorClass
 where
@@ -45,19 +113,77 @@ where
     match err {
         SdkError::ServiceError(service) => {
             let code = service.err().code().unwrap_or_default();
-            if code == "ConditionalCheckFailedException" || code == "TransactionCanceledException" {
-                ErrorClass::ConditionFailed(text)
-            } else if THROTTLING.contains(&code) {
-                ErrorClass::Throttled(text)
-            } else if TRANSIENT.contains(&code) {
-                ErrorClass::Unavailable(text)
-            } else {
-                ErrorClass::Invalid(text)
+            if code == "ConditionalCheckFailedException" {
+                return ErrorClass::ConditionFailed(text);
+            }
+            match class_of(code) {
+                CodeClass::Throttled => ErrorClass::Throttled(text),
+                CodeClass::Transient => ErrorClass::Unavailable(text),
+                CodeClass::Refused => ErrorClass::Invalid(text),
             }
         }
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             ErrorClass::Unavailable(text)
         }
         _ => ErrorClass::Invalid(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_documented_code_has_its_class() {
+        let table = [
+            // DynamoDB
+            (
+                "ProvisionedThroughputExceededException",
+                CodeClass::Throttled,
+            ),
+            ("ThrottlingException", CodeClass::Throttled),
+            ("RequestLimitExceeded", CodeClass::Throttled),
+            ("InternalServerError", CodeClass::Transient),
+            ("ServiceUnavailable", CodeClass::Transient),
+            ("TransactionConflictException", CodeClass::Transient),
+            ("ValidationException", CodeClass::Refused),
+            ("ResourceNotFoundException", CodeClass::Refused),
+            (
+                "ItemCollectionSizeLimitExceededException",
+                CodeClass::Refused,
+            ),
+            // Kinesis
+            ("LimitExceededException", CodeClass::Throttled),
+            ("KMSThrottlingException", CodeClass::Throttled),
+            ("InternalFailure", CodeClass::Transient),
+            ("KMSInternalException", CodeClass::Transient),
+            ("KMSDisabledException", CodeClass::Transient),
+            ("KMSAccessDeniedException", CodeClass::Transient),
+            ("KMSInvalidStateException", CodeClass::Transient),
+            ("KMSNotFoundException", CodeClass::Transient),
+            ("KMSOptInRequired", CodeClass::Transient),
+            ("InvalidArgumentException", CodeClass::Refused),
+            // SQS
+            ("RequestThrottled", CodeClass::Throttled),
+            (
+                "AWS.SimpleQueueService.RequestThrottled",
+                CodeClass::Throttled,
+            ),
+            ("KmsThrottled", CodeClass::Throttled),
+            ("KMS.ThrottlingException", CodeClass::Throttled),
+            ("KmsDisabled", CodeClass::Transient),
+            ("KMS.KMSInternalException", CodeClass::Transient),
+            ("InternalError", CodeClass::Transient),
+            ("InvalidMessageContents", CodeClass::Refused),
+            ("InvalidParameterValue", CodeClass::Refused),
+            ("BatchRequestTooLong", CodeClass::Refused),
+            // The SDKs' own lists
+            ("SlowDown", CodeClass::Throttled),
+            ("RequestTimeout", CodeClass::Transient),
+            ("TooManyRequestsException", CodeClass::Throttled),
+        ];
+        for (code, class) in table {
+            assert_eq!(class_of(code), class, "{code}");
+        }
     }
 }

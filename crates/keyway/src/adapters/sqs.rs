@@ -14,7 +14,7 @@ use aws_sdk_sqs::Client;
 
 use super::kinesis::sink_error;
 use super::retry::Backoff;
-use super::sdk_error::classify;
+use super::sdk_error::{class_of, classify, CodeClass};
 
 use crate::domain::hash::sha256_hex;
 use crate::domain::Output;
@@ -27,6 +27,9 @@ const ENTRY_IDS: [&str; BATCH_MAX_ENTRIES] = ["0", "1", "2", "3", "4", "5", "6",
 pub const BATCH_MAX_BYTES: usize = 256 * 1024;
 /// The attribute that carries the output id on standard queues.
 pub const OUTPUT_ID_ATTRIBUTE: &str = "outputId";
+/// What the output id attribute adds to a message's size: SQS counts an attribute's name, data
+/// type and value against the message and batch limits.
+const ATTRIBUTE_BYTES: usize = OUTPUT_ID_ATTRIBUTE.len() + "String".len() + 32;
 
 /// One entry of a SendMessageBatch call, borrowed from the output it sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +76,10 @@ pub struct SdkSqs {
 impl SdkSqs {
     pub fn new(client: Client) -> Self {
         Self { client }
+    }
+
+    pub fn config(&self) -> &aws_sdk_sqs::Config {
+        self.client.config()
     }
 }
 
@@ -205,10 +212,12 @@ impl<A: SqsApi> SqsSink<A> {
                         } = outcome
                         {
                             let text = format!("{code}: {message}");
-                            if sender_fault && !code.contains("Throttl") {
-                                failed.push((i, SinkError::Rejected(text)));
-                            } else {
-                                retry.push((i, SinkError::Unavailable(text)));
+                            match class_of(&code) {
+                                CodeClass::Throttled => retry.push((i, SinkError::Throttled(text))),
+                                CodeClass::Refused if sender_fault => {
+                                    failed.push((i, SinkError::Rejected(text)))
+                                }
+                                _ => retry.push((i, SinkError::Unavailable(text))),
                             }
                         }
                     }
@@ -243,12 +252,12 @@ impl<A: SqsApi> Sink for SqsSink<A> {
         let mut call: Vec<usize> = Vec::new();
         let mut call_bytes = 0;
         for (i, message) in messages.iter().enumerate() {
-            let size = message.body.len();
+            let size = message.body.len() + ATTRIBUTE_BYTES;
             if size > BATCH_MAX_BYTES {
                 failed.push((
                     i,
                     SinkError::Rejected(format!(
-                        "an SQS message is at most {BATCH_MAX_BYTES} bytes; this one is {size}"
+                        "an SQS message is at most {BATCH_MAX_BYTES} bytes with its attributes; this one is {size}"
                     )),
                 ));
                 continue;
@@ -280,6 +289,11 @@ impl<A: SqsApi> Sink for SqsSink<A> {
     }
 
     fn max_message_bytes(&self) -> usize {
-        BATCH_MAX_BYTES
+        BATCH_MAX_BYTES - ATTRIBUTE_BYTES
+    }
+
+    /// A FIFO queue keeps a message group's order; a standard queue keeps none.
+    fn ordered(&self) -> bool {
+        self.fifo
     }
 }

@@ -16,4 +16,4 @@ pub use item::{AttrValue, Item};
 pub use output::{Output, OutputId};
 pub use plan::{BatchPlan, KeyGroup};
 pub use record::{Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord};
-pub use state::{KeyState, Segment, SlotData, SlotUpdate, StateKind, Watermark};
+pub use state::{KeyState, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark, Watermarks};

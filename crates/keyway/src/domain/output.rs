@@ -1,8 +1,10 @@
 //! Outputs and their deterministic ids.
 //!
-//! An output's id is derived from the record that produced it (origin, sequence number) and its
-//! position among that record's outputs. A retry that recomputes the same outputs therefore sends
-//! the same ids, and a consumer (or SQS FIFO deduplication) can drop the duplicates.
+//! An output's id is derived from the operator that emitted it, the sink it goes to, the record
+//! that produced it (origin, sequence number) and its position among that record's outputs. A
+//! retry that recomputes the same outputs therefore sends the same ids, and a consumer (or SQS FIFO
+//! deduplication) can drop the duplicates; two operators reading one stream, or one record's
+//! outputs to two sinks, never share an id.
 
 use std::fmt;
 
@@ -18,9 +20,18 @@ use super::record::{Origin, SequenceNumber};
 pub struct OutputId(pub String);
 
 impl OutputId {
-    /// The id of the `index`-th output produced by the record at `sequence` in `origin`.
-    pub fn derive(origin: &Origin, sequence: &SequenceNumber, index: u32) -> Self {
+    /// The id of the `index`-th output `operator` emitted to `sink` for the record at `sequence`
+    /// in `origin`.
+    pub fn derive(
+        operator: &str,
+        sink: &str,
+        origin: &Origin,
+        sequence: &SequenceNumber,
+        index: u32,
+    ) -> Self {
         Self(xxh3_128_hex(&[
+            operator.as_bytes(),
+            sink.as_bytes(),
             origin.as_str().as_bytes(),
             sequence.as_str().as_bytes(),
             &index.to_be_bytes(),
@@ -63,21 +74,43 @@ pub struct Output {
 mod tests {
     use super::*;
 
+    const PINNED: &str = "ef2e0ebfd0284b769d34dc2b0c92fbd9";
+
+    #[test]
+    fn two_operators_or_two_sinks_never_share_an_id_for_the_same_record() {
+        let origin = Origin("orders/shardId-000000000001".into());
+        let seq = SequenceNumber::parse("7").unwrap();
+        let ids = [
+            OutputId::derive("counter", "counts", &origin, &seq, 0),
+            OutputId::derive("enricher", "counts", &origin, &seq, 0),
+            OutputId::derive("counter", "alerts", &origin, &seq, 0),
+        ];
+        assert_ne!(ids[0], ids[1]);
+        assert_ne!(ids[0], ids[2]);
+        assert_ne!(ids[1], ids[2]);
+    }
+
     #[test]
     fn the_same_record_and_index_always_give_the_same_id() {
         let origin = Origin("orders/shardId-000000000001".into());
         let seq = SequenceNumber::parse("49590338271490256608559692538361571095921575989136588898")
             .unwrap();
-        let a = OutputId::derive(&origin, &seq, 0);
-        assert_eq!(a, OutputId::derive(&origin, &seq, 0));
-        assert_ne!(a, OutputId::derive(&origin, &seq, 1));
+        let a = OutputId::derive("counter", "counts", &origin, &seq, 0);
+        assert_eq!(a, OutputId::derive("counter", "counts", &origin, &seq, 0));
+        assert_ne!(a, OutputId::derive("counter", "counts", &origin, &seq, 1));
         assert_ne!(
             a,
-            OutputId::derive(&Origin("orders/shardId-000000000002".into()), &seq, 0)
+            OutputId::derive(
+                "counter",
+                "counts",
+                &Origin("orders/shardId-000000000002".into()),
+                &seq,
+                0
+            )
         );
         assert_eq!(a.as_str().len(), 32);
         // Pinned: consumers persist ids to drop duplicates, so the derivation must never change.
-        assert_eq!(a.as_str(), "a3f58f9acd2e5af5315e3443e11008f9");
+        assert_eq!(a.as_str(), PINNED);
         assert_eq!(
             OutputId::dead_letter("o", "1", "op").as_str(),
             "affcd53559f30963934ccd34d1554258"

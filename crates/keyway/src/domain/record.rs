@@ -86,10 +86,16 @@ impl fmt::Display for SequenceNumber {
     }
 }
 
-/// An ordered lineage of records: within one origin, sequence numbers only grow and a retry
-/// redelivers a suffix. For Kinesis that is a shard of a stream (`stream/shardId-…`). DynamoDB
-/// Streams does not name the shard in a Lambda event, but orders all changes of one item, so the
-/// origin there is the table plus a hash of the item's key.
+/// Where a record sits: a stream position that, with the sequence number, names the record. For
+/// Kinesis that is a shard of a stream (`stream/shardId-…`). DynamoDB Streams does not name the
+/// shard in a Lambda event, so there it is the table's stream and a hash of the item's key.
+///
+/// The same type names a *lineage*: the records Lambda keeps in order, where a retry redelivers a
+/// suffix of what it delivered. A Kinesis shard keeps all its records in order only with
+/// ParallelizationFactor 1; with a higher factor Lambda runs a shard's partition keys in
+/// concurrent lanes, and only one partition key's records stay in order, so the lineage is the
+/// shard and the partition key (`stream/shardId-…/partition key`). A DynamoDB stream keeps only
+/// one item's changes in order: the lineage is the item.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Origin(pub String);
@@ -110,6 +116,9 @@ impl fmt::Display for Origin {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SourceRecord {
     pub origin: Origin,
+    /// The finest run of records Lambda keeps in order whatever the mapping's settings: the shard
+    /// and partition key for Kinesis, the item for DynamoDB Streams (see `Origin`).
+    pub lineage: Origin,
     pub sequence: SequenceNumber,
     /// The Kinesis partition key, or for DynamoDB Streams the item's key as canonical JSON.
     pub partition_key: String,

@@ -1,12 +1,19 @@
 //! The stored form of one key's state, as the state store loads and commits it.
 //!
-//! A key holds named slots (value, list or map state). Each slot is a sequence of JSON entries: a
-//! value has at most one, a list one per element, a map one `[key, value]` pair per entry. Entries
-//! that no longer fit in the key's head item live in immutable segments, each its own item; a list
-//! that only grows keeps its segments and only ever writes new ones, so appending to a list of
-//! 10,000 large entries does not rewrite it.
+//! A key holds named slots (value, list or map state), each a sequence of JSON entries: a value has
+//! at most one, a list one per element, a map one `[key, value]` pair per entry. A slot remembers
+//! how many of its leading entries are still the ones loaded, so a store can keep them where they
+//! are (a list that only grows is never rewritten). Where the store keeps entries is its own
+//! business: it leaves a memo in the state it loads and reads it back at commit.
+//!
+//! Beside the slots, a key holds its watermarks (the last sequence number applied per lineage) and
+//! its outbox (outputs committed with the state and not yet confirmed sent). Both outlive the
+//! slots' TTL: an expired key starts with empty slots but still skips what it applied and still
+//! sends what it owes.
 
+use std::any::Any;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -34,25 +41,32 @@ impl StateKind {
     }
 }
 
-/// An immutable run of a slot's entries stored outside the head item.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Segment {
-    pub id: u64,
-    /// How many entries it holds.
-    pub len: usize,
-    /// Its own TTL (epoch seconds): segments outlive the head they belong to by one TTL period so
-    /// that a head whose expiry moves forward never points at an expired segment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<i64>,
-}
-
 /// One slot's entries.
 #[derive(Clone, Debug, Default)]
 pub struct SlotData {
-    /// Sealed segments, in order; they hold the first `sealed_len()` entries.
-    pub segments: Vec<Segment>,
-    /// All entries, segments' first.
     pub entries: Vec<Box<RawValue>>,
+    /// The first `kept` entries are the ones loaded, unchanged.
+    pub kept: usize,
+}
+
+impl SlotData {
+    /// A slot as loaded: every entry is kept.
+    pub fn loaded(entries: Vec<Box<RawValue>>) -> Self {
+        let kept = entries.len();
+        Self { entries, kept }
+    }
+
+    /// New entries that were never stored.
+    pub fn fresh(entries: Vec<Box<RawValue>>) -> Self {
+        Self { entries, kept: 0 }
+    }
+
+    /// Applies `update`: keeps the first `update.keep` entries, then appends its tail.
+    pub fn apply(&mut self, update: SlotUpdate) {
+        self.entries.truncate(update.keep);
+        self.entries.extend(update.tail);
+        self.kept = self.kept.min(update.keep);
+    }
 }
 
 /// A change to a slot: keep its first `keep` entries, then append `tail`.
@@ -62,37 +76,138 @@ pub struct SlotUpdate {
     pub tail: Vec<Box<RawValue>>,
 }
 
-impl SlotData {
-    /// Applies `update`. Segments survive only when every entry they hold is kept; otherwise the
-    /// slot is stored afresh and its segment ids are returned as garbage.
-    pub fn apply(&mut self, update: SlotUpdate) -> Vec<u64> {
-        let mut dropped = Vec::new();
-        if update.keep < self.sealed_len() {
-            dropped = self.segments.drain(..).map(|s| s.id).collect();
-        }
-        self.entries.truncate(update.keep);
-        self.entries.extend(update.tail);
-        dropped
-    }
-
-    pub fn sealed_len(&self) -> usize {
-        self.segments.iter().map(|s| s.len).sum()
-    }
-
-    /// Entries not in any segment: they are stored inline in the head item.
-    pub fn inline_entries(&self) -> &[Box<RawValue>] {
-        &self.entries[self.sealed_len().min(self.entries.len())..]
-    }
-}
-
-/// The last sequence number a key applied from one origin, and when that record arrived.
+/// The last sequence number a key applied from one lineage, and when that record arrived.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Watermark {
     #[serde(rename = "s")]
     pub sequence: SequenceNumber,
-    /// Arrival time (epoch milliseconds) of that record; lets old origins be pruned.
+    /// Arrival time (epoch milliseconds) of that record: it says how long a redelivery of it, or
+    /// of anything before it, can still come, and tells a recreated stream from a redelivery.
     #[serde(rename = "t")]
     pub at_millis: i64,
+}
+
+/// A record at or below a watermark whose arrival is later than the watermark's record by more
+/// than this cannot be a redelivery: within a lineage, sequence numbers and arrival times grow
+/// together. It comes from a stream deleted and created again under the same name, whose sequence
+/// numbers started over. (Deleting and creating a stream takes far longer than this.)
+pub const RECREATED_AFTER_MILLIS: i64 = 5_000;
+
+/// The watermarks of one key, by lineage.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Watermarks {
+    entries: BTreeMap<Origin, Watermark>,
+}
+
+impl Watermarks {
+    pub fn get(&self, lineage: &Origin) -> Option<&Watermark> {
+        self.entries.get(lineage)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Origin, &Watermark)> {
+        self.entries.iter()
+    }
+
+    /// Sets a lineage's watermark as stored (no comparison).
+    pub fn insert(&mut self, lineage: Origin, watermark: Watermark) {
+        self.entries.insert(lineage, watermark);
+    }
+
+    /// Keeps the higher of the two where both know a lineage.
+    pub fn merge(&mut self, lineage: Origin, watermark: Watermark) {
+        match self.entries.get(&lineage) {
+            Some(w) if w.sequence >= watermark.sequence => {}
+            _ => {
+                self.entries.insert(lineage, watermark);
+            }
+        }
+    }
+
+    /// True when the record at `sequence` of `lineage`, which arrived at `arrival_millis`, was
+    /// already applied to this key.
+    pub fn has_applied(
+        &self,
+        lineage: &Origin,
+        sequence: &SequenceNumber,
+        arrival_millis: Option<i64>,
+    ) -> bool {
+        self.entries
+            .get(lineage)
+            .is_some_and(|w| *sequence <= w.sequence && !recreated(w, arrival_millis))
+    }
+
+    /// Records `sequence` of `lineage` as applied. A watermark never moves back, unless the record
+    /// comes from a recreated stream, whose sequence numbers start over.
+    pub fn advance(&mut self, lineage: &Origin, sequence: &SequenceNumber, at_millis: i64) {
+        match self.entries.get_mut(lineage) {
+            Some(w) if *sequence >= w.sequence || recreated(w, Some(at_millis)) => {
+                w.sequence = sequence.clone();
+                w.at_millis = at_millis;
+            }
+            Some(_) => {}
+            None => {
+                self.entries.insert(
+                    lineage.clone(),
+                    Watermark {
+                        sequence: sequence.clone(),
+                        at_millis,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Forgets lineages whose last applied record arrived more than `retention_millis` before
+    /// `now_millis`: no stream redelivers a record older than its retention (or the mapping's
+    /// maximum record age), so their watermarks guard nothing.
+    pub fn prune(&mut self, now_millis: i64, retention_millis: i64) {
+        self.entries
+            .retain(|_, w| now_millis - w.at_millis <= retention_millis);
+    }
+
+    /// The latest arrival among the watermarks: until that plus the retention, a redelivery can
+    /// still come.
+    pub fn latest_arrival(&self) -> Option<i64> {
+        self.entries.values().map(|w| w.at_millis).max()
+    }
+}
+
+fn recreated(watermark: &Watermark, arrival_millis: Option<i64>) -> bool {
+    arrival_millis.is_some_and(|a| a > watermark.at_millis + RECREATED_AFTER_MILLIS)
+}
+
+/// What a store remembers of a key it loaded (where its entries live, what its stored item held),
+/// carried through the executor untouched and read back at commit. Only the store that made it
+/// knows its type.
+#[derive(Clone, Default)]
+pub struct StoreMemo(Option<Arc<dyn Any + Send + Sync>>);
+
+impl StoreMemo {
+    pub fn new<T: Any + Send + Sync>(memo: T) -> Self {
+        Self(Some(Arc::new(memo)))
+    }
+
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.as_ref().and_then(|m| m.downcast_ref())
+    }
+}
+
+impl std::fmt::Debug for StoreMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "StoreMemo(..)"
+        } else {
+            "StoreMemo(none)"
+        })
+    }
 }
 
 /// Everything stored for one key of one operator.
@@ -100,62 +215,26 @@ pub struct Watermark {
 pub struct KeyState {
     /// 0 when nothing is stored; every commit increments it and is conditional on the value read.
     pub version: u64,
-    pub watermarks: BTreeMap<Origin, Watermark>,
+    pub watermarks: Watermarks,
     pub slots: BTreeMap<String, SlotData>,
     /// Outputs committed with the state and not yet confirmed sent (outbox delivery).
     pub outbox: Vec<Output>,
-    /// Epoch seconds after which the state counts as absent.
+    /// Epoch seconds after which the slots count as absent. Watermarks and outbox stay.
     pub expires_at: Option<i64>,
-    /// Segments (slot, id) that the stored head no longer references: the store deletes them.
-    pub garbage: Vec<(String, u64)>,
-    /// Segments this change stops referencing. The stored head still references them until the
-    /// commit succeeds, so they are only recorded as garbage and deleted by a later commit.
-    pub retired: Vec<(String, u64)>,
+    /// The store's own notes on the key as loaded.
+    pub memo: StoreMemo,
 }
 
 impl KeyState {
-    /// True when the record at `sequence` from `origin` was already applied to this key.
-    pub fn has_applied(&self, origin: &Origin, sequence: &SequenceNumber) -> bool {
-        self.watermarks
-            .get(origin)
-            .is_some_and(|w| *sequence <= w.sequence)
-    }
-
-    /// Records `sequence` from `origin` as applied.
-    pub fn advance(&mut self, origin: &Origin, sequence: &SequenceNumber, at_millis: i64) {
-        let entry = self
-            .watermarks
-            .entry(origin.clone())
-            .or_insert_with(|| Watermark {
-                sequence: sequence.clone(),
-                at_millis,
-            });
-        if *sequence >= entry.sequence {
-            entry.sequence = sequence.clone();
-            entry.at_millis = at_millis;
-        }
-    }
-
-    /// Forgets origins whose last record arrived more than `retention_millis` before `now_millis`:
-    /// no stream redelivers records older than its retention, so their watermarks guard nothing.
-    pub fn prune_watermarks(&mut self, now_millis: i64, retention_millis: i64) {
-        self.watermarks
-            .retain(|_, w| now_millis - w.at_millis <= retention_millis);
-    }
-
-    /// True when the state's TTL has passed at `now_secs`.
+    /// True when the slots' TTL has passed at `now_secs`.
     pub fn is_expired(&self, now_secs: i64) -> bool {
         self.expires_at.is_some_and(|t| t <= now_secs)
     }
 
-    /// Drops every slot and outbox entry but keeps the version and the watermarks; the dropped
-    /// segments are retired. Used when the state expired or was reset.
-    pub fn clear_contents(&mut self) {
-        for (name, slot) in std::mem::take(&mut self.slots) {
-            self.retired
-                .extend(slot.segments.iter().map(|s| (name.clone(), s.id)));
-        }
-        self.outbox.clear();
+    /// Drops every slot but keeps the version, the watermarks and the outbox: what an expired or
+    /// reset key keeps. The outbox holds outputs already promised: no TTL may lose them.
+    pub fn clear_slots(&mut self) {
+        self.slots.clear();
         self.expires_at = None;
     }
 }
@@ -170,39 +249,61 @@ mod tests {
 
     #[test]
     fn a_record_at_or_below_the_watermark_counts_as_applied() {
-        let origin = Origin("s/shardId-0".into());
-        let mut state = KeyState::default();
-        assert!(!state.has_applied(&origin, &seq(5)));
-        state.advance(&origin, &seq(5), 0);
-        assert!(state.has_applied(&origin, &seq(5)));
-        assert!(state.has_applied(&origin, &seq(4)));
-        assert!(!state.has_applied(&origin, &seq(6)));
-        assert!(!state.has_applied(&Origin("s/shardId-1".into()), &seq(1)));
+        let lineage = Origin("s/shardId-0/pk".into());
+        let mut marks = Watermarks::default();
+        assert!(!marks.has_applied(&lineage, &seq(5), Some(0)));
+        marks.advance(&lineage, &seq(5), 0);
+        assert!(marks.has_applied(&lineage, &seq(5), Some(0)));
+        assert!(marks.has_applied(&lineage, &seq(4), None));
+        assert!(!marks.has_applied(&lineage, &seq(6), Some(0)));
+        assert!(!marks.has_applied(&Origin("s/shardId-1/pk".into()), &seq(1), Some(0)));
     }
 
     #[test]
     fn a_watermark_never_moves_backwards() {
-        let origin = Origin("s/shardId-0".into());
-        let mut state = KeyState::default();
-        state.advance(&origin, &seq(9), 0);
-        state.advance(&origin, &seq(3), 0);
-        assert_eq!(state.watermarks[&origin].sequence, seq(9));
+        let lineage = Origin("s/shardId-0".into());
+        let mut marks = Watermarks::default();
+        marks.advance(&lineage, &seq(9), 1_000);
+        marks.advance(&lineage, &seq(3), 1_000);
+        assert_eq!(marks.get(&lineage).unwrap().sequence, seq(9));
+        marks.merge(
+            lineage.clone(),
+            Watermark {
+                sequence: seq(4),
+                at_millis: 0,
+            },
+        );
+        assert_eq!(marks.get(&lineage).unwrap().sequence, seq(9));
+    }
+
+    #[test]
+    fn a_lower_sequence_number_that_arrived_well_after_the_watermark_comes_from_a_recreated_stream()
+    {
+        let lineage = Origin("s/shardId-0".into());
+        let mut marks = Watermarks::default();
+        marks.advance(&lineage, &seq(900), 10_000);
+        // A redelivery carries its first arrival time, at or before the watermark's.
+        assert!(marks.has_applied(&lineage, &seq(500), Some(9_000)));
+        assert!(marks.has_applied(&lineage, &seq(500), Some(10_000 + RECREATED_AFTER_MILLIS)));
+        // The same stream name created again: numbers start low, arrivals are later.
+        let later = 10_000 + RECREATED_AFTER_MILLIS + 1;
+        assert!(!marks.has_applied(&lineage, &seq(5), Some(later)));
+        marks.advance(&lineage, &seq(5), later);
+        assert_eq!(marks.get(&lineage).unwrap().sequence, seq(5));
+        assert!(marks.has_applied(&lineage, &seq(5), Some(later)));
     }
 
     #[test]
     fn watermarks_older_than_the_retention_are_pruned() {
-        let mut state = KeyState::default();
-        state.advance(&Origin("old".into()), &seq(1), 1_000);
-        state.advance(&Origin("new".into()), &seq(1), 90_000);
-        state.prune_watermarks(100_000, 50_000);
+        let mut marks = Watermarks::default();
+        marks.advance(&Origin("old".into()), &seq(1), 1_000);
+        marks.advance(&Origin("new".into()), &seq(1), 90_000);
+        marks.prune(100_000, 50_000);
         assert_eq!(
-            state
-                .watermarks
-                .keys()
-                .map(|o| o.as_str())
-                .collect::<Vec<_>>(),
+            marks.iter().map(|(o, _)| o.as_str()).collect::<Vec<_>>(),
             ["new"]
         );
+        assert_eq!(marks.latest_arrival(), Some(90_000));
     }
 
     fn raw(text: &str) -> Box<RawValue> {
@@ -210,46 +311,18 @@ mod tests {
     }
 
     #[test]
-    fn appending_to_a_slot_keeps_its_segments() {
-        let mut slot = SlotData {
-            segments: vec![Segment {
-                id: 1,
-                len: 2,
-                expires_at: None,
-            }],
-            entries: vec![raw("1"), raw("2"), raw("3")],
-        };
-        let dropped = slot.apply(SlotUpdate {
+    fn an_update_keeps_count_of_the_entries_still_as_loaded() {
+        let mut slot = SlotData::loaded(vec![raw("1"), raw("2"), raw("3")]);
+        slot.apply(SlotUpdate {
             keep: 3,
             tail: vec![raw("4")],
         });
-        assert!(dropped.is_empty());
-        assert_eq!(slot.segments.len(), 1);
-        assert_eq!(
-            slot.inline_entries()
-                .iter()
-                .map(|r| r.get())
-                .collect::<Vec<_>>(),
-            ["3", "4"]
-        );
-    }
-
-    #[test]
-    fn rewriting_a_segmented_prefix_drops_the_segments() {
-        let mut slot = SlotData {
-            segments: vec![Segment {
-                id: 1,
-                len: 2,
-                expires_at: None,
-            }],
-            entries: vec![raw("1"), raw("2"), raw("3")],
-        };
-        let dropped = slot.apply(SlotUpdate {
+        assert_eq!(slot.kept, 3);
+        slot.apply(SlotUpdate {
             keep: 1,
             tail: vec![raw("9")],
         });
-        assert_eq!(dropped, vec![1]);
-        assert!(slot.segments.is_empty());
+        assert_eq!(slot.kept, 1);
         assert_eq!(
             slot.entries.iter().map(|r| r.get()).collect::<Vec<_>>(),
             ["1", "9"]
@@ -257,25 +330,25 @@ mod tests {
     }
 
     #[test]
-    fn clearing_contents_retires_segments_and_keeps_the_version() {
+    fn clearing_slots_keeps_version_watermarks_and_outbox() {
         let mut state = KeyState {
             version: 7,
             ..Default::default()
         };
-        state.slots.insert(
-            "buffer".into(),
-            SlotData {
-                segments: vec![Segment {
-                    id: 3,
-                    len: 1,
-                    expires_at: None,
-                }],
-                entries: vec![],
-            },
-        );
-        state.clear_contents();
+        state.watermarks.advance(&Origin("o".into()), &seq(1), 0);
+        state
+            .slots
+            .insert("buffer".into(), SlotData::loaded(vec![raw("1")]));
+        state.outbox.push(Output {
+            id: crate::domain::OutputId("x".into()),
+            sink: "s".into(),
+            partition_key: "k".into(),
+            body: "{}".into(),
+        });
+        state.clear_slots();
         assert!(state.slots.is_empty());
-        assert_eq!(state.retired, vec![("buffer".to_owned(), 3)]);
         assert_eq!(state.version, 7);
+        assert_eq!(state.watermarks.len(), 1);
+        assert_eq!(state.outbox.len(), 1);
     }
 }

@@ -372,7 +372,7 @@ impl LocalTable {
             return (Err(err), 0.0);
         }
         let mut state = self.state.lock().expect("table lock");
-        if expect != Expect::Anything && self.faults.draw_conflict() {
+        if matches!(expect, Expect::Version(_)) && self.faults.draw_conflict() {
             // A concurrent writer commits the same state first: the version moves, nothing else.
             if let Some(existing) = state.items.get_mut(&key) {
                 if let Some(v) = existing
@@ -387,13 +387,18 @@ impl LocalTable {
         }
         let existing = state.items.get(&key);
         let old_size = existing.map(item_size).unwrap_or(0);
-        let holds = match expect {
+        let holds = match &expect {
             Expect::Anything => true,
+            Expect::Raise { attribute, value } => existing.is_none_or(|i| {
+                i.get(*attribute)
+                    .and_then(AttrValue::as_s)
+                    .is_some_and(|s| s < value.as_str())
+            }),
             Expect::Absent => existing.is_none(),
             Expect::Version(v) => existing
                 .and_then(|i| i.get(VERSION))
                 .and_then(AttrValue::as_n)
-                .is_some_and(|n| n.parse::<u64>() == Ok(v)),
+                .is_some_and(|n| n.parse::<u64>() == Ok(*v)),
         };
         // A failed condition still consumes write capacity.
         let units = write_units(size.max(old_size));
@@ -401,6 +406,15 @@ impl LocalTable {
             return (Err(StoreError::Conflict), units);
         }
         self.write(&mut state, key, Some(item), false);
+        if self.faults.draw_lost_response() {
+            // The write landed; the caller only hears that the call timed out.
+            return (
+                Err(StoreError::Unavailable(
+                    "the PutItem response was lost (timed out)".into(),
+                )),
+                units,
+            );
+        }
         (Ok(()), units)
     }
 

@@ -30,7 +30,7 @@ use super::faults::Faults;
 use super::kinesis::{LocalKinesis, StoredRecord};
 use super::sqs::LocalSqs;
 use crate::domain::item::item_to_dynamodb_json;
-use crate::lambda::{FunctionError, Handler};
+use crate::lambda::{FunctionError, Handler, Invocation};
 use crate::ports::Clock;
 
 /// Lambda's limit on the payload of one invocation.
@@ -345,8 +345,13 @@ impl EventSourceMapping {
             invocations.push((i, batch));
         }
         let handler = self.handler.clone();
-        let calls = invocations.iter().map(|(_, batch)| {
+        let deadline = now + self.settings.function_timeout.as_millis() as i64;
+        let calls = invocations.iter().map(|(i, batch)| {
             let event = self.event(batch);
+            let invocation = Invocation {
+                request_id: format!("{}-{i}-{}", self.name, self.stats.invocations),
+                deadline_millis: Some(deadline),
+            };
             let timeout = if self.faults.draw(self.faults.plan().timeout) {
                 // Stopped somewhere in the middle, wherever it is by then.
                 Duration::from_micros(self.faults.pick(4_000))
@@ -359,13 +364,15 @@ impl EventSourceMapping {
                 .then(|| event.clone());
             let handler = handler.clone();
             async move {
-                let result = match tokio::time::timeout(timeout, handler.handle(&event)).await {
+                let call = handler.handle(&event, &invocation);
+                let result = match tokio::time::timeout(timeout, call).await {
                     Ok(result) => result.map_err(|e| (e, false)),
                     Err(_) => Err((FunctionError("Task timed out".into()), true)),
                 };
                 if let (Ok(_), Some(again)) = (&result, duplicate) {
                     // The same batch once more, as a lost acknowledgement makes Lambda do.
-                    let _ = tokio::time::timeout(timeout, handler.handle(&again)).await;
+                    let again = handler.handle(&again, &invocation);
+                    let _ = tokio::time::timeout(timeout, again).await;
                     return (result, true);
                 }
                 (result, false)

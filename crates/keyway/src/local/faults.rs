@@ -16,6 +16,8 @@ pub struct FaultPlan {
     pub partial_failure: f64,
     /// A conditional write meets the commit of a concurrent writer.
     pub conflict: f64,
+    /// A write lands but its response is lost: the caller sees a timeout (PutItem).
+    pub lost_response: f64,
     /// An invocation dies after emitting and before committing.
     pub crash_before_commit: f64,
     /// The event source mapping delivers a batch again after it succeeded.
@@ -32,6 +34,7 @@ impl FaultPlan {
             throttle: probability,
             partial_failure: probability,
             conflict: probability,
+            lost_response: probability,
             crash_before_commit: probability,
             duplicate_delivery: probability,
             timeout: probability,
@@ -91,6 +94,10 @@ impl Faults {
 
     pub fn draw_conflict(&self) -> bool {
         self.draw(self.plan.conflict)
+    }
+
+    pub fn draw_lost_response(&self) -> bool {
+        self.draw(self.plan.lost_response)
     }
 
     /// A number in `0..bound`, from the same generator.

@@ -21,7 +21,9 @@ use crate::adapters::retry::Backoff;
 use crate::adapters::sqs::SqsSink;
 use crate::domain::KeyState;
 use crate::lambda::{Env, Handler, Platform, SinkTarget};
-use crate::ports::{Clock, Commit, Namespace, Sink, StateStore, StoreError};
+use crate::ports::{
+    Clock, Commit, Committed, LoadKey, Namespace, Sink, StateStore, StoreError, StoreLimits,
+};
 
 /// Kinesis, DynamoDB and SQS in memory, on one virtual clock, with one fault plan.
 pub struct LocalServices {
@@ -137,23 +139,35 @@ impl CrashBeforeCommit {
 
 #[async_trait]
 impl StateStore for CrashBeforeCommit {
-    async fn load(
+    async fn load_keys(
         &self,
         namespace: &Namespace,
-        keys: &[String],
+        keys: &[LoadKey],
     ) -> Result<std::collections::HashMap<String, KeyState>, StoreError> {
-        self.inner.load(namespace, keys).await
+        self.inner.load_keys(namespace, keys).await
     }
 
     async fn commit(
         &self,
         namespace: &Namespace,
         commits: Vec<Commit>,
-    ) -> Vec<Result<(), StoreError>> {
+    ) -> Vec<Result<Committed, StoreError>> {
         if self.faults.draw(self.faults.plan().crash_before_commit) {
             return futures::future::pending().await;
         }
         self.inner.commit(namespace, commits).await
+    }
+
+    async fn clear_outbox(
+        &self,
+        namespace: &Namespace,
+        committed: Vec<Committed>,
+    ) -> Vec<Result<(), StoreError>> {
+        self.inner.clear_outbox(namespace, committed).await
+    }
+
+    fn limits(&self) -> StoreLimits {
+        self.inner.limits()
     }
 }
 

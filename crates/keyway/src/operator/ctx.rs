@@ -13,13 +13,15 @@ use super::{
 use crate::domain::{KeyState, Output, OutputId, SlotData, SourceRecord};
 
 static EMPTY_SLOT: SlotData = SlotData {
-    segments: Vec::new(),
     entries: Vec::new(),
+    kept: 0,
 };
 
 /// The context of one `process` call.
 pub struct Ctx<'a> {
     pub(crate) key: &'a str,
+    /// The operator's name: part of every output id.
+    pub(crate) operator: &'a str,
     pub(crate) record: &'a SourceRecord,
     pub(crate) now_millis: i64,
     pub(crate) declared: &'a [StateDescriptor],
@@ -121,7 +123,13 @@ impl<'a> Ctx<'a> {
         }
         let index = u32::try_from(self.outputs.len()).expect("fewer than 2^32 outputs per record");
         self.outputs.push(Output {
-            id: OutputId::derive(&self.record.origin, &self.record.sequence, index),
+            id: OutputId::derive(
+                self.operator,
+                sink,
+                &self.record.origin,
+                &self.record.sequence,
+                index,
+            ),
             sink: sink.to_owned(),
             partition_key: partition_key.into(),
             body,

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::{epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem};
-use crate::domain::hash::sha256_hex;
+use crate::domain::hash::xxh3_128_hex;
 use crate::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
 use crate::domain::{Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord};
 use crate::executor::RejectedRecord;
@@ -20,6 +20,12 @@ pub fn table_name(arn: &str) -> Option<&str> {
     Some(rest.split_once("/stream/").map_or(rest, |(table, _)| table))
 }
 
+/// The stream label in a stream ARN: a table deleted and created again, or whose stream was turned
+/// off and on, has a new label, and its sequence numbers start over.
+pub fn stream_label(arn: &str) -> Option<&str> {
+    arn.split_once("/stream/").map(|(_, label)| label)
+}
+
 /// The record JSON moves into the result: it is kept, not copied, for a dead letter.
 // A batch holds records and rejections side by side, both about as large: boxing the rejection
 // would only add an allocation.
@@ -28,6 +34,7 @@ fn decode_record(raw: Value) -> Result<SourceRecord, RejectedRecord> {
     match parse(&raw) {
         Ok((origin, sequence, arrival_millis, change)) => Ok(SourceRecord {
             partition_key: item_to_dynamodb_json(&change.keys).to_string(),
+            lineage: origin.clone(),
             origin,
             sequence,
             arrival_millis,
@@ -59,14 +66,22 @@ fn parse(raw: &Value) -> Result<(Origin, SequenceNumber, Option<i64>, Change), P
         )),
         None => Err("dynamodb.SequenceNumber: missing".to_owned()),
     };
-    // All changes of one item are ordered, so the item is the origin (see `Origin`).
+    // All changes of one item are ordered, so the item is the origin (see `Origin`), within one
+    // stream of the table: a new stream's sequence numbers start over.
+    let label = raw
+        .get("eventSourceARN")
+        .and_then(Value::as_str)
+        .and_then(stream_label);
     let origin = keys.as_ref().ok().map(|keys| {
         let canonical = item_to_dynamodb_json(keys).to_string();
-        Origin(format!(
-            "{}/{}",
-            table.as_deref().unwrap_or(""),
-            sha256_hex(&[canonical.as_bytes()], 16)
-        ))
+        let mut text = table.as_deref().unwrap_or("").to_owned();
+        if let Some(label) = label {
+            text.push('@');
+            text.push_str(label);
+        }
+        text.push('/');
+        text.push_str(&xxh3_128_hex(&[canonical.as_bytes()]));
+        Origin(text)
     });
     let (keys, sequence, origin) = match (keys, sequence, origin) {
         (Ok(k), Ok(s), Some(o)) => (k, s, o),
@@ -177,9 +192,30 @@ mod tests {
         );
         assert!(change.old_image.is_none());
         assert!(!change.ttl_deletion);
-        assert!(r.origin.as_str().starts_with("policies/"));
+        assert!(
+            r.origin
+                .as_str()
+                .starts_with("policies@2015-06-27T00:48:05.899/"),
+            "{}",
+            r.origin
+        );
+        assert_eq!(r.lineage, r.origin, "one item's changes are one lineage");
         assert_eq!(r.partition_key, r#"{"Id":{"N":"101"}}"#);
         assert_eq!(r.arrival_millis, Some(1_479_499_740_000));
+    }
+
+    #[test]
+    fn the_same_item_in_a_new_stream_of_the_table_is_another_lineage() {
+        let mut again = record("INSERT", "1");
+        again["eventSourceARN"] = Value::String(
+            "arn:aws:dynamodb:eu-west-1:123456789012:table/policies/stream/2026-01-01T00:00:00.000"
+                .into(),
+        );
+        let batch = decode_event(json!({"Records": [record("INSERT", "1"), again]})).unwrap();
+        assert_ne!(
+            batch[0].as_ref().unwrap().lineage,
+            batch[1].as_ref().unwrap().lineage
+        );
     }
 
     #[test]

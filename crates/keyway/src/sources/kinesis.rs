@@ -4,6 +4,7 @@ use base64::Engine as _;
 use serde_json::Value;
 
 use super::{epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem};
+use crate::domain::hash::xxh3_128_hex;
 use crate::domain::{Origin, Payload, SequenceNumber, SourceRecord};
 use crate::executor::RejectedRecord;
 
@@ -25,6 +26,7 @@ pub fn stream_name(arn: &str) -> &str {
 fn decode_record(raw: Value) -> Result<SourceRecord, RejectedRecord> {
     match parse(&raw) {
         Ok((origin, sequence, partition_key, arrival_millis, data)) => Ok(SourceRecord {
+            lineage: lineage(&origin, &partition_key),
             origin,
             sequence,
             partition_key,
@@ -37,6 +39,26 @@ fn decode_record(raw: Value) -> Result<SourceRecord, RejectedRecord> {
 }
 
 type Parsed = (Origin, SequenceNumber, String, Option<i64>, Vec<u8>);
+
+/// Partition keys longer than this are named by their hash in a lineage.
+const LINEAGE_KEY_MAX: usize = 64;
+
+/// The lineage of a record: its shard and partition key (see `Origin`). A long partition key is
+/// replaced by its 128-bit hash, which keeps lineages short in the state that stores them.
+pub fn lineage(origin: &Origin, partition_key: &str) -> Origin {
+    let mut text = String::with_capacity(
+        origin.as_str().len() + 1 + LINEAGE_KEY_MAX.min(partition_key.len() + 1),
+    );
+    text.push_str(origin.as_str());
+    text.push('/');
+    if partition_key.len() <= LINEAGE_KEY_MAX {
+        text.push_str(partition_key);
+    } else {
+        text.push('~');
+        text.push_str(&xxh3_128_hex(&[partition_key.as_bytes()]));
+    }
+    Origin(text)
+}
 
 fn parse(raw: &Value) -> Result<Parsed, Problem> {
     let text = |v: Option<&Value>, field: &str| -> Result<String, String> {
@@ -129,6 +151,7 @@ mod tests {
         let batch = decode_event(event).unwrap();
         let r = batch[0].as_ref().unwrap();
         assert_eq!(r.origin.as_str(), "orders/shardId-000000000006");
+        assert_eq!(r.lineage.as_str(), "orders/shardId-000000000006/k1");
         assert_eq!(
             r.sequence.as_str(),
             "49590338271490256608559692538361571095921575989136588898"
@@ -136,6 +159,18 @@ mod tests {
         assert_eq!(r.partition_key, "k1");
         assert_eq!(r.payload, Payload::Bytes(b"Hello".to_vec()));
         assert_eq!(r.arrival_millis, Some(1_545_084_650_987));
+    }
+
+    #[test]
+    fn a_long_partition_key_is_named_by_its_hash_in_the_lineage() {
+        let origin = Origin("orders/shardId-000000000006".into());
+        let long = "k".repeat(256);
+        let lineage = lineage(&origin, &long);
+        assert!(lineage
+            .as_str()
+            .starts_with("orders/shardId-000000000006/~"));
+        assert_eq!(lineage.as_str().len(), origin.as_str().len() + 2 + 32);
+        assert_ne!(lineage, super::lineage(&origin, &"k".repeat(255)));
     }
 
     #[test]

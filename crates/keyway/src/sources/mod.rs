@@ -67,8 +67,11 @@ pub fn dynamodb_response(report: &BatchReport) -> DynamoDbEventResponse {
 pub async fn run_kinesis<O: KeyedOperator>(
     executor: &Executor<O>,
     event: Value,
+    deadline_millis: Option<i64>,
 ) -> Result<KinesisEventResponse, String> {
-    let report = executor.run(kinesis::decode_event(event)?).await;
+    let report = executor
+        .run_until(kinesis::decode_event(event)?, deadline_millis)
+        .await;
     match report.unreportable_failure {
         Some(reason) => Err(reason),
         None => Ok(kinesis_response(&report)),
@@ -79,8 +82,11 @@ pub async fn run_kinesis<O: KeyedOperator>(
 pub async fn run_dynamodb<O: KeyedOperator>(
     executor: &Executor<O>,
     event: Value,
+    deadline_millis: Option<i64>,
 ) -> Result<DynamoDbEventResponse, String> {
-    let report = executor.run(dynamodb::decode_event(event)?).await;
+    let report = executor
+        .run_until(dynamodb::decode_event(event)?, deadline_millis)
+        .await;
     match report.unreportable_failure {
         Some(reason) => Err(reason),
         None => Ok(dynamodb_response(&report)),

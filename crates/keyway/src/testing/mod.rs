@@ -15,10 +15,11 @@ use crate::adapters::dynamodb::{
     DynamoStateStore, Expect, ItemKey, Table, WriteRequest, BATCH_GET_MAX, VERSION,
 };
 use crate::domain::{
-    AttrValue, Item, KeyState, Origin, Output, OutputId, SequenceNumber, SlotData,
+    AttrValue, Item, KeyState, Origin, Output, OutputId, SequenceNumber, SlotData, SlotUpdate,
 };
 use crate::ports::{
-    Clock, Commit, ManualClock, Namespace, Sink, SinkError, StateStore, StoreError,
+    Clock, Commit, Committed, LoadKey, ManualClock, Namespace, Sink, SinkError, StateStore,
+    StoreError,
 };
 
 fn item(pk: &str, sk: &str, version: u64, payload: &str) -> Item {
@@ -84,6 +85,34 @@ pub async fn table_contract<T: Table>(table: &T) {
         .put(item("a", "head", 9, "any"), Expect::Anything)
         .await
         .expect("unconditional put");
+
+    // A put that only raises a string attribute: on an absent item, over a lower value, never
+    // over an equal or higher one.
+    let raise = |value: &str| Expect::Raise {
+        attribute: "payload",
+        value: value.to_owned(),
+    };
+    table
+        .put(item("r", "wm", 1, "005"), raise("005"))
+        .await
+        .expect("raise on an absent item");
+    table
+        .put(item("r", "wm", 1, "007"), raise("007"))
+        .await
+        .expect("raise over a lower value");
+    for lower_or_equal in ["006", "007"] {
+        assert_eq!(
+            table
+                .put(item("r", "wm", 1, lower_or_equal), raise(lower_or_equal))
+                .await,
+            Err(StoreError::Conflict),
+            "{lower_or_equal} must not replace 007"
+        );
+    }
+    assert_eq!(
+        table.get(&key("r", "wm")).await.unwrap().unwrap()["payload"],
+        AttrValue::S("007".into())
+    );
 
     // Batch writes and reads, with missing keys simply absent from the answer.
     let writes: Vec<WriteRequest> = (0..25)
@@ -177,13 +206,9 @@ fn seq(n: u64) -> SequenceNumber {
 fn state_with(slots: &[(&str, Vec<Box<RawValue>>)]) -> KeyState {
     let mut state = KeyState::default();
     for (name, entries) in slots {
-        state.slots.insert(
-            (*name).to_owned(),
-            SlotData {
-                segments: Vec::new(),
-                entries: entries.clone(),
-            },
-        );
+        state
+            .slots
+            .insert((*name).to_owned(), SlotData::fresh(entries.clone()));
     }
     state
 }
@@ -200,20 +225,110 @@ async fn commit_one(
     store: &dyn StateStore,
     ns: &Namespace,
     key: &str,
-    expected: u64,
     state: KeyState,
-) -> Result<(), StoreError> {
+) -> Result<Committed, StoreError> {
+    let version = state.version;
     store
-        .commit(
-            ns,
-            vec![Commit {
-                key: key.into(),
-                expected_version: expected,
-                state,
-            }],
-        )
+        .commit(ns, vec![Commit::new(key, version, state)])
         .await
         .remove(0)
+}
+
+async fn load_one(store: &dyn StateStore, ns: &Namespace, key: &str) -> KeyState {
+    store
+        .load(ns, &[key.to_owned()])
+        .await
+        .expect("load")
+        .remove(key)
+        .expect("every key asked for is answered")
+}
+
+/// Sort keys of the items under a key's partition, heads left out.
+async fn stored_items<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    key: &str,
+) -> Vec<String> {
+    let pk = DynamoStateStore::<T>::head_key(ns, key).pk;
+    let mut sks: Vec<String> = store
+        .table()
+        .query_partition(&pk)
+        .await
+        .expect("query")
+        .iter()
+        .filter_map(|i| i["sk"].as_s().map(str::to_owned))
+        .filter(|sk| sk != "head")
+        .collect();
+    sks.sort();
+    sks
+}
+
+fn watermark_at(millis: i64) -> impl Fn(u64) -> crate::domain::Watermark {
+    move |n| crate::domain::Watermark {
+        sequence: seq(n),
+        at_millis: millis,
+    }
+}
+
+/// A table that loses the response of chosen puts: the put lands, the caller hears a timeout.
+pub struct LosingResponses<T> {
+    inner: Arc<T>,
+    lose: std::sync::atomic::AtomicUsize,
+}
+
+impl<T> LosingResponses<T> {
+    pub fn new(inner: Arc<T>) -> Self {
+        Self {
+            inner,
+            lose: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The next `n` puts that land report a timeout instead.
+    pub fn lose_next(&self, n: usize) {
+        self.lose.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Table> Table for LosingResponses<T> {
+    async fn batch_get(
+        &self,
+        keys: &[ItemKey],
+    ) -> Result<crate::adapters::dynamodb::BatchGetOutput, StoreError> {
+        self.inner.batch_get(keys).await
+    }
+
+    async fn put(&self, item: Item, expect: Expect) -> Result<(), StoreError> {
+        self.inner.put(item, expect).await?;
+        let lost = self
+            .lose
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok();
+        if lost {
+            return Err(StoreError::Unavailable("the response was lost".into()));
+        }
+        Ok(())
+    }
+
+    async fn batch_write(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> Result<Vec<WriteRequest>, StoreError> {
+        self.inner.batch_write(requests).await
+    }
+
+    async fn get(&self, key: &ItemKey) -> Result<Option<Item>, StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
+        self.inner.query_partition(pk).await
+    }
 }
 
 /// The `StateStore` contract, on a `DynamoStateStore` over any table whose clock is `clock`.
@@ -225,44 +340,53 @@ pub async fn state_store_contract<T: Table + 'static>(
         operator: "contract".into(),
         signature: "0123456789abcdef".into(),
     };
+    basics(store, &ns, &clock).await;
+    large_lists(store, &ns).await;
+    expiry(store, &ns, &clock).await;
+    outboxes(store, &ns, &clock).await;
+    many_lineages(store, &ns, &clock).await;
+    lost_responses(store, &ns, &clock).await;
+}
 
+async fn basics<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    clock: &ManualClock,
+) {
     // An absent key loads empty at version 0.
-    let loaded = store.load(&ns, &["k1".into()]).await.expect("load");
-    assert_eq!(loaded["k1"].version, 0);
-    assert!(loaded["k1"].slots.is_empty());
+    let k1 = load_one(store, ns, "k1").await;
+    assert_eq!(k1.version, 0);
+    assert!(k1.slots.is_empty());
 
     // A commit stores slots, watermarks and outbox, and bumps the version.
+    let lineage = Origin("s/shardId-0/k1".into());
     let mut state = state_with(&[
         ("count", vec![raw("41")]),
         ("seen", vec![raw(r#"["a",1]"#), raw(r#"["b",2]"#)]),
     ]);
-    state.advance(&Origin("s/shardId-0".into()), &seq(17), clock.now_millis());
-    state.outbox.push(Output {
-        id: OutputId::derive(&Origin("s/shardId-0".into()), &seq(17), 0),
-        sink: "out".into(),
-        partition_key: "k1".into(),
-        body: "{\"n\":41}".into(),
-    });
-    commit_one(store, &ns, "k1", 0, state.clone())
+    state
+        .watermarks
+        .advance(&lineage, &seq(17), clock.now_millis());
+    state.outbox.push(output(17, "{\"n\":41}".into()));
+    let committed = commit_one(store, ns, "k1", state.clone())
         .await
         .expect("first commit");
-    let loaded = store.load(&ns, &["k1".into()]).await.expect("load");
-    let k1 = &loaded["k1"];
+    assert_eq!(committed.version, 1);
+    let k1 = load_one(store, ns, "k1").await;
     assert_eq!(k1.version, 1);
-    assert_eq!(entries_of(k1, "count"), ["41"]);
-    assert_eq!(entries_of(k1, "seen"), [r#"["a",1]"#, r#"["b",2]"#]);
-    assert!(k1.has_applied(&Origin("s/shardId-0".into()), &seq(17)));
+    assert_eq!(entries_of(&k1, "count"), ["41"]);
+    assert_eq!(entries_of(&k1, "seen"), [r#"["a",1]"#, r#"["b",2]"#]);
+    assert!(k1.watermarks.has_applied(&lineage, &seq(17), None));
     assert_eq!(k1.outbox, state.outbox);
 
     // A commit at a stale version conflicts and changes nothing.
     let stale = state_with(&[("count", vec![raw("999")])]);
     assert_eq!(
-        commit_one(store, &ns, "k1", 0, stale.clone()).await,
+        commit_one(store, ns, "k1", stale).await.map(|c| c.version),
         Err(StoreError::Conflict)
     );
-    let loaded = store.load(&ns, &["k1".into()]).await.unwrap();
     assert_eq!(
-        entries_of(&loaded["k1"], "count"),
+        entries_of(&load_one(store, ns, "k1").await, "count"),
         ["41"],
         "a conflicting commit must not write"
     );
@@ -272,42 +396,55 @@ pub async fn state_store_contract<T: Table + 'static>(
         operator: "contract".into(),
         signature: "fedcba9876543210".into(),
     };
-    assert_eq!(
-        store.load(&other, &["k1".into()]).await.unwrap()["k1"].version,
-        0
-    );
+    assert_eq!(load_one(store, &other, "k1").await.version, 0);
 
     // Many keys load in one call of the store (more than one BatchGetItem).
     let keys: Vec<String> = (0..250).map(|i| format!("many-{i}")).collect();
     let commits = keys
         .iter()
-        .map(|k| Commit {
-            key: k.clone(),
-            expected_version: 0,
-            state: state_with(&[("count", vec![raw(&format!("\"{k}\""))])]),
+        .map(|k| {
+            Commit::new(
+                k.clone(),
+                0,
+                state_with(&[("count", vec![raw(&format!("\"{k}\""))])]),
+            )
         })
         .collect();
     assert!(
-        store.commit(&ns, commits).await.iter().all(Result::is_ok),
+        store.commit(ns, commits).await.iter().all(Result::is_ok),
         "250 independent commits"
     );
-    let loaded = store.load(&ns, &keys).await.expect("load 250 keys");
+    let loaded = store.load(ns, &keys).await.expect("load 250 keys");
     assert_eq!(loaded.len(), 250);
     for k in &keys {
         assert_eq!(entries_of(&loaded[k], "count"), [format!("\"{k}\"")]);
     }
 
+    // A long key round-trips.
+    let long_key = "k".repeat(3000);
+    commit_one(
+        store,
+        ns,
+        &long_key,
+        state_with(&[("count", vec![raw("3")])]),
+    )
+    .await
+    .expect("long key");
+    assert_eq!(
+        entries_of(&load_one(store, ns, &long_key).await, "count"),
+        ["3"]
+    );
+}
+
+async fn large_lists<T: Table + 'static>(store: &DynamoStateStore<T>, ns: &Namespace) {
     // A list of 10,000 entries of 2 KB (20 MB, fifty times DynamoDB's item limit) stores and loads.
     let entry = |i: usize| raw(&format!("\"{i:05}{}\"", "x".repeat(2043)));
     let big: Vec<Box<RawValue>> = (0..10_000).map(entry).collect();
-    commit_one(store, &ns, "big", 0, state_with(&[("buffer", big)]))
+    commit_one(store, ns, "big", state_with(&[("buffer", big)]))
         .await
         .expect("commit a 20 MB list");
-    let loaded = store
-        .load(&ns, &["big".into()])
-        .await
-        .expect("load a 20 MB list");
-    let list = &loaded["big"].slots["buffer"];
+    let loaded = load_one(store, ns, "big").await;
+    let list = &loaded.slots["buffer"];
     assert_eq!(list.entries.len(), 10_000);
     assert!(
         list.entries
@@ -316,129 +453,304 @@ pub async fn state_store_contract<T: Table + 'static>(
             .all(|(i, e)| e.get().starts_with(&format!("\"{i:05}"))),
         "order kept"
     );
-    let segments_before = list.segments.clone();
+    let segments_before = stored_items(store, ns, "big").await;
     assert!(
-        !segments_before.is_empty(),
-        "a 20 MB list lives in segments"
+        segments_before.len() >= 50,
+        "a 20 MB list lives in segments: {}",
+        segments_before.len()
     );
 
     // Appending keeps every segment and writes only the new entries.
-    let mut grown = loaded["big"].clone();
+    let mut grown = loaded.clone();
     grown
         .slots
         .get_mut("buffer")
         .unwrap()
         .entries
         .push(entry(10_000));
-    commit_one(store, &ns, "big", 1, grown)
-        .await
-        .expect("append");
-    let loaded = store.load(&ns, &["big".into()]).await.unwrap();
-    let list = &loaded["big"].slots["buffer"];
-    assert_eq!(list.entries.len(), 10_001);
-    assert_eq!(
-        list.segments, segments_before,
+    commit_one(store, ns, "big", grown).await.expect("append");
+    let loaded = load_one(store, ns, "big").await;
+    assert_eq!(loaded.slots["buffer"].entries.len(), 10_001);
+    let after_append = stored_items(store, ns, "big").await;
+    assert!(
+        segments_before.iter().all(|sk| after_append.contains(sk)),
         "an append must not rewrite segments"
     );
 
-    // Replacing the list retires its segments; the next commit deletes them.
-    let head_pk = DynamoStateStore::<T>::head_key(&ns, "big").pk;
-    let mut replaced = loaded["big"].clone();
-    let old = replaced.slots.remove("buffer").unwrap();
-    replaced
-        .retired
-        .extend(old.segments.iter().map(|s| ("buffer".to_owned(), s.id)));
-    replaced.slots.insert(
-        "buffer".into(),
-        SlotData {
-            segments: Vec::new(),
-            entries: vec![raw("1")],
-        },
-    );
-    commit_one(store, &ns, "big", 2, replaced)
+    // Replacing the list leaves its segments unreferenced; the next commit deletes them.
+    let mut replaced = loaded.clone();
+    replaced.slots.get_mut("buffer").unwrap().apply(SlotUpdate {
+        keep: 0,
+        tail: vec![raw("1")],
+    });
+    commit_one(store, ns, "big", replaced)
         .await
         .expect("replace");
-    let loaded = store.load(&ns, &["big".into()]).await.unwrap();
-    assert_eq!(entries_of(&loaded["big"], "buffer"), ["1"]);
-    assert_eq!(
-        loaded["big"].garbage.len(),
-        segments_before.len(),
-        "retired segments are listed as garbage"
-    );
-    commit_one(store, &ns, "big", 3, loaded["big"].clone())
+    let loaded = load_one(store, ns, "big").await;
+    assert_eq!(entries_of(&loaded, "buffer"), ["1"]);
+    commit_one(store, ns, "big", loaded)
         .await
         .expect("commit that collects garbage");
-    let items = store.table().query_partition(&head_pk).await.unwrap();
     assert_eq!(
-        items.len(),
-        1,
+        stored_items(store, ns, "big").await,
+        Vec::<String>::new(),
         "only the head remains once garbage is collected"
     );
-    assert!(store.load(&ns, &["big".into()]).await.unwrap()["big"]
-        .garbage
-        .is_empty());
+}
 
-    // State past its TTL loads empty but keeps its version, so it can be replaced.
+async fn expiry<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    clock: &ManualClock,
+) {
+    // Slots past their TTL load empty but keep the version, the watermarks and the outbox.
+    let lineage = Origin("s/shardId-0/ttl".into());
     let mut expiring = state_with(&[("count", vec![raw("5")])]);
     let now_secs = clock.now_millis() / 1000;
     expiring.expires_at = Some(now_secs + 60);
-    commit_one(store, &ns, "ttl", 0, expiring)
+    expiring
+        .watermarks
+        .advance(&lineage, &seq(5), clock.now_millis());
+    expiring.outbox.push(output(5, "{\"owed\":true}".into()));
+    commit_one(store, ns, "ttl", expiring)
         .await
         .expect("commit with ttl");
     assert_eq!(
-        entries_of(
-            &store.load(&ns, &["ttl".into()]).await.unwrap()["ttl"],
-            "count"
-        ),
+        entries_of(&load_one(store, ns, "ttl").await, "count"),
         ["5"]
     );
-    clock.advance(61_000);
-    let loaded = store.load(&ns, &["ttl".into()]).await.unwrap();
+    let head_key = DynamoStateStore::<T>::head_key(ns, "ttl");
+    let head = store.table().get(&head_key).await.unwrap().unwrap();
     assert!(
-        loaded["ttl"].slots.is_empty(),
-        "expired state is never returned"
+        !head.contains_key(crate::adapters::dynamodb::TTL),
+        "a head holding an outbox never expires"
     );
-    assert_eq!(loaded["ttl"].version, 1);
+    clock.advance(61_000);
+    let loaded = load_one(store, ns, "ttl").await;
+    assert!(loaded.slots.is_empty(), "expired slots are never returned");
+    assert_eq!(loaded.version, 1);
+    assert!(
+        loaded.watermarks.has_applied(&lineage, &seq(5), None),
+        "watermarks outlive the slots"
+    );
+    assert_eq!(loaded.outbox.len(), 1, "an outbox never expires");
+
+    // The replacing commit (outbox sent) sets a TTL that covers the watermarks' redeliveries.
+    let mut replacing = loaded;
+    replacing.outbox.clear();
+    replacing
+        .slots
+        .insert("count".into(), SlotData::fresh(vec![raw("1")]));
+    replacing.expires_at = Some(clock.now_millis() / 1000 + 60);
+    let version = replacing.version;
+    let window = Duration::from_secs(24 * 3600);
+    let commit = Commit {
+        key: "ttl".into(),
+        expected_version: version,
+        state: replacing,
+        redelivery_window: window,
+    };
+    store
+        .commit(ns, vec![commit])
+        .await
+        .remove(0)
+        .expect("replace expired state");
+    let head = store.table().get(&head_key).await.unwrap().unwrap();
+    let ttl: i64 = head[crate::adapters::dynamodb::TTL]
+        .as_n()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        ttl >= now_secs + window.as_secs() as i64,
+        "the head lives while its watermarks guard redeliveries: ttl {ttl}"
+    );
+
+    // State without a TTL has no ttl attribute.
     commit_one(
         store,
-        &ns,
-        "ttl",
-        1,
+        ns,
+        "forever",
         state_with(&[("count", vec![raw("1")])]),
     )
     .await
-    .expect("replace expired state");
+    .unwrap();
     let head = store
         .table()
-        .get(&DynamoStateStore::<T>::head_key(&ns, "ttl"))
+        .get(&DynamoStateStore::<T>::head_key(ns, "forever"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!head.contains_key(crate::adapters::dynamodb::TTL));
+}
+
+async fn outboxes<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    clock: &ManualClock,
+) {
+    // An outbox larger than a head spills like a list, and clearing it leaves no trace.
+    let mut state = state_with(&[("count", vec![raw("1")])]);
+    state.watermarks.advance(
+        &Origin("s/shardId-0/ob".into()),
+        &seq(1),
+        clock.now_millis(),
+    );
+    state.outbox = (0..300)
+        .map(|i| output(i, format!("{{\"pad\":\"{}\"}}", "p".repeat(2000))))
+        .collect();
+    let committed = commit_one(store, ns, "ob", state)
+        .await
+        .expect("a 600 KB outbox");
+    let loaded = load_one(store, ns, "ob").await;
+    assert_eq!(loaded.outbox.len(), 300);
+    assert!(loaded
+        .outbox
+        .iter()
+        .enumerate()
+        .all(|(i, o)| o.id == output(i, String::new()).id));
+    assert!(
+        !stored_items(store, ns, "ob").await.is_empty(),
+        "it spilled"
+    );
+
+    let cleared = store.clear_outbox(ns, vec![committed]).await;
+    assert!(cleared.iter().all(Result::is_ok), "{cleared:?}");
+    let loaded = load_one(store, ns, "ob").await;
+    assert!(loaded.outbox.is_empty(), "a cleared outbox is gone");
+    assert_eq!(loaded.version, 1, "clearing does not move the version");
+    assert_eq!(entries_of(&loaded, "count"), ["1"]);
+    // A writer that read the key before the clear still commits, at the same version.
+    let mut next = loaded;
+    next.outbox.push(output(1, "{}".into()));
+    let committed = commit_one(store, ns, "ob", next)
+        .await
+        .expect("commit after a clear");
+    assert_eq!(
+        stored_items(store, ns, "ob").await,
+        Vec::<String>::new(),
+        "the spilled outbox was collected"
+    );
+
+    // A clear that comes after another commit leaves that commit alone.
+    let mut later = load_one(store, ns, "ob").await;
+    later.outbox.clear();
+    later.outbox.push(output(2, "{\"later\":1}".into()));
+    commit_one(store, ns, "ob", later)
+        .await
+        .expect("a later commit");
+    store
+        .clear_outbox(ns, vec![committed])
+        .await
+        .remove(0)
+        .expect("a stale clear is no error");
+    assert_eq!(
+        load_one(store, ns, "ob").await.outbox.len(),
+        1,
+        "the later outbox stays"
+    );
+}
+
+async fn many_lineages<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    clock: &ManualClock,
+) {
+    // A key fed by many lineages: the head holds the most recent, items the rest, and a load
+    // finds each lineage it is asked for.
+    let limits = store.limits();
+    let total = limits.lineages_per_commit * 3;
+    let lineage = |i: usize| Origin(format!("items@label/{i:06}"));
+    for round in 0..3 {
+        let mut state = load_one(store, ns, "fan-in").await;
+        assert_eq!(state.version, round as u64);
+        let base = round * limits.lineages_per_commit;
+        for i in base..base + limits.lineages_per_commit {
+            let mark = watermark_at(clock.now_millis() + i as i64);
+            state.watermarks.insert(lineage(i), mark(i as u64 + 1));
+        }
+        state.slots.insert(
+            "count".into(),
+            SlotData::fresh(vec![raw(&round.to_string())]),
+        );
+        commit_one(store, ns, "fan-in", state)
+            .await
+            .expect("a commit of new lineages");
+    }
+    let head = store
+        .table()
+        .get(&DynamoStateStore::<T>::head_key(ns, "fan-in"))
         .await
         .unwrap()
         .unwrap();
     assert!(
-        !head.contains_key(crate::adapters::dynamodb::TTL),
-        "state without a TTL has no ttl attribute"
+        crate::domain::item::item_size(&head) < 64 * 1024,
+        "the head stays small: {} bytes",
+        crate::domain::item::item_size(&head)
     );
+    let wanted: Vec<Origin> = (0..total).step_by(7).map(lineage).collect();
+    let loaded = store
+        .load_keys(
+            ns,
+            &[LoadKey {
+                key: "fan-in".into(),
+                lineages: wanted.clone(),
+            }],
+        )
+        .await
+        .expect("load with lineages")
+        .remove("fan-in")
+        .unwrap();
+    for l in &wanted {
+        let i: usize = l.as_str().rsplit('/').next().unwrap().parse().unwrap();
+        assert!(
+            loaded.watermarks.has_applied(l, &seq(i as u64 + 1), None),
+            "lineage {l} is known"
+        );
+        assert!(!loaded.watermarks.has_applied(l, &seq(i as u64 + 2), None));
+    }
+}
 
-    // A long key round-trips.
-    let long_key = "k".repeat(3000);
-    commit_one(
-        store,
-        &ns,
-        &long_key,
-        0,
-        state_with(&[("count", vec![raw("3")])]),
-    )
-    .await
-    .expect("long key");
+async fn lost_responses<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    clock: &ManualClock,
+) {
+    // A head put whose response is lost landed: the commit reports success, not a conflict, and
+    // the segments the head references stay.
+    let losing = Arc::new(LosingResponses::new(store.table().clone()));
+    let clock: Arc<dyn Clock> = ManualClock::at(clock.now_millis());
+    let lossy = DynamoStateStore::new(losing.clone(), clock);
+    let entry = |i: usize| raw(&format!("\"{i:05}{}\"", "y".repeat(2043)));
+    let list: Vec<Box<RawValue>> = (0..200).map(entry).collect();
+    losing.lose_next(1);
+    let committed = commit_one(&lossy, ns, "lost", state_with(&[("buffer", list)]))
+        .await
+        .expect("a commit whose response was lost still commits");
+    assert_eq!(committed.version, 1);
+    let loaded = load_one(store, ns, "lost").await;
+    assert_eq!(loaded.version, 1);
     assert_eq!(
-        entries_of(
-            &store
-                .load(&ns, std::slice::from_ref(&long_key))
-                .await
-                .unwrap()[&long_key],
-            "count"
-        ),
-        ["3"]
+        loaded.slots["buffer"].entries.len(),
+        200,
+        "its segments are all there"
+    );
+    // And once more on a key that exists.
+    let mut next = loaded;
+    next.slots
+        .get_mut("buffer")
+        .unwrap()
+        .entries
+        .push(entry(200));
+    losing.lose_next(1);
+    commit_one(&lossy, ns, "lost", next)
+        .await
+        .expect("again, on a later version");
+    assert_eq!(
+        load_one(store, ns, "lost").await.slots["buffer"]
+            .entries
+            .len(),
+        201
     );
 }
 
@@ -454,6 +766,8 @@ pub struct Received {
 fn output(i: usize, body: String) -> Output {
     Output {
         id: OutputId::derive(
+            "contract",
+            "contract",
             &Origin("contract/shardId-0".into()),
             &seq(1000 + i as u64),
             0,

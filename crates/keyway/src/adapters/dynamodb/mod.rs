@@ -11,7 +11,7 @@ mod store;
 use async_trait::async_trait;
 
 pub use sdk::SdkTable;
-pub use store::{DynamoStateStore, HEAD_INLINE_LIMIT, SEGMENT_TARGET};
+pub use store::{DynamoStateStore, HEAD_INLINE_LIMIT, SEGMENT_TARGET, WATERMARKS_INLINE};
 
 use crate::domain::{AttrValue, Item};
 use crate::ports::StoreError;
@@ -55,7 +55,7 @@ impl ItemKey {
 }
 
 /// The condition a put is made on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Expect {
     /// Unconditional.
     Anything,
@@ -63,6 +63,12 @@ pub enum Expect {
     Absent,
     /// `v = :version`: the item is at this version.
     Version(u64),
+    /// `attribute_not_exists(pk) OR #attribute < :value`: no item has this key, or its string
+    /// attribute is lower than `value` (a put that only ever raises the attribute).
+    Raise {
+        attribute: &'static str,
+        value: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -164,6 +164,10 @@ impl Table for SdkTable {
             .set_item(Some(item_to_sdk(&item)));
         request = match expect {
             Expect::Anything => request,
+            Expect::Raise { attribute, value } => request
+                .condition_expression(format!("attribute_not_exists({PK}) OR #a < :a"))
+                .expression_attribute_names("#a", attribute)
+                .expression_attribute_values(":a", AttributeValue::S(value)),
             Expect::Absent => request.condition_expression(format!("attribute_not_exists({PK})")),
             Expect::Version(v) => request
                 .condition_expression("#v = :v")

@@ -1,0 +1,110 @@
+//! The head item's `doc`: its JSON form as written and as read, and the memo the store keeps of a
+//! loaded head until the key's commit.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::domain::{Origin, Watermark};
+
+/// An immutable run of a slot's (or the outbox's) entries stored outside the head item.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub id: u64,
+    /// How many entries it holds.
+    pub len: usize,
+    /// Its own TTL (epoch seconds): segments outlive the slots they belong to by one TTL period so
+    /// that slots whose expiry moves forward never point at an expired segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+}
+
+/// A list of entries as the head stores it: sealed segments first, then inline entries.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ListDoc {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seg: Vec<Segment>,
+    #[serde(default)]
+    pub e: Vec<Box<RawValue>>,
+}
+
+impl ListDoc {
+    pub fn sealed_len(&self) -> usize {
+        self.seg.iter().map(|s| s.len).sum()
+    }
+}
+
+/// The head's `doc` attribute.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HeadDoc {
+    /// Watermarks kept in the head: those a recent commit advanced.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub wm: BTreeMap<Origin, Watermark>,
+    /// True once watermarks were moved out of the head into watermark items.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub wx: bool,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub slots: BTreeMap<String, ListDoc>,
+    /// The outbox: outputs as JSON entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ob: Option<ListDoc>,
+    /// Sort keys of segment items this head no longer references: the next commit deletes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gc: Vec<String>,
+    /// When the slots expire (epoch seconds). The item's own `ttl` may be later: watermarks and
+    /// the outbox outlive the slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exp: Option<i64>,
+    /// The tokens of the latest commits, newest last: a writer whose response was lost finds its
+    /// own token here and knows its write landed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tk: Vec<String>,
+    /// The key itself when the partition key holds its hash, for people reading the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// How many commit tokens a head remembers. A writer whose response was lost reads the head right
+/// after; for it to miss its own token, this many other commits of the key must land in between.
+pub const TOKENS_KEPT: usize = 16;
+
+/// What the store remembers of a key it loaded, for the commit that follows.
+#[derive(Clone, Debug, Default)]
+pub struct Loaded {
+    /// The head as read (entries left out).
+    pub slots: BTreeMap<String, Vec<Segment>>,
+    pub outbox: Vec<Segment>,
+    pub garbage: Vec<String>,
+    /// Watermarks as the head held them.
+    pub inline: BTreeMap<Origin, Watermark>,
+    /// Watermarks read from watermark items.
+    pub fetched: BTreeMap<Origin, Watermark>,
+    pub spilled: bool,
+    pub tokens: Vec<String>,
+}
+
+/// What the store remembers of a head it just wrote, to clear its outbox after the sends.
+#[derive(Clone, Debug)]
+pub struct Written {
+    pub doc: HeadDoc,
+    /// The item's `ttl` once the outbox is empty.
+    pub ttl_without_outbox: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_head_doc_is_an_empty_object_and_reads_back() {
+        let text = serde_json::to_string(&HeadDoc::default()).unwrap();
+        assert_eq!(text, "{}");
+        let doc: HeadDoc = serde_json::from_str(&text).unwrap();
+        assert!(doc.slots.is_empty() && doc.ob.is_none() && !doc.wx);
+    }
+}

@@ -1,0 +1,315 @@
+//! Where a commit puts a key's entries: which stored segments it keeps, which it retires, and
+//! which entries move out of the head into new segments until the head fits.
+
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
+
+use super::super::{ItemKey, ITEM_MAX_BYTES, TTL};
+use super::head::{ListDoc, Loaded, Segment};
+use super::{outbox_segment_key, slot_segment_key, ENTRIES, HEAD_INLINE_LIMIT, SEGMENT_TARGET};
+use crate::domain::item::item_size;
+use crate::domain::{AttrValue, Item, Output, SlotData};
+use crate::ports::StoreError;
+
+/// Which list of the head a segment belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum ListName {
+    Slot(String),
+    Outbox,
+}
+
+/// The lists of a commit laid out: the head's docs, the segment items to write first, and the
+/// sort keys of stored segments the new head no longer references.
+#[derive(Default)]
+pub struct Layout {
+    pub slots: BTreeMap<String, ListDoc>,
+    pub outbox: Option<ListDoc>,
+    pub segment_puts: Vec<Item>,
+    pub retired: Vec<String>,
+}
+
+/// A list being laid out.
+struct Draft {
+    segments: Vec<Segment>,
+    entries: Vec<Box<RawValue>>,
+    /// Entries before this index are in `segments`.
+    sealed: usize,
+}
+
+impl Draft {
+    fn inline_bytes(&self) -> usize {
+        self.entries[self.sealed..]
+            .iter()
+            .map(|e| e.get().len() + 1)
+            .sum()
+    }
+}
+
+/// Lays out the slots and outbox of a commit of the key at `pk`, loaded as `loaded`.
+pub fn lay_out(
+    pk: &str,
+    slots: &BTreeMap<String, SlotData>,
+    outbox: &[Output],
+    loaded: &Loaded,
+    expires_at: Option<i64>,
+    now_secs: i64,
+) -> Result<Layout, StoreError> {
+    // Segments outlive the slots they belong to by one TTL period (see `Segment::expires_at`);
+    // the outbox's never expire: it holds outputs already promised.
+    let segment_ttl = expires_at.map(|h| h + (h - now_secs).max(0));
+    let mut layout = Layout::default();
+    let mut drafts: BTreeMap<ListName, Draft> = BTreeMap::new();
+
+    for (name, stored) in &loaded.slots {
+        let Some(slot) = slots.get(name) else {
+            layout
+                .retired
+                .extend(stored.iter().map(|s| slot_segment_key(pk, name, s.id).sk));
+            continue;
+        };
+        // A stored segment stays only if every entry it holds is still as loaded (segments come
+        // first, so those that stay are a prefix).
+        let mut kept = Vec::new();
+        let mut offset = 0;
+        for segment in stored {
+            if offset + segment.len <= slot.kept {
+                kept.push(segment.clone());
+            } else {
+                layout
+                    .retired
+                    .push(slot_segment_key(pk, name, segment.id).sk);
+            }
+            offset += segment.len;
+        }
+        drafts.insert(
+            ListName::Slot(name.clone()),
+            Draft {
+                sealed: kept.iter().map(|s| s.len).sum(),
+                segments: kept,
+                entries: slot.entries.clone(),
+            },
+        );
+    }
+    for (name, slot) in slots {
+        drafts
+            .entry(ListName::Slot(name.clone()))
+            .or_insert_with(|| Draft {
+                segments: Vec::new(),
+                entries: slot.entries.clone(),
+                sealed: 0,
+            });
+    }
+    layout.retired.extend(
+        loaded
+            .outbox
+            .iter()
+            .map(|s| outbox_segment_key(pk, s.id).sk),
+    );
+    if !outbox.is_empty() {
+        let entries = outbox
+            .iter()
+            .map(|o| {
+                serde_json::value::to_raw_value(o)
+                    .map_err(|e| StoreError::Invalid(format!("an outbox output: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        drafts.insert(
+            ListName::Outbox,
+            Draft {
+                segments: Vec::new(),
+                entries,
+                sealed: 0,
+            },
+        );
+    }
+
+    refresh_expiring(pk, &mut drafts, segment_ttl, &mut layout)?;
+    spill(pk, &mut drafts, segment_ttl, &mut layout)?;
+
+    for (name, draft) in drafts {
+        let doc = ListDoc {
+            e: draft.entries[draft.sealed..].to_vec(),
+            seg: draft.segments,
+        };
+        match name {
+            ListName::Slot(name) => {
+                layout.slots.insert(name, doc);
+            }
+            ListName::Outbox => layout.outbox = Some(doc),
+        }
+    }
+    Ok(layout)
+}
+
+/// Rewrites the slots' segments whose TTL would end before the slots'.
+fn refresh_expiring(
+    pk: &str,
+    drafts: &mut BTreeMap<ListName, Draft>,
+    segment_ttl: Option<i64>,
+    layout: &mut Layout,
+) -> Result<(), StoreError> {
+    for (name, draft) in drafts.iter_mut() {
+        let ListName::Slot(slot) = name else { continue };
+        let mut offset = 0;
+        for i in 0..draft.segments.len() {
+            let segment = draft.segments[i].clone();
+            let range = offset..offset + segment.len;
+            offset += segment.len;
+            if covers(segment.expires_at, segment_ttl) {
+                continue;
+            }
+            layout
+                .retired
+                .push(slot_segment_key(pk, slot, segment.id).sk);
+            draft.segments[i] = make_segment(pk, name, &draft.entries[range], segment_ttl, layout)?;
+        }
+    }
+    Ok(())
+}
+
+/// Moves the largest inline tail into segments until the head's inline entries fit.
+fn spill(
+    pk: &str,
+    drafts: &mut BTreeMap<ListName, Draft>,
+    segment_ttl: Option<i64>,
+    layout: &mut Layout,
+) -> Result<(), StoreError> {
+    loop {
+        let total: usize = drafts.values().map(Draft::inline_bytes).sum();
+        if total <= HEAD_INLINE_LIMIT {
+            return Ok(());
+        }
+        let (name, draft) = drafts
+            .iter_mut()
+            .max_by_key(|(_, d)| d.inline_bytes())
+            .expect("some list has inline entries");
+        let ttl = match name {
+            ListName::Slot(_) => segment_ttl,
+            ListName::Outbox => None,
+        };
+        let mut start = draft.sealed;
+        let mut bytes = 0;
+        for i in draft.sealed..draft.entries.len() {
+            let size = draft.entries[i].get().len() + 1;
+            if bytes > 0 && bytes + size > SEGMENT_TARGET {
+                let segment = make_segment(pk, name, &draft.entries[start..i], ttl, layout)?;
+                draft.segments.push(segment);
+                start = i;
+                bytes = 0;
+            }
+            bytes += size;
+        }
+        let segment = make_segment(pk, name, &draft.entries[start..], ttl, layout)?;
+        draft.segments.push(segment);
+        draft.sealed = draft.entries.len();
+    }
+}
+
+/// A new segment of `entries`, whose item joins the layout's puts.
+fn make_segment(
+    pk: &str,
+    name: &ListName,
+    entries: &[Box<RawValue>],
+    ttl: Option<i64>,
+    layout: &mut Layout,
+) -> Result<Segment, StoreError> {
+    let id: u64 = rand::random();
+    let key: ItemKey = match name {
+        ListName::Slot(slot) => slot_segment_key(pk, slot, id),
+        ListName::Outbox => outbox_segment_key(pk, id),
+    };
+    let mut item = key.to_item();
+    let mut text =
+        String::with_capacity(entries.iter().map(|e| e.get().len() + 1).sum::<usize>() + 2);
+    text.push('[');
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(entry.get());
+    }
+    text.push(']');
+    item.insert(ENTRIES.to_owned(), AttrValue::S(text));
+    if let Some(ttl) = ttl {
+        item.insert(TTL.to_owned(), AttrValue::N(ttl.to_string()));
+    }
+    if item_size(&item) > ITEM_MAX_BYTES {
+        let what = match name {
+            ListName::Slot(slot) => format!("state.{slot}"),
+            ListName::Outbox => "output".to_owned(),
+        };
+        return Err(StoreError::Invalid(format!(
+            "{what}: an entry is larger than DynamoDB's 400 KB item limit"
+        )));
+    }
+    layout.segment_puts.push(item);
+    Ok(Segment {
+        id,
+        len: entries.len(),
+        expires_at: ttl,
+    })
+}
+
+/// Whether a segment expiring at `segment` lives as long as slots whose segments expire at `wanted`.
+fn covers(segment: Option<i64>, wanted: Option<i64>) -> bool {
+    match (segment, wanted) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(s), Some(w)) => s >= w,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(text: &str) -> Box<RawValue> {
+        RawValue::from_string(text.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn a_segment_without_ttl_covers_any_and_one_with_ttl_only_an_earlier_one() {
+        assert!(covers(None, Some(10)));
+        assert!(covers(None, None));
+        assert!(!covers(Some(10), None));
+        assert!(covers(Some(10), Some(10)));
+        assert!(!covers(Some(9), Some(10)));
+    }
+
+    #[test]
+    fn an_appended_list_keeps_its_segments_and_a_rewritten_one_retires_them() {
+        let big = |i: usize| raw(&format!("\"{i:05}{}\"", "x".repeat(2000)));
+        let entries: Vec<_> = (0..100).map(big).collect();
+        let mut slots = BTreeMap::new();
+        slots.insert("list".to_owned(), SlotData::fresh(entries.clone()));
+        let first = lay_out("pk", &slots, &[], &Loaded::default(), None, 0).unwrap();
+        let stored = first.slots["list"].seg.clone();
+        assert!(!stored.is_empty() && first.retired.is_empty());
+
+        let loaded = Loaded {
+            slots: [("list".to_owned(), stored.clone())].into(),
+            ..Loaded::default()
+        };
+        let mut grown = SlotData::loaded(entries.clone());
+        grown.entries.push(big(100));
+        slots.insert("list".to_owned(), grown);
+        let appended = lay_out("pk", &slots, &[], &loaded, None, 0).unwrap();
+        assert_eq!(appended.slots["list"].seg, stored, "appending keeps them");
+        assert!(appended.retired.is_empty());
+
+        let mut rewritten = SlotData::loaded(entries);
+        rewritten.apply(crate::domain::SlotUpdate {
+            keep: 0,
+            tail: vec![raw("1")],
+        });
+        slots.insert("list".to_owned(), rewritten);
+        let replaced = lay_out("pk", &slots, &[], &loaded, None, 0).unwrap();
+        assert!(replaced.slots["list"].seg.is_empty());
+        assert_eq!(
+            replaced.retired.len(),
+            stored.len(),
+            "rewriting retires them"
+        );
+    }
+}

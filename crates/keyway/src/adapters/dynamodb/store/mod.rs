@@ -1,0 +1,399 @@
+//! The state store on one DynamoDB table (single-table design).
+//!
+//! # Key schema
+//!
+//! | item      | pk                              | sk                      | attributes                          |
+//! |-----------|---------------------------------|-------------------------|-------------------------------------|
+//! | head      | `{operator}#{signature}#{key}`  | `head`                  | `v` (N), `doc` (S), `ttl` (N)       |
+//! | segment   | same as its head                | `seg#{slot}#{id:016x}`  | `e` (S), `ttl` (N)                  |
+//! | outbox    | same as its head                | `ob#{id:016x}`          | `e` (S)                             |
+//! | watermark | same as its head                | `wm#{lineage}`          | `s` (S), `t` (N), `ttl` (N)         |
+//!
+//! Why this shape:
+//! - One table for every operator: one IAM resource, one TTL setting, and a batch of keys of any
+//!   operator loads with one BatchGetItem (100 keys a call).
+//! - Operator name and state signature lead the partition key, so state written under another
+//!   structure is never read under this one, and ages out by TTL.
+//! - The head holds everything small about a key — version, recent watermarks, slots' inline
+//!   entries, the outbox — so the common batch costs one read and one conditional write per key.
+//!   It is JSON text (`doc`): cheap to write, readable in the console.
+//! - Entries that do not fit the head (above `HEAD_INLINE_LIMIT`) move to immutable segment items
+//!   under the same partition key, the outbox's as the slots'. Segments are written before the
+//!   head that references them and never changed, so the conditional write of the head alone
+//!   commits the whole state, of any size, atomically; TransactWriteItems (100 items, 4 MB,
+//!   double cost) is never needed.
+//! - Segment ids are random: two writers racing on one key never overwrite each other's segments.
+//!   Segments a head stops referencing are listed in its `gc` and deleted by the next commit.
+//!
+//! # Design notes
+//!
+//! **Watermarks of many lineages.** A key fed by many lineages (a DynamoDB stream's items, the
+//! partition keys of a shard read with ParallelizationFactor > 1) would fill its head with
+//! watermarks. The head keeps at most `WATERMARKS_INLINE`: every watermark its commit advanced,
+//! then the most recent others. The rest move to watermark items, written before the head with a
+//! condition that only raises them (a stale writer can never lower one); a load reads the items
+//! of the lineages its batch holds, and only when the head says some were moved (`wx`). A
+//! watermark only ever moves out of the head once committed, so an item never holds a value no
+//! commit made. A commit may advance at most `WATERMARKS_INLINE` lineages of a key; the executor
+//! stops a key's batch there and Lambda redelivers the rest.
+//!
+//! **TTL.** An operator's state TTL applies to its slots (`exp` in the doc): a load after it
+//! returns empty slots. The item's own `ttl`, which DynamoDB's TTL process acts on, is later:
+//! watermarks must outlive any redelivery (the latest watermark's arrival plus the retention the
+//! commit names), and an outbox never expires, so a head holding one has no `ttl` until it is
+//! cleared. Watermark items expire with their own arrival plus the retention.
+//!
+//! **Lost responses.** Every commit writes a random token into the head, which keeps the last
+//! `TOKENS_KEPT`. A head put that fails its condition — after a timeout whose write landed, or
+//! the SDK retrying one — reads the head: finding its token, it reports success, not a conflict.
+//! Segments a failed commit wrote are deleted only once the head's version has moved past the
+//! one the commit expected (so the put can never land later) and the head does not reference
+//! them; otherwise they are left for their TTL.
+//!
+//! **Outbox.** Outputs committed in the outbox are sent after the commit; the executor then asks
+//! the store to clear them, which rewrites the head at the same version, conditional on it, so a
+//! writer that read the head in between still commits and the outbox is never sent twice by the
+//! key's next commit.
+
+mod commit;
+mod head;
+mod io;
+mod layout;
+mod watermarks;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::value::RawValue;
+
+use super::{ItemKey, Table, ITEM_MAX_BYTES, VERSION};
+use crate::adapters::retry::Backoff;
+use crate::domain::hash::sha256_hex;
+use crate::domain::{AttrValue, Item, KeyState, Output, SlotData, StoreMemo, Watermarks};
+use crate::ports::{
+    Clock, Commit, Committed, LoadKey, Namespace, StateStore, StoreError, StoreLimits,
+};
+
+use head::{HeadDoc, ListDoc, Loaded};
+
+/// Inline entries beyond this many bytes move to segments: a head rewritten on every commit costs
+/// one write unit per KB, so it stays small.
+pub const HEAD_INLINE_LIMIT: usize = 32 * 1024;
+/// Segments are filled up to this size, well under the 400 KB item limit.
+pub const SEGMENT_TARGET: usize = 256 * 1024;
+/// The most watermarks a head holds; the rest live in watermark items.
+pub const WATERMARKS_INLINE: usize = 256;
+/// The largest entry (or outbox output) a segment item can hold: the item limit less its key and
+/// attribute names.
+pub const ENTRY_MAX_BYTES: usize = ITEM_MAX_BYTES - 2 * 1024;
+/// Keys longer than this are stored under their hash (DynamoDB allows 2048 bytes of partition key).
+const KEY_MAX_BYTES: usize = 1024;
+const HEAD_SK: &str = "head";
+const DOC: &str = "doc";
+const ENTRIES: &str = "e";
+
+/// `StateStore` on any `Table`: the SDK's for AWS, the in-memory one for tests and local runs.
+pub struct DynamoStateStore<T: Table> {
+    table: Arc<T>,
+    clock: Arc<dyn Clock>,
+    backoff: Backoff,
+}
+
+impl<T: Table> DynamoStateStore<T> {
+    pub fn new(table: Arc<T>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            table,
+            clock,
+            backoff: Backoff::default(),
+        }
+    }
+
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    pub fn table(&self) -> &Arc<T> {
+        &self.table
+    }
+
+    /// The head item's key for `key` of the operator in `namespace`.
+    pub fn head_key(namespace: &Namespace, key: &str) -> ItemKey {
+        ItemKey {
+            pk: partition_key(namespace, key),
+            sk: HEAD_SK.to_owned(),
+        }
+    }
+
+    fn now_secs(&self) -> i64 {
+        self.clock.now_millis().div_euclid(1000)
+    }
+}
+
+fn partition_key(namespace: &Namespace, key: &str) -> String {
+    // Built by hand: this runs for every key of every batch, and `format!` costs more than the rest.
+    let hashed;
+    let key = if key.len() > KEY_MAX_BYTES {
+        hashed = format!("~{}", sha256_hex(&[key.as_bytes()], 64));
+        hashed.as_str()
+    } else {
+        key
+    };
+    let mut pk =
+        String::with_capacity(namespace.operator.len() + namespace.signature.len() + key.len() + 2);
+    pk.push_str(&namespace.operator);
+    pk.push('#');
+    pk.push_str(&namespace.signature);
+    pk.push('#');
+    pk.push_str(key);
+    pk
+}
+
+fn slot_segment_key(pk: &str, slot: &str, id: u64) -> ItemKey {
+    ItemKey {
+        pk: pk.to_owned(),
+        sk: format!("seg#{slot}#{id:016x}"),
+    }
+}
+
+fn outbox_segment_key(pk: &str, id: u64) -> ItemKey {
+    ItemKey {
+        pk: pk.to_owned(),
+        sk: format!("ob#{id:016x}"),
+    }
+}
+
+fn number(item: &Item, name: &str) -> Result<Option<i64>, StoreError> {
+    item.get(name)
+        .map(|v| {
+            v.as_n().and_then(|n| n.parse::<i64>().ok()).ok_or_else(|| {
+                StoreError::Invalid(format!("attribute {name} is not an integer: {v:?}"))
+            })
+        })
+        .transpose()
+}
+
+/// A head item parsed: its version and doc.
+fn parse_head(item: &Item) -> Result<(u64, HeadDoc), StoreError> {
+    let version = number(item, VERSION)?.unwrap_or(0) as u64;
+    let text = item.get(DOC).and_then(AttrValue::as_s).unwrap_or("{}");
+    let doc: HeadDoc = serde_json::from_str(text)
+        .map_err(|e| StoreError::Invalid(format!("head doc does not parse: {e}")))?;
+    Ok((version, doc))
+}
+
+/// The entries of a list: its segments' (read in the second wave), then its inline ones.
+fn list_entries(
+    list: ListDoc,
+    key_of: impl Fn(u64) -> ItemKey,
+    items: &HashMap<ItemKey, Item>,
+) -> Result<Vec<Box<RawValue>>, StoreError> {
+    let mut entries = Vec::with_capacity(list.sealed_len() + list.e.len());
+    for segment in &list.seg {
+        let key = key_of(segment.id);
+        let item = items.get(&key).ok_or_else(|| {
+            StoreError::Invalid(format!("segment {} of {} is missing", key.sk, key.pk))
+        })?;
+        let text = item.get(ENTRIES).and_then(AttrValue::as_s).unwrap_or("[]");
+        let mut part: Vec<Box<RawValue>> = serde_json::from_str(text)
+            .map_err(|e| StoreError::Invalid(format!("segment {} does not parse: {e}", key.sk)))?;
+        entries.append(&mut part);
+    }
+    entries.extend(list.e);
+    Ok(entries)
+}
+
+/// A loaded head, waiting for its second wave.
+struct Pending {
+    key: String,
+    pk: String,
+    version: u64,
+    doc: HeadDoc,
+    expired: bool,
+    /// Lineages whose watermark items the second wave reads.
+    lineages: Vec<crate::domain::Origin>,
+}
+
+impl Pending {
+    /// The items the second wave reads for this key.
+    fn wanted(&self) -> Vec<ItemKey> {
+        let mut keys = Vec::new();
+        if !self.expired {
+            for (name, slot) in &self.doc.slots {
+                keys.extend(
+                    slot.seg
+                        .iter()
+                        .map(|s| slot_segment_key(&self.pk, name, s.id)),
+                );
+            }
+        }
+        if let Some(outbox) = &self.doc.ob {
+            keys.extend(
+                outbox
+                    .seg
+                    .iter()
+                    .map(|s| outbox_segment_key(&self.pk, s.id)),
+            );
+        }
+        keys.extend(
+            self.lineages
+                .iter()
+                .map(|l| watermarks::item_key(&self.pk, l)),
+        );
+        keys
+    }
+
+    /// The key's state, from its head and the second wave's items.
+    fn finish(self, items: &HashMap<ItemKey, Item>) -> Result<KeyState, StoreError> {
+        let pk = &self.pk;
+        let mut doc = self.doc;
+        let mut loaded = Loaded {
+            garbage: std::mem::take(&mut doc.gc),
+            inline: doc.wm.clone(),
+            spilled: doc.wx,
+            tokens: std::mem::take(&mut doc.tk),
+            ..Loaded::default()
+        };
+        let mut marks = Watermarks::default();
+        for (lineage, mark) in std::mem::take(&mut doc.wm) {
+            marks.insert(lineage, mark);
+        }
+        for lineage in &self.lineages {
+            if let Some(mark) = items
+                .get(&watermarks::item_key(pk, lineage))
+                .and_then(watermarks::parse_item)
+            {
+                loaded.fetched.insert(lineage.clone(), mark.clone());
+                marks.merge(lineage.clone(), mark);
+            }
+        }
+        let mut slots = BTreeMap::new();
+        for (name, list) in std::mem::take(&mut doc.slots) {
+            loaded.slots.insert(name.clone(), list.seg.clone());
+            if !self.expired {
+                let entries = list_entries(list, |id| slot_segment_key(pk, &name, id), items)?;
+                slots.insert(name, SlotData::loaded(entries));
+            }
+        }
+        let mut outbox = Vec::new();
+        if let Some(list) = doc.ob.take() {
+            loaded.outbox = list.seg.clone();
+            for entry in list_entries(list, |id| outbox_segment_key(pk, id), items)? {
+                let output: Output = serde_json::from_str(entry.get()).map_err(|e| {
+                    StoreError::Invalid(format!("an outbox entry of {pk} does not parse: {e}"))
+                })?;
+                outbox.push(output);
+            }
+        }
+        Ok(KeyState {
+            version: self.version,
+            watermarks: marks,
+            slots,
+            outbox,
+            expires_at: if self.expired { None } else { doc.exp },
+            memo: StoreMemo::new(loaded),
+        })
+    }
+}
+
+#[async_trait]
+impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
+    async fn load_keys(
+        &self,
+        namespace: &Namespace,
+        keys: &[LoadKey],
+    ) -> Result<HashMap<String, KeyState>, StoreError> {
+        let now_secs = self.now_secs();
+        let head_keys: Vec<ItemKey> = keys
+            .iter()
+            .map(|k| Self::head_key(namespace, &k.key))
+            .collect();
+        let heads = self.get_all(&head_keys).await?;
+
+        let mut states = HashMap::with_capacity(keys.len());
+        let mut pending = Vec::new();
+        for (request, head_key) in keys.iter().zip(head_keys) {
+            let Some(item) = heads.get(&head_key) else {
+                states.insert(request.key.clone(), KeyState::default());
+                continue;
+            };
+            let (version, doc) = parse_head(item)?;
+            let expired = doc.exp.is_some_and(|t| t <= now_secs);
+            // Watermark items are read only for lineages the head does not hold, once some moved.
+            let lineages = if doc.wx {
+                let mut wanted: Vec<_> = request
+                    .lineages
+                    .iter()
+                    .filter(|l| !doc.wm.contains_key(*l))
+                    .cloned()
+                    .collect();
+                wanted.sort();
+                wanted.dedup();
+                wanted
+            } else {
+                Vec::new()
+            };
+            pending.push(Pending {
+                key: request.key.clone(),
+                pk: head_key.pk,
+                version,
+                doc,
+                expired,
+                lineages,
+            });
+        }
+        // Second wave: segments of keys that outgrew their head, watermark items of many lineages.
+        let wanted: Vec<ItemKey> = pending.iter().flat_map(Pending::wanted).collect();
+        let items = if wanted.is_empty() {
+            HashMap::new()
+        } else {
+            self.get_all(&wanted).await?
+        };
+        for p in pending {
+            let key = p.key.clone();
+            states.insert(key, p.finish(&items)?);
+        }
+        Ok(states)
+    }
+
+    async fn commit(
+        &self,
+        namespace: &Namespace,
+        commits: Vec<Commit>,
+    ) -> Vec<Result<Committed, StoreError>> {
+        self.commit_all(namespace, commits).await
+    }
+
+    async fn clear_outbox(
+        &self,
+        namespace: &Namespace,
+        committed: Vec<Committed>,
+    ) -> Vec<Result<(), StoreError>> {
+        self.clear_outboxes(namespace, committed).await
+    }
+
+    fn limits(&self) -> StoreLimits {
+        StoreLimits {
+            max_entry_bytes: ENTRY_MAX_BYTES,
+            lineages_per_commit: WATERMARKS_INLINE,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_keys_are_stored_under_their_hash() {
+        let ns = Namespace {
+            operator: "op".into(),
+            signature: "abc".into(),
+        };
+        let short = partition_key(&ns, "customer#AKIA1");
+        assert_eq!(short, "op#abc#customer#AKIA1");
+        let long = partition_key(&ns, &"k".repeat(5000));
+        assert!(long.starts_with("op#abc#~") && long.len() < 100, "{long}");
+    }
+}

@@ -1,0 +1,152 @@
+//! Watermarks in two tiers: the head holds those a commit advanced and the most recent others
+//! (`WATERMARKS_INLINE` in all); the rest live in one item per lineage (see the store's design
+//! notes).
+
+use std::collections::BTreeMap;
+
+use super::super::{ItemKey, TTL};
+use super::head::Loaded;
+use super::WATERMARKS_INLINE;
+use crate::domain::{AttrValue, Item, Origin, SequenceNumber, Watermark, Watermarks};
+use crate::ports::StoreError;
+
+/// The attribute holding a watermark item's sequence number, zero-padded to `SEQUENCE_WIDTH`
+/// digits so that DynamoDB's string order is numeric order (conditions compare it).
+pub const SEQUENCE: &str = "s";
+const ARRIVAL: &str = "t";
+/// Kinesis and DynamoDB Streams sequence numbers have at most 128 digits.
+const SEQUENCE_WIDTH: usize = 128;
+
+pub fn item_key(pk: &str, lineage: &Origin) -> ItemKey {
+    ItemKey {
+        pk: pk.to_owned(),
+        sk: format!("wm#{lineage}"),
+    }
+}
+
+pub fn padded(sequence: &SequenceNumber) -> String {
+    format!("{:0>SEQUENCE_WIDTH$}", sequence.as_str())
+}
+
+pub fn parse_item(item: &Item) -> Option<Watermark> {
+    let sequence = SequenceNumber::parse(item.get(SEQUENCE)?.as_s()?).ok()?;
+    let at_millis = item.get(ARRIVAL)?.as_n()?.parse().ok()?;
+    Some(Watermark {
+        sequence,
+        at_millis,
+    })
+}
+
+/// The item for a watermark moved out of the head, expiring once no redelivery can reach it.
+pub fn make_item(pk: &str, lineage: &Origin, mark: &Watermark, retention_secs: i64) -> Item {
+    let mut item = item_key(pk, lineage).to_item();
+    item.insert(SEQUENCE.into(), AttrValue::S(padded(&mark.sequence)));
+    item.insert(ARRIVAL.into(), AttrValue::N(mark.at_millis.to_string()));
+    let expires = mark.at_millis.div_euclid(1000) + retention_secs + 1;
+    item.insert(TTL.into(), AttrValue::N(expires.to_string()));
+    item
+}
+
+/// Where a commit puts each watermark.
+#[derive(Debug, Default)]
+pub struct Placement {
+    pub inline: BTreeMap<Origin, Watermark>,
+    /// Watermarks leaving the head for items.
+    pub evicted: Vec<(Origin, Watermark)>,
+    /// Whether any watermark of the key lives in an item.
+    pub spilled: bool,
+}
+
+/// Places `marks` for a commit of a key loaded as `loaded`: every watermark the commit changed
+/// stays in the head (no item may hold a value before a commit made it); the head's other
+/// watermarks fill it up, most recent first; those left over move to items. Watermarks read from
+/// items and not changed stay where they are.
+pub fn place(marks: &Watermarks, loaded: &Loaded) -> Result<Placement, StoreError> {
+    let mut changed = BTreeMap::new();
+    let mut old_inline = Vec::new();
+    for (lineage, mark) in marks.iter() {
+        if loaded.inline.get(lineage) == Some(mark) {
+            old_inline.push((lineage.clone(), mark.clone()));
+        } else if loaded.fetched.get(lineage) != Some(mark) {
+            changed.insert(lineage.clone(), mark.clone());
+        }
+    }
+    if changed.len() > WATERMARKS_INLINE {
+        return Err(StoreError::Invalid(format!(
+            "one commit advanced {} lineages of a key; a head holds {WATERMARKS_INLINE}",
+            changed.len()
+        )));
+    }
+    old_inline.sort_by(|a, b| b.1.at_millis.cmp(&a.1.at_millis).then(a.0.cmp(&b.0)));
+    let room = WATERMARKS_INLINE - changed.len();
+    let evicted = old_inline.split_off(room.min(old_inline.len()));
+    let mut inline = changed;
+    inline.extend(old_inline);
+    Ok(Placement {
+        spilled: loaded.spilled || !evicted.is_empty(),
+        inline,
+        evicted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(seq: u64, at: i64) -> Watermark {
+        Watermark {
+            sequence: SequenceNumber::parse(&seq.to_string()).unwrap(),
+            at_millis: at,
+        }
+    }
+
+    #[test]
+    fn padded_sequence_numbers_order_as_numbers() {
+        let a = padded(&SequenceNumber::parse("99").unwrap());
+        let b = padded(&SequenceNumber::parse("100").unwrap());
+        assert!(a < b);
+        assert_eq!(a.len(), 128);
+        let item = make_item("pk", &Origin("l".into()), &mark(42, 1_000), 60);
+        assert_eq!(parse_item(&item), Some(mark(42, 1_000)));
+        assert_eq!(item[TTL], AttrValue::N("62".into()));
+    }
+
+    #[test]
+    fn changed_watermarks_stay_in_the_head_and_the_oldest_others_move_out() {
+        let mut loaded = Loaded::default();
+        let mut marks = Watermarks::default();
+        for i in 0..WATERMARKS_INLINE as i64 {
+            let lineage = Origin(format!("old-{i:04}"));
+            loaded.inline.insert(lineage.clone(), mark(1, i));
+            marks.insert(lineage, mark(1, i));
+        }
+        // Two lineages advanced by this commit: one new, one that lived in an item.
+        marks.insert(Origin("new".into()), mark(5, 0));
+        loaded.fetched.insert(Origin("fetched".into()), mark(1, 0));
+        marks.insert(Origin("fetched".into()), mark(2, 0));
+        // And one read from an item and left alone.
+        loaded.fetched.insert(Origin("still".into()), mark(1, 0));
+        marks.insert(Origin("still".into()), mark(1, 0));
+
+        let placement = place(&marks, &loaded).unwrap();
+        assert_eq!(placement.inline.len(), WATERMARKS_INLINE);
+        assert!(placement.inline.contains_key(&Origin("new".into())));
+        assert!(placement.inline.contains_key(&Origin("fetched".into())));
+        assert!(!placement.inline.contains_key(&Origin("still".into())));
+        let evicted: Vec<&str> = placement.evicted.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(evicted, ["old-0001", "old-0000"], "the least recent leave");
+        assert!(placement.spilled);
+    }
+
+    #[test]
+    fn a_commit_advancing_more_lineages_than_a_head_holds_is_refused() {
+        let mut marks = Watermarks::default();
+        for i in 0..=WATERMARKS_INLINE {
+            marks.insert(Origin(format!("l{i}")), mark(1, 0));
+        }
+        assert!(matches!(
+            place(&marks, &Loaded::default()),
+            Err(StoreError::Invalid(_))
+        ));
+    }
+}

@@ -1,0 +1,259 @@
+//! Phase 4: dead letters, outboxes left by earlier invocations and (emit-then-commit) outputs go
+//! out, every sink at once. A sink that keeps order gets a key's messages one after another: each
+//! round sends every key's next message, and a key whose message failed sends nothing more to
+//! that sink. Which messages failed decides how many of each key's records stay applied.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use futures::future::join_all;
+use tracing::warn;
+
+use super::plan::Plan;
+use super::process::{KeyWork, Outcome};
+use super::{BatchReport, Executor};
+use crate::domain::{DeadLetter, Output, DEAD_LETTER_SINK};
+use crate::operator::{Delivery, KeyedOperator};
+use crate::ports::SinkError;
+
+/// Which record a message was emitted for, to map a send failure back to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tag {
+    Record {
+        group: usize,
+        position: usize,
+    },
+    /// A message in the key's outbox (left by an earlier invocation, or just committed).
+    Outbox {
+        group: usize,
+    },
+    /// A record rejected before it had a key.
+    Unkeyed {
+        index: usize,
+    },
+}
+
+impl Tag {
+    /// Messages with the same order key go to an ordered sink one after another.
+    fn order_key(&self) -> (usize, usize) {
+        match *self {
+            Tag::Record { group, .. } | Tag::Outbox { group } => (0, group),
+            Tag::Unkeyed { index } => (1, index),
+        }
+    }
+}
+
+/// Messages to send, by sink, each with its tag, in the order they must go out.
+#[derive(Default)]
+pub(super) struct Emission {
+    by_sink: BTreeMap<String, Vec<(Tag, Output)>>,
+}
+
+impl Emission {
+    pub fn push(&mut self, tag: Tag, output: Output) {
+        match self.by_sink.get_mut(&output.sink) {
+            Some(messages) => messages.push((tag, output)),
+            None => {
+                self.by_sink
+                    .insert(output.sink.clone(), vec![(tag, output)]);
+            }
+        }
+    }
+}
+
+/// What sending to one sink came to.
+#[derive(Default)]
+struct Sent {
+    count: usize,
+    /// Messages that may go out later.
+    failed: Vec<Tag>,
+    /// Messages the sink refuses for good.
+    refused: Vec<(Tag, Output, SinkError)>,
+}
+
+impl<O: KeyedOperator> Executor<O> {
+    pub(super) async fn emit_all(
+        &self,
+        plan: &Plan<'_>,
+        keys: &mut [KeyWork],
+        report: &mut BatchReport,
+    ) {
+        let emission = self.collect(plan, keys);
+        let failed = self.send_all(emission, report).await;
+        for work in keys.iter_mut() {
+            work.keep = work
+                .run
+                .outcomes
+                .iter()
+                .position(|o| matches!(o, Outcome::Failed | Outcome::Deferred))
+                .unwrap_or(work.run.outcomes.len());
+        }
+        for tag in failed {
+            match tag {
+                Tag::Record { group, position } => {
+                    keys[group].keep = keys[group].keep.min(position)
+                }
+                Tag::Outbox { group } => keys[group].blocked = true,
+                Tag::Unkeyed { index } => match plan.sequence_of(index) {
+                    Some(seq) => report.fail(seq),
+                    None => {
+                        report.unreportable_failure = Some(
+                            "a record without a sequence number could not be dead-lettered".into(),
+                        )
+                    }
+                },
+            }
+        }
+        for &index in &plan.panicked {
+            if let Some(seq) = plan.sequence_of(index) {
+                report.fail(seq);
+            }
+        }
+    }
+
+    /// Everything phase 4 sends. Outputs sent now are taken out of their outcomes.
+    fn collect(&self, plan: &Plan<'_>, keys: &mut [KeyWork]) -> Emission {
+        let dlq_limit = self.sinks.dead_letter_limit();
+        let mut emission = Emission::default();
+        for (index, letter) in &plan.unkeyed {
+            emission.push(
+                Tag::Unkeyed { index: *index },
+                letter.clone().into_output(dlq_limit),
+            );
+        }
+        let emit_now = self.operator.delivery() == Delivery::EmitThenCommit;
+        for (g, work) in keys.iter_mut().enumerate() {
+            for output in &work.base.outbox {
+                emission.push(Tag::Outbox { group: g }, output.clone());
+            }
+            for (position, outcome) in work.run.outcomes.iter_mut().enumerate() {
+                let tag = Tag::Record { group: g, position };
+                match outcome {
+                    Outcome::Applied(outputs) if emit_now => {
+                        for output in std::mem::take(outputs) {
+                            emission.push(tag, output);
+                        }
+                    }
+                    Outcome::Invalid(invalid) => {
+                        let record = plan.record(plan.groups[g].records[position]);
+                        let letter =
+                            self.dead_letter(record, Some(&plan.groups[g].key), invalid.clone());
+                        emission.push(tag, letter.into_output(dlq_limit));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        emission
+    }
+
+    /// Sends every message; a message a sink refuses for good (too large, a name the service
+    /// rejects) is dead-lettered instead: retrying could never deliver it, and nothing may block
+    /// a key forever. Returns the tags of the messages that may go out later.
+    pub(super) async fn send_all(&self, emission: Emission, report: &mut BatchReport) -> Vec<Tag> {
+        let (mut failed, refused) = self.send_round(emission, report).await;
+        if refused.is_empty() {
+            return failed;
+        }
+        let limit = self.sinks.dead_letter_limit();
+        let mut letters = Emission::default();
+        for (tag, output, err) in refused {
+            let letter = DeadLetter::new(
+                self.operator.name(),
+                None,
+                None,
+                format!("output.{}", output.sink),
+                err.to_string(),
+                serde_json::to_string(&output).expect("an output always serializes"),
+            );
+            letters.push(tag, letter.into_output(limit));
+        }
+        let (failed_letters, refused_letters) = self.send_round(letters, report).await;
+        failed.extend(failed_letters);
+        failed.extend(refused_letters.into_iter().map(|(tag, _, _)| tag));
+        failed
+    }
+
+    /// Every sink at once.
+    async fn send_round(
+        &self,
+        emission: Emission,
+        report: &mut BatchReport,
+    ) -> (Vec<Tag>, Vec<(Tag, Output, SinkError)>) {
+        let sends = emission
+            .by_sink
+            .into_iter()
+            .map(|(name, messages)| async move {
+                let sent = self.send_to(&name, messages).await;
+                (name, sent)
+            });
+        let (mut failed, mut refused) = (Vec::new(), Vec::new());
+        for (name, sent) in join_all(sends).await {
+            if name == DEAD_LETTER_SINK {
+                report.dead_lettered += sent.count;
+                // A dead letter refused has nowhere else to go: keep its record.
+                failed.extend(sent.refused.into_iter().map(|(tag, _, _)| tag));
+            } else {
+                report.outputs_sent += sent.count;
+                refused.extend(sent.refused);
+            }
+            failed.extend(sent.failed);
+        }
+        (failed, refused)
+    }
+
+    /// Sends one sink's messages: all at once to a sink without order, key by key in rounds to
+    /// one that keeps order.
+    async fn send_to(&self, name: &str, messages: Vec<(Tag, Output)>) -> Sent {
+        let Some(sink) = self.sinks.get(name) else {
+            // Ctx refuses unknown sinks; an outbox written under an older configuration may
+            // still name one. Keep it until the sink is configured again.
+            warn!(sink = %name, "no sink of that name is configured; its outputs wait");
+            return Sent {
+                failed: messages.into_iter().map(|(tag, _)| tag).collect(),
+                ..Sent::default()
+            };
+        };
+        let mut queues: Vec<VecDeque<(Tag, Output)>> = Vec::new();
+        if sink.ordered() {
+            let mut by_key: HashMap<(usize, usize), usize> = HashMap::new();
+            for (tag, output) in messages {
+                let at = *by_key.entry(tag.order_key()).or_insert_with(|| {
+                    queues.push(VecDeque::new());
+                    queues.len() - 1
+                });
+                queues[at].push_back((tag, output));
+            }
+        } else {
+            // One queue a message: they all go in the first round.
+            queues.extend(messages.into_iter().map(|m| VecDeque::from([m])));
+        }
+        let mut sent = Sent::default();
+        loop {
+            let mut from = Vec::new();
+            let mut tags = Vec::new();
+            let mut outputs = Vec::new();
+            for (q, queue) in queues.iter_mut().enumerate() {
+                if let Some((tag, output)) = queue.pop_front() {
+                    from.push(q);
+                    tags.push(tag);
+                    outputs.push(output);
+                }
+            }
+            if outputs.is_empty() {
+                return sent;
+            }
+            let failures = sink.send(&outputs).await;
+            sent.count += outputs.len() - failures.len();
+            for (i, err) in failures {
+                warn!(sink = %name, id = %outputs[i].id, error = %err, "output not sent");
+                if err.is_retryable() {
+                    sent.failed.push(tags[i]);
+                    // Nothing of this key may overtake the message that failed.
+                    queues[from[i]].clear();
+                } else {
+                    sent.refused.push((tags[i], outputs[i].clone(), err));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Phase 2: every key's state in one load, with the watermarks of the lineages its records come
+//! from; and, for keys with nothing stored under the current signature, state carried over from
+//! an older one (a migration) or counted as left behind (a reset).
+
+use std::collections::HashMap;
+
+use tracing::warn;
+
+use super::plan::Plan;
+use super::process::KeyWork;
+use super::{BatchReport, Executor};
+use crate::domain::{KeyState, Origin, SlotData};
+use crate::operator::{KeyedOperator, OldState};
+use crate::ports::{LoadKey, Namespace, StoreError};
+
+impl<O: KeyedOperator> Executor<O> {
+    /// Every key's work, with its loaded state; `None` when the state could not be read, and every
+    /// record is then reported for redelivery.
+    pub(super) async fn load(
+        &self,
+        plan: &Plan<'_>,
+        now: i64,
+        report: &mut BatchReport,
+    ) -> Option<Vec<KeyWork>> {
+        let requests: Vec<LoadKey> = plan
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, group)| {
+                let mut lineages: Vec<Origin> = Vec::new();
+                for record in plan.records_of(g) {
+                    let lineage = self.lineage_of(record);
+                    if !lineages.contains(lineage) {
+                        lineages.push(lineage.clone());
+                    }
+                }
+                LoadKey {
+                    key: group.key.clone(),
+                    lineages,
+                }
+            })
+            .collect();
+        let (loaded, previous) = futures::join!(
+            self.store.load_keys(&self.namespace, &requests),
+            self.previous_signature(now)
+        );
+        let looked_back = match loaded {
+            Ok(mut loaded) => self
+                .look_back(&mut loaded, &requests, previous, report)
+                .await
+                .map(|migrated| (loaded, migrated)),
+            Err(err) => Err(err),
+        };
+        let (mut loaded, migrated) = match looked_back {
+            Ok(found) => found,
+            Err(err) => {
+                warn!(operator = %self.namespace.operator, error = %err, "state load failed; the batch will be redelivered");
+                for index in 0..plan.batch.len() {
+                    if let Some(seq) = plan.sequence_of(index) {
+                        report.fail(seq);
+                    }
+                }
+                return None;
+            }
+        };
+        Some(
+            plan.groups
+                .iter()
+                .map(|g| KeyWork {
+                    base: loaded.remove(&g.key).unwrap_or_default(),
+                    migrated: migrated.contains(&g.key),
+                    ..KeyWork::default()
+                })
+                .collect(),
+        )
+    }
+
+    /// For keys with no state under the current signature, reads their state under the
+    /// signatures migrations come from, and the previous signature: migrated state becomes the
+    /// key's loaded state; state left behind is counted as a reset. Returns the migrated keys.
+    async fn look_back(
+        &self,
+        loaded: &mut HashMap<String, KeyState>,
+        requests: &[LoadKey],
+        previous: Option<(String, i64)>,
+        report: &mut BatchReport,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut migrated = Vec::new();
+        let mut missing: Vec<LoadKey> = requests
+            .iter()
+            .filter(|r| loaded.get(&r.key).is_none_or(|s| s.version == 0))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return Ok(migrated);
+        }
+        let mut signatures: Vec<String> =
+            self.migrations.iter().map(|m| m.from.to_owned()).collect();
+        if let Some((signature, since)) = previous {
+            let recent =
+                self.clock.now_millis() - since <= self.config.look_back.as_millis() as i64;
+            if recent && !signatures.contains(&signature) {
+                signatures.push(signature);
+            }
+        }
+        for signature in signatures {
+            if missing.is_empty() {
+                break;
+            }
+            let namespace = Namespace {
+                operator: self.namespace.operator.clone(),
+                signature: signature.clone(),
+            };
+            let old = self.store.load_keys(&namespace, &missing).await?;
+            let migration = self.migrations.iter().find(|m| m.from == signature);
+            missing.retain(|request| {
+                let key = &request.key;
+                let Some(state) = old.get(key).filter(|s| s.version > 0 && !s.slots.is_empty())
+                else {
+                    return true;
+                };
+                match migration.map(|m| (m.migrate)(&OldState { slots: &state.slots })) {
+                    Some(Ok(new)) => {
+                        let slots = new
+                            .slots
+                            .into_iter()
+                            .map(|(name, entries)| (name, SlotData::fresh(entries)))
+                            .collect();
+                        // The watermarks come along: what the old state applied stays applied.
+                        let state = KeyState {
+                            watermarks: state.watermarks.clone(),
+                            outbox: state.outbox.clone(),
+                            slots,
+                            ..KeyState::default()
+                        };
+                        loaded.insert(key.clone(), state);
+                        migrated.push(key.clone());
+                        report.migrated += 1;
+                    }
+                    Some(Err(err)) => {
+                        warn!(operator = %self.namespace.operator, key, error = %err, "migration failed; the key starts afresh");
+                        report.reset += 1;
+                    }
+                    None => report.reset += 1,
+                }
+                false
+            });
+        }
+        Ok(migrated)
+    }
+}

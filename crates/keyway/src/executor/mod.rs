@@ -1,0 +1,268 @@
+//! The batch executor: runs one Lambda batch (one shard, or one lane of a shard) through a keyed
+//! operator as a plan (DESIGN §3), one file per phase:
+//!
+//! 1. `plan`: decode each record (a record that does not decode is dead-lettered and does not fail
+//!    the batch) and group records by key, keeping arrival order within a key;
+//! 2. `load`: load the state of every key at once, with the watermarks of its records' lineages,
+//!    and carry state over from older signatures;
+//! 3. `process`: run each key's records in order; a failing record stops its key only;
+//! 4. `emit`: send dead letters, outboxes left by earlier invocations and (emit-then-commit) the
+//!    outputs, a key's outputs to a sink in order;
+//! 5. `commit`: commit each key's state with its watermarks, conditional on the version read;
+//! 6. `outbox`: send what outbox operators just committed, then clear it;
+//! 7. `report`: the lowest sequence number that was not fully applied.
+//!
+//! A key commits only the records that were processed *and* whose outputs were sent. When that is
+//! fewer than were processed (a record failed, a send failed), the key's state is rebuilt by
+//! replaying the records that stay, from the loaded state: operators are deterministic, so the
+//! replay computes the same state and the same outputs.
+//!
+//! # Design notes
+//!
+//! **Lineages.** A watermark guards one lineage: the records Lambda keeps in order, of which a
+//! retry redelivers a suffix. With ParallelizationFactor > 1 Lambda runs a shard's partition keys
+//! in concurrent lanes, so a key whose records come from several partition keys gets them from
+//! several lanes, and a watermark per shard would skip the records of a lane that commits later.
+//! The executor therefore keeps a watermark per shard *and partition key* (`Lineage::PartitionKey`,
+//! the default, right for every factor and every key); `Lineage::Shard` keeps one per shard, which
+//! is right only with ParallelizationFactor 1 and is cheaper for keys fed by many partition keys.
+//! DynamoDB Streams keep only an item's changes in order: there the lineage is always the item. The
+//! store bounds what a key's head holds however many lineages feed it (see the store's notes).
+//!
+//! **How long watermarks live.** A watermark is needed as long as its source can redeliver the
+//! record: the stream's retention or the mapping's MaximumRecordAgeInSeconds, whichever is shorter
+//! (`ExecutorConfig::redelivery_window`, at most a year by default). Watermarks are never pruned
+//! sooner, and a key's state TTL never takes them (nor its outbox) along.
+//!
+//! **Order of outputs.** A sink that keeps order (a FIFO queue, a stream) gets a key's outputs one
+//! after another; after one fails, none of that key's later outputs go to that sink in this
+//! invocation, so that a redelivered output never lands behind a later one.
+//!
+//! **Errors no retry can fix** dead-letter the record with the reason and let the key go on: bad
+//! input, state a record makes too large for the store, an output too large for its sink or the
+//! outbox. A panicking operator fails its key only (retried, like any programming error).
+//!
+//! **Deadline.** Given the invocation's deadline, the executor stops starting keys once less than
+//! `ExecutorConfig::deadline_reserve` remains, commits what it finished and reports the rest as
+//! batch item failures, instead of being stopped by the timeout with nothing committed.
+
+mod commit;
+mod emit;
+mod history;
+mod load;
+mod outbox;
+mod plan;
+mod process;
+mod report;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use report::BatchReport;
+
+use crate::domain::{SequenceNumber, SourceRecord, DEAD_LETTER_SINK};
+use crate::operator::{state_signature, Delivery, KeyedOperator, Migration, StateDescriptor};
+use crate::ports::{Clock, Namespace, Sink, StateStore, StoreLimits, DEFAULT_REDELIVERY_WINDOW};
+
+/// A record the source could not turn into a `SourceRecord` (malformed event JSON, no sequence
+/// number...). It is dead-lettered as is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RejectedRecord {
+    pub origin: Option<String>,
+    pub sequence: Option<SequenceNumber>,
+    pub field: String,
+    pub problem: String,
+    /// The record JSON as delivered.
+    pub raw: serde_json::Value,
+}
+
+/// The sinks an operator emits to, by name, and the dead-letter sink.
+#[derive(Clone)]
+pub struct Sinks {
+    sinks: HashMap<String, Arc<dyn Sink>>,
+}
+
+impl Sinks {
+    pub fn new(dead_letter: Arc<dyn Sink>) -> Self {
+        let mut sinks = HashMap::new();
+        sinks.insert(DEAD_LETTER_SINK.to_owned(), dead_letter);
+        Self { sinks }
+    }
+
+    pub fn with(mut self, name: impl Into<String>, sink: Arc<dyn Sink>) -> Self {
+        self.sinks.insert(name.into(), sink);
+        self
+    }
+
+    fn get(&self, name: &str) -> Option<&Arc<dyn Sink>> {
+        self.sinks.get(name)
+    }
+
+    fn dead_letter_limit(&self) -> usize {
+        self.sinks[DEAD_LETTER_SINK].max_message_bytes()
+    }
+}
+
+/// Which records one watermark guards (see the module's notes on lineages).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Lineage {
+    /// One watermark per shard and partition key: right whatever the ParallelizationFactor.
+    #[default]
+    PartitionKey,
+    /// One watermark per shard: only for mappings with ParallelizationFactor 1.
+    Shard,
+}
+
+/// Tuning that rarely needs changing.
+#[derive(Clone, Debug)]
+pub struct ExecutorConfig {
+    /// How long after its arrival a record may still be redelivered: the source's retention, or
+    /// the mapping's MaximumRecordAgeInSeconds if shorter. Watermarks live that long.
+    pub redelivery_window: Duration,
+    pub lineage: Lineage,
+    /// After the operator's state signature changed, a key missing under the new signature is
+    /// looked up under the previous one for this long, to count it as reset. (Migrations look up
+    /// their signatures whenever a key is missing.)
+    pub look_back: Duration,
+    /// No key is started once less than this remains before the invocation's deadline: what was
+    /// processed still has to be sent and committed.
+    pub deadline_reserve: Duration,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        Self {
+            redelivery_window: DEFAULT_REDELIVERY_WINDOW,
+            lineage: Lineage::default(),
+            look_back: Duration::from_secs(7 * 24 * 3600),
+            deadline_reserve: Duration::from_secs(2),
+        }
+    }
+}
+
+pub struct Executor<O: KeyedOperator> {
+    operator: O,
+    namespace: Namespace,
+    states: Vec<StateDescriptor>,
+    store: Arc<dyn StateStore>,
+    limits: StoreLimits,
+    sinks: Sinks,
+    /// Sink name to the largest output `process` may emit to it.
+    sink_limits: HashMap<String, usize>,
+    clock: Arc<dyn Clock>,
+    config: ExecutorConfig,
+    migrations: Vec<Migration>,
+    /// The signature this one replaced, and since when, once read from the signature history.
+    history: tokio::sync::OnceCell<Option<(String, i64)>>,
+}
+
+impl<O: KeyedOperator> Executor<O> {
+    /// Panics when a state's structure cannot be traced: a programming error, caught by
+    /// `keyway signatures --check` before anything is deployed.
+    pub fn new(
+        operator: O,
+        store: Arc<dyn StateStore>,
+        sinks: Sinks,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let states = operator.states();
+        for state in &states {
+            if let Err(err) = &state.shape {
+                panic!(
+                    "operator {}: the structure of state {:?} ({}) cannot be traced ({err}); declare it with_shape",
+                    operator.name(),
+                    state.name,
+                    state.type_name
+                );
+            }
+        }
+        let namespace = Namespace {
+            operator: operator.name().to_owned(),
+            signature: state_signature(&states),
+        };
+        let limits = store.limits();
+        // An outbox output is stored with the state first: it must fit there too (an output is
+        // stored as JSON, its body escaped, hence the margin).
+        let outbox = operator.delivery() == Delivery::Outbox;
+        let sink_limits = sinks
+            .sinks
+            .iter()
+            .map(|(name, sink)| {
+                let limit = sink.max_message_bytes();
+                let limit = if outbox {
+                    limit.min(limits.max_entry_bytes.saturating_sub(1024))
+                } else {
+                    limit
+                };
+                (name.clone(), limit)
+            })
+            .collect();
+        let migrations = operator.migrations();
+        Self {
+            operator,
+            namespace,
+            states,
+            store,
+            limits,
+            sinks,
+            sink_limits,
+            clock,
+            config: ExecutorConfig::default(),
+            migrations,
+            history: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    pub fn with_config(mut self, config: ExecutorConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    pub fn operator(&self) -> &O {
+        &self.operator
+    }
+
+    pub fn namespace(&self) -> &Namespace {
+        &self.namespace
+    }
+
+    pub fn config(&self) -> &ExecutorConfig {
+        &self.config
+    }
+
+    /// Runs one batch with no deadline. Records must be in the order the stream delivered them.
+    pub async fn run(&self, batch: Vec<Result<SourceRecord, RejectedRecord>>) -> BatchReport {
+        self.run_until(batch, None).await
+    }
+
+    /// Runs one batch that must be done by `deadline_millis` (epoch milliseconds on the
+    /// executor's clock), the invocation's deadline.
+    pub async fn run_until(
+        &self,
+        batch: Vec<Result<SourceRecord, RejectedRecord>>,
+        deadline_millis: Option<i64>,
+    ) -> BatchReport {
+        let now = self.clock.now_millis();
+        let mut report = BatchReport::new(batch.len());
+        let (plan, mut inputs) = self.plan(&batch);
+        report.keys = plan.groups.len();
+        let Some(mut keys) = self.load(&plan, now, &mut report).await else {
+            return report;
+        };
+        self.process(&plan, &mut inputs, &mut keys, now, deadline_millis);
+        self.emit_all(&plan, &mut keys, &mut report).await;
+        let committed = self.commit_all(&plan, &mut keys, now, &mut report).await;
+        self.deliver_outboxes(&plan, committed, &mut report).await;
+        report.log(&self.namespace);
+        report
+    }
+
+    /// The watermark a record advances.
+    fn lineage_of<'r>(&self, record: &'r SourceRecord) -> &'r crate::domain::Origin {
+        match self.config.lineage {
+            Lineage::PartitionKey => &record.lineage,
+            Lineage::Shard => &record.origin,
+        }
+    }
+}
