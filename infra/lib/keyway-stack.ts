@@ -83,6 +83,9 @@ export class KeywayStack extends Stack {
         STATE_TABLE: stateTable.tableName,
         COUNTS_SINK: `sqs:${counts.queueUrl}`,
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
+        // Watermarks must outlive every redelivery: the stream keeps records 24 hours and the
+        // mapping's MaximumRecordAgeInSeconds is a day; an hour more covers clock skew.
+        KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
     });
     logicalId(keyedCounter, 'KeyedCounterFunction');

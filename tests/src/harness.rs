@@ -103,6 +103,8 @@ pub struct Shard {
     pub stream: String,
     pub shard_id: String,
     next: u64,
+    /// When the records of the next batches arrived (epoch milliseconds).
+    pub arrival_millis: i64,
 }
 
 impl Shard {
@@ -111,6 +113,15 @@ impl Shard {
             stream: stream.into(),
             shard_id: format!("shardId-{shard:012}"),
             next: 1000,
+            arrival_millis: 1_767_225_600_000,
+        }
+    }
+
+    /// The shard of a stream deleted and created again: numbers start over.
+    pub fn recreated(&self) -> Self {
+        Self {
+            next: 1000,
+            ..Self::new(&self.stream, 0)
         }
     }
 
@@ -138,7 +149,7 @@ impl Shard {
                     sequence_number: seq,
                     partition_key: key,
                     data,
-                    arrival_millis: 1_767_225_600_000,
+                    arrival_millis: self.arrival_millis,
                 }),
         )
     }
@@ -148,6 +159,21 @@ impl Shard {
 pub fn count(key: &str, amount: u64) -> (&str, Vec<u8>) {
     (
         key,
+        format!(r#"{{"key":"{key}","amount":{amount}}}"#).into_bytes(),
+    )
+}
+
+/// The records of `event` at `indexes`, as one lane of a shard read with a ParallelizationFactor
+/// above 1 receives them.
+pub fn pick(event: &Value, indexes: &[usize]) -> Value {
+    let records = event["Records"].as_array().expect("records");
+    serde_json::json!({ "Records": indexes.iter().map(|&i| records[i].clone()).collect::<Vec<_>>() })
+}
+
+/// A JSON record for the keyed counter under another partition key.
+pub fn count_under(partition_key: &'static str, key: &str, amount: u64) -> (&'static str, Vec<u8>) {
+    (
+        partition_key,
         format!(r#"{{"key":"{key}","amount":{amount}}}"#).into_bytes(),
     )
 }

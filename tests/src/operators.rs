@@ -3,12 +3,14 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use keyway::domain::{KeyState, Output, Payload, SourceRecord};
 use keyway::operator::StateDescriptor;
 use keyway::ports::{
-    Commit, Committed, LoadKey, Namespace, Sink, SinkError, StateStore, StoreError, StoreLimits,
+    Commit, Committed, LoadKey, ManualClock, Namespace, Sink, SinkError, StateStore, StoreError,
+    StoreLimits,
 };
 use keyway::{Ctx, Delivery, InvalidInput, KeyedOperator, ListState, ProcessError, ValueState};
 use serde::{Deserialize, Serialize};
@@ -151,12 +153,24 @@ impl KeyedOperator for Waker {
     }
 }
 
-/// A store where every load of an operator's keys waits until `parties` such loads happened:
-/// concurrent invocations all read the same version before any of them commits. (Loads of the
-/// operator's signature history pass: they are not the invocation's.)
+/// A store where the first load of an operator's keys by each of `parties` invocations waits for
+/// the others: concurrent invocations all read the same version before any of them commits.
+/// (Loads of the operator's signature history pass: they are not the invocation's; so do loads
+/// after the race, such as a loser reading the winner's state.)
 pub struct BarrierStore {
     pub inner: Arc<dyn StateStore>,
     pub barrier: Barrier,
+    pub released: AtomicBool,
+}
+
+impl BarrierStore {
+    pub fn new(inner: Arc<dyn StateStore>, parties: usize) -> Self {
+        Self {
+            inner,
+            barrier: Barrier::new(parties),
+            released: AtomicBool::new(false),
+        }
+    }
 }
 
 #[async_trait]
@@ -164,11 +178,12 @@ impl StateStore for BarrierStore {
     async fn load_keys(
         &self,
         namespace: &Namespace,
-        keys: &[LoadKey],
+        keys: &[LoadKey<'_>],
     ) -> Result<HashMap<String, KeyState>, StoreError> {
         let loaded = self.inner.load_keys(namespace, keys).await;
-        if namespace.signature != "signature-history" {
+        if namespace.signature != "signature-history" && !self.released.load(Ordering::SeqCst) {
             self.barrier.wait().await;
+            self.released.store(true, Ordering::SeqCst);
         }
         loaded
     }
@@ -273,6 +288,169 @@ impl KeyedOperator for Buffer {
         } else {
             list.push(input);
         }
+        Ok(())
+    }
+}
+
+/// Another operator around `inner`: under its own name, with its own state TTL, panicking on a
+/// key, or taking virtual time per record. Everything else is `inner`'s.
+pub struct Tweaked<O> {
+    pub inner: O,
+    pub name: Option<&'static str>,
+    pub ttl: Option<Duration>,
+    pub panic_on: Option<&'static str>,
+    /// The clock each record advances, and by how much.
+    pub slow: Option<(Arc<ManualClock>, i64)>,
+    pub delivery: Option<Delivery>,
+}
+
+impl<O> Tweaked<O> {
+    pub fn new(inner: O) -> Self {
+        Self {
+            inner,
+            name: None,
+            ttl: None,
+            panic_on: None,
+            slow: None,
+            delivery: None,
+        }
+    }
+
+    /// Outputs go through the outbox: committed with the state, sent after.
+    pub fn through_outbox(mut self) -> Self {
+        self.delivery = Some(Delivery::Outbox);
+        self
+    }
+
+    pub fn named(mut self, name: &'static str) -> Self {
+        self.name = Some(name);
+        self
+    }
+
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    pub fn panicking_on(mut self, key: &'static str) -> Self {
+        self.panic_on = Some(key);
+        self
+    }
+
+    pub fn taking(mut self, clock: Arc<ManualClock>, millis: i64) -> Self {
+        self.slow = Some((clock, millis));
+        self
+    }
+}
+
+impl<O: KeyedOperator> KeyedOperator for Tweaked<O> {
+    type Input = O::Input;
+
+    fn name(&self) -> &str {
+        self.name.unwrap_or(self.inner.name())
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        self.inner.states()
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<O::Input, InvalidInput> {
+        self.inner.decode(record)
+    }
+
+    fn key(&self, input: &O::Input) -> String {
+        self.inner.key(input)
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, input: O::Input) -> Result<(), ProcessError> {
+        if self.panic_on == Some(ctx.key()) {
+            panic!("a bug met key {}", ctx.key());
+        }
+        if let Some((clock, millis)) = &self.slow {
+            clock.advance(*millis);
+        }
+        self.inner.process(ctx, input)
+    }
+
+    fn delivery(&self) -> Delivery {
+        self.delivery.unwrap_or(self.inner.delivery())
+    }
+
+    fn state_ttl(&self) -> Option<Duration> {
+        self.ttl.or(self.inner.state_ttl())
+    }
+}
+
+/// Counts DynamoDB stream changes per `group` attribute of the item: a key fed by many items.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GroupCounter;
+
+pub const GROUP_COUNT: ValueState<u64> = ValueState::new("count");
+
+impl KeyedOperator for GroupCounter {
+    type Input = String;
+
+    fn name(&self) -> &str {
+        "group-counter"
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![GROUP_COUNT.descriptor()]
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<String, InvalidInput> {
+        let Payload::Change(change) = &record.payload else {
+            return Err(InvalidInput::new("record", "expected a DynamoDB change"));
+        };
+        change
+            .new_image
+            .as_ref()
+            .or(change.old_image.as_ref())
+            .and_then(|image| image.get("group"))
+            .and_then(|g| g.as_s())
+            .map(str::to_owned)
+            .ok_or_else(|| InvalidInput::new("dynamodb.NewImage.group", "missing"))
+    }
+
+    fn key(&self, group: &String) -> String {
+        group.clone()
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, _: String) -> Result<(), ProcessError> {
+        let mut count = ctx.value(&GROUP_COUNT)?;
+        let next = count.get().copied().unwrap_or(0) + 1;
+        count.set(next);
+        Ok(())
+    }
+}
+
+/// Stores each record's text as the key's value, whatever its size.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Keeper;
+
+pub const KEPT: ValueState<String> = ValueState::new("kept");
+
+impl KeyedOperator for Keeper {
+    type Input = String;
+
+    fn name(&self) -> &str {
+        "keeper"
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![KEPT.descriptor()]
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<String, InvalidInput> {
+        Buffer.decode(record)
+    }
+
+    fn key(&self, _: &String) -> String {
+        "the-key".into()
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, input: String) -> Result<(), ProcessError> {
+        ctx.value(&KEPT)?.set(input);
         Ok(())
     }
 }

@@ -9,10 +9,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyed_counter::CountUpdate;
 use keyway::domain::{Origin, OutputId, SequenceNumber};
-use keyway::lambda::Handler;
+use keyway::lambda::{executor_config, Handler, StreamHandler};
 use keyway::local::{Factory, FaultPlan, LocalRuntime, LocalServices, RunReport, StartingPosition};
+use keyway::{Executor, Sinks};
+use keyway_tests::operators::{GroupCounter, Tweaked};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -204,10 +205,17 @@ async fn the_template_wires_the_keyed_counter_to_its_stream_queues_and_settings(
     assert_eq!(runtime.services.sqs.messages(&counts_queue).len(), 2_000);
 }
 
+/// What a chaos run left behind.
 struct Run {
+    /// The keyed counter's state.
     counts: BTreeMap<String, Option<u64>>,
-    /// Output id to the bodies sent under it.
+    /// The outbox counter's state, and the DynamoDB-fed group counter's.
+    spread: BTreeMap<String, Option<u64>>,
+    groups: BTreeMap<String, Option<u64>>,
+    /// Output id to the bodies sent under it, by counter.
     outputs: HashMap<String, HashSet<String>>,
+    outbox_outputs: HashMap<String, HashSet<String>>,
+    expiring_outputs: HashMap<String, HashSet<String>>,
     messages: usize,
     report: RunReport,
     expected_ids: HashSet<String>,
@@ -215,39 +223,277 @@ struct Run {
     failed_batches: usize,
 }
 
-/// The stack's template with unlimited retries: under faults nothing may be discarded.
-fn patient_template() -> String {
+/// The stack's template as the chaos run deploys it: unlimited retries (under faults nothing may
+/// be discarded), each shard read in ten lanes, and more functions beside the keyed counter (whose
+/// keys are its partition keys): on a stream whose keys are not its partition keys (so that a
+/// key's records come from several lanes at once, and its writers race), a counter that delivers
+/// through its outbox, and another with a 30-second state TTL, shorter than the outages of its
+/// queue; and a counter of DynamoDB changes per group, each group fed by thousands of items.
+fn chaos_template() -> String {
+    let extra = r#"
+  SpreadStream:
+    Type: AWS::Kinesis::Stream
+    Properties:
+      ShardCount: 2
+      RetentionPeriodHours: 24
+
+  OutboxCountsQueue:
+    Type: AWS::SQS::Queue
+
+  ExpiringCountsQueue:
+    Type: AWS::SQS::Queue
+
+  OrdersTable:
+    Type: AWS::DynamoDB::Table
+    Properties:
+      BillingMode: PAY_PER_REQUEST
+      AttributeDefinitions:
+        - AttributeName: id
+          AttributeType: S
+      KeySchema:
+        - AttributeName: id
+          KeyType: HASH
+      StreamSpecification:
+        StreamViewType: NEW_AND_OLD_IMAGES
+
+  OutboxCounterFunction:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: .
+      Environment:
+        Variables:
+          STATE_TABLE: !Ref StateTable
+          COUNTS_SINK: !Sub "sqs:${OutboxCountsQueue}"
+          DEAD_LETTER_SINK: !Sub "sqs:${DeadLetterQueue}"
+          KEYWAY_REDELIVERY_WINDOW_SECONDS: "90000"
+      Events:
+        Spread:
+          Type: Kinesis
+          Properties:
+            Stream: !GetAtt SpreadStream.Arn
+            StartingPosition: TRIM_HORIZON
+            BatchSize: 200
+            FunctionResponseTypes: [ReportBatchItemFailures]
+            BisectBatchOnFunctionError: true
+            ParallelizationFactor: 10
+
+  ExpiringCounterFunction:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: .
+      Environment:
+        Variables:
+          STATE_TABLE: !Ref StateTable
+          COUNTS_SINK: !Sub "sqs:${ExpiringCountsQueue}"
+          DEAD_LETTER_SINK: !Sub "sqs:${DeadLetterQueue}"
+          KEYWAY_REDELIVERY_WINDOW_SECONDS: "90000"
+      Events:
+        Spread:
+          Type: Kinesis
+          Properties:
+            Stream: !GetAtt SpreadStream.Arn
+            StartingPosition: TRIM_HORIZON
+            BatchSize: 200
+            FunctionResponseTypes: [ReportBatchItemFailures]
+            BisectBatchOnFunctionError: true
+            ParallelizationFactor: 10
+
+  GroupCounterFunction:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: .
+      Environment:
+        Variables:
+          STATE_TABLE: !Ref StateTable
+          DEAD_LETTER_SINK: !Sub "sqs:${DeadLetterQueue}"
+      Events:
+        Orders:
+          Type: DynamoDB
+          Properties:
+            Stream: !GetAtt OrdersTable.StreamArn
+            StartingPosition: TRIM_HORIZON
+            BatchSize: 100
+            FunctionResponseTypes: [ReportBatchItemFailures]
+            BisectBatchOnFunctionError: true
+
+Outputs:"#;
     template()
         .replace("MaximumRetryAttempts: 10", "MaximumRetryAttempts: -1")
         .replace(
             "MaximumRecordAgeInSeconds: 86400",
             "MaximumRecordAgeInSeconds: -1",
         )
+        .replace("ParallelizationFactor: 2", "ParallelizationFactor: 10")
+        .replacen("\nOutputs:", extra, 1)
 }
 
-async fn run(events: &[(String, u64)], faults: FaultPlan) -> Run {
-    let services = LocalServices::new(EPOCH, faults);
-    let mut runtime =
-        LocalRuntime::from_template(&patient_template(), services.clone(), &factories()).unwrap();
-    // Calls take a millisecond, so that a timeout can stop an invocation between two of them.
-    services.set_latency(Some(Duration::from_millis(1)));
-    let positions = produce(&runtime, events).await;
-    let report = runtime
-        .run_until_idle(Duration::from_secs(24 * 3600))
-        .await
-        .unwrap();
-    let expected = expected_counts(events);
-    let keys: Vec<String> = expected.keys().cloned().collect();
-    let counts = stored_counts(&runtime, &keys).await;
-    let queue = runtime.resource("CountsQueue").unwrap();
-    let messages = services.sqs.messages(&queue);
+fn chaos_factories() -> BTreeMap<String, Factory> {
+    let mut factories = factories();
+    let outbox_counter = |name: &'static str, ttl: Option<Duration>| -> Factory {
+        Box::new(move |platform, env| {
+            let sinks = Sinks::new(platform.sink(&env["DEAD_LETTER_SINK"])?)
+                .with(keyed_counter::COUNTS, platform.sink(&env["COUNTS_SINK"])?);
+            let mut operator = Tweaked::new(keyed_counter::KeyedCounter)
+                .named(name)
+                .through_outbox();
+            operator.ttl = ttl;
+            let store = platform.state_store(&env["STATE_TABLE"])?;
+            let config = executor_config(env).map_err(|e| e.to_string())?;
+            let executor =
+                Executor::new(operator, store, sinks, platform.clock()).with_config(config);
+            Ok(Arc::new(StreamHandler::new(executor)) as Arc<dyn Handler>)
+        })
+    };
+    factories.insert(
+        "OutboxCounterFunction".into(),
+        outbox_counter("outbox-counter", None),
+    );
+    factories.insert(
+        "ExpiringCounterFunction".into(),
+        outbox_counter("expiring-counter", Some(Duration::from_secs(30))),
+    );
+    factories.insert(
+        "GroupCounterFunction".into(),
+        Box::new(|platform, env| {
+            let sinks = Sinks::new(platform.sink(&env["DEAD_LETTER_SINK"])?);
+            let store = platform.state_store(&env["STATE_TABLE"])?;
+            let executor = Executor::new(GroupCounter, store, sinks, platform.clock());
+            Ok(Arc::new(StreamHandler::new(executor)) as Arc<dyn Handler>)
+        }),
+    );
+    factories
+}
+
+/// Clicks of `users` users spread over `devices` devices, partitioned by device: a key's records
+/// come from many partition keys, and so from many lanes of a shard.
+fn spread(n: usize, users: usize, devices: usize, seed: u64) -> Vec<(String, Vec<u8>)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let device = format!("device-{}", rng.random_range(0..devices));
+            let user = rng.random_range(0..users);
+            let data = format!(r#"{{"key":"user-{user}","amount":1}}"#).into_bytes();
+            (device, data)
+        })
+        .collect()
+}
+
+/// The counts `spread` gives each user.
+fn spread_counts(records: &[(String, Vec<u8>)]) -> BTreeMap<String, Option<u64>> {
+    let events: Vec<(String, u64)> = records
+        .iter()
+        .map(|(_, data)| {
+            let event: keyed_counter::CountEvent = serde_json::from_slice(data).unwrap();
+            (event.key, event.amount)
+        })
+        .collect();
+    expected_counts(&events)
+}
+
+/// Orders spread over ten groups.
+fn orders(items: usize) -> Vec<keyway::domain::Item> {
+    use keyway::domain::AttrValue;
+    (0..items)
+        .map(|i| {
+            keyway::domain::Item::from([
+                ("id".to_owned(), AttrValue::S(format!("order-{i}"))),
+                ("group".to_owned(), AttrValue::S(format!("g{}", i % 10))),
+            ])
+        })
+        .collect()
+}
+
+/// The `count` value of `keys` of `operator` (whose states are the keyed counter's).
+async fn stored_values(
+    runtime: &LocalRuntime,
+    operator: &str,
+    keys: &[String],
+) -> BTreeMap<String, Option<u64>> {
+    let store = keyway::lambda::Platform::state_store(
+        runtime.services.as_ref(),
+        &runtime.resource("StateTable").unwrap(),
+    )
+    .unwrap();
+    let namespace = keyway::ports::Namespace {
+        operator: operator.into(),
+        signature: keyway::operator::state_signature(&keyway::KeyedOperator::states(&GroupCounter)),
+    };
+    let loaded = store.load(&namespace, keys).await.unwrap();
+    keys.iter()
+        .map(|k| {
+            let count = loaded[k]
+                .slots
+                .get("count")
+                .and_then(|s| s.entries.first())
+                .map(|e| e.get().parse().unwrap());
+            (k.clone(), count)
+        })
+        .collect()
+}
+
+/// Output id to the bodies the queue received under it.
+fn bodies_by_id(services: &LocalServices, queue: &str) -> HashMap<String, HashSet<String>> {
     let mut outputs: HashMap<String, HashSet<String>> = HashMap::new();
-    for m in &messages {
+    for m in services.sqs.messages(queue) {
         outputs
             .entry(m.output_id.clone().expect("an output id"))
             .or_default()
             .insert(m.body.clone());
     }
+    outputs
+}
+
+/// How much a chaos run reads: clicks keyed by their partition keys, clicks spread over
+/// partition keys, and changes of DynamoDB items.
+struct Load {
+    clicks: Vec<(String, u64)>,
+    spread: Vec<(String, Vec<u8>)>,
+    items: usize,
+}
+
+async fn run(load: &Load, faults: FaultPlan) -> Run {
+    let services = LocalServices::new(EPOCH, faults);
+    let mut runtime =
+        LocalRuntime::from_template(&chaos_template(), services.clone(), &chaos_factories())
+            .unwrap();
+    // Calls take a millisecond, so that a timeout can stop an invocation between two of them.
+    services.set_latency(Some(Duration::from_millis(1)));
+    let stream = runtime.resource("ClicksStream").unwrap();
+    let records: Vec<(String, Vec<u8>)> = load
+        .clicks
+        .iter()
+        .map(|(k, a)| {
+            (
+                k.clone(),
+                format!(r#"{{"key":"{k}","amount":{a}}}"#).into_bytes(),
+            )
+        })
+        .collect();
+    let positions = services
+        .kinesis
+        .put_in_order(&stream, &records)
+        .await
+        .expect("the stream takes every record");
+    services
+        .kinesis
+        .put_in_order(&runtime.resource("SpreadStream").unwrap(), &load.spread)
+        .await
+        .expect("the stream takes every record");
+    let table = services
+        .dynamodb
+        .table(&runtime.resource("OrdersTable").unwrap())
+        .unwrap();
+    for item in orders(load.items) {
+        table.put_item(item).unwrap();
+    }
+    let report = runtime
+        .run_until_idle(Duration::from_secs(24 * 3600))
+        .await
+        .unwrap();
+    let keys: Vec<String> = expected_counts(&load.clicks).keys().cloned().collect();
+    let spread_keys: Vec<String> = spread_counts(&load.spread).keys().cloned().collect();
+    let groups: Vec<String> = (0..10).map(|g| format!("g{g}")).collect();
+    let queue = runtime.resource("CountsQueue").unwrap();
     let expected_ids = positions
         .iter()
         .map(|(shard, seq)| {
@@ -262,9 +508,16 @@ async fn run(events: &[(String, u64)], faults: FaultPlan) -> Run {
         })
         .collect();
     Run {
-        counts,
-        outputs,
-        messages: messages.len(),
+        counts: stored_counts(&runtime, &keys).await,
+        spread: stored_values(&runtime, "outbox-counter", &spread_keys).await,
+        groups: stored_values(&runtime, "group-counter", &groups).await,
+        outputs: bodies_by_id(&services, &queue),
+        outbox_outputs: bodies_by_id(&services, &runtime.resource("OutboxCountsQueue").unwrap()),
+        expiring_outputs: bodies_by_id(
+            &services,
+            &runtime.resource("ExpiringCountsQueue").unwrap(),
+        ),
+        messages: services.sqs.messages(&queue).len(),
         report,
         expected_ids,
         dead_letters: services
@@ -278,21 +531,45 @@ async fn run(events: &[(String, u64)], faults: FaultPlan) -> Run {
     }
 }
 
+/// Every fault at 2%, and now and then an SQS outage longer than the outbox counter's state TTL.
+fn chaos_faults(seed: u64) -> FaultPlan {
+    FaultPlan {
+        outage: 0.000_5,
+        outage_millis: 90_000,
+        ..FaultPlan::all(0.02, seed)
+    }
+}
+
 #[tokio::test(start_paused = true)]
-async fn a_hundred_thousand_events_with_every_fault_at_two_percent_end_as_without_faults() {
-    let events = zipf_events(100_000, 1_000, 7);
-    let clean = run(&events, FaultPlan::default()).await;
-    let chaos = run(&events, FaultPlan::all(0.02, 7)).await;
+async fn a_hundred_thousand_events_and_a_hundred_thousand_changes_under_every_fault_end_as_without_faults(
+) {
+    let load = Load {
+        clicks: zipf_events(100_000, 1_000, 7),
+        spread: spread(10_000, 5_000, 500, 5),
+        items: 100_000,
+    };
+    let clean = run(&load, FaultPlan::default()).await;
+    let chaos = run(&load, chaos_faults(7)).await;
 
     assert_eq!(
         clean.counts,
-        expected_counts(&events),
+        expected_counts(&load.clicks),
         "the fault-free run counts every event"
     );
     assert_eq!(
         chaos.counts, clean.counts,
         "final state equals the fault-free run"
     );
+    assert_eq!(
+        clean.spread,
+        spread_counts(&load.spread),
+        "keys fed by many lanes too"
+    );
+    assert_eq!(chaos.spread, clean.spread);
+    let groups: BTreeMap<String, Option<u64>> =
+        (0..10).map(|g| (format!("g{g}"), Some(10_000))).collect();
+    assert_eq!(clean.groups, groups, "every change counted once per group");
+    assert_eq!(chaos.groups, groups, "also under faults");
     assert_eq!(clean.messages, 100_000);
 
     let ids: HashSet<String> = chaos.outputs.keys().cloned().collect();
@@ -306,24 +583,30 @@ async fn a_hundred_thousand_events_with_every_fault_at_two_percent_end_as_withou
         "faults caused duplicates: {}",
         chaos.messages
     );
-    assert!(
-        chaos.outputs.values().all(|bodies| bodies.len() == 1),
-        "every duplicate repeats an output already sent, body and id"
-    );
     for (id, bodies) in &chaos.outputs {
-        let body: CountUpdate = serde_json::from_str(bodies.iter().next().unwrap()).unwrap();
         assert_eq!(
-            clean.outputs[id].iter().next().map(String::as_str),
-            Some(serde_json::to_string(&body).unwrap().as_str())
+            &clean.outputs[id], bodies,
+            "the same output as without faults, once an id"
         );
+    }
+    // Outbox delivery where writers race: the same ids as without faults, one body each. (Which
+    // body differs from the fault-free run: a key's records from different lanes have no order
+    // between them, so a record's count depends on which lane came first.)
+    for (chaos, clean) in [
+        (&chaos.outbox_outputs, &clean.outbox_outputs),
+        (&chaos.expiring_outputs, &clean.expiring_outputs),
+    ] {
+        assert_eq!(chaos.len(), load.spread.len());
+        assert!(chaos.keys().all(|id| clean.contains_key(id)));
+        assert!(chaos.values().all(|bodies| bodies.len() == 1));
     }
     assert_eq!((chaos.dead_letters, chaos.failed_batches), (0, 0));
 
+    for (name, stats) in &chaos.report.mappings {
+        println!("chaos run, {name}: {stats:?}");
+    }
+    println!("virtual time {:?}", chaos.report.elapsed);
     let stats = &chaos.report.mappings[0].1;
-    println!(
-        "chaos run: {stats:?}, virtual time {:?}",
-        chaos.report.elapsed
-    );
     assert!(
         stats.function_errors > 0
             && stats.timeouts > 0
@@ -335,16 +618,65 @@ async fn a_hundred_thousand_events_with_every_fault_at_two_percent_end_as_withou
 
 #[tokio::test(start_paused = true)]
 async fn the_same_seed_gives_the_same_run() {
-    let events = zipf_events(3_000, 100, 3);
-    let a = run(&events, FaultPlan::all(0.05, 11)).await;
-    let b = run(&events, FaultPlan::all(0.05, 11)).await;
+    let load = Load {
+        clicks: zipf_events(3_000, 100, 3),
+        spread: spread(1_000, 100, 50, 3),
+        items: 2_000,
+    };
+    let a = run(&load, FaultPlan::all(0.05, 11)).await;
+    let b = run(&load, FaultPlan::all(0.05, 11)).await;
     assert_eq!(a.report.mappings, b.report.mappings);
     assert_eq!(a.report.elapsed, b.report.elapsed);
     assert_eq!(a.messages, b.messages);
     assert_eq!(a.counts, b.counts);
-    let c = run(&events, FaultPlan::all(0.05, 12)).await;
+    let c = run(&load, FaultPlan::all(0.05, 12)).await;
     assert_ne!(
         a.report.mappings, c.report.mappings,
         "another seed, other faults"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_template_whose_watermarks_would_not_outlive_its_redeliveries_is_refused() {
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let short = template().replace(
+        "KEYWAY_REDELIVERY_WINDOW_SECONDS: \"90000\"",
+        "KEYWAY_REDELIVERY_WINDOW_SECONDS: \"3600\"",
+    );
+    let err = LocalRuntime::from_template(&short, services.clone(), &factories())
+        .err()
+        .expect("refused");
+    assert!(
+        err.contains("KeyedCounterFunction/Clicks")
+            && err.contains("KEYWAY_REDELIVERY_WINDOW_SECONDS"),
+        "{err}"
+    );
+    let per_shard = template().replace(
+        "KEYWAY_REDELIVERY_WINDOW_SECONDS: \"90000\"",
+        "KEYWAY_REDELIVERY_WINDOW_SECONDS: \"90000\"\n          KEYWAY_LINEAGE: shard",
+    );
+    let err = LocalRuntime::from_template(&per_shard, services, &factories())
+        .err()
+        .expect("refused");
+    assert!(
+        err.contains("KEYWAY_LINEAGE") && err.contains("ParallelizationFactor"),
+        "{err}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+#[ignore]
+async fn timing_probe() {
+    let var = |name: &str| std::env::var(name).unwrap().parse::<usize>().unwrap();
+    let load = Load {
+        clicks: zipf_events(var("PROBE_CLICKS"), 1_000, 7),
+        spread: spread(var("PROBE_SPREAD"), 5_000, 500, 5),
+        items: var("PROBE_ITEMS"),
+    };
+    let t = std::time::Instant::now();
+    let clean = run(&load, FaultPlan::default()).await;
+    println!("clean {:?}", t.elapsed());
+    for (name, stats) in &clean.report.mappings {
+        println!("{name}: {stats:?}");
+    }
 }

@@ -7,11 +7,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::executor::Executor;
+use crate::executor::{Executor, ExecutorConfig, Lineage};
 use crate::operator::KeyedOperator;
 use crate::ports::{Clock, Sink, StateStore};
 
@@ -32,6 +33,79 @@ pub fn required<'a>(env: &'a Env, name: &str) -> Result<&'a str, String> {
     env.get(name)
         .map(String::as_str)
         .ok_or_else(|| format!("environment variable {name} is not set"))
+}
+
+/// A function's environment says something the function cannot run with.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("environment variable {name}: {problem}")]
+pub struct ConfigError {
+    pub name: String,
+    pub problem: String,
+}
+
+/// Which records a watermark guards: `partition-key` (the default, right for every
+/// ParallelizationFactor) or `shard` (only for mappings with ParallelizationFactor 1).
+pub const LINEAGE: &str = "KEYWAY_LINEAGE";
+/// How long after its arrival a record may still be redelivered, in seconds: the stream's
+/// retention or the mapping's MaximumRecordAgeInSeconds, whichever is shorter. A year by default.
+pub const REDELIVERY_WINDOW: &str = "KEYWAY_REDELIVERY_WINDOW_SECONDS";
+
+/// The executor settings a function's environment gives (`LINEAGE`, `REDELIVERY_WINDOW`).
+pub fn executor_config(env: &Env) -> Result<ExecutorConfig, ConfigError> {
+    let mut config = ExecutorConfig::default();
+    let problem = |name: &str, problem: String| ConfigError {
+        name: name.to_owned(),
+        problem,
+    };
+    match env.get(LINEAGE).map(String::as_str) {
+        None | Some("partition-key") => config.lineage = Lineage::PartitionKey,
+        Some("shard") => config.lineage = Lineage::Shard,
+        Some(other) => {
+            return Err(problem(
+                LINEAGE,
+                format!("{other:?} is neither partition-key nor shard"),
+            ))
+        }
+    }
+    if let Some(text) = env.get(REDELIVERY_WINDOW) {
+        let seconds: u64 = text.parse().map_err(|_| {
+            problem(
+                REDELIVERY_WINDOW,
+                format!("{text:?} is not a whole number of seconds"),
+            )
+        })?;
+        config.redelivery_window = Duration::from_secs(seconds);
+    }
+    Ok(config)
+}
+
+/// Whether `config` is right for a mapping with `parallelization_factor` whose records may be
+/// redelivered up to `horizon` after they arrived: a shorter window would forget watermarks a
+/// redelivery still needs, and one watermark per shard skips records when a shard is read in lanes.
+pub fn check_mapping(
+    config: &ExecutorConfig,
+    parallelization_factor: u32,
+    horizon: Duration,
+) -> Result<(), ConfigError> {
+    if config.lineage == Lineage::Shard && parallelization_factor > 1 {
+        return Err(ConfigError {
+            name: LINEAGE.into(),
+            problem: format!(
+                "shard keeps one watermark per shard, but the mapping reads each shard in {parallelization_factor} lanes (ParallelizationFactor): use partition-key"
+            ),
+        });
+    }
+    if config.redelivery_window < horizon {
+        return Err(ConfigError {
+            name: REDELIVERY_WINDOW.into(),
+            problem: format!(
+                "{} seconds is shorter than the {} seconds the mapping can still redeliver a record after it arrived (the stream's retention, or MaximumRecordAgeInSeconds if shorter)",
+                config.redelivery_window.as_secs(),
+                horizon.as_secs()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// An invocation failed: Lambda retries the batch (or bisects it).
@@ -135,6 +209,42 @@ mod tests {
             "{err}"
         );
         assert!(SinkTarget::parse("kinesis:").is_err());
+    }
+
+    #[test]
+    fn the_environment_sets_the_lineage_and_the_redelivery_window_and_names_a_bad_value() {
+        let env: Env = [
+            (LINEAGE.to_owned(), "shard".to_owned()),
+            (REDELIVERY_WINDOW.to_owned(), "90000".to_owned()),
+        ]
+        .into();
+        let config = executor_config(&env).unwrap();
+        assert_eq!(config.lineage, Lineage::Shard);
+        assert_eq!(config.redelivery_window, Duration::from_secs(90_000));
+        let defaults = executor_config(&Env::new()).unwrap();
+        assert_eq!(defaults.lineage, Lineage::PartitionKey);
+        let bad: Env = [(LINEAGE.to_owned(), "key".to_owned())].into();
+        let err = executor_config(&bad).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("environment variable KEYWAY_LINEAGE"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_mapping_that_could_outlive_the_watermarks_or_read_lanes_with_one_per_shard_is_refused() {
+        let day = Duration::from_secs(86_400);
+        let mut config = ExecutorConfig {
+            redelivery_window: day,
+            ..ExecutorConfig::default()
+        };
+        assert!(check_mapping(&config, 10, day).is_ok());
+        let err = check_mapping(&config, 1, 7 * day).unwrap_err();
+        assert_eq!(err.name, REDELIVERY_WINDOW);
+        config.lineage = Lineage::Shard;
+        assert!(check_mapping(&config, 1, day).is_ok());
+        assert_eq!(check_mapping(&config, 2, day).unwrap_err().name, LINEAGE);
     }
 
     #[test]

@@ -63,22 +63,13 @@ pub struct Namespace {
 /// A key to load, with the lineages its records in the batch come from: a store that keeps some
 /// watermarks apart from the key's other state reads the ones the batch needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LoadKey {
-    pub key: String,
-    pub lineages: Vec<Origin>,
+pub struct LoadKey<'a> {
+    pub key: &'a str,
+    pub lineages: Vec<&'a Origin>,
 }
 
-impl From<&str> for LoadKey {
-    fn from(key: &str) -> Self {
-        Self {
-            key: key.to_owned(),
-            lineages: Vec::new(),
-        }
-    }
-}
-
-impl From<String> for LoadKey {
-    fn from(key: String) -> Self {
+impl<'a> From<&'a str> for LoadKey<'a> {
+    fn from(key: &'a str) -> Self {
         Self {
             key,
             lineages: Vec::new(),
@@ -130,7 +121,7 @@ pub trait StateStore: Send + Sync {
     async fn load_keys(
         &self,
         namespace: &Namespace,
-        keys: &[LoadKey],
+        keys: &[LoadKey<'_>],
     ) -> Result<HashMap<String, KeyState>, StoreError>;
 
     /// `load_keys` for keys whose lineages do not matter (tools, tests, migrations' look-ups of

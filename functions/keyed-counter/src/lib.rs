@@ -5,12 +5,13 @@
 //! same counts with the same output ids.
 //!
 //! Environment: `STATE_TABLE` (the keyway state table), `COUNTS_SINK` and `DEAD_LETTER_SINK`
-//! (`kinesis:<stream>` or `sqs:<queue URL>`).
+//! (`kinesis:<stream>` or `sqs:<queue URL>`), and optionally `KEYWAY_LINEAGE` and
+//! `KEYWAY_REDELIVERY_WINDOW_SECONDS` (see `keyway::lambda::executor_config`).
 
 use serde::{Deserialize, Serialize};
 
 use keyway::domain::{Payload, SourceRecord};
-use keyway::lambda::{required, Env, Platform, StreamHandler};
+use keyway::lambda::{executor_config, required, Env, Platform, StreamHandler};
 use keyway::operator::StateDescriptor;
 use keyway::{Ctx, Executor, InvalidInput, KeyedOperator, ProcessError, Sinks, ValueState};
 
@@ -105,10 +106,8 @@ pub fn handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<Keyed
     let sinks = Sinks::new(platform.sink(required(env, "DEAD_LETTER_SINK")?)?)
         .with(COUNTS, platform.sink(required(env, "COUNTS_SINK")?)?);
     let store = platform.state_store(required(env, "STATE_TABLE")?)?;
-    Ok(StreamHandler::new(Executor::new(
-        KeyedCounter,
-        store,
-        sinks,
-        platform.clock(),
-    )))
+    let config = executor_config(env).map_err(|e| e.to_string())?;
+    Ok(StreamHandler::new(
+        Executor::new(KeyedCounter, store, sinks, platform.clock()).with_config(config),
+    ))
 }

@@ -133,6 +133,42 @@ where
 mod tests {
     use super::*;
 
+    fn service_error(
+        code: &str,
+    ) -> SdkError<
+        aws_sdk_sqs::operation::send_message_batch::SendMessageBatchError,
+        aws_smithy_runtime_api::http::Response,
+    > {
+        use aws_sdk_sqs::error::ErrorMetadata;
+        let err = aws_sdk_sqs::operation::send_message_batch::SendMessageBatchError::generic(
+            ErrorMetadata::builder()
+                .code(code)
+                .message("injected")
+                .build(),
+        );
+        let response = aws_smithy_runtime_api::http::Response::new(
+            aws_smithy_runtime_api::http::StatusCode::try_from(400).unwrap(),
+            aws_smithy_types::body::SdkBody::empty(),
+        );
+        SdkError::service_error(err, response)
+    }
+
+    #[test]
+    fn a_throttled_call_to_a_kms_encrypted_queue_is_retryable() {
+        assert!(matches!(
+            classify(&service_error("KMS.ThrottlingException")),
+            ErrorClass::Throttled(_)
+        ));
+        assert!(matches!(
+            classify(&service_error("KmsDisabled")),
+            ErrorClass::Unavailable(_)
+        ));
+        assert!(matches!(
+            classify(&service_error("InvalidMessageContents")),
+            ErrorClass::Invalid(_)
+        ));
+    }
+
     #[test]
     fn every_documented_code_has_its_class() {
         let table = [

@@ -18,6 +18,17 @@ pub(super) struct PendingOutbox {
     pub outputs: Vec<Output>,
 }
 
+/// How often an outbox operator's key that lost a commit race is run again on the winner's state
+/// within the invocation, before it is left to Lambda's redelivery.
+const CONFLICT_RETRIES: usize = 2;
+
+/// A commit ready to go, for the key of a group.
+struct Ready {
+    group: usize,
+    commit: Commit,
+    outputs: Vec<Output>,
+}
+
 impl<O: KeyedOperator> Executor<O> {
     pub(super) async fn commit_all(
         &self,
@@ -26,50 +37,100 @@ impl<O: KeyedOperator> Executor<O> {
         now: i64,
         report: &mut BatchReport,
     ) -> Vec<PendingOutbox> {
-        let mut commits = Vec::new();
-        let mut pending: Vec<(usize, Vec<Output>)> = Vec::new();
+        let mut ready = Vec::new();
         for (g, work) in keys.iter_mut().enumerate() {
-            let records = plan.records_of(g);
-            let key = plan.groups[g].key.as_str();
             report.panics += usize::from(work.run.panicked);
-            if work.deferred || work.blocked {
-                // Not started, or an earlier outbox still waits: later outputs must not overtake
-                // it. The redelivery starts the key again.
-                report.deferred_keys += usize::from(work.deferred);
-                report.fail(&records[0].sequence);
-                continue;
-            }
-            if work.keep < work.run.outcomes.len() {
-                if let Err(reason) = self.replay(key, work, &records, now) {
-                    warn!(operator = %self.namespace.operator, key, problem = %reason, "the key's shorter run does not encode; its records will be redelivered");
-                    report.fail(&records[0].sequence);
-                    continue;
-                }
-            }
-            if work.keep < records.len() {
-                report.fail(&records[work.keep].sequence);
-            }
-            match self.next_state(work, &records, now) {
-                Some((state, outbox)) => {
-                    commits.push(Commit {
-                        key: key.to_owned(),
-                        expected_version: state.version,
-                        state,
-                        redelivery_window: self.config.redelivery_window,
-                    });
-                    pending.push((g, outbox));
-                }
-                None => {
-                    let (applied, replayed) = counts(&work.run.outcomes);
-                    report.applied += applied;
-                    report.replayed += replayed;
-                }
+            if let Some(r) = self.ready(plan, g, work, now, report) {
+                ready.push(r);
             }
         }
-        let results = self.store.commit(&self.namespace, commits).await;
         let mut outboxes = Vec::new();
-        for ((g, outputs), result) in pending.into_iter().zip(results) {
-            let records = plan.records_of(g);
+        for round in 0..=CONFLICT_RETRIES {
+            let conflicted = self
+                .commit_round(plan, keys, ready, now, report, &mut outboxes)
+                .await;
+            report.conflicts += conflicted.len();
+            // Outputs of emit-then-commit went out computed from the state that lost the race:
+            // only the redelivery, on the winner's state, may compute them again.
+            let again = round < CONFLICT_RETRIES && self.operator.delivery() == Delivery::Outbox;
+            if !again {
+                for g in conflicted {
+                    report.fail(&plan.record(plan.groups[g].records[0]).sequence);
+                }
+                break;
+            }
+            ready = self.rerun(plan, keys, conflicted, now, report).await;
+        }
+        outboxes
+    }
+
+    /// A key's commit after its sends: its records that stay replayed if fewer than ran, its
+    /// unapplied records reported; `None` when the key commits nothing.
+    fn ready(
+        &self,
+        plan: &Plan<'_>,
+        g: usize,
+        work: &mut KeyWork,
+        now: i64,
+        report: &mut BatchReport,
+    ) -> Option<Ready> {
+        let records = plan.records_of(g);
+        let key = plan.groups[g].key.as_str();
+        if work.deferred || work.blocked {
+            // Not started, or an earlier outbox still waits: later outputs must not overtake it.
+            // The redelivery starts the key again.
+            report.deferred_keys += usize::from(work.deferred);
+            report.fail(&records[0].sequence);
+            return None;
+        }
+        if work.keep < work.run.outcomes.len() {
+            if let Err(reason) = self.replay(key, work, &records, now) {
+                warn!(operator = %self.namespace.operator, key, problem = %reason, "the key's shorter run does not encode; its records will be redelivered");
+                report.fail(&records[0].sequence);
+                return None;
+            }
+        }
+        if work.keep < records.len() {
+            report.fail(&records[work.keep].sequence);
+        }
+        match self.next_state(work, &records, now) {
+            Some((state, outputs)) => Some(Ready {
+                group: g,
+                commit: Commit {
+                    key: key.to_owned(),
+                    expected_version: state.version,
+                    state,
+                    redelivery_window: self.config.redelivery_window,
+                },
+                outputs,
+            }),
+            None => {
+                let (applied, replayed) = counts(&work.run.outcomes);
+                report.applied += applied;
+                report.replayed += replayed;
+                None
+            }
+        }
+    }
+
+    /// Commits every ready key at once; returns the groups whose commit lost a race.
+    async fn commit_round(
+        &self,
+        plan: &Plan<'_>,
+        // Mutable only to be `Send` across the awaits: a run's typed state is not `Sync`.
+        keys: &mut [KeyWork],
+        ready: Vec<Ready>,
+        now: i64,
+        report: &mut BatchReport,
+        outboxes: &mut Vec<PendingOutbox>,
+    ) -> Vec<usize> {
+        let (groups, commits): (Vec<(usize, Vec<Output>)>, Vec<Commit>) = ready
+            .into_iter()
+            .map(|r| ((r.group, r.outputs), r.commit))
+            .unzip();
+        let results = self.store.commit(&self.namespace, commits).await;
+        let mut conflicted = Vec::new();
+        for ((g, outputs), result) in groups.into_iter().zip(results) {
             match result {
                 Ok(committed) => {
                     report.commits += 1;
@@ -84,13 +145,10 @@ impl<O: KeyedOperator> Executor<O> {
                         });
                     }
                 }
-                Err(StoreError::Conflict) => {
-                    report.conflicts += 1;
-                    report.fail(&records[0].sequence);
-                }
+                Err(StoreError::Conflict) => conflicted.push(g),
                 Err(err) if err.is_retryable() => {
                     warn!(operator = %self.namespace.operator, key = %plan.groups[g].key, error = %err, "commit failed; the key's records will be redelivered");
-                    report.fail(&records[0].sequence);
+                    report.fail(&plan.record(plan.groups[g].records[0]).sequence);
                 }
                 Err(err) => {
                     let outcomes = &keys[g].run.outcomes;
@@ -99,7 +157,67 @@ impl<O: KeyedOperator> Executor<O> {
                 }
             }
         }
-        outboxes
+        conflicted
+    }
+
+    /// Runs keys that lost a commit race again, on the state the winner committed. A key the
+    /// winner left an unsent outbox in, or whose run now dead-letters a record it did not before,
+    /// is left to the redelivery (the outbox and the dead letter must go out first).
+    async fn rerun(
+        &self,
+        plan: &Plan<'_>,
+        keys: &mut [KeyWork],
+        conflicted: Vec<usize>,
+        now: i64,
+        report: &mut BatchReport,
+    ) -> Vec<Ready> {
+        let requests: Vec<LoadKey<'_>> = conflicted
+            .iter()
+            .map(|&g| LoadKey {
+                key: &plan.groups[g].key,
+                lineages: plan
+                    .records_of(g)
+                    .into_iter()
+                    .map(|r| self.lineage_of(r))
+                    .collect(),
+            })
+            .collect();
+        // A key that cannot be read again is left to the redelivery.
+        let mut loaded = self
+            .store
+            .load_keys(&self.namespace, &requests)
+            .await
+            .unwrap_or_default();
+        let mut ready = Vec::new();
+        for g in conflicted {
+            let records = plan.records_of(g);
+            let key = plan.groups[g].key.as_str();
+            let fresh = loaded.remove(key).filter(|s| s.outbox.is_empty());
+            let work = &mut keys[g];
+            let rerun = fresh.and_then(|base| {
+                let invalid = work.invalid.len();
+                work.base = base;
+                let mut inputs: Vec<Option<O::Input>> = records.iter().map(|_| None).collect();
+                let run = self.run_key(key, work, &records, usize::MAX, now, &mut inputs);
+                let updates = self.encode(&run).ok()?;
+                (work.invalid.len() == invalid).then_some((run, updates))
+            });
+            let Some((run, updates)) = rerun else {
+                report.fail(&records[0].sequence);
+                continue;
+            };
+            work.keep = run
+                .outcomes
+                .iter()
+                .position(|o| matches!(o, Outcome::Failed | Outcome::Deferred))
+                .unwrap_or(run.outcomes.len());
+            work.run = run;
+            work.updates = updates;
+            if let Some(r) = self.ready(plan, g, work, now, report) {
+                ready.push(r);
+            }
+        }
+        ready
     }
 
     /// The state to commit for a key, with the outputs to send after the commit (outbox
@@ -151,18 +269,14 @@ impl<O: KeyedOperator> Executor<O> {
         records: &[&SourceRecord],
         now: i64,
     ) {
-        let ran: Vec<&SourceRecord> = outcomes
-            .iter()
-            .zip(records)
-            .filter(|(o, _)| o.advances())
-            .map(|(_, r)| *r)
-            .collect();
-        for (i, record) in ran.iter().enumerate() {
+        // Within a lineage a key's records come in order: only its last one matters.
+        let mut done: Vec<&crate::domain::Origin> = Vec::new();
+        for (outcome, record) in outcomes.iter().zip(records).rev() {
             let lineage = self.lineage_of(record);
-            // Within a lineage a key's records come in order: only its last one matters.
-            if ran[i + 1..].iter().any(|r| self.lineage_of(r) == lineage) {
+            if !outcome.advances() || done.contains(&lineage) {
                 continue;
             }
+            done.push(lineage);
             state.watermarks.advance(
                 lineage,
                 &record.sequence,
@@ -240,11 +354,8 @@ impl<O: KeyedOperator> Executor<O> {
             return false;
         }
         let request = LoadKey {
-            key: key.clone(),
-            lineages: records[..=p]
-                .iter()
-                .map(|r| self.lineage_of(r).clone())
-                .collect(),
+            key,
+            lineages: records[..=p].iter().map(|r| self.lineage_of(r)).collect(),
         };
         let Ok(mut loaded) = self.store.load_keys(&self.namespace, &[request]).await else {
             return false;

@@ -13,7 +13,7 @@ use super::process::{KeyWork, Outcome};
 use super::{BatchReport, Executor};
 use crate::domain::{DeadLetter, Output, DEAD_LETTER_SINK};
 use crate::operator::{Delivery, KeyedOperator};
-use crate::ports::SinkError;
+use crate::ports::{Sink, SinkError};
 
 /// Which record a message was emitted for, to map a send failure back to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,21 +213,21 @@ impl<O: KeyedOperator> Executor<O> {
                 ..Sent::default()
             };
         };
-        let mut queues: Vec<VecDeque<(Tag, Output)>> = Vec::new();
-        if sink.ordered() {
-            let mut by_key: HashMap<(usize, usize), usize> = HashMap::new();
-            for (tag, output) in messages {
-                let at = *by_key.entry(tag.order_key()).or_insert_with(|| {
-                    queues.push(VecDeque::new());
-                    queues.len() - 1
-                });
-                queues[at].push_back((tag, output));
-            }
-        } else {
-            // One queue a message: they all go in the first round.
-            queues.extend(messages.into_iter().map(|m| VecDeque::from([m])));
-        }
         let mut sent = Sent::default();
+        if !sink.ordered() {
+            let (tags, outputs): (Vec<Tag>, Vec<Output>) = messages.into_iter().unzip();
+            send_once(sink.as_ref(), name, &tags, &outputs, &mut sent).await;
+            return sent;
+        }
+        let mut queues: Vec<VecDeque<(Tag, Output)>> = Vec::new();
+        let mut by_key: HashMap<(usize, usize), usize> = HashMap::new();
+        for (tag, output) in messages {
+            let at = *by_key.entry(tag.order_key()).or_insert_with(|| {
+                queues.push(VecDeque::new());
+                queues.len() - 1
+            });
+            queues[at].push_back((tag, output));
+        }
         loop {
             let mut from = Vec::new();
             let mut tags = Vec::new();
@@ -242,18 +242,34 @@ impl<O: KeyedOperator> Executor<O> {
             if outputs.is_empty() {
                 return sent;
             }
-            let failures = sink.send(&outputs).await;
-            sent.count += outputs.len() - failures.len();
-            for (i, err) in failures {
-                warn!(sink = %name, id = %outputs[i].id, error = %err, "output not sent");
-                if err.is_retryable() {
-                    sent.failed.push(tags[i]);
-                    // Nothing of this key may overtake the message that failed.
-                    queues[from[i]].clear();
-                } else {
-                    sent.refused.push((tags[i], outputs[i].clone(), err));
-                }
+            for i in send_once(sink.as_ref(), name, &tags, &outputs, &mut sent).await {
+                // Nothing of this key may overtake the message that failed.
+                queues[from[i]].clear();
             }
         }
     }
+}
+
+/// One call of a sink: counts what went out and keeps what did not; returns the indexes of the
+/// messages that may go out later.
+async fn send_once(
+    sink: &dyn Sink,
+    name: &str,
+    tags: &[Tag],
+    outputs: &[Output],
+    sent: &mut Sent,
+) -> Vec<usize> {
+    let failures = sink.send(outputs).await;
+    sent.count += outputs.len() - failures.len();
+    let mut retryable = Vec::new();
+    for (i, err) in failures {
+        warn!(sink = %name, id = %outputs[i].id, error = %err, "output not sent");
+        if err.is_retryable() {
+            sent.failed.push(tags[i]);
+            retryable.push(i);
+        } else {
+            sent.refused.push((tags[i], outputs[i].clone(), err));
+        }
+    }
+    retryable
 }

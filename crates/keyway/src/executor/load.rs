@@ -22,20 +22,19 @@ impl<O: KeyedOperator> Executor<O> {
         now: i64,
         report: &mut BatchReport,
     ) -> Option<Vec<KeyWork>> {
-        let requests: Vec<LoadKey> = plan
+        let requests: Vec<LoadKey<'_>> = plan
             .groups
             .iter()
-            .enumerate()
-            .map(|(g, group)| {
-                let mut lineages: Vec<Origin> = Vec::new();
-                for record in plan.records_of(g) {
-                    let lineage = self.lineage_of(record);
-                    if !lineages.contains(lineage) {
-                        lineages.push(lineage.clone());
+            .map(|group| {
+                let mut lineages: Vec<&Origin> = Vec::new();
+                for &i in &group.records {
+                    let lineage = self.lineage_of(plan.record(i));
+                    if !lineages.contains(&lineage) {
+                        lineages.push(lineage);
                     }
                 }
                 LoadKey {
-                    key: group.key.clone(),
+                    key: &group.key,
                     lineages,
                 }
             })
@@ -81,14 +80,14 @@ impl<O: KeyedOperator> Executor<O> {
     async fn look_back(
         &self,
         loaded: &mut HashMap<String, KeyState>,
-        requests: &[LoadKey],
+        requests: &[LoadKey<'_>],
         previous: Option<(String, i64)>,
         report: &mut BatchReport,
     ) -> Result<Vec<String>, StoreError> {
         let mut migrated = Vec::new();
-        let mut missing: Vec<LoadKey> = requests
+        let mut missing: Vec<LoadKey<'_>> = requests
             .iter()
-            .filter(|r| loaded.get(&r.key).is_none_or(|s| s.version == 0))
+            .filter(|r| loaded.get(r.key).is_none_or(|s| s.version == 0))
             .cloned()
             .collect();
         if missing.is_empty() {
@@ -114,7 +113,7 @@ impl<O: KeyedOperator> Executor<O> {
             let old = self.store.load_keys(&namespace, &missing).await?;
             let migration = self.migrations.iter().find(|m| m.from == signature);
             missing.retain(|request| {
-                let key = &request.key;
+                let key = request.key;
                 let Some(state) = old.get(key).filter(|s| s.version > 0 && !s.slots.is_empty())
                 else {
                     return true;
@@ -133,8 +132,8 @@ impl<O: KeyedOperator> Executor<O> {
                             slots,
                             ..KeyState::default()
                         };
-                        loaded.insert(key.clone(), state);
-                        migrated.push(key.clone());
+                        loaded.insert(key.to_owned(), state);
+                        migrated.push(key.to_owned());
                         report.migrated += 1;
                     }
                     Some(Err(err)) => {

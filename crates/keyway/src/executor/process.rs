@@ -5,7 +5,7 @@
 //! replays are deterministic. A key's run ends with its state encoded and checked against what the
 //! store can hold: a record that makes the state unstorable is found and dead-lettered.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tracing::{error, warn};
@@ -120,7 +120,8 @@ impl<O: KeyedOperator> Executor<O> {
         let mut panicked = false;
         'restart: loop {
             let mut run = KeyRun::default();
-            let mut lineages: HashSet<&Origin> = HashSet::new();
+            // Usually one or a few: a vector is cheaper than a set.
+            let mut lineages: Vec<&Origin> = Vec::new();
             let stop = failed.map_or(limit, |p| p.min(limit));
             for (position, record) in records.iter().enumerate().take(stop) {
                 let lineage = self.lineage_of(record);
@@ -132,13 +133,13 @@ impl<O: KeyedOperator> Executor<O> {
                     run.outcomes.push(Outcome::Replayed);
                     continue;
                 }
-                if !lineages.contains(lineage) {
+                if !lineages.contains(&lineage) {
                     if lineages.len() == self.limits.lineages_per_commit {
                         run.outcomes.push(Outcome::Deferred);
                         run.panicked = panicked;
                         return run;
                     }
-                    lineages.insert(lineage);
+                    lineages.push(lineage);
                 }
                 if let Some(reason) = work.invalid.get(&position) {
                     run.outcomes.push(Outcome::Invalid(reason.clone()));

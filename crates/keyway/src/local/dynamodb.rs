@@ -483,10 +483,10 @@ impl Table for LocalTable {
         result.map(|(output, _)| output)
     }
 
-    async fn put(&self, item: Item, expect: Expect) -> Result<(), StoreError> {
+    async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError> {
         // Accounts the whole call, metering included (see `Meter::busy`).
         let _busy = self.meter.busy();
-        let (result, units) = self.do_put(item, expect);
+        let (result, units) = self.do_put(item.clone(), expect.clone());
         self.meter.call("PutItem", 0.0, units).await;
         result
     }

@@ -24,6 +24,11 @@ pub struct FaultPlan {
     pub duplicate_delivery: f64,
     /// An invocation runs past the function's timeout and is stopped wherever it is.
     pub timeout: f64,
+    /// A call to SQS starts an outage: every call fails as unavailable for `outage_millis` of
+    /// virtual time. Left out of `all`: an outage per call at the rates of the other faults
+    /// would leave the service down most of the time.
+    pub outage: f64,
+    pub outage_millis: i64,
     pub seed: u64,
 }
 
@@ -39,6 +44,7 @@ impl FaultPlan {
             duplicate_delivery: probability,
             timeout: probability,
             seed,
+            ..Self::default()
         }
     }
 }
@@ -48,6 +54,8 @@ impl FaultPlan {
 pub struct Faults {
     plan: FaultPlan,
     rng: Mutex<StdRng>,
+    /// The end of the current outage (epoch milliseconds of the virtual clock).
+    outage_until: Mutex<i64>,
 }
 
 impl Default for Faults {
@@ -64,6 +72,7 @@ impl Faults {
         Self {
             plan,
             rng: Mutex::new(rng),
+            outage_until: Mutex::new(i64::MIN),
         }
     }
 
@@ -98,6 +107,19 @@ impl Faults {
 
     pub fn draw_lost_response(&self) -> bool {
         self.draw(self.plan.lost_response)
+    }
+
+    /// Whether the service is down at `now`: in an outage, or starting one.
+    pub fn in_outage(&self, now: i64) -> bool {
+        let mut until = self.outage_until.lock().expect("faults lock");
+        if now < *until {
+            return true;
+        }
+        if self.draw(self.plan.outage) {
+            *until = now + self.plan.outage_millis;
+            return true;
+        }
+        false
     }
 
     /// A number in `0..bound`, from the same generator.

@@ -20,7 +20,7 @@ use crate::adapters::kinesis::KinesisSink;
 use crate::adapters::retry::Backoff;
 use crate::adapters::sqs::SqsSink;
 use crate::domain::KeyState;
-use crate::lambda::{Env, Handler, Platform, SinkTarget};
+use crate::lambda::{check_mapping, executor_config, Env, Handler, Platform, SinkTarget};
 use crate::ports::{
     Clock, Commit, Committed, LoadKey, Namespace, Sink, StateStore, StoreError, StoreLimits,
 };
@@ -142,7 +142,7 @@ impl StateStore for CrashBeforeCommit {
     async fn load_keys(
         &self,
         namespace: &Namespace,
-        keys: &[LoadKey],
+        keys: &[LoadKey<'_>],
     ) -> Result<std::collections::HashMap<String, KeyState>, StoreError> {
         self.inner.load_keys(namespace, keys).await
     }
@@ -248,7 +248,7 @@ impl LocalRuntime {
                     );
                     names.references.insert(id.clone(), name.clone());
                 }
-                Resource::Stream { name, shards } => {
+                Resource::Stream { name, shards, .. } => {
                     let arn = services.kinesis.create_stream(name, *shards);
                     attr("Arn", arn);
                     names.references.insert(id.clone(), name.clone());
@@ -278,6 +278,17 @@ impl LocalRuntime {
             let env = function
                 .resolved_env(&template, &names)
                 .map_err(|e| e.to_string())?;
+            // What the function's environment says of its watermarks must fit its mappings.
+            let config =
+                executor_config(&env).map_err(|e| format!("{}: {e}", function.logical_id))?;
+            for event in &function.events {
+                check_mapping(
+                    &config,
+                    event.settings.parallelization_factor,
+                    wiring.redelivery_horizon(event),
+                )
+                .map_err(|e| format!("{}/{}: {e}", function.logical_id, event.name))?;
+            }
             let handler = factory(services.as_ref(), &env)
                 .map_err(|e| format!("{}: {e}", function.logical_id))?;
             let function_arn = format!(

@@ -9,7 +9,9 @@ use async_trait::async_trait;
 
 use super::faults::Faults;
 use super::meter::Meter;
-use crate::adapters::sqs::{SqsApi, SqsEntry, SqsOutcome, BATCH_MAX_BYTES, BATCH_MAX_ENTRIES};
+use crate::adapters::sqs::{
+    SqsApi, SqsEntry, SqsOutcome, BATCH_MAX_BYTES, BATCH_MAX_ENTRIES, OUTPUT_ID_ATTRIBUTE,
+};
 use crate::ports::{Clock, SinkError, SystemClock};
 
 /// A message as a queue holds it.
@@ -136,7 +138,16 @@ impl LocalSqs {
                 entries.len()
             )));
         }
-        let total: usize = entries.iter().map(|e| e.body.len()).sum();
+        // The batch limit counts message attributes: name, data type and value.
+        let total: usize = entries
+            .iter()
+            .map(|e| {
+                e.body.len()
+                    + e.output_id.map_or(0, |id| {
+                        OUTPUT_ID_ATTRIBUTE.len() + "String".len() + id.len()
+                    })
+            })
+            .sum();
         if total > BATCH_MAX_BYTES {
             return Err(SinkError::Rejected(format!(
                 "AWS.SimpleQueueService.BatchRequestTooLong: {total} bytes"
@@ -148,12 +159,17 @@ impl LocalSqs {
                 "AWS.SimpleQueueService.BatchEntryIdsNotDistinct".into(),
             ));
         }
+        let now = self.clock.now_millis();
+        if self.faults.in_outage(now) {
+            return Err(SinkError::Unavailable(
+                "ServiceUnavailable: the service is down".into(),
+            ));
+        }
         if self.faults.draw_throttle() {
             return Err(SinkError::Throttled(
                 "RequestThrottled: the request rate is too high".into(),
             ));
         }
-        let now = self.clock.now_millis();
         let mut queues = self.queues.lock().expect("queues lock");
         let queue = queues.get_mut(queue_url).ok_or_else(|| {
             SinkError::Rejected(format!(

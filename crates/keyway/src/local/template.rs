@@ -29,6 +29,8 @@ pub enum Resource {
     Stream {
         name: String,
         shards: usize,
+        /// How long the stream keeps a record (RetentionPeriodHours, 24 by default).
+        retention: Duration,
     },
     Queue {
         name: String,
@@ -67,6 +69,27 @@ pub struct Wiring {
     /// By logical id.
     pub resources: BTreeMap<String, Resource>,
     pub functions: Vec<FunctionDef>,
+}
+
+/// A DynamoDB stream keeps records for 24 hours.
+const DYNAMODB_STREAM_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+impl Wiring {
+    /// How long after a record's arrival `event` may still deliver it: its source's retention,
+    /// or the mapping's MaximumRecordAgeInSeconds if shorter.
+    pub fn redelivery_horizon(&self, event: &EventDef) -> Duration {
+        let retention = match &event.source {
+            SourceRef::Kinesis(id) => match self.resources.get(id) {
+                Some(Resource::Stream { retention, .. }) => *retention,
+                _ => DYNAMODB_STREAM_RETENTION,
+            },
+            SourceRef::DynamoDb(_) => DYNAMODB_STREAM_RETENTION,
+        };
+        event
+            .settings
+            .maximum_record_age
+            .map_or(retention, |age| age.min(retention))
+    }
 }
 
 /// How a reference to a resource resolves: its name, URL or ARN.
@@ -148,9 +171,18 @@ pub fn parse(text: &str) -> Result<(Wiring, Value), TemplateError> {
                     .and_then(Value::as_u64)
                     .unwrap_or(1) as usize;
                 let name = literal("Name").unwrap_or_else(|| id.clone());
-                wiring
-                    .resources
-                    .insert(id.clone(), Resource::Stream { name, shards });
+                let hours = get(&props, "RetentionPeriodHours")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(24);
+                let retention = Duration::from_secs(hours * 3600);
+                wiring.resources.insert(
+                    id.clone(),
+                    Resource::Stream {
+                        name,
+                        shards,
+                        retention,
+                    },
+                );
             }
             "AWS::SQS::Queue" => {
                 let fifo = get(&props, "FifoQueue").and_then(Value::as_bool) == Some(true);
@@ -644,7 +676,8 @@ Resources:
             wiring.resources["Clicks"],
             Resource::Stream {
                 name: "Clicks".into(),
-                shards: 2
+                shards: 2,
+                retention: Duration::from_secs(24 * 3600),
             }
         );
         let f = &wiring.functions[0];

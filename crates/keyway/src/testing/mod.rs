@@ -44,24 +44,24 @@ fn key(pk: &str, sk: &str) -> ItemKey {
 pub async fn table_contract<T: Table>(table: &T) {
     // A put conditional on absence succeeds once.
     table
-        .put(item("a", "head", 1, "one"), Expect::Absent)
+        .put(&item("a", "head", 1, "one"), &Expect::Absent)
         .await
         .expect("first put on an absent key");
     assert_eq!(
         table
-            .put(item("a", "head", 1, "again"), Expect::Absent)
+            .put(&item("a", "head", 1, "again"), &Expect::Absent)
             .await,
         Err(StoreError::Conflict),
         "a second put conditional on absence must conflict"
     );
     // A put conditional on the version read succeeds only at that version.
     table
-        .put(item("a", "head", 2, "two"), Expect::Version(1))
+        .put(&item("a", "head", 2, "two"), &Expect::Version(1))
         .await
         .expect("put at the version read");
     assert_eq!(
         table
-            .put(item("a", "head", 3, "stale"), Expect::Version(1))
+            .put(&item("a", "head", 3, "stale"), &Expect::Version(1))
             .await,
         Err(StoreError::Conflict)
     );
@@ -77,12 +77,12 @@ pub async fn table_contract<T: Table>(table: &T) {
     );
     assert_eq!(
         table
-            .put(item("missing", "head", 1, "x"), Expect::Version(1))
+            .put(&item("missing", "head", 1, "x"), &Expect::Version(1))
             .await,
         Err(StoreError::Conflict)
     );
     table
-        .put(item("a", "head", 9, "any"), Expect::Anything)
+        .put(&item("a", "head", 9, "any"), &Expect::Anything)
         .await
         .expect("unconditional put");
 
@@ -93,17 +93,17 @@ pub async fn table_contract<T: Table>(table: &T) {
         value: value.to_owned(),
     };
     table
-        .put(item("r", "wm", 1, "005"), raise("005"))
+        .put(&item("r", "wm", 1, "005"), &raise("005"))
         .await
         .expect("raise on an absent item");
     table
-        .put(item("r", "wm", 1, "007"), raise("007"))
+        .put(&item("r", "wm", 1, "007"), &raise("007"))
         .await
         .expect("raise over a lower value");
     for lower_or_equal in ["006", "007"] {
         assert_eq!(
             table
-                .put(item("r", "wm", 1, lower_or_equal), raise(lower_or_equal))
+                .put(&item("r", "wm", 1, lower_or_equal), &raise(lower_or_equal))
                 .await,
             Err(StoreError::Conflict),
             "{lower_or_equal} must not replace 007"
@@ -181,7 +181,7 @@ pub async fn table_contract<T: Table>(table: &T) {
     let mut big = item("c", "big", 1, "");
     big.insert("blob".into(), AttrValue::S("x".repeat(401 * 1024)));
     let err = table
-        .put(big, Expect::Anything)
+        .put(&big, &Expect::Anything)
         .await
         .expect_err("an item over 400 KB is refused");
     assert!(!err.is_retryable(), "{err}");
@@ -299,7 +299,7 @@ impl<T: Table> Table for LosingResponses<T> {
         self.inner.batch_get(keys).await
     }
 
-    async fn put(&self, item: Item, expect: Expect) -> Result<(), StoreError> {
+    async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError> {
         self.inner.put(item, expect).await?;
         let lost = self
             .lose
@@ -693,8 +693,8 @@ async fn many_lineages<T: Table + 'static>(
         .load_keys(
             ns,
             &[LoadKey {
-                key: "fan-in".into(),
-                lineages: wanted.clone(),
+                key: "fan-in",
+                lineages: wanted.iter().collect(),
             }],
         )
         .await

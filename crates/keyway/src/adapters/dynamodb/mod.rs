@@ -11,7 +11,9 @@ mod store;
 use async_trait::async_trait;
 
 pub use sdk::SdkTable;
-pub use store::{DynamoStateStore, HEAD_INLINE_LIMIT, SEGMENT_TARGET, WATERMARKS_INLINE};
+pub use store::{
+    DynamoStateStore, HEAD_INLINE_LIMIT, LINEAGES_PER_COMMIT, SEGMENT_TARGET, WATERMARKS_INLINE,
+};
 
 use crate::domain::{AttrValue, Item};
 use crate::ports::StoreError;
@@ -90,8 +92,9 @@ pub trait Table: Send + Sync {
     /// BatchGetItem with strongly consistent reads; at most `BATCH_GET_MAX` keys.
     async fn batch_get(&self, keys: &[ItemKey]) -> Result<BatchGetOutput, StoreError>;
 
-    /// PutItem under a condition; `StoreError::Conflict` when it does not hold.
-    async fn put(&self, item: Item, expect: Expect) -> Result<(), StoreError>;
+    /// PutItem under a condition; `StoreError::Conflict` when it does not hold. Borrowed: a
+    /// caller that retries keeps its item, and the service side copies what it sends.
+    async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError>;
 
     /// BatchWriteItem; at most `BATCH_WRITE_MAX` requests. Returns the unprocessed ones.
     async fn batch_write(

@@ -156,18 +156,18 @@ impl Table for SdkTable {
         Ok(BatchGetOutput { items, unprocessed })
     }
 
-    async fn put(&self, item: Item, expect: Expect) -> Result<(), StoreError> {
+    async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError> {
         let mut request = self
             .client
             .put_item()
             .table_name(&self.table)
-            .set_item(Some(item_to_sdk(&item)));
+            .set_item(Some(item_to_sdk(item)));
         request = match expect {
             Expect::Anything => request,
             Expect::Raise { attribute, value } => request
                 .condition_expression(format!("attribute_not_exists({PK}) OR #a < :a"))
-                .expression_attribute_names("#a", attribute)
-                .expression_attribute_values(":a", AttributeValue::S(value)),
+                .expression_attribute_names("#a", *attribute)
+                .expression_attribute_values(":a", AttributeValue::S(value.clone())),
             Expect::Absent => request.condition_expression(format!("attribute_not_exists({PK})")),
             Expect::Version(v) => request
                 .condition_expression("#v = :v")

@@ -7,9 +7,9 @@ use std::collections::{HashMap, HashSet};
 use futures::future::join_all;
 
 use super::super::{Expect, ItemKey, Table, WriteRequest, ITEM_MAX_BYTES, TTL, VERSION};
-use super::head::{HeadDoc, Loaded, Written, TOKENS_KEPT};
-use super::layout::lay_out;
-use super::watermarks::{self, place};
+use super::head::{HeadDoc, HeadDocRef, ListRef, Loaded, Written, NOTHING_LOADED, TOKENS_KEPT};
+use super::layout::{lay_out, Layout};
+use super::watermarks::{self, place, Placement};
 use super::{
     outbox_segment_key, parse_head, partition_key, slot_segment_key, DynamoStateStore, DOC,
     HEAD_SK, KEY_MAX_BYTES,
@@ -18,37 +18,79 @@ use crate::domain::item::item_size;
 use crate::domain::{AttrValue, Item, StoreMemo};
 use crate::ports::{Commit, Committed, Namespace, StoreError};
 
-/// A commit made ready: what wave 1 writes, then its head.
-struct Prepared {
-    key: String,
+/// A commit made ready, borrowing from it: what wave 1 writes, then its head.
+struct Prepared<'c> {
+    commit: &'c Commit,
     pk: String,
-    expected_version: u64,
-    token: String,
-    doc: HeadDoc,
+    token: u64,
+    tokens: Vec<u64>,
+    layout: Layout<'c>,
+    placement: Placement<'c>,
     ttl: Option<i64>,
     ttl_without_outbox: Option<i64>,
-    segment_puts: Vec<Item>,
-    /// Garbage the loaded head listed: deleted now.
-    garbage: Vec<String>,
+    /// Garbage the loaded head listed: deleted in wave 1; what could not be stays listed.
+    garbage: &'c [String],
+    undeleted: Vec<String>,
     /// Watermark items for watermarks leaving the head.
     evicted: Vec<Item>,
 }
 
-impl Prepared {
+impl Prepared<'_> {
     fn written_segments(&self) -> impl Iterator<Item = ItemKey> + '_ {
-        self.segment_puts.iter().filter_map(ItemKey::of)
+        self.layout.segment_puts.iter().filter_map(ItemKey::of)
+    }
+
+    /// The head's doc, with or without its outbox.
+    fn doc(&self, with_outbox: bool) -> Result<String, StoreError> {
+        let outbox = ListRef {
+            seg: &self.layout.outbox_segments,
+            e: &self.layout.outbox_inline,
+        };
+        let mut gc: Vec<&str> = self
+            .layout
+            .retired
+            .iter()
+            .chain(&self.undeleted)
+            .map(String::as_str)
+            .collect();
+        let outbox_gc: Vec<String>;
+        if !with_outbox {
+            outbox_gc = self
+                .layout
+                .outbox_segments
+                .iter()
+                .map(|s| outbox_segment_key(&self.pk, s.id).sk)
+                .collect();
+            gc.extend(outbox_gc.iter().map(String::as_str));
+        }
+        let key = &self.commit.key;
+        let doc = HeadDocRef {
+            wm: &self.placement.inline,
+            wx: self.placement.spilled,
+            slots: self
+                .layout
+                .slots
+                .iter()
+                .map(|(name, laid)| (*name, laid.as_ref()))
+                .collect(),
+            ob: (with_outbox && self.layout.has_outbox).then_some(outbox),
+            gc,
+            exp: self.commit.state.expires_at,
+            tk: &self.tokens,
+            key: (key.len() > KEY_MAX_BYTES).then_some(key.as_str()),
+        };
+        serde_json::to_string(&doc).map_err(|e| StoreError::Invalid(e.to_string()))
     }
 }
 
-/// The head item for `doc` at `version`.
-fn head_item(pk: &str, version: u64, doc: &HeadDoc, ttl: Option<i64>) -> Result<Item, StoreError> {
+/// The head item for the doc `text` at `version`.
+fn head_item(pk: &str, version: u64, text: String, ttl: Option<i64>) -> Result<Item, StoreError> {
     let mut item = ItemKey {
         pk: pk.to_owned(),
         sk: HEAD_SK.to_owned(),
     }
     .to_item();
     item.insert(VERSION.to_owned(), AttrValue::N(version.to_string()));
-    let text = serde_json::to_string(doc).map_err(|e| StoreError::Invalid(e.to_string()))?;
     item.insert(DOC.to_owned(), AttrValue::S(text));
     if let Some(t) = ttl {
         item.insert(TTL.to_owned(), AttrValue::N(t.to_string()));
@@ -56,8 +98,7 @@ fn head_item(pk: &str, version: u64, doc: &HeadDoc, ttl: Option<i64>) -> Result<
     let size = item_size(&item);
     if size > ITEM_MAX_BYTES {
         return Err(StoreError::Invalid(format!(
-            "the head of {pk} is {size} bytes even with every entry in segments ({} watermarks)",
-            doc.wm.len()
+            "the head of {pk} is {size} bytes even with every entry in segments"
         )));
     }
     Ok(item)
@@ -81,18 +122,18 @@ fn referenced(pk: &str, doc: &HeadDoc) -> HashSet<String> {
 }
 
 impl<T: Table> DynamoStateStore<T> {
-    fn prepare(
+    fn prepare<'c>(
         &self,
         namespace: &Namespace,
-        commit: Commit,
+        commit: &'c Commit,
         now_secs: i64,
-    ) -> Result<Prepared, StoreError> {
+    ) -> Result<Prepared<'c>, StoreError> {
         let pk = partition_key(namespace, &commit.key);
-        let state = commit.state;
-        let loaded = state.memo.get::<Loaded>().cloned().unwrap_or_default();
+        let state = &commit.state;
+        let loaded = state.memo.get::<Loaded>().unwrap_or(&NOTHING_LOADED);
         let exp = state.expires_at;
-        let layout = lay_out(&pk, &state.slots, &state.outbox, &loaded, exp, now_secs)?;
-        let placement = place(&state.watermarks, &loaded)?;
+        let layout = lay_out(&pk, &state.slots, &state.outbox, loaded, exp, now_secs)?;
+        let placement = place(&state.watermarks, loaded)?;
         let window = commit.redelivery_window.as_secs() as i64;
         let evicted = placement
             .evicted
@@ -111,32 +152,23 @@ impl<T: Table> DynamoStateStore<T> {
         } else {
             None
         };
-        let token = format!("{:016x}", rand::random::<u64>());
+        let token = rand::random::<u64>();
         let mut tokens = loaded.tokens.clone();
-        tokens.push(token.clone());
+        tokens.push(token);
         if tokens.len() > TOKENS_KEPT {
             tokens.drain(..tokens.len() - TOKENS_KEPT);
         }
-        let doc = HeadDoc {
-            wm: placement.inline,
-            wx: placement.spilled,
-            slots: layout.slots,
-            ob: layout.outbox,
-            gc: layout.retired,
-            exp,
-            tk: tokens,
-            key: (commit.key.len() > KEY_MAX_BYTES).then(|| commit.key.clone()),
-        };
         Ok(Prepared {
-            key: commit.key,
+            commit,
             pk,
-            expected_version: commit.expected_version,
             token,
-            doc,
+            tokens,
+            layout,
+            placement,
             ttl,
             ttl_without_outbox,
-            segment_puts: layout.segment_puts,
-            garbage: loaded.garbage,
+            garbage: &loaded.garbage,
+            undeleted: Vec::new(),
             evicted,
         })
     }
@@ -147,25 +179,29 @@ impl<T: Table> DynamoStateStore<T> {
         commits: Vec<Commit>,
     ) -> Vec<Result<Committed, StoreError>> {
         let now_secs = self.now_secs();
-        let mut prepared: Vec<Result<Prepared, StoreError>> = commits
-            .into_iter()
+        let mut prepared: Vec<Result<Prepared<'_>, StoreError>> = commits
+            .iter()
             .map(|c| self.prepare(namespace, c, now_secs))
             .collect();
         self.write_first(&mut prepared).await;
         let puts = prepared.into_iter().map(|p| async move {
             let p = p?;
-            let item = match head_item(&p.pk, p.expected_version + 1, &p.doc, p.ttl) {
+            let version = p.commit.expected_version;
+            let item = match p
+                .doc(true)
+                .and_then(|text| head_item(&p.pk, version + 1, text, p.ttl))
+            {
                 Ok(item) => item,
-                Err(err) => return self.settle(p, err).await,
+                Err(err) => return self.settle(&p, err).await,
             };
-            let expect = if p.expected_version == 0 {
+            let expect = if version == 0 {
                 Expect::Absent
             } else {
-                Expect::Version(p.expected_version)
+                Expect::Version(version)
             };
             match self.put_retrying(&item, &expect).await {
-                Ok(()) => Ok(committed(p)),
-                Err(err) => self.settle(p, err).await,
+                Ok(()) => committed(&p),
+                Err(err) => self.settle(&p, err).await,
             }
         });
         join_all(puts).await
@@ -173,16 +209,16 @@ impl<T: Table> DynamoStateStore<T> {
 
     /// Wave 1: every key's new segments, garbage deletes and watermark items at once. A key whose
     /// segments or watermarks could not be written fails; garbage left undeleted stays listed.
-    async fn write_first(&self, prepared: &mut [Result<Prepared, StoreError>]) {
+    async fn write_first(&self, prepared: &mut [Result<Prepared<'_>, StoreError>]) {
         let mut requests = Vec::new();
         let mut owner: HashMap<ItemKey, usize> = HashMap::new();
         for (i, p) in prepared.iter().enumerate() {
             let Ok(p) = p else { continue };
-            for item in &p.segment_puts {
+            for item in &p.layout.segment_puts {
                 owner.insert(ItemKey::of(item).expect("segment items have keys"), i);
                 requests.push(WriteRequest::Put(item.clone()));
             }
-            for sk in &p.garbage {
+            for sk in p.garbage {
                 let key = ItemKey {
                     pk: p.pk.clone(),
                     sk: sk.clone(),
@@ -222,7 +258,7 @@ impl<T: Table> DynamoStateStore<T> {
                 WriteRequest::Delete(key) => {
                     // Still garbage: the next commit tries again.
                     if let Ok(p) = &mut prepared[owner[&key]] {
-                        p.doc.gc.push(key.sk);
+                        p.undeleted.push(key.sk);
                     }
                 }
             }
@@ -239,9 +275,9 @@ impl<T: Table> DynamoStateStore<T> {
     /// its put can never land later, and the segments it wrote that the head does not reference
     /// are deleted; while the head still is at that version (a put that timed out may yet land),
     /// they are left for their TTL.
-    async fn settle(&self, p: Prepared, err: StoreError) -> Result<Committed, StoreError> {
+    async fn settle(&self, p: &Prepared<'_>, err: StoreError) -> Result<Committed, StoreError> {
         if matches!(err, StoreError::Invalid(_)) {
-            self.delete_orphans(&p, &HashSet::new()).await;
+            self.delete_orphans(p, &HashSet::new()).await;
             return Err(err);
         }
         let head_key = ItemKey {
@@ -256,16 +292,16 @@ impl<T: Table> DynamoStateStore<T> {
             Err(_) => return Err(err),
         };
         if doc.tk.contains(&p.token) {
-            return Ok(committed(p));
+            return committed(p);
         }
-        if version == p.expected_version {
+        if version == p.commit.expected_version {
             return Err(err);
         }
-        self.delete_orphans(&p, &referenced(&p.pk, &doc)).await;
+        self.delete_orphans(p, &referenced(&p.pk, &doc)).await;
         Err(StoreError::Conflict)
     }
 
-    async fn delete_orphans(&self, p: &Prepared, referenced: &HashSet<String>) {
+    async fn delete_orphans(&self, p: &Prepared<'_>, referenced: &HashSet<String>) {
         let orphans: Vec<WriteRequest> = p
             .written_segments()
             .filter(|k| !referenced.contains(&k.sk))
@@ -285,26 +321,15 @@ impl<T: Table> DynamoStateStore<T> {
         committed: Vec<Committed>,
     ) -> Vec<Result<(), StoreError>> {
         let clears = committed.into_iter().map(|c| async move {
-            let Some(written) = c.memo.get::<WrittenHead>() else {
-                return Err(StoreError::Invalid(format!(
-                    "key {:?} was not committed by this store",
-                    c.key
-                )));
+            let Some(written) = c.memo.get::<Written>() else {
+                // Nothing was in the outbox, or another store committed it.
+                return Ok(());
             };
-            let mut doc = written.written.doc.clone();
-            if let Some(outbox) = doc.ob.take() {
-                doc.gc.extend(
-                    outbox
-                        .seg
-                        .iter()
-                        .map(|s| outbox_segment_key(&written.pk, s.id).sk),
-                );
-            }
             let item = head_item(
                 &written.pk,
                 c.version,
-                &doc,
-                written.written.ttl_without_outbox,
+                written.doc_without_outbox.clone(),
+                written.ttl,
             )?;
             match self.put_retrying(&item, &Expect::Version(c.version)).await {
                 // The key changed since: its new head took the outbox over.
@@ -316,23 +341,20 @@ impl<T: Table> DynamoStateStore<T> {
     }
 }
 
-/// The memo of a head this store wrote.
-#[derive(Clone, Debug)]
-struct WrittenHead {
-    pk: String,
-    written: Written,
-}
-
-fn committed(p: Prepared) -> Committed {
-    Committed {
-        key: p.key,
-        version: p.expected_version + 1,
-        memo: StoreMemo::new(WrittenHead {
-            pk: p.pk,
-            written: Written {
-                doc: p.doc,
-                ttl_without_outbox: p.ttl_without_outbox,
-            },
-        }),
-    }
+/// The commit of `p`, with what clearing its outbox takes, if it has one.
+fn committed(p: &Prepared<'_>) -> Result<Committed, StoreError> {
+    let memo = if p.layout.has_outbox {
+        StoreMemo::new(Written {
+            pk: p.pk.clone(),
+            doc_without_outbox: p.doc(false)?,
+            ttl: p.ttl_without_outbox,
+        })
+    } else {
+        StoreMemo::default()
+    };
+    Ok(Committed {
+        key: p.commit.key.clone(),
+        version: p.commit.expected_version + 1,
+        memo,
+    })
 }

@@ -59,7 +59,7 @@ pub struct HeadDoc {
     /// The tokens of the latest commits, newest last: a writer whose response was lost finds its
     /// own token here and knows its write landed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tk: Vec<String>,
+    pub tk: Vec<u64>,
     /// The key itself when the partition key holds its hash, for people reading the table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
@@ -69,9 +69,38 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+/// A list as written: borrowed from the state being committed.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ListRef<'a> {
+    #[serde(skip_serializing_if = "<[Segment]>::is_empty")]
+    pub seg: &'a [Segment],
+    pub e: &'a [Box<RawValue>],
+}
+
+/// The head's `doc` as written, borrowed from the commit (the same fields as `HeadDoc`).
+#[derive(Clone, Debug, Serialize)]
+pub struct HeadDocRef<'a> {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub wm: &'a BTreeMap<&'a Origin, &'a Watermark>,
+    #[serde(skip_serializing_if = "is_false")]
+    pub wx: bool,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub slots: BTreeMap<&'a str, ListRef<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ob: Option<ListRef<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gc: Vec<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exp: Option<i64>,
+    #[serde(skip_serializing_if = "<[u64]>::is_empty")]
+    pub tk: &'a [u64],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<&'a str>,
+}
+
 /// How many commit tokens a head remembers. A writer whose response was lost reads the head right
 /// after; for it to miss its own token, this many other commits of the key must land in between.
-pub const TOKENS_KEPT: usize = 16;
+pub const TOKENS_KEPT: usize = 4;
 
 /// What the store remembers of a key it loaded, for the commit that follows.
 #[derive(Clone, Debug, Default)]
@@ -85,20 +114,73 @@ pub struct Loaded {
     /// Watermarks read from watermark items.
     pub fetched: BTreeMap<Origin, Watermark>,
     pub spilled: bool,
-    pub tokens: Vec<String>,
+    pub tokens: Vec<u64>,
 }
 
-/// What the store remembers of a head it just wrote, to clear its outbox after the sends.
+/// What the store remembers of a head it just wrote with an outbox, to clear the outbox after
+/// the sends: the head's doc without it, and the item's `ttl` then.
 #[derive(Clone, Debug)]
 pub struct Written {
-    pub doc: HeadDoc,
-    /// The item's `ttl` once the outbox is empty.
-    pub ttl_without_outbox: Option<i64>,
+    pub pk: String,
+    pub doc_without_outbox: String,
+    pub ttl: Option<i64>,
 }
+
+/// What a store keeps of a key it loaded: empty for a key it never stored.
+pub static NOTHING_LOADED: Loaded = Loaded {
+    slots: BTreeMap::new(),
+    outbox: Vec::new(),
+    garbage: Vec::new(),
+    inline: BTreeMap::new(),
+    fetched: BTreeMap::new(),
+    spilled: false,
+    tokens: Vec::new(),
+};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_doc_written_by_reference_reads_back_as_written() {
+        let lineage = Origin("s/shardId-0/k".into());
+        let mark = Watermark {
+            sequence: crate::domain::SequenceNumber::parse("42").unwrap(),
+            at_millis: 7,
+        };
+        let wm = BTreeMap::from([(&lineage, &mark)]);
+        let entries = vec![RawValue::from_string("1".into()).unwrap()];
+        let segments = vec![Segment {
+            id: 9,
+            len: 3,
+            expires_at: None,
+        }];
+        let written = HeadDocRef {
+            wm: &wm,
+            wx: true,
+            slots: BTreeMap::from([(
+                "count",
+                ListRef {
+                    seg: &segments,
+                    e: &entries,
+                },
+            )]),
+            ob: None,
+            gc: vec!["seg#x#1"],
+            exp: Some(5),
+            tk: &[3, 4],
+            key: None,
+        };
+        let doc: HeadDoc = serde_json::from_str(&serde_json::to_string(&written).unwrap()).unwrap();
+        assert_eq!(doc.wm[&lineage], mark);
+        assert!(doc.wx);
+        assert_eq!(doc.slots["count"].seg, segments);
+        assert_eq!(doc.slots["count"].e[0].get(), "1");
+        assert_eq!(
+            (doc.gc, doc.exp, doc.tk),
+            (vec!["seg#x#1".to_owned()], Some(5), vec![3, 4])
+        );
+    }
 
     #[test]
     fn an_empty_head_doc_is_an_empty_object_and_reads_back() {

@@ -115,7 +115,7 @@ impl<T: Table> DynamoStateStore<T> {
     ) -> Result<(), StoreError> {
         let mut attempt = 0;
         loop {
-            match self.table.put(item.clone(), expect.clone()).await {
+            match self.table.put(item, expect).await {
                 Err(err) if err.is_retryable() && attempt + 1 < self.backoff.max_attempts => {
                     self.backoff.wait(attempt).await;
                     attempt += 1;

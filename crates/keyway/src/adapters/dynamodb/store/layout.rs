@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::value::RawValue;
 
 use super::super::{ItemKey, ITEM_MAX_BYTES, TTL};
-use super::head::{ListDoc, Loaded, Segment};
+use super::head::{ListRef, Loaded, Segment};
 use super::{outbox_segment_key, slot_segment_key, ENTRIES, HEAD_INLINE_LIMIT, SEGMENT_TARGET};
 use crate::domain::item::item_size;
 use crate::domain::{AttrValue, Item, Output, SlotData};
@@ -14,30 +14,49 @@ use crate::ports::StoreError;
 
 /// Which list of the head a segment belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum ListName {
-    Slot(String),
+enum ListName<'a> {
+    Slot(&'a str),
     Outbox,
 }
 
-/// The lists of a commit laid out: the head's docs, the segment items to write first, and the
-/// sort keys of stored segments the new head no longer references.
+/// A list laid out: its segments, and its entries left in the head.
+#[derive(Debug, Default)]
+pub struct Laid<'a> {
+    pub segments: Vec<Segment>,
+    pub inline: &'a [Box<RawValue>],
+}
+
+impl<'a> Laid<'a> {
+    pub fn as_ref(&'a self) -> ListRef<'a> {
+        ListRef {
+            seg: &self.segments,
+            e: self.inline,
+        }
+    }
+}
+
+/// The lists of a commit laid out: slots (borrowed from the state), the outbox (whose entries it
+/// made), the segment items to write first, and the sort keys of stored segments the new head no
+/// longer references.
 #[derive(Default)]
-pub struct Layout {
-    pub slots: BTreeMap<String, ListDoc>,
-    pub outbox: Option<ListDoc>,
+pub struct Layout<'a> {
+    pub slots: BTreeMap<&'a str, Laid<'a>>,
+    pub outbox_segments: Vec<Segment>,
+    pub outbox_inline: Vec<Box<RawValue>>,
+    pub has_outbox: bool,
     pub segment_puts: Vec<Item>,
     pub retired: Vec<String>,
 }
 
 /// A list being laid out.
-struct Draft {
+struct Draft<'a> {
     segments: Vec<Segment>,
-    entries: Vec<Box<RawValue>>,
+    entries: &'a [Box<RawValue>],
     /// Entries before this index are in `segments`.
     sealed: usize,
 }
 
-impl Draft {
+impl Draft<'_> {
     fn inline_bytes(&self) -> usize {
         self.entries[self.sealed..]
             .iter()
@@ -47,22 +66,22 @@ impl Draft {
 }
 
 /// Lays out the slots and outbox of a commit of the key at `pk`, loaded as `loaded`.
-pub fn lay_out(
+pub fn lay_out<'a>(
     pk: &str,
-    slots: &BTreeMap<String, SlotData>,
+    slots: &'a BTreeMap<String, SlotData>,
     outbox: &[Output],
     loaded: &Loaded,
     expires_at: Option<i64>,
     now_secs: i64,
-) -> Result<Layout, StoreError> {
+) -> Result<Layout<'a>, StoreError> {
     // Segments outlive the slots they belong to by one TTL period (see `Segment::expires_at`);
     // the outbox's never expire: it holds outputs already promised.
     let segment_ttl = expires_at.map(|h| h + (h - now_secs).max(0));
     let mut layout = Layout::default();
-    let mut drafts: BTreeMap<ListName, Draft> = BTreeMap::new();
+    let mut drafts: BTreeMap<ListName<'a>, Draft<'_>> = BTreeMap::new();
 
     for (name, stored) in &loaded.slots {
-        let Some(slot) = slots.get(name) else {
+        let Some((name, slot)) = slots.get_key_value(name) else {
             layout
                 .retired
                 .extend(stored.iter().map(|s| slot_segment_key(pk, name, s.id).sk));
@@ -83,20 +102,20 @@ pub fn lay_out(
             offset += segment.len;
         }
         drafts.insert(
-            ListName::Slot(name.clone()),
+            ListName::Slot(name.as_str()),
             Draft {
                 sealed: kept.iter().map(|s| s.len).sum(),
                 segments: kept,
-                entries: slot.entries.clone(),
+                entries: &slot.entries,
             },
         );
     }
     for (name, slot) in slots {
         drafts
-            .entry(ListName::Slot(name.clone()))
+            .entry(ListName::Slot(name.as_str()))
             .or_insert_with(|| Draft {
                 segments: Vec::new(),
-                entries: slot.entries.clone(),
+                entries: &slot.entries,
                 sealed: 0,
             });
     }
@@ -106,19 +125,19 @@ pub fn lay_out(
             .iter()
             .map(|s| outbox_segment_key(pk, s.id).sk),
     );
-    if !outbox.is_empty() {
-        let entries = outbox
-            .iter()
-            .map(|o| {
-                serde_json::value::to_raw_value(o)
-                    .map_err(|e| StoreError::Invalid(format!("an outbox output: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+    let outbox_entries = outbox
+        .iter()
+        .map(|o| {
+            serde_json::value::to_raw_value(o)
+                .map_err(|e| StoreError::Invalid(format!("an outbox output: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if !outbox_entries.is_empty() {
         drafts.insert(
             ListName::Outbox,
             Draft {
                 segments: Vec::new(),
-                entries,
+                entries: &outbox_entries,
                 sealed: 0,
             },
         );
@@ -128,15 +147,19 @@ pub fn lay_out(
     spill(pk, &mut drafts, segment_ttl, &mut layout)?;
 
     for (name, draft) in drafts {
-        let doc = ListDoc {
-            e: draft.entries[draft.sealed..].to_vec(),
-            seg: draft.segments,
-        };
         match name {
             ListName::Slot(name) => {
-                layout.slots.insert(name, doc);
+                let laid = Laid {
+                    inline: &slots[name].entries[draft.sealed..],
+                    segments: draft.segments,
+                };
+                layout.slots.insert(name, laid);
             }
-            ListName::Outbox => layout.outbox = Some(doc),
+            ListName::Outbox => {
+                layout.has_outbox = true;
+                layout.outbox_inline = outbox_entries[draft.sealed..].to_vec();
+                layout.outbox_segments = draft.segments;
+            }
         }
     }
     Ok(layout)
@@ -145,7 +168,7 @@ pub fn lay_out(
 /// Rewrites the slots' segments whose TTL would end before the slots'.
 fn refresh_expiring(
     pk: &str,
-    drafts: &mut BTreeMap<ListName, Draft>,
+    drafts: &mut BTreeMap<ListName<'_>, Draft<'_>>,
     segment_ttl: Option<i64>,
     layout: &mut Layout,
 ) -> Result<(), StoreError> {
@@ -171,7 +194,7 @@ fn refresh_expiring(
 /// Moves the largest inline tail into segments until the head's inline entries fit.
 fn spill(
     pk: &str,
-    drafts: &mut BTreeMap<ListName, Draft>,
+    drafts: &mut BTreeMap<ListName<'_>, Draft<'_>>,
     segment_ttl: Option<i64>,
     layout: &mut Layout,
 ) -> Result<(), StoreError> {
@@ -209,7 +232,7 @@ fn spill(
 /// A new segment of `entries`, whose item joins the layout's puts.
 fn make_segment(
     pk: &str,
-    name: &ListName,
+    name: &ListName<'_>,
     entries: &[Box<RawValue>],
     ttl: Option<i64>,
     layout: &mut Layout,
@@ -284,7 +307,7 @@ mod tests {
         let mut slots = BTreeMap::new();
         slots.insert("list".to_owned(), SlotData::fresh(entries.clone()));
         let first = lay_out("pk", &slots, &[], &Loaded::default(), None, 0).unwrap();
-        let stored = first.slots["list"].seg.clone();
+        let stored = first.slots["list"].segments.clone();
         assert!(!stored.is_empty() && first.retired.is_empty());
 
         let loaded = Loaded {
@@ -295,7 +318,10 @@ mod tests {
         grown.entries.push(big(100));
         slots.insert("list".to_owned(), grown);
         let appended = lay_out("pk", &slots, &[], &loaded, None, 0).unwrap();
-        assert_eq!(appended.slots["list"].seg, stored, "appending keeps them");
+        assert_eq!(
+            appended.slots["list"].segments, stored,
+            "appending keeps them"
+        );
         assert!(appended.retired.is_empty());
 
         let mut rewritten = SlotData::loaded(entries);
@@ -305,7 +331,7 @@ mod tests {
         });
         slots.insert("list".to_owned(), rewritten);
         let replaced = lay_out("pk", &slots, &[], &loaded, None, 0).unwrap();
-        assert!(replaced.slots["list"].seg.is_empty());
+        assert!(replaced.slots["list"].segments.is_empty());
         assert_eq!(
             replaced.retired.len(),
             stored.len(),

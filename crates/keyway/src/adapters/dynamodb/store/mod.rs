@@ -29,13 +29,13 @@
 //!
 //! **Watermarks of many lineages.** A key fed by many lineages (a DynamoDB stream's items, the
 //! partition keys of a shard read with ParallelizationFactor > 1) would fill its head with
-//! watermarks. The head keeps at most `WATERMARKS_INLINE`: every watermark its commit advanced,
-//! then the most recent others. The rest move to watermark items, written before the head with a
-//! condition that only raises them (a stale writer can never lower one); a load reads the items
-//! of the lineages its batch holds, and only when the head says some were moved (`wx`). A
-//! watermark only ever moves out of the head once committed, so an item never holds a value no
-//! commit made. A commit may advance at most `WATERMARKS_INLINE` lineages of a key; the executor
-//! stops a key's batch there and Lambda redelivers the rest.
+//! watermarks, each rewritten by every commit. The head keeps every watermark its commit advanced
+//! and the `WATERMARKS_INLINE` most recent others. The rest move to watermark items, written
+//! before the head with a condition that only raises them (a stale writer can never lower one); a
+//! load reads the items of the lineages its batch holds, and only when the head says some were
+//! moved (`wx`). A watermark only ever moves out of the head once committed, so an item never
+//! holds a value no commit made. A commit may advance at most `LINEAGES_PER_COMMIT` lineages of a
+//! key; the executor stops a key's batch there and Lambda redelivers the rest.
 //!
 //! **TTL.** An operator's state TTL applies to its slots (`exp` in the doc): a load after it
 //! returns empty slots. The item's own `ttl`, which DynamoDB's TTL process acts on, is later:
@@ -70,7 +70,7 @@ use serde_json::value::RawValue;
 use super::{ItemKey, Table, ITEM_MAX_BYTES, VERSION};
 use crate::adapters::retry::Backoff;
 use crate::domain::hash::sha256_hex;
-use crate::domain::{AttrValue, Item, KeyState, Output, SlotData, StoreMemo, Watermarks};
+use crate::domain::{AttrValue, Item, KeyState, Origin, Output, SlotData, StoreMemo, Watermarks};
 use crate::ports::{
     Clock, Commit, Committed, LoadKey, Namespace, StateStore, StoreError, StoreLimits,
 };
@@ -82,8 +82,11 @@ use head::{HeadDoc, ListDoc, Loaded};
 pub const HEAD_INLINE_LIMIT: usize = 32 * 1024;
 /// Segments are filled up to this size, well under the 400 KB item limit.
 pub const SEGMENT_TARGET: usize = 256 * 1024;
-/// The most watermarks a head holds; the rest live in watermark items.
-pub const WATERMARKS_INLINE: usize = 256;
+/// How many watermarks a head keeps besides those its commit advanced; the rest live in
+/// watermark items.
+pub const WATERMARKS_INLINE: usize = 32;
+/// The most lineages one commit of a key may advance: all of them are in the head it writes.
+pub const LINEAGES_PER_COMMIT: usize = 256;
 /// The largest entry (or outbox output) a segment item can hold: the item limit less its key and
 /// attribute names.
 pub const ENTRY_MAX_BYTES: usize = ITEM_MAX_BYTES - 2 * 1024;
@@ -302,12 +305,12 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
     async fn load_keys(
         &self,
         namespace: &Namespace,
-        keys: &[LoadKey],
+        keys: &[LoadKey<'_>],
     ) -> Result<HashMap<String, KeyState>, StoreError> {
         let now_secs = self.now_secs();
         let head_keys: Vec<ItemKey> = keys
             .iter()
-            .map(|k| Self::head_key(namespace, &k.key))
+            .map(|k| Self::head_key(namespace, k.key))
             .collect();
         let heads = self.get_all(&head_keys).await?;
 
@@ -315,18 +318,18 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
         let mut pending = Vec::new();
         for (request, head_key) in keys.iter().zip(head_keys) {
             let Some(item) = heads.get(&head_key) else {
-                states.insert(request.key.clone(), KeyState::default());
+                states.insert(request.key.to_owned(), KeyState::default());
                 continue;
             };
             let (version, doc) = parse_head(item)?;
             let expired = doc.exp.is_some_and(|t| t <= now_secs);
             // Watermark items are read only for lineages the head does not hold, once some moved.
             let lineages = if doc.wx {
-                let mut wanted: Vec<_> = request
+                let mut wanted: Vec<Origin> = request
                     .lineages
                     .iter()
-                    .filter(|l| !doc.wm.contains_key(*l))
-                    .cloned()
+                    .filter(|l| !doc.wm.contains_key(**l))
+                    .map(|l| (*l).clone())
                     .collect();
                 wanted.sort();
                 wanted.dedup();
@@ -335,7 +338,7 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
                 Vec::new()
             };
             pending.push(Pending {
-                key: request.key.clone(),
+                key: request.key.to_owned(),
                 pk: head_key.pk,
                 version,
                 doc,
@@ -376,7 +379,7 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
     fn limits(&self) -> StoreLimits {
         StoreLimits {
             max_entry_bytes: ENTRY_MAX_BYTES,
-            lineages_per_commit: WATERMARKS_INLINE,
+            lineages_per_commit: LINEAGES_PER_COMMIT,
         }
     }
 }

@@ -1,12 +1,11 @@
-//! Watermarks in two tiers: the head holds those a commit advanced and the most recent others
-//! (`WATERMARKS_INLINE` in all); the rest live in one item per lineage (see the store's design
-//! notes).
+//! Watermarks in two tiers: the head holds those a commit advanced and the `WATERMARKS_INLINE`
+//! most recent others; the rest live in one item per lineage (see the store's design notes).
 
 use std::collections::BTreeMap;
 
 use super::super::{ItemKey, TTL};
 use super::head::Loaded;
-use super::WATERMARKS_INLINE;
+use super::{LINEAGES_PER_COMMIT, WATERMARKS_INLINE};
 use crate::domain::{AttrValue, Item, Origin, SequenceNumber, Watermark, Watermarks};
 use crate::ports::StoreError;
 
@@ -49,37 +48,36 @@ pub fn make_item(pk: &str, lineage: &Origin, mark: &Watermark, retention_secs: i
 
 /// Where a commit puts each watermark.
 #[derive(Debug, Default)]
-pub struct Placement {
-    pub inline: BTreeMap<Origin, Watermark>,
+pub struct Placement<'a> {
+    pub inline: BTreeMap<&'a Origin, &'a Watermark>,
     /// Watermarks leaving the head for items.
-    pub evicted: Vec<(Origin, Watermark)>,
+    pub evicted: Vec<(&'a Origin, &'a Watermark)>,
     /// Whether any watermark of the key lives in an item.
     pub spilled: bool,
 }
 
 /// Places `marks` for a commit of a key loaded as `loaded`: every watermark the commit changed
-/// stays in the head (no item may hold a value before a commit made it); the head's other
-/// watermarks fill it up, most recent first; those left over move to items. Watermarks read from
+/// stays in the head (no item may hold a value before a commit made it), and the head's
+/// `WATERMARKS_INLINE` most recent others; those left over move to items. Watermarks read from
 /// items and not changed stay where they are.
-pub fn place(marks: &Watermarks, loaded: &Loaded) -> Result<Placement, StoreError> {
+pub fn place<'a>(marks: &'a Watermarks, loaded: &Loaded) -> Result<Placement<'a>, StoreError> {
     let mut changed = BTreeMap::new();
     let mut old_inline = Vec::new();
     for (lineage, mark) in marks.iter() {
         if loaded.inline.get(lineage) == Some(mark) {
-            old_inline.push((lineage.clone(), mark.clone()));
+            old_inline.push((lineage, mark));
         } else if loaded.fetched.get(lineage) != Some(mark) {
-            changed.insert(lineage.clone(), mark.clone());
+            changed.insert(lineage, mark);
         }
     }
-    if changed.len() > WATERMARKS_INLINE {
+    if changed.len() > LINEAGES_PER_COMMIT {
         return Err(StoreError::Invalid(format!(
-            "one commit advanced {} lineages of a key; a head holds {WATERMARKS_INLINE}",
+            "one commit advanced {} lineages of a key; a head holds {LINEAGES_PER_COMMIT}",
             changed.len()
         )));
     }
-    old_inline.sort_by(|a, b| b.1.at_millis.cmp(&a.1.at_millis).then(a.0.cmp(&b.0)));
-    let room = WATERMARKS_INLINE - changed.len();
-    let evicted = old_inline.split_off(room.min(old_inline.len()));
+    old_inline.sort_by(|a, b| b.1.at_millis.cmp(&a.1.at_millis).then(a.0.cmp(b.0)));
+    let evicted = old_inline.split_off(WATERMARKS_INLINE.min(old_inline.len()));
     let mut inline = changed;
     inline.extend(old_inline);
     Ok(Placement {
@@ -115,7 +113,7 @@ mod tests {
     fn changed_watermarks_stay_in_the_head_and_the_oldest_others_move_out() {
         let mut loaded = Loaded::default();
         let mut marks = Watermarks::default();
-        for i in 0..WATERMARKS_INLINE as i64 {
+        for i in 0..WATERMARKS_INLINE as i64 + 2 {
             let lineage = Origin(format!("old-{i:04}"));
             loaded.inline.insert(lineage.clone(), mark(1, i));
             marks.insert(lineage, mark(1, i));
@@ -129,19 +127,20 @@ mod tests {
         marks.insert(Origin("still".into()), mark(1, 0));
 
         let placement = place(&marks, &loaded).unwrap();
-        assert_eq!(placement.inline.len(), WATERMARKS_INLINE);
+        assert_eq!(placement.inline.len(), WATERMARKS_INLINE + 2);
         assert!(placement.inline.contains_key(&Origin("new".into())));
         assert!(placement.inline.contains_key(&Origin("fetched".into())));
         assert!(!placement.inline.contains_key(&Origin("still".into())));
         let evicted: Vec<&str> = placement.evicted.iter().map(|(l, _)| l.as_str()).collect();
-        assert_eq!(evicted, ["old-0001", "old-0000"], "the least recent leave");
+        assert_eq!(evicted.len(), 2, "the least recent leave");
+        assert_eq!(evicted, ["old-0001", "old-0000"]);
         assert!(placement.spilled);
     }
 
     #[test]
     fn a_commit_advancing_more_lineages_than_a_head_holds_is_refused() {
         let mut marks = Watermarks::default();
-        for i in 0..=WATERMARKS_INLINE {
+        for i in 0..=LINEAGES_PER_COMMIT {
             marks.insert(Origin(format!("l{i}")), mark(1, 0));
         }
         assert!(matches!(
