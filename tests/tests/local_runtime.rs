@@ -663,20 +663,3 @@ async fn a_template_whose_watermarks_would_not_outlive_its_redeliveries_is_refus
         "{err}"
     );
 }
-
-#[tokio::test(start_paused = true)]
-#[ignore]
-async fn timing_probe() {
-    let var = |name: &str| std::env::var(name).unwrap().parse::<usize>().unwrap();
-    let load = Load {
-        clicks: zipf_events(var("PROBE_CLICKS"), 1_000, 7),
-        spread: spread(var("PROBE_SPREAD"), 5_000, 500, 5),
-        items: var("PROBE_ITEMS"),
-    };
-    let t = std::time::Instant::now();
-    let clean = run(&load, FaultPlan::default()).await;
-    println!("clean {:?}", t.elapsed());
-    for (name, stats) in &clean.report.mappings {
-        println!("{name}: {stats:?}");
-    }
-}

@@ -379,3 +379,60 @@ impl<O: KeyedOperator> Executor<O> {
             .is_ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{bench, record, Summer, START};
+    use super::*;
+    use crate::domain::Origin;
+
+    #[test]
+    fn watermarks_move_to_each_lineages_last_applied_record_and_expire_with_the_window() {
+        let mut b = bench(Summer::default(), false);
+        b.executor.config.redelivery_window = std::time::Duration::from_secs(60);
+        let batch: Vec<SourceRecord> = [(1, "p"), (2, "q"), (3, "p"), (4, "q")]
+            .iter()
+            .map(|(seq, pk)| record(*seq, pk, "a", 1).unwrap())
+            .collect();
+        let records: Vec<&SourceRecord> = batch.iter().collect();
+        let outcomes = vec![
+            Outcome::Applied(Vec::new()),
+            Outcome::Applied(Vec::new()),
+            Outcome::Invalid(InvalidInput::new("x", "y")),
+            Outcome::Replayed,
+        ];
+        let mut state = KeyState::default();
+        let old = Origin("s/shardId-0/old".into());
+        state
+            .watermarks
+            .advance(&old, &batch[0].sequence, START - 61_000);
+        b.executor.advance(&mut state, &outcomes, &records, START);
+        let marks: Vec<(&str, &str)> = state
+            .watermarks
+            .iter()
+            .map(|(l, w)| (l.as_str(), w.sequence.as_str()))
+            .collect();
+        assert_eq!(
+            marks,
+            [("s/shardId-0/p", "3"), ("s/shardId-0/q", "2")],
+            "a replayed record moves nothing, and the old lineage is past the window"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_whose_record_stopped_it_commits_the_records_before_and_reports_the_rest() {
+        let b = bench(Summer::default(), false);
+        let report = b
+            .executor
+            .run(vec![
+                record(1, "p", "a", 1),
+                record(2, "p", "a", 13),
+                record(3, "p", "a", 2),
+            ])
+            .await;
+        assert_eq!((report.applied, report.commits), (1, 1));
+        assert_eq!(report.failed_from.unwrap().as_str(), "2");
+        let again = b.executor.run(vec![record(1, "p", "a", 1)]).await;
+        assert_eq!(again.replayed, 1);
+    }
+}

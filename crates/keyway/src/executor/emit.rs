@@ -273,3 +273,56 @@ async fn send_once(
     }
     retryable
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::Summer;
+    use super::super::testkit::{bench, record};
+
+    #[tokio::test]
+    async fn an_ordered_sink_gets_a_keys_outputs_one_call_each_and_none_after_one_fails() {
+        let b = bench(Summer::default(), true);
+        b.out.fail("3");
+        let batch = vec![
+            record(1, "p", "a", 1),
+            record(2, "p", "a", 2),
+            record(3, "p", "a", 3),
+            record(4, "q", "b", 1),
+        ];
+        let report = b.executor.run(batch).await;
+        assert_eq!(
+            b.out.bodies(),
+            [vec!["1", "1"], vec!["3"]],
+            "a's third output waits behind the second, which failed"
+        );
+        assert_eq!(report.failed_from.unwrap().as_str(), "2");
+    }
+
+    #[tokio::test]
+    async fn a_sink_without_order_gets_every_output_in_one_call() {
+        let b = bench(Summer::default(), false);
+        b.out.fail("3");
+        let batch = vec![
+            record(1, "p", "a", 1),
+            record(2, "p", "a", 2),
+            record(3, "p", "a", 3),
+        ];
+        b.executor.run(batch).await;
+        assert_eq!(b.out.bodies(), [vec!["1", "3", "6"]]);
+    }
+
+    #[tokio::test]
+    async fn an_output_the_sink_refuses_is_dead_lettered_and_its_key_goes_on() {
+        let b = bench(Summer::default(), true);
+        b.out.refusing.lock().unwrap().insert("1".into());
+        let report = b
+            .executor
+            .run(vec![record(1, "p", "a", 1), record(2, "p", "a", 2)])
+            .await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(b.out.bodies(), [vec!["1"], vec!["3"]]);
+        let letters = b.dead.bodies();
+        assert_eq!(letters.len(), 1);
+        assert!(letters[0][0].contains("output.out"), "{letters:?}");
+    }
+}

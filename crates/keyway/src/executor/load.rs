@@ -148,3 +148,107 @@ impl<O: KeyedOperator> Executor<O> {
         Ok(migrated)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::super::testkit::{record, Recorder, Summer};
+    use super::super::{Executor, Sinks};
+    use super::*;
+    use crate::domain::KeyState;
+    use crate::ports::{Commit, Committed, ManualClock, StateStore};
+
+    /// Answers every load with nothing stored, or fails it, and remembers what it was asked.
+    #[derive(Default)]
+    struct Asked {
+        keys: Mutex<Vec<(String, Vec<String>)>>,
+        fail: bool,
+    }
+
+    #[async_trait]
+    impl StateStore for Asked {
+        async fn load_keys(
+            &self,
+            namespace: &Namespace,
+            keys: &[LoadKey<'_>],
+        ) -> Result<HashMap<String, KeyState>, StoreError> {
+            if namespace.signature != "signature-history" {
+                self.keys.lock().unwrap().extend(keys.iter().map(|k| {
+                    let lineages = k.lineages.iter().map(|l| l.to_string()).collect();
+                    (k.key.to_owned(), lineages)
+                }));
+                if self.fail {
+                    return Err(StoreError::Unavailable("down".into()));
+                }
+            }
+            Ok(keys
+                .iter()
+                .map(|k| (k.key.to_owned(), KeyState::default()))
+                .collect())
+        }
+
+        async fn commit(
+            &self,
+            _: &Namespace,
+            c: Vec<Commit>,
+        ) -> Vec<Result<Committed, StoreError>> {
+            c.iter()
+                .map(|_| Err(StoreError::Unavailable("read only".into())))
+                .collect()
+        }
+
+        async fn clear_outbox(
+            &self,
+            _: &Namespace,
+            c: Vec<Committed>,
+        ) -> Vec<Result<(), StoreError>> {
+            c.iter().map(|_| Ok(())).collect()
+        }
+    }
+
+    fn executor(store: std::sync::Arc<Asked>) -> Executor<Summer> {
+        let sinks = Sinks::new(std::sync::Arc::new(Recorder::default()))
+            .with("out", std::sync::Arc::new(Recorder::default()));
+        Executor::new(Summer::default(), store, sinks, ManualClock::at(0))
+    }
+
+    #[tokio::test]
+    async fn each_key_is_loaded_once_with_the_distinct_lineages_of_its_records() {
+        let store = std::sync::Arc::new(Asked::default());
+        executor(store.clone())
+            .run(vec![
+                record(1, "p", "a", 1),
+                record(2, "q", "a", 1),
+                record(3, "p", "a", 1),
+                record(4, "p", "b", 1),
+            ])
+            .await;
+        let asked = store.keys.lock().unwrap().clone();
+        assert_eq!(
+            asked,
+            [
+                (
+                    "a".to_owned(),
+                    vec!["s/shardId-0/p".to_owned(), "s/shardId-0/q".to_owned()]
+                ),
+                ("b".to_owned(), vec!["s/shardId-0/p".to_owned()]),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_load_that_fails_reports_every_record_for_redelivery() {
+        let store = std::sync::Arc::new(Asked {
+            fail: true,
+            ..Asked::default()
+        });
+        let report = executor(store)
+            .run(vec![record(5, "p", "a", 1), record(3, "p", "b", 1)])
+            .await;
+        assert_eq!(report.failed_from.unwrap().as_str(), "3");
+        assert_eq!(report.applied, 0);
+    }
+}

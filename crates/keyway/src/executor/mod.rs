@@ -54,6 +54,8 @@ mod outbox;
 mod plan;
 mod process;
 mod report;
+#[cfg(test)]
+mod testkit;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -47,3 +47,38 @@ impl<O: KeyedOperator> Executor<O> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{bench, record, Summer};
+    use crate::adapters::dynamodb::DynamoStateStore;
+    use crate::local::LocalTable;
+    use crate::ports::StateStore;
+
+    #[tokio::test]
+    async fn a_sent_outbox_is_cleared_and_one_that_failed_is_kept_and_reported() {
+        let b = bench(Summer { outbox: true }, false);
+        b.out.fail("3");
+        let report = b
+            .executor
+            .run(vec![record(1, "p", "a", 1), record(2, "p", "b", 3)])
+            .await;
+        assert_eq!(
+            report.commits, 2,
+            "both keys commit before their outbox goes out"
+        );
+        assert_eq!(
+            report.failed_from.unwrap().as_str(),
+            "2",
+            "b's outbox is owed"
+        );
+        let store =
+            DynamoStateStore::<LocalTable>::new(b.table.clone(), crate::ports::ManualClock::at(0));
+        let loaded = store
+            .load(b.executor.namespace(), &["a".into(), "b".into()])
+            .await
+            .unwrap();
+        assert!(loaded["a"].outbox.is_empty(), "a's was sent, and cleared");
+        assert_eq!(loaded["b"].outbox.len(), 1);
+    }
+}

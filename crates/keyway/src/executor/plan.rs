@@ -126,3 +126,52 @@ impl<O: KeyedOperator> Executor<O> {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{bench, record, Summer};
+    use super::*;
+    use crate::domain::Payload;
+
+    #[test]
+    fn records_are_grouped_by_key_in_order_and_those_that_do_not_decode_become_dead_letters() {
+        let b = bench(Summer::default(), false);
+        let mut bad = record(3, "p", "x", 0).unwrap();
+        bad.payload = Payload::Bytes(b"not json".to_vec());
+        let rejected = RejectedRecord {
+            origin: None,
+            sequence: None,
+            field: "kinesis.data".into(),
+            problem: "not base64".into(),
+            raw: serde_json::json!({}),
+        };
+        let batch = vec![
+            record(1, "p", "a", 1),
+            record(2, "p", "b", 1),
+            Ok(bad),
+            record(4, "q", "a", 2),
+            record(5, "p", "z", 77),
+            Err(rejected),
+        ];
+        let (plan, inputs) = b.executor.plan(&batch);
+        let groups: Vec<(&str, &[usize])> = plan
+            .groups
+            .iter()
+            .map(|g| (g.key.as_str(), g.records.as_slice()))
+            .collect();
+        assert_eq!(groups, [("a", &[0, 3][..]), ("b", &[1][..])]);
+        let letters: Vec<(usize, &str)> = plan
+            .unkeyed
+            .iter()
+            .map(|(i, l)| (*i, l.field.as_str()))
+            .collect();
+        assert_eq!(letters, [(2, "data"), (5, "kinesis.data")]);
+        assert_eq!(
+            plan.panicked,
+            [4],
+            "a decoder's bug is retried, not dead-lettered"
+        );
+        assert_eq!(inputs[3], Some(("a".to_owned(), 2)));
+        assert_eq!(plan.records_of(0)[1].sequence.as_str(), "4");
+    }
+}

@@ -274,3 +274,97 @@ pub(super) fn counts(outcomes: &[Outcome]) -> (usize, usize) {
         _ => (a, r),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::{bench, record, Summer, START};
+    use super::*;
+    use crate::domain::SourceRecord;
+
+    fn run(b: &super::super::testkit::Bench<Summer>, batch: &[SourceRecord]) -> KeyWork {
+        let records: Vec<&SourceRecord> = batch.iter().collect();
+        let mut work = KeyWork::default();
+        let mut inputs: Vec<Option<(String, i64)>> = records.iter().map(|_| None).collect();
+        work.run = b
+            .executor
+            .run_key("a", &mut work, &records, usize::MAX, START, &mut inputs);
+        work
+    }
+
+    fn records(specs: &[(u64, &str, i64)]) -> Vec<SourceRecord> {
+        specs
+            .iter()
+            .map(|(seq, pk, n)| record(*seq, pk, "a", *n).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_record_that_fails_stops_its_key_and_one_found_invalid_is_left_out() {
+        let b = bench(Summer::default(), false);
+        let batch = records(&[
+            (1, "p", 1),
+            (2, "p", -1),
+            (3, "p", 2),
+            (4, "p", 13),
+            (5, "p", 4),
+        ]);
+        let work = run(&b, &batch);
+        let kinds: Vec<&str> = work
+            .run
+            .outcomes
+            .iter()
+            .map(|o| match o {
+                Outcome::Applied(_) => "applied",
+                Outcome::Invalid(_) => "invalid",
+                Outcome::Failed => "failed",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, ["applied", "invalid", "applied", "failed"]);
+        let Outcome::Applied(outputs) = &work.run.outcomes[2] else {
+            panic!()
+        };
+        assert_eq!(
+            outputs[0].body, "3",
+            "the run restarted without the invalid record"
+        );
+    }
+
+    #[test]
+    fn a_panic_in_the_operator_fails_its_key_like_a_retryable_error() {
+        let b = bench(Summer::default(), false);
+        let work = run(&b, &records(&[(1, "p", 1), (2, "p", 66), (3, "p", 2)]));
+        assert!(work.run.panicked);
+        assert!(matches!(
+            work.run.outcomes[..],
+            [Outcome::Applied(_), Outcome::Failed]
+        ));
+    }
+
+    #[test]
+    fn a_key_that_reaches_its_lineages_per_commit_leaves_the_rest_for_the_redelivery() {
+        let mut b = bench(Summer::default(), false);
+        b.executor.limits.lineages_per_commit = 3;
+        let batch = records(&[
+            (1, "p1", 1),
+            (2, "p2", 1),
+            (3, "p1", 1),
+            (4, "p3", 1),
+            (5, "p4", 1),
+        ]);
+        let work = run(&b, &batch);
+        assert_eq!(work.run.outcomes.len(), 5);
+        assert!(matches!(work.run.outcomes[4], Outcome::Deferred));
+    }
+
+    #[test]
+    fn the_record_that_makes_the_state_too_large_is_found_among_the_others() {
+        let mut b = bench(Summer::default(), false);
+        // A sum of four digits or more is more than the store holds.
+        b.executor.limits.max_entry_bytes = 3;
+        let batch = records(&[(1, "p", 1), (2, "p", 5), (3, "p", 2000), (4, "p", 7)]);
+        let refs: Vec<&SourceRecord> = batch.iter().collect();
+        let mut work = KeyWork::default();
+        assert_eq!(b.executor.find_culprit("a", &mut work, &refs, START), 2);
+    }
+}

@@ -1,0 +1,172 @@
+//! What the phases' unit tests share: a summing operator, records made by hand, a sink that
+//! records its calls and fails on demand, and an executor on the in-memory table.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use serde_json::json;
+
+use super::{Executor, RejectedRecord, Sinks};
+use crate::adapters::dynamodb::DynamoStateStore;
+use crate::domain::{Origin, Output, Payload, SequenceNumber, SourceRecord};
+use crate::local::LocalTable;
+use crate::operator::{Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, StateDescriptor};
+use crate::ports::{ManualClock, Sink, SinkError};
+use crate::ValueState;
+
+pub const SUM: ValueState<i64> = ValueState::new("sum");
+pub const START: i64 = 1_767_225_600_000;
+
+/// Sums `n` per `key` of records `{"key": .., "n": ..}` and emits the running sum to `out`.
+/// `n` of 13 fails (retryably), 66 panics, and a negative `n` is invalid.
+#[derive(Clone, Copy, Default)]
+pub struct Summer {
+    pub outbox: bool,
+}
+
+impl KeyedOperator for Summer {
+    type Input = (String, i64);
+
+    fn name(&self) -> &str {
+        "summer"
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![SUM.descriptor()]
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<(String, i64), InvalidInput> {
+        let Payload::Bytes(data) = &record.payload else {
+            return Err(InvalidInput::new("record", "not Kinesis"));
+        };
+        let value: serde_json::Value =
+            serde_json::from_slice(data).map_err(|e| InvalidInput::new("data", e.to_string()))?;
+        if value["n"] == 77 {
+            panic!("the decoder has a bug");
+        }
+        match (value["key"].as_str(), value["n"].as_i64()) {
+            (Some(key), Some(n)) => Ok((key.to_owned(), n)),
+            _ => Err(InvalidInput::new("data", "expected key and n")),
+        }
+    }
+
+    fn key(&self, input: &(String, i64)) -> String {
+        input.0.clone()
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, (key, n): (String, i64)) -> Result<(), ProcessError> {
+        match n {
+            13 => return Err(ProcessError::Retry("unlucky".into())),
+            66 => panic!("a bug"),
+            n if n < 0 => return Err(InvalidInput::new("data.n", "negative").into()),
+            _ => {}
+        }
+        let mut sum = ctx.value(&SUM)?;
+        let total = sum.get().copied().unwrap_or(0) + n;
+        sum.set(total);
+        ctx.emit("out", key, &total)
+    }
+
+    fn delivery(&self) -> Delivery {
+        if self.outbox {
+            Delivery::Outbox
+        } else {
+            Delivery::EmitThenCommit
+        }
+    }
+}
+
+/// A record of shard 0 of stream `s` under partition key `pk`, as a batch holds it.
+#[allow(clippy::result_large_err)]
+pub fn record(seq: u64, pk: &str, key: &str, n: i64) -> Result<SourceRecord, RejectedRecord> {
+    let origin = Origin("s/shardId-0".into());
+    Ok(SourceRecord {
+        lineage: crate::sources::kinesis::lineage(&origin, pk),
+        origin,
+        sequence: SequenceNumber::parse(&seq.to_string()).unwrap(),
+        partition_key: pk.into(),
+        arrival_millis: Some(START),
+        payload: Payload::Bytes(json!({"key": key, "n": n}).to_string().into_bytes()),
+        raw: json!({"seq": seq}),
+    })
+}
+
+/// A sink that records each call's messages, and fails those whose body a test names.
+#[derive(Default)]
+pub struct Recorder {
+    pub ordered: bool,
+    pub calls: Mutex<Vec<Vec<Output>>>,
+    pub failing: Mutex<HashSet<String>>,
+    pub refusing: Mutex<HashSet<String>>,
+}
+
+impl Recorder {
+    pub fn fail(&self, body: &str) {
+        self.failing.lock().unwrap().insert(body.into());
+    }
+
+    pub fn bodies(&self) -> Vec<Vec<String>> {
+        let calls = self.calls.lock().unwrap();
+        calls
+            .iter()
+            .map(|c| c.iter().map(|o| o.body.clone()).collect())
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Sink for Recorder {
+    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+        self.calls.lock().unwrap().push(messages.to_vec());
+        let failing = self.failing.lock().unwrap();
+        let refusing = self.refusing.lock().unwrap();
+        messages
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| {
+                if failing.contains(&m.body) {
+                    Some((i, SinkError::Unavailable("down".into())))
+                } else if refusing.contains(&m.body) {
+                    Some((i, SinkError::Rejected("too odd".into())))
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        1024
+    }
+
+    fn ordered(&self) -> bool {
+        self.ordered
+    }
+}
+
+/// An executor of `operator` on a fresh in-memory table, its `out` and dead-letter sinks.
+pub struct Bench<O: KeyedOperator> {
+    pub executor: Executor<O>,
+    pub table: Arc<LocalTable>,
+    pub out: Arc<Recorder>,
+    pub dead: Arc<Recorder>,
+}
+
+pub fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
+    let clock = ManualClock::at(START);
+    let table = Arc::new(LocalTable::new());
+    let store = Arc::new(DynamoStateStore::new(table.clone(), clock.clone()));
+    let out = Arc::new(Recorder {
+        ordered,
+        ..Recorder::default()
+    });
+    let dead = Arc::new(Recorder::default());
+    let sinks = Sinks::new(dead.clone()).with("out", out.clone());
+    Bench {
+        executor: Executor::new(operator, store, sinks, clock),
+        table,
+        out,
+        dead,
+    }
+}
