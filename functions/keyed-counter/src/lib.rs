@@ -41,6 +41,14 @@ pub struct CountUpdate {
     pub sequence: String,
 }
 
+/// A `CountUpdate` as written, borrowing its text: emitted for every event.
+#[derive(Serialize)]
+struct CountUpdateRef<'a> {
+    key: &'a str,
+    count: u64,
+    sequence: &'a str,
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KeyedCounter;
 
@@ -92,12 +100,13 @@ impl KeyedOperator for KeyedCounter {
                 )
             })?;
         count.set(total);
-        let update = CountUpdate {
-            key: input.key.clone(),
+        let update = CountUpdateRef {
+            key: &input.key,
             count: total,
-            sequence: ctx.record().sequence.to_string(),
+            sequence: ctx.record().sequence.as_str(),
         };
-        ctx.emit(COUNTS, input.key, &update)
+        let body = serde_json::to_string(&update).expect("a count update serializes");
+        ctx.emit_text(COUNTS, input.key, body)
     }
 }
 

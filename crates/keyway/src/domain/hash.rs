@@ -25,16 +25,28 @@ pub fn sha256_hex(parts: &[&[u8]], hex_chars: usize) -> String {
     out
 }
 
-/// XXH3-128 (seed 0) of `parts` joined by a 0 byte, as 32 hexadecimal digits.
+/// XXH3-128 (seed 0) of `parts` joined by a 0 byte, as 32 hexadecimal digits. The parts are
+/// joined in a buffer on the stack and hashed at once: the same digest as hashing them as a
+/// stream, at a fraction of the cost (this runs for every output).
 pub fn xxh3_128_hex(parts: &[&[u8]]) -> String {
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let len = parts.iter().map(|p| p.len() + 1).sum::<usize>();
+    let mut stack = [0u8; 512];
+    let mut heap = Vec::new();
+    let buf: &mut [u8] = if len <= stack.len() {
+        &mut stack[..len]
+    } else {
+        heap.resize(len, 0);
+        &mut heap
+    };
+    let mut at = 0;
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
-            hasher.update(&[0u8]);
+            at += 1; // the 0 byte, already there
         }
-        hasher.update(part);
+        buf[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
     }
-    hex(&hasher.digest128().to_be_bytes())
+    hex(&xxhash_rust::xxh3::xxh3_128(&buf[..at]).to_be_bytes())
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -76,6 +88,24 @@ pub fn shard_for_hash(hash: u128, shards: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_hashed_at_once_give_the_digest_of_the_stream_of_them() {
+        let parts: [&[u8]; 3] = [b"operator", b"", &[7u8; 600]];
+        let mut stream = xxhash_rust::xxh3::Xxh3::new();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                stream.update(&[0u8]);
+            }
+            stream.update(part);
+        }
+        let expected = hex(&stream.digest128().to_be_bytes());
+        assert_eq!(xxh3_128_hex(&parts), expected, "beyond the stack buffer");
+        assert_eq!(
+            xxh3_128_hex(&parts[..2]),
+            hex(&xxhash_rust::xxh3::xxh3_128(b"operator\0").to_be_bytes())
+        );
+    }
 
     #[test]
     fn sha256_of_known_input_matches_the_published_digest() {

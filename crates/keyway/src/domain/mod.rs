@@ -6,6 +6,7 @@
 pub mod dead_letter;
 pub mod hash;
 pub mod item;
+pub mod json;
 pub mod output;
 pub mod plan;
 pub mod record;

@@ -7,6 +7,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::domain::item::item_to_dynamodb_json;
+use crate::domain::json::push_string as push_json_string;
 use crate::domain::{ChangeKind, Item};
 
 /// A record to put in a Kinesis event.
@@ -69,17 +70,6 @@ pub fn kinesis_event_json<'a>(
     }
     out.push_str("]}");
     out
-}
-
-/// Appends `text` as a JSON string.
-fn push_json_string(out: &mut String, text: &str) {
-    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push('"');
-        out.push_str(text);
-        out.push('"');
-    } else {
-        out.push_str(&serde_json::to_string(text).expect("a string serializes"));
-    }
 }
 
 /// A change to put in a DynamoDB Streams event.

@@ -15,6 +15,7 @@ use super::{
     HEAD_SK, KEY_MAX_BYTES,
 };
 use crate::domain::item::item_size;
+use crate::domain::json::number;
 use crate::domain::{AttrValue, Item, StoreMemo};
 use crate::ports::{Commit, Committed, Namespace, StoreError};
 
@@ -64,22 +65,23 @@ impl Prepared<'_> {
             gc.extend(outbox_gc.iter().map(String::as_str));
         }
         let key = &self.commit.key;
+        let slots: Vec<(&str, ListRef<'_>)> = self
+            .layout
+            .slots
+            .iter()
+            .map(|(name, laid)| (*name, laid.as_ref()))
+            .collect();
         let doc = HeadDocRef {
             wm: &self.placement.inline,
             wx: self.placement.spilled,
-            slots: self
-                .layout
-                .slots
-                .iter()
-                .map(|(name, laid)| (*name, laid.as_ref()))
-                .collect(),
+            slots: &slots,
             ob: (with_outbox && self.layout.has_outbox).then_some(outbox),
-            gc,
+            gc: &gc,
             exp: self.commit.state.expires_at,
             tk: &self.tokens,
             key: (key.len() > KEY_MAX_BYTES).then_some(key.as_str()),
         };
-        serde_json::to_string(&doc).map_err(|e| StoreError::Invalid(e.to_string()))
+        Ok(doc.to_json())
     }
 }
 
@@ -90,10 +92,10 @@ fn head_item(pk: &str, version: u64, text: String, ttl: Option<i64>) -> Result<I
         sk: HEAD_SK.to_owned(),
     }
     .to_item();
-    item.insert(VERSION.to_owned(), AttrValue::N(version.to_string()));
+    item.insert(VERSION.to_owned(), AttrValue::N(number(version)));
     item.insert(DOC.to_owned(), AttrValue::S(text));
     if let Some(t) = ttl {
-        item.insert(TTL.to_owned(), AttrValue::N(t.to_string()));
+        item.insert(TTL.to_owned(), AttrValue::N(number(t)));
     }
     let size = item_size(&item);
     if size > ITEM_MAX_BYTES {

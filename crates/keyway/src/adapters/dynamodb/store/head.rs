@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::domain::json::{push_number, push_string};
 use crate::domain::{Origin, Watermark};
 
 /// An immutable run of a slot's (or the outbox's) entries stored outside the head item.
@@ -70,32 +71,138 @@ fn is_false(b: &bool) -> bool {
 }
 
 /// A list as written: borrowed from the state being committed.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug)]
 pub struct ListRef<'a> {
-    #[serde(skip_serializing_if = "<[Segment]>::is_empty")]
     pub seg: &'a [Segment],
     pub e: &'a [Box<RawValue>],
 }
 
-/// The head's `doc` as written, borrowed from the commit (the same fields as `HeadDoc`).
-#[derive(Clone, Debug, Serialize)]
+/// The head's `doc` as written, borrowed from the commit: the fields of `HeadDoc`, written by
+/// hand into one buffer (it is written for every key of every batch).
+#[derive(Clone, Debug)]
 pub struct HeadDocRef<'a> {
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub wm: &'a BTreeMap<&'a Origin, &'a Watermark>,
-    #[serde(skip_serializing_if = "is_false")]
     pub wx: bool,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub slots: BTreeMap<&'a str, ListRef<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots: &'a [(&'a str, ListRef<'a>)],
     pub ob: Option<ListRef<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub gc: Vec<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gc: &'a [&'a str],
     pub exp: Option<i64>,
-    #[serde(skip_serializing_if = "<[u64]>::is_empty")]
     pub tk: &'a [u64],
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<&'a str>,
+}
+
+impl HeadDocRef<'_> {
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(256);
+        out.push('{');
+        let field = |out: &mut String, name: &str| {
+            if out.len() > 1 {
+                out.push(',');
+            }
+            out.push('"');
+            out.push_str(name);
+            out.push_str("\":");
+        };
+        if !self.wm.is_empty() {
+            field(&mut out, "wm");
+            out.push('{');
+            for (i, (lineage, mark)) in self.wm.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_string(&mut out, lineage.as_str());
+                out.push_str(":{\"s\":");
+                push_string(&mut out, mark.sequence.as_str());
+                out.push_str(",\"t\":");
+                push_number(&mut out, mark.at_millis);
+                out.push('}');
+            }
+            out.push('}');
+        }
+        if self.wx {
+            field(&mut out, "wx");
+            out.push_str("true");
+        }
+        if !self.slots.is_empty() {
+            field(&mut out, "slots");
+            out.push('{');
+            for (i, (name, list)) in self.slots.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_string(&mut out, name);
+                out.push(':');
+                push_list(&mut out, list);
+            }
+            out.push('}');
+        }
+        if let Some(list) = &self.ob {
+            field(&mut out, "ob");
+            push_list(&mut out, list);
+        }
+        if !self.gc.is_empty() {
+            field(&mut out, "gc");
+            out.push('[');
+            for (i, sk) in self.gc.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_string(&mut out, sk);
+            }
+            out.push(']');
+        }
+        if let Some(exp) = self.exp {
+            field(&mut out, "exp");
+            push_number(&mut out, exp);
+        }
+        if !self.tk.is_empty() {
+            field(&mut out, "tk");
+            out.push('[');
+            for (i, token) in self.tk.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_number(&mut out, *token);
+            }
+            out.push(']');
+        }
+        if let Some(key) = self.key {
+            field(&mut out, "key");
+            push_string(&mut out, key);
+        }
+        out.push('}');
+        out
+    }
+}
+
+fn push_list(out: &mut String, list: &ListRef<'_>) {
+    out.push('{');
+    if !list.seg.is_empty() {
+        out.push_str("\"seg\":[");
+        for (i, s) in list.seg.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str("{\"id\":");
+            push_number(out, s.id);
+            out.push_str(",\"len\":");
+            push_number(out, s.len as u64);
+            if let Some(t) = s.expires_at {
+                out.push_str(",\"expires_at\":");
+                push_number(out, t);
+            }
+            out.push('}');
+        }
+        out.push_str("],");
+    }
+    out.push_str("\"e\":[");
+    for (i, entry) in list.e.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(entry.get());
+    }
+    out.push_str("]}");
 }
 
 /// How many commit tokens a head remembers. A writer whose response was lost reads the head right
@@ -155,30 +262,36 @@ mod tests {
             len: 3,
             expires_at: None,
         }];
+        let slots = [(
+            "count",
+            ListRef {
+                seg: &segments,
+                e: &entries,
+            },
+        )];
         let written = HeadDocRef {
             wm: &wm,
             wx: true,
-            slots: BTreeMap::from([(
-                "count",
-                ListRef {
-                    seg: &segments,
-                    e: &entries,
-                },
-            )]),
-            ob: None,
-            gc: vec!["seg#x#1"],
+            slots: &slots,
+            ob: Some(ListRef {
+                seg: &[],
+                e: &entries,
+            }),
+            gc: &["seg#x#1"],
             exp: Some(5),
-            tk: &[3, 4],
-            key: None,
+            tk: &[3, u64::MAX],
+            key: Some("a \"quoted\" key"),
         };
-        let doc: HeadDoc = serde_json::from_str(&serde_json::to_string(&written).unwrap()).unwrap();
+        let doc: HeadDoc = serde_json::from_str(&written.to_json()).unwrap();
+        assert_eq!(doc.key.as_deref(), Some("a \"quoted\" key"));
+        assert_eq!(doc.ob.unwrap().e[0].get(), "1");
         assert_eq!(doc.wm[&lineage], mark);
         assert!(doc.wx);
         assert_eq!(doc.slots["count"].seg, segments);
         assert_eq!(doc.slots["count"].e[0].get(), "1");
         assert_eq!(
             (doc.gc, doc.exp, doc.tk),
-            (vec!["seg#x#1".to_owned()], Some(5), vec![3, 4])
+            (vec!["seg#x#1".to_owned()], Some(5), vec![3, u64::MAX])
         );
     }
 
