@@ -54,7 +54,7 @@ async fn demo(options: DemoOptions) -> Result<(), String> {
         "  {} clicks of users drawn from Zipf(1.1) over 1,000 users into {stream}; one in 10,000 is malformed",
         options.events
     );
-    println!("  faults: throttling, partial failures, write conflicts, crashes before commit, timeouts and duplicate deliveries, each at {}%, seed {}\n", options.faults * 100.0, options.seed);
+    println!("  faults: throttling, partial failures, write conflicts, lost responses, crashes before commit, timeouts and duplicate deliveries, each at {}%, seed {}\n", options.faults * 100.0, options.seed);
 
     let keys = zipf_keys(options.events, 1_000, 1.1, options.seed);
     let mut expected: BTreeMap<String, u64> = BTreeMap::new();
