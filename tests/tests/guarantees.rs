@@ -2,15 +2,17 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
+use futures::FutureExt as _;
 use keyed_counter::{CountUpdate, KeyedCounter, COUNTS};
 use keyway::domain::SequenceNumber;
+use keyway::local::faults::Crash;
 use keyway::local::CrashBeforeCommit;
 use keyway::sources::kinesis::decode_event;
 use keyway_tests::harness::{count, redelivery, run_to_completion, stored_count, Shard, World};
 use keyway_tests::operators::{BarrierStore, Poisoned, Resolved, Waker};
 use serde_json::Value;
+use std::panic::AssertUnwindSafe;
 
 fn sequence_at(event: &Value, index: usize) -> SequenceNumber {
     SequenceNumber::parse(
@@ -297,12 +299,13 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
         KeyedCounter,
         Arc::new(CrashBeforeCommit::always(world.store.clone())),
     );
-    let crashed = tokio::time::timeout(
-        Duration::from_millis(200),
-        crashing.run(decode_event(event.clone()).unwrap()),
-    )
-    .await;
-    assert!(crashed.is_err(), "the invocation never finished");
+    let crashed = AssertUnwindSafe(crashing.run(decode_event(event.clone()).unwrap()))
+        .catch_unwind()
+        .await;
+    assert!(
+        crashed.is_err_and(|payload| payload.is::<Crash>()),
+        "the invocation crashed"
+    );
     let after_crash: Vec<_> = world.outputs(COUNTS);
     assert_eq!(after_crash.len(), 4, "outputs left before the crash");
 

@@ -7,6 +7,7 @@ use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::adapters::kinesis::KinesisSink;
 use keyway::adapters::retry::Backoff;
 use keyway::adapters::sqs::SqsSink;
+use keyway::local::faults::Fault;
 use keyway::local::{FaultPlan, Faults, LocalKinesis, LocalSqs, LocalTable};
 use keyway::ports::ManualClock;
 use keyway::ports::SystemClock;
@@ -28,6 +29,12 @@ async fn the_memory_table_keeps_the_table_contract_while_leaving_keys_unprocesse
         0,
     ));
     table_contract(&table).await;
+    let fired = table.faults_fired();
+    println!("faults fired: {fired:?}");
+    assert!(
+        fired.get(&Fault::PartialFailure) > Some(&10),
+        "keys and items were left unprocessed: {fired:?}"
+    );
 }
 
 #[tokio::test]
@@ -52,11 +59,26 @@ async fn the_state_store_keeps_its_contract_through_throttling_and_unprocessed_k
     let store = DynamoStateStore::new(Arc::new(table), clock.clone())
         .with_backoff(Backoff::default().seeded(5));
     state_store_contract(&store, clock).await;
-    let calls = store.table().meter().snapshot().calls;
+    let fired = store.table().faults_fired();
+    println!("faults fired: {fired:?}");
     assert!(
-        calls["BatchGetItem"] > 10 && calls["PutItem"] > 250,
-        "{calls:?}"
+        fired.get(&Fault::Throttle) > Some(&10) && fired.get(&Fault::PartialFailure) > Some(&10),
+        "calls were throttled and keys left unprocessed: {fired:?}"
     );
+    // The same contract without faults makes fewer calls: the faults made the store retry.
+    let clean_clock = ManualClock::at(1_700_000_000_000);
+    let clean = DynamoStateStore::new(Arc::new(LocalTable::new()), clean_clock.clone());
+    state_store_contract(&clean, clean_clock).await;
+    let (faulty, clean) = (
+        store.table().meter().snapshot().calls,
+        clean.table().meter().snapshot().calls,
+    );
+    for call in ["BatchGetItem", "BatchWriteItem", "PutItem"] {
+        assert!(
+            faulty[call] > clean[call],
+            "{call}: {faulty:?} against {clean:?}"
+        );
+    }
 }
 
 #[tokio::test]

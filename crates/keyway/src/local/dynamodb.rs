@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::faults::Faults;
+use super::faults::{crash, Fault, FaultCounts, Faults};
 use super::meter::{read_units, write_units, Meter};
 use crate::adapters::dynamodb::{
     BatchGetOutput, Expect, ItemKey, Table, WriteRequest, BATCH_GET_MAX, BATCH_WRITE_MAX,
@@ -138,6 +138,11 @@ impl LocalTable {
 
     pub fn meter(&self) -> &Meter {
         &self.meter
+    }
+
+    /// The faults this table injected so far.
+    pub fn faults_fired(&self) -> FaultCounts {
+        self.faults.fired()
     }
 
     /// The ARN of the table's stream (one per table here).
@@ -316,7 +321,7 @@ impl LocalTable {
 
     fn throttled(&self) -> Option<StoreError> {
         self.faults
-            .draw_throttle()
+            .draw(Fault::Throttle)
             .then(|| StoreError::Throttled("ProvisionedThroughputExceededException".into()))
     }
 
@@ -341,7 +346,7 @@ impl LocalTable {
         let mut bytes = 0;
         let state = self.state.lock().expect("table lock");
         for key in keys {
-            if bytes >= BATCH_GET_RESPONSE_MAX || self.faults.draw_entry_failure() {
+            if bytes >= BATCH_GET_RESPONSE_MAX || self.faults.draw(Fault::PartialFailure) {
                 output.unprocessed.push(key.clone());
                 continue;
             }
@@ -372,7 +377,7 @@ impl LocalTable {
             return (Err(err), 0.0);
         }
         let mut state = self.state.lock().expect("table lock");
-        if matches!(expect, Expect::Version(_)) && self.faults.draw_conflict() {
+        if matches!(expect, Expect::Version(_)) && self.faults.draw(Fault::Conflict) {
             // A concurrent writer commits the same state first: the version moves, nothing else.
             if let Some(existing) = state.items.get_mut(&key) {
                 if let Some(v) = existing
@@ -406,7 +411,7 @@ impl LocalTable {
             return (Err(StoreError::Conflict), units);
         }
         self.write(&mut state, key, Some(item), false);
-        if self.faults.draw_lost_response() {
+        if self.faults.draw(Fault::LostResponse) {
             // The write landed; the caller only hears that the call timed out.
             return (
                 Err(StoreError::Unavailable(
@@ -450,7 +455,7 @@ impl LocalTable {
         let mut units = 0.0;
         let mut state = self.state.lock().expect("table lock");
         for request in requests {
-            if self.faults.draw_entry_failure() {
+            if self.faults.draw(Fault::PartialFailure) {
                 unprocessed.push(request);
                 continue;
             }
@@ -497,7 +502,12 @@ impl Table for LocalTable {
     ) -> Result<Vec<WriteRequest>, StoreError> {
         // Accounts the whole call, metering included (see `Meter::busy`).
         let _busy = self.meter.busy();
+        let puts = requests.iter().any(|r| matches!(r, WriteRequest::Put(_)));
         let result = self.do_batch_write(requests);
+        if puts && result.is_ok() && self.faults.draw(Fault::CrashInCommit) {
+            // The state's new segments are written; the head that would reference them never is.
+            crash();
+        }
         let units = result.as_ref().map_or(0.0, |(_, u)| *u);
         self.meter.call("BatchWriteItem", 0.0, units).await;
         result.map(|(unprocessed, _)| unprocessed)
@@ -593,6 +603,15 @@ impl LocalDynamoDb {
     }
 
     /// Runs the TTL process on every table.
+    /// The faults every table injected so far.
+    pub fn faults_fired(&self) -> FaultCounts {
+        let mut counts = FaultCounts::new();
+        for table in self.tables() {
+            super::faults::add_counts(&mut counts, &table.faults_fired());
+        }
+        counts
+    }
+
     pub fn expire(&self) -> usize {
         let now_secs = self.clock.now_millis().div_euclid(1000);
         self.tables().iter().map(|t| t.expire(now_secs)).sum()

@@ -20,13 +20,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use serde_json::{json, Value};
 
 use super::dynamodb::{LocalTable, StreamRecord};
 use super::events::{
     dynamodb_event_json, kinesis_event_json, DynamoDbEventRecord, KinesisEventRecord,
 };
-use super::faults::Faults;
+use super::faults::{Crash, Fault, Faults};
 use super::kinesis::{LocalKinesis, StoredRecord};
 use super::sqs::LocalSqs;
 use crate::domain::item::item_to_dynamodb_json;
@@ -102,6 +103,8 @@ pub struct MappingStats {
     pub invocations: u64,
     pub function_errors: u64,
     pub timeouts: u64,
+    /// Invocations whose runtime crashed (counted among the function errors too).
+    pub crashes: u64,
     pub partial_failures: u64,
     pub bisections: u64,
     /// Records in invoked batches, retries included.
@@ -193,6 +196,35 @@ pub struct EventSourceMapping {
     clock: Arc<dyn Clock>,
     faults: Arc<Faults>,
     stats: MappingStats,
+}
+
+/// How an invocation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failed {
+    /// The function returned an error.
+    Error,
+    /// Stopped by the function's timeout.
+    TimedOut,
+    /// The runtime process died (`local::faults::crash`).
+    Crashed,
+}
+
+/// Invokes `handler`, as Lambda would: stopped at `timeout`, and a runtime that crashes is a
+/// failed invocation, not the end of the mapping.
+async fn invoke(
+    handler: &dyn Handler,
+    event: &str,
+    invocation: &Invocation,
+    timeout: Duration,
+) -> Result<Value, Failed> {
+    let call = std::panic::AssertUnwindSafe(handler.handle(event, invocation)).catch_unwind();
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(result)) => result.map_err(|_: FunctionError| Failed::Error),
+        Ok(Err(payload)) if payload.is::<Crash>() => Err(Failed::Crashed),
+        // A panic that is not an injected crash is a bug: let it fail the run.
+        Ok(Err(payload)) => std::panic::resume_unwind(payload),
+        Err(_) => Err(Failed::TimedOut),
+    }
 }
 
 /// What one invocation came to.
@@ -352,7 +384,7 @@ impl EventSourceMapping {
                 request_id: format!("{}-{i}-{}", self.name, self.stats.invocations),
                 deadline_millis: Some(deadline),
             };
-            let timeout = if self.faults.draw(self.faults.plan().timeout) {
+            let timeout = if self.faults.draw(Fault::Timeout) {
                 // Stopped somewhere in the middle, wherever it is by then.
                 Duration::from_micros(self.faults.pick(4_000))
             } else {
@@ -360,19 +392,14 @@ impl EventSourceMapping {
             };
             let duplicate = self
                 .faults
-                .draw(self.faults.plan().duplicate_delivery)
+                .draw(Fault::DuplicateDelivery)
                 .then(|| event.clone());
             let handler = handler.clone();
             async move {
-                let call = handler.handle(&event, &invocation);
-                let result = match tokio::time::timeout(timeout, call).await {
-                    Ok(result) => result.map_err(|e| (e, false)),
-                    Err(_) => Err((FunctionError("Task timed out".into()), true)),
-                };
+                let result = invoke(handler.as_ref(), &event, &invocation, timeout).await;
                 if let (Ok(_), Some(again)) = (&result, duplicate) {
                     // The same batch once more, as a lost acknowledgement makes Lambda do.
-                    let again = handler.handle(&again, &invocation);
-                    let _ = tokio::time::timeout(timeout, again).await;
+                    let _ = invoke(handler.as_ref(), &again, &invocation, timeout).await;
                     return (result, true);
                 }
                 (result, false)
@@ -458,16 +485,13 @@ impl EventSourceMapping {
         }
     }
 
-    fn classify(
-        &mut self,
-        batch: &[Polled],
-        result: Result<Value, (FunctionError, bool)>,
-    ) -> Outcome {
+    fn classify(&mut self, batch: &[Polled], result: Result<Value, Failed>) -> Outcome {
         let response = match result {
             Ok(response) => response,
-            Err((_, timed_out)) => {
+            Err(failed) => {
                 self.stats.function_errors += 1;
-                self.stats.timeouts += u64::from(timed_out);
+                self.stats.timeouts += u64::from(failed == Failed::TimedOut);
+                self.stats.crashes += u64::from(failed == Failed::Crashed);
                 return Outcome::Failure;
             }
         };

@@ -1,6 +1,9 @@
 //! Fault injection: each fault has a probability, drawn from a generator seeded per service, so
-//! the same seed gives the same faults in the same run.
+//! the same seed gives the same faults in the same run. Every fault that fires is counted, per
+//! kind, so that a test can require the faults it configured to have happened.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use rand::rngs::StdRng;
@@ -20,6 +23,9 @@ pub struct FaultPlan {
     pub lost_response: f64,
     /// An invocation dies after emitting and before committing.
     pub crash_before_commit: f64,
+    /// An invocation dies inside a commit: after writing the state's new segments, before the
+    /// head that would reference them.
+    pub crash_in_commit: f64,
     /// The event source mapping delivers a batch again after it succeeded.
     pub duplicate_delivery: f64,
     /// An invocation runs past the function's timeout and is stopped wherever it is.
@@ -33,7 +39,7 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
-    /// Every fault with the same probability.
+    /// Every fault but outages with the same probability.
     pub fn all(probability: f64, seed: u64) -> Self {
         Self {
             throttle: probability,
@@ -41,13 +47,92 @@ impl FaultPlan {
             conflict: probability,
             lost_response: probability,
             crash_before_commit: probability,
+            crash_in_commit: probability,
             duplicate_delivery: probability,
             timeout: probability,
             seed,
             ..Self::default()
         }
     }
+
+    /// The kinds this plan gives a chance to.
+    pub fn kinds(&self) -> Vec<Fault> {
+        Fault::ALL
+            .into_iter()
+            .filter(|kind| kind.probability(self) > 0.0)
+            .collect()
+    }
 }
+
+/// A kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    Throttle,
+    PartialFailure,
+    Conflict,
+    LostResponse,
+    CrashBeforeCommit,
+    CrashInCommit,
+    DuplicateDelivery,
+    Timeout,
+    Outage,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 9] = [
+        Fault::Throttle,
+        Fault::PartialFailure,
+        Fault::Conflict,
+        Fault::LostResponse,
+        Fault::CrashBeforeCommit,
+        Fault::CrashInCommit,
+        Fault::DuplicateDelivery,
+        Fault::Timeout,
+        Fault::Outage,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Throttle => "throttle",
+            Fault::PartialFailure => "partial failure",
+            Fault::Conflict => "conflict",
+            Fault::LostResponse => "lost response",
+            Fault::CrashBeforeCommit => "crash before commit",
+            Fault::CrashInCommit => "crash in commit",
+            Fault::DuplicateDelivery => "duplicate delivery",
+            Fault::Timeout => "timeout",
+            Fault::Outage => "outage",
+        }
+    }
+
+    fn probability(self, plan: &FaultPlan) -> f64 {
+        match self {
+            Fault::Throttle => plan.throttle,
+            Fault::PartialFailure => plan.partial_failure,
+            Fault::Conflict => plan.conflict,
+            Fault::LostResponse => plan.lost_response,
+            Fault::CrashBeforeCommit => plan.crash_before_commit,
+            Fault::CrashInCommit => plan.crash_in_commit,
+            Fault::DuplicateDelivery => plan.duplicate_delivery,
+            Fault::Timeout => plan.timeout,
+            Fault::Outage => plan.outage,
+        }
+    }
+}
+
+/// The payload of a crash: the invocation's process dies where it is. The event source mapping
+/// emulator catches it and reports the invocation as crashed, as Lambda reports a runtime that
+/// exited.
+#[derive(Debug)]
+pub struct Crash;
+
+/// Crashes the invocation now (unwinding without the panic hook: a crash is no bug).
+pub fn crash() -> ! {
+    std::panic::resume_unwind(Box::new(Crash))
+}
+
+/// How many faults of each kind fired.
+pub type FaultCounts = BTreeMap<Fault, u64>;
 
 /// One service's draws from a plan.
 #[derive(Debug)]
@@ -56,6 +141,7 @@ pub struct Faults {
     rng: Mutex<StdRng>,
     /// The end of the current outage (epoch milliseconds of the virtual clock).
     outage_until: Mutex<i64>,
+    fired: [AtomicU64; Fault::ALL.len()],
 }
 
 impl Default for Faults {
@@ -73,6 +159,7 @@ impl Faults {
             plan,
             rng: Mutex::new(rng),
             outage_until: Mutex::new(i64::MIN),
+            fired: Default::default(),
         }
     }
 
@@ -84,38 +171,28 @@ impl Faults {
         &self.plan
     }
 
-    pub fn draw(&self, probability: f64) -> bool {
-        probability > 0.0
+    /// Whether a fault of `kind` fires now; counted when it does.
+    pub fn draw(&self, kind: Fault) -> bool {
+        let probability = kind.probability(&self.plan);
+        let fires = probability > 0.0
             && self
                 .rng
                 .lock()
                 .expect("faults lock")
-                .random_bool(probability.min(1.0))
+                .random_bool(probability.min(1.0));
+        if fires {
+            self.fired[kind as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        fires
     }
 
-    pub fn draw_throttle(&self) -> bool {
-        self.draw(self.plan.throttle)
-    }
-
-    pub fn draw_entry_failure(&self) -> bool {
-        self.draw(self.plan.partial_failure)
-    }
-
-    pub fn draw_conflict(&self) -> bool {
-        self.draw(self.plan.conflict)
-    }
-
-    pub fn draw_lost_response(&self) -> bool {
-        self.draw(self.plan.lost_response)
-    }
-
-    /// Whether the service is down at `now`: in an outage, or starting one.
+    /// Whether the service is down at `now`: in an outage, or starting one (counted once).
     pub fn in_outage(&self, now: i64) -> bool {
         let mut until = self.outage_until.lock().expect("faults lock");
         if now < *until {
             return true;
         }
-        if self.draw(self.plan.outage) {
+        if self.draw(Fault::Outage) {
             *until = now + self.plan.outage_millis;
             return true;
         }
@@ -128,5 +205,69 @@ impl Faults {
             .lock()
             .expect("faults lock")
             .random_range(0..bound.max(1))
+    }
+
+    /// The faults that fired so far, by kind (kinds that never fired are left out).
+    pub fn fired(&self) -> FaultCounts {
+        Fault::ALL
+            .into_iter()
+            .filter_map(|kind| {
+                let n = self.fired[kind as usize].load(Ordering::Relaxed);
+                (n > 0).then_some((kind, n))
+            })
+            .collect()
+    }
+}
+
+/// Adds `more` into `counts`.
+pub fn add_counts(counts: &mut FaultCounts, more: &FaultCounts) {
+    for (kind, n) in more {
+        *counts.entry(*kind).or_default() += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fault_that_fires_is_counted_by_kind() {
+        let faults = Faults::new(
+            FaultPlan {
+                throttle: 0.5,
+                conflict: 1.0,
+                seed: 3,
+                ..FaultPlan::default()
+            },
+            0,
+        );
+        let throttles = (0..1000).filter(|_| faults.draw(Fault::Throttle)).count() as u64;
+        assert!(faults.draw(Fault::Conflict));
+        assert!(
+            !faults.draw(Fault::Timeout),
+            "a kind with no chance never fires"
+        );
+        let fired = faults.fired();
+        assert_eq!(fired[&Fault::Throttle], throttles);
+        assert!((400..600).contains(&throttles), "{throttles}");
+        assert_eq!(fired[&Fault::Conflict], 1);
+        assert!(!fired.contains_key(&Fault::Timeout));
+    }
+
+    #[test]
+    fn an_outage_is_counted_once_and_lasts_its_time() {
+        let faults = Faults::new(
+            FaultPlan {
+                outage: 1.0,
+                outage_millis: 100,
+                ..FaultPlan::default()
+            },
+            0,
+        );
+        assert!(faults.in_outage(0));
+        assert!(faults.in_outage(99));
+        assert_eq!(faults.fired()[&Fault::Outage], 1);
+        assert!(faults.in_outage(100), "a new one starts");
+        assert_eq!(faults.fired()[&Fault::Outage], 2);
     }
 }

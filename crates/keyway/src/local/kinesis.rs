@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::faults::Faults;
+use super::faults::{Fault, Faults};
 use super::meter::Meter;
 use crate::adapters::kinesis::{
     KinesisApi, PutEntry, PutOutcome, PUT_RECORDS_MAX, PUT_RECORDS_MAX_BYTES, RECORD_MAX_BYTES,
@@ -97,6 +97,11 @@ impl LocalKinesis {
 
     pub fn meter(&self) -> &Meter {
         &self.meter
+    }
+
+    /// The faults this service injected so far.
+    pub fn faults_fired(&self) -> super::faults::FaultCounts {
+        self.faults.fired()
     }
 
     pub fn stream_arn(&self, name: &str) -> Option<String> {
@@ -249,7 +254,7 @@ impl LocalKinesis {
                 bad.data.len()
             )));
         }
-        if self.faults.draw_throttle() {
+        if self.faults.draw(Fault::Throttle) {
             return Err(SinkError::Throttled(
                 "LimitExceededException: Rate exceeded for stream".into(),
             ));
@@ -283,7 +288,7 @@ impl LocalKinesis {
             let over_limit = self.write_limit
                 && (shard.written_records >= SHARD_RECORDS_PER_SECOND
                     || shard.written_bytes + size > SHARD_BYTES_PER_SECOND);
-            if over_limit || self.faults.draw_entry_failure() {
+            if over_limit || self.faults.draw(Fault::PartialFailure) {
                 outcomes.push(PutOutcome::Failed {
                     code: "ProvisionedThroughputExceededException".into(),
                     message: format!("Rate exceeded for shard {} in stream {stream}", shard.id),

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use super::clock::VirtualClock;
 use super::dynamodb::{KeySchema, LocalDynamoDb};
 use super::esm::{EventSourceMapping, MappingSettings, MappingSource, MappingStats};
-use super::faults::{FaultPlan, Faults};
+use super::faults::{add_counts, crash, Fault, FaultCounts, FaultPlan, Faults};
 use super::kinesis::LocalKinesis;
 use super::sqs::LocalSqs;
 use super::template::{self, Resolver, Resource, SourceRef, Wiring};
@@ -57,6 +57,30 @@ impl LocalServices {
             clock,
             faults,
         })
+    }
+
+    /// The faults injected so far, by service: `dynamodb`, `kinesis`, `sqs`, and `invocations`
+    /// (crashes, timeouts and duplicate deliveries).
+    pub fn faults_fired(&self) -> BTreeMap<&'static str, FaultCounts> {
+        BTreeMap::from([
+            ("dynamodb", self.dynamodb.faults_fired()),
+            ("kinesis", self.kinesis.faults_fired()),
+            ("sqs", self.sqs.faults_fired()),
+            ("invocations", self.invocation_faults.fired()),
+        ])
+    }
+
+    /// Every kind of fault `plan` configured that never fired, anywhere.
+    pub fn faults_missing(&self) -> Vec<Fault> {
+        let mut all = FaultCounts::new();
+        for counts in self.faults_fired().values() {
+            add_counts(&mut all, counts);
+        }
+        self.faults
+            .kinds()
+            .into_iter()
+            .filter(|kind| !all.contains_key(kind))
+            .collect()
     }
 
     /// Every service call takes `latency` of virtual time, so that a timeout can stop an
@@ -110,7 +134,7 @@ impl LocalServices {
 }
 
 /// A state store whose process may die between emitting and committing: the commit never
-/// finishes, and the invocation ends by its timeout.
+/// happens, and the invocation crashes (`local::faults::crash`).
 pub struct CrashBeforeCommit {
     inner: Arc<dyn StateStore>,
     faults: Arc<Faults>,
@@ -152,8 +176,8 @@ impl StateStore for CrashBeforeCommit {
         namespace: &Namespace,
         commits: Vec<Commit>,
     ) -> Vec<Result<Committed, StoreError>> {
-        if self.faults.draw(self.faults.plan().crash_before_commit) {
-            return futures::future::pending().await;
+        if self.faults.draw(Fault::CrashBeforeCommit) {
+            crash();
         }
         self.inner.commit(namespace, commits).await
     }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::faults::Faults;
+use super::faults::{Fault, Faults};
 use super::meter::Meter;
 use crate::adapters::sqs::{
     SqsApi, SqsEntry, SqsOutcome, BATCH_MAX_BYTES, BATCH_MAX_ENTRIES, OUTPUT_ID_ATTRIBUTE,
@@ -90,6 +90,11 @@ impl LocalSqs {
         &self.meter
     }
 
+    /// The faults this service injected so far.
+    pub fn faults_fired(&self) -> super::faults::FaultCounts {
+        self.faults.fired()
+    }
+
     /// Every message the queue accepted, in order, received or not.
     pub fn messages(&self, url: &str) -> Vec<QueuedMessage> {
         self.queues
@@ -165,7 +170,7 @@ impl LocalSqs {
                 "ServiceUnavailable: the service is down".into(),
             ));
         }
-        if self.faults.draw_throttle() {
+        if self.faults.draw(Fault::Throttle) {
             return Err(SinkError::Throttled(
                 "RequestThrottled: the request rate is too high".into(),
             ));
@@ -190,7 +195,7 @@ impl LocalSqs {
                 });
                 continue;
             }
-            if self.faults.draw_entry_failure() {
+            if self.faults.draw(Fault::PartialFailure) {
                 outcomes.push(SqsOutcome::Failed {
                     code: "InternalError".into(),
                     message: "injected".into(),
