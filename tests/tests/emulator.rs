@@ -74,7 +74,7 @@ async fn the_kinesis_sink_keeps_the_sink_contract_on_the_emulator() {
             })
             .collect()
     };
-    sink_contract(&sink, read, false).await;
+    sink_contract(&sink, read, false, true).await;
     client
         .delete_stream()
         .stream_name(&name)
@@ -114,7 +114,8 @@ async fn sqs_contract(queue_name: String) {
             seen.clone()
         }
     };
-    sink_contract(&sink, read, true).await;
+    let fifo = queue_name.ends_with(".fifo");
+    sink_contract(&sink, read, true, fifo).await;
     client
         .delete_queue()
         .queue_url(&url)

@@ -71,12 +71,17 @@ async fn an_output_that_cannot_be_sent_keeps_its_record_unapplied_until_a_redeli
     );
 
     flaky.set_down(false);
-    run_to_completion(
+    let reports = run_to_completion(
         &executor,
         &redelivery(&event, report.failed_from.as_ref().unwrap()),
         2,
     )
     .await;
+    assert_eq!(
+        (reports.len(), reports[0].applied, reports[0].replayed),
+        (1, 3, 0),
+        "the redelivery applies what the first attempt could not send, once"
+    );
     assert_eq!(stored_count(&world, &executor, "a").await, Some(2));
     assert_eq!(world.sqs.messages(&queue).len(), 3, "every output arrives");
 }

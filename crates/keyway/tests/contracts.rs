@@ -97,7 +97,7 @@ async fn the_kinesis_sink_keeps_the_sink_contract_on_memory_kinesis() {
             })
             .collect()
     };
-    sink_contract(&sink, read, false).await;
+    sink_contract(&sink, read, false, true).await;
 }
 
 #[tokio::test]
@@ -115,7 +115,7 @@ async fn the_sqs_sink_keeps_the_sink_contract_on_a_memory_standard_queue() {
             })
             .collect()
     };
-    sink_contract(&sink, read, true).await;
+    sink_contract(&sink, read, true, false).await;
 }
 
 #[tokio::test]
@@ -133,7 +133,7 @@ async fn the_sqs_sink_keeps_the_sink_contract_on_a_memory_fifo_queue() {
             })
             .collect()
     };
-    sink_contract(&sink, read, true).await;
+    sink_contract(&sink, read, true, true).await;
 }
 
 fn outputs(n: usize) -> Vec<keyway::domain::Output> {

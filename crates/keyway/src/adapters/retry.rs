@@ -65,15 +65,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn delays_stay_under_the_doubling_ceiling_and_the_cap() {
+    fn delays_spread_up_to_a_doubling_ceiling_and_stop_growing_at_the_cap() {
         let backoff =
             Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 8).seeded(1);
-        for retry in 0..10 {
+        let mut means = Vec::new();
+        for retry in 0..8 {
             let ceiling = Duration::from_millis(10 * (1 << retry)).min(Duration::from_millis(100));
-            for _ in 0..50 {
-                assert!(backoff.delay(retry) <= ceiling);
-            }
+            let delays: Vec<Duration> = (0..400).map(|_| backoff.delay(retry)).collect();
+            assert!(delays.iter().all(|d| *d <= ceiling));
+            // Full jitter: uniform below the ceiling, so about half of it on average.
+            let mean = delays.iter().sum::<Duration>() / 400;
+            assert!(
+                mean > ceiling * 2 / 5 && mean < ceiling * 3 / 5,
+                "retry {retry}: mean {mean:?} under a ceiling of {ceiling:?}"
+            );
+            means.push(mean);
         }
+        assert!(means[0] < means[1] && means[1] < means[2] && means[2] < means[3]);
     }
 
     #[test]

@@ -778,8 +778,10 @@ fn output(i: usize, body: String) -> Output {
     }
 }
 
-/// The `Sink` contract. `read_back` returns what the destination holds, in arrival order.
-pub async fn sink_contract<S, F, Fut>(sink: &S, read_back: F, expects_ids: bool)
+/// The `Sink` contract. `read_back` returns what the destination holds, in arrival order;
+/// `expects_ids` says the destination keeps each message's output id, `keeps_order` that it keeps
+/// a key's order (a stream, a FIFO queue), which the sink then must keep too.
+pub async fn sink_contract<S, F, Fut>(sink: &S, read_back: F, expects_ids: bool, keeps_order: bool)
 where
     S: Sink + ?Sized,
     F: Fn() -> Fut,
@@ -828,10 +830,15 @@ where
             .filter(|r| r.group.as_deref() == Some(key))
             .map(|r| r.body.as_str())
             .collect();
-        if !got.is_empty() {
+        if keeps_order {
             assert_eq!(got, sent, "messages of one key arrive in the order sent");
         }
     }
+    assert_eq!(
+        sink.ordered(),
+        keeps_order,
+        "the sink says whether the executor must keep a key's order for it"
+    );
 
     // A message the destination can never take fails alone, as not retryable.
     let too_big = output(99, "x".repeat(1024 * 1024 + 1));
