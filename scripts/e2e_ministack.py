@@ -16,6 +16,7 @@ import base64
 import io
 import json
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -132,31 +133,44 @@ def main():
     parser.add_argument("--template", required=True)
     parser.add_argument("--cdk-out", required=True)
     parser.add_argument("--lock", required=True)
+    parser.add_argument("--keyway", required=True, help="the keyway command, which derives output ids")
     args = parser.parse_args()
     run = uuid.uuid4().hex[:8]
     signature = locked_signature(args.lock, "keyed-counter")
 
     stack = f"keyway-e2e-sam-{run}"
-    check(args.endpoint, stack, deploy_sam(args.endpoint, args.template, args.bootstrap, stack), signature)
+    check(args.endpoint, stack, deploy_sam(args.endpoint, args.template, args.bootstrap, stack), signature, args.keyway)
     stack = f"keyway-e2e-cdk-{run}"
-    check(args.endpoint, stack, deploy_cdk(args.endpoint, args.cdk_out, stack), signature)
+    check(args.endpoint, stack, deploy_cdk(args.endpoint, args.cdk_out, stack), signature, args.keyway)
 
 
-def check(endpoint, stack, outputs, signature):
-    """Puts clicks on the stack's stream and checks what the deployed function made of them."""
-    # Clicks of ten users, two of them malformed.
+def output_ids(keyway, stream, positions):
+    """The ids the keyed counter derives for records at `positions` (shard, sequence number)."""
+    lines = "".join(
+        json.dumps({"operator": "keyed-counter", "sink": "counts", "origin": f"{stream}/{shard}", "sequence": seq}) + "\n"
+        for shard, seq in positions
+    )
+    done = subprocess.run([keyway, "ids"], input=lines, capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def check(endpoint, stack, outputs, signature, keyway):
+    """Puts clicks on the stack's stream and checks what the deployed function made of them: each
+    user's stored count, every running count under the id derived from its record, the two
+    malformed records as dead letters, and no batch given up."""
+    # Clicks of ten users, two malformed records among them.
     kinesis = client("kinesis", endpoint)
     clicks = [f"user-{i % 10}" for i in range(200)]
     records = [{"PartitionKey": key, "Data": json.dumps({"key": key}).encode()} for key in clicks]
     records += [{"PartitionKey": "user-x", "Data": b"{not json"}, {"PartitionKey": "user-y", "Data": b'{"key": 7}'}]
+    positions = []
     for start in range(0, len(records), 100):
         response = kinesis.put_records(StreamName=outputs["ClicksStreamName"], Records=records[start : start + 100])
         if response.get("FailedRecordCount"):
             sys.exit(f"e2e: the stream refused records: {response}")
+        positions += [(r["ShardId"], r["SequenceNumber"]) for r in response["Records"]]
 
     sqs = client("sqs", endpoint)
-    counts = {}
-    outputs_seen = set()
 
     def drain(url, seen):
         messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"]).get("Messages", [])
@@ -171,29 +185,41 @@ def check(endpoint, stack, outputs, signature):
         return len({m["MessageAttributes"]["outputId"]["StringValue"] for m in updates}) >= len(clicks)
 
     wait("a running count for every click", all_counted, timeout=180)
+    by_id = {}
     for m in updates:
         body = json.loads(m["Body"])
-        outputs_seen.add(m["MessageAttributes"]["outputId"]["StringValue"])
-        counts[body["key"]] = max(counts.get(body["key"], 0), body["count"])
-    expected = {f"user-{i}": 20 for i in range(10)}
-    if counts != expected:
-        sys.exit(f"e2e: counts {counts}, expected {expected}")
-    if len(outputs_seen) != len(clicks):
-        sys.exit(f"e2e: {len(outputs_seen)} distinct outputs for {len(clicks)} clicks")
+        by_id.setdefault(m["MessageAttributes"]["outputId"]["StringValue"], set()).add((body["key"], body["count"]))
+    expected_ids = set(output_ids(keyway, outputs["ClicksStreamName"], positions[: len(clicks)]))
+    if set(by_id) != expected_ids:
+        sys.exit(f"e2e: {len(set(by_id) - expected_ids)} unknown and {len(expected_ids - set(by_id))} missing output ids")
+    if any(len(bodies) != 1 for bodies in by_id.values()):
+        sys.exit("e2e: an output id came with two different bodies")
+    runs = {}
+    for (key, count), in by_id.values():
+        runs.setdefault(key, []).append(count)
+    if any(sorted(counts) != list(range(1, 21)) for counts in runs.values()) or len(runs) != 10:
+        sys.exit(f"e2e: each user's running counts should be 1..20: {runs}")
 
     letters = []
     wait("two dead letters", lambda: drain(outputs["DeadLetterQueueUrl"], letters) is not None and len(letters) >= 2, timeout=60)
-    fields = sorted(json.loads(m["Body"])["field"] for m in letters)
-    if fields != ["data", "data"]:
-        sys.exit(f"e2e: dead letters name {fields}")
+    dead = sorted((json.loads(m["Body"])["sequenceNumber"], json.loads(m["Body"])["field"]) for m in letters)
+    malformed = sorted((seq, "data") for _, seq in positions[len(clicks) :])
+    if dead != malformed:
+        sys.exit(f"e2e: dead letters {dead}, expected the malformed records {malformed}")
+
+    failed = []
+    drain(outputs["FailedBatchesQueueUrl"], failed)
+    if failed:
+        sys.exit(f"e2e: batches were given up: {[m['Body'] for m in failed]}")
 
     # State lives under the operator's locked signature; beside it, the operator's signature
     # history (one item of its own) records that this signature is the one deployed.
     dynamodb = client("dynamodb", endpoint)
     items = dynamodb.scan(TableName=outputs["StateTableName"], ConsistentRead=True)["Items"]
     heads = [i for i in items if i["sk"]["S"] == "head" and i["pk"]["S"].startswith(f"keyed-counter#{signature}#")]
-    if len(heads) != 10:
-        sys.exit(f"e2e: {len(heads)} keys under signature {signature} in the state table, expected 10")
+    stored = {i["pk"]["S"].rsplit("#", 1)[1]: json.loads(i["doc"]["S"])["slots"]["count"]["e"][0] for i in heads}
+    if stored != {f"user-{i}": 20 for i in range(10)}:
+        sys.exit(f"e2e: stored counts {stored}, expected 20 for each of the 10 users")
     history = [i for i in items if i["pk"]["S"] == "keyed-counter#signature-history#signature-history"]
     if len(history) != 1 or signature not in json.dumps(history[0]):
         sys.exit(f"e2e: the signature history does not record {signature}: {history}")
@@ -202,7 +228,7 @@ def check(endpoint, stack, outputs, signature):
         sys.exit(f"e2e: unexpected keys in the state table: {others}")
 
     client("cloudformation", endpoint).delete_stack(StackName=stack)
-    print(f"e2e: {stack}: {len(clicks)} clicks counted by the deployed function, 2 dead letters, 10 keys of state: ok")
+    print(f"e2e: {stack}: {len(clicks)} clicks counted, each output under its derived id, 20 stored for each user, the 2 malformed records dead-lettered, no batch given up: ok")
 
 
 if __name__ == "__main__":

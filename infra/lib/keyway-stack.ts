@@ -118,6 +118,7 @@ export class KeywayStack extends Stack {
     new CfnOutput(this, 'ClicksStreamName', { value: clicks.streamName });
     new CfnOutput(this, 'CountsQueueUrl', { value: counts.queueUrl });
     new CfnOutput(this, 'DeadLetterQueueUrl', { value: deadLetters.queueUrl });
+    new CfnOutput(this, 'FailedBatchesQueueUrl', { value: failedBatches.queueUrl });
     new CfnOutput(this, 'StateTableName', { value: stateTable.tableName });
   }
 }

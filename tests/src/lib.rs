@@ -4,4 +4,5 @@
 pub mod emulator;
 pub mod harness;
 pub mod operators;
+pub mod samples;
 pub mod scripted;

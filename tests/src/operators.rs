@@ -161,6 +161,8 @@ pub struct BarrierStore {
     pub inner: Arc<dyn StateStore>,
     pub barrier: Barrier,
     pub released: AtomicBool,
+    /// The versions the held loads read, key by key.
+    pub read: Mutex<Vec<(String, u64)>>,
 }
 
 impl BarrierStore {
@@ -169,7 +171,17 @@ impl BarrierStore {
             inner,
             barrier: Barrier::new(parties),
             released: AtomicBool::new(false),
+            read: Mutex::default(),
         }
+    }
+
+    /// The versions of `key` the held loads read.
+    pub fn versions_read(&self, key: &str) -> Vec<u64> {
+        let read = self.read.lock().unwrap();
+        read.iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| *v)
+            .collect()
     }
 }
 
@@ -182,6 +194,10 @@ impl StateStore for BarrierStore {
     ) -> Result<HashMap<String, KeyState>, StoreError> {
         let loaded = self.inner.load_keys(namespace, keys).await;
         if namespace.signature != "signature-history" && !self.released.load(Ordering::SeqCst) {
+            if let Ok(states) = &loaded {
+                let mut read = self.read.lock().unwrap();
+                read.extend(states.iter().map(|(k, s)| (k.clone(), s.version)));
+            }
             self.barrier.wait().await;
             self.released.store(true, Ordering::SeqCst);
         }
@@ -451,6 +467,40 @@ impl KeyedOperator for Keeper {
 
     fn process(&self, ctx: &mut Ctx<'_>, input: String) -> Result<(), ProcessError> {
         ctx.value(&KEPT)?.set(input);
+        Ok(())
+    }
+}
+
+/// Keeps every click of a key, in order: a list that soon outgrows its head, so that commits
+/// write segments (and a crash can come between them and the head).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct History;
+
+pub const CLICKS: ListState<String> = ListState::new("clicks");
+
+impl KeyedOperator for History {
+    type Input = keyed_counter::CountEvent;
+
+    fn name(&self) -> &str {
+        "history"
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![CLICKS.descriptor()]
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<Self::Input, InvalidInput> {
+        keyed_counter::KeyedCounter.decode(record)
+    }
+
+    fn key(&self, input: &Self::Input) -> String {
+        input.key.clone()
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, _: Self::Input) -> Result<(), ProcessError> {
+        // A kilobyte a click: a few dozen clicks outgrow the head.
+        let entry = format!("{}:{}", ctx.record().sequence, "h".repeat(960));
+        ctx.list(&CLICKS)?.push(entry);
         Ok(())
     }
 }

@@ -13,34 +13,8 @@ use keyway::sources::{dynamodb, kinesis, kinesis_response};
 use keyway::BatchReport;
 use keyway::KeyedOperator as _;
 use keyway_tests::harness::World;
+use keyway_tests::samples::{corpus, json_files};
 use serde_json::{json, Value};
-
-fn corpus() -> Option<PathBuf> {
-    match std::env::var("KEYWAY_SAMPLES") {
-        Ok(dir) => Some(PathBuf::from(dir)),
-        Err(_) if std::env::var("KEYWAY_REQUIRE_SAMPLES").is_ok() => {
-            panic!("KEYWAY_SAMPLES is not set, but KEYWAY_REQUIRE_SAMPLES says the corpus must be checked")
-        }
-        Err(_) => {
-            eprintln!("KEYWAY_SAMPLES is not set: the sample corpus was not checked");
-            None
-        }
-    }
-}
-
-fn json_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(json_files(&path));
-        } else if path.extension().is_some_and(|e| e == "json") {
-            files.push(path);
-        }
-    }
-    files.sort();
-    files
-}
 
 /// Events keyed by their source, single records wrapped as a one-record event.
 fn stream_events(root: &Path) -> Vec<(PathBuf, &'static str, Value)> {

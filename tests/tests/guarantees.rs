@@ -130,7 +130,7 @@ async fn two_concurrent_invocations_on_one_key_lose_no_update() {
     // Both invocations read the key before either commits.
     let racing = Arc::new(BarrierStore::new(world.store.clone(), 2));
     let left = world.executor_on(KeyedCounter, racing.clone());
-    let right = world.executor_on(KeyedCounter, racing);
+    let right = world.executor_on(KeyedCounter, racing.clone());
     let (mut from_left, mut from_right) =
         (Shard::new("clicks-web", 0), Shard::new("clicks-app", 0));
     let left_event = from_left.batch(&[count("page", 1), count("page", 2)]);
@@ -139,6 +139,11 @@ async fn two_concurrent_invocations_on_one_key_lose_no_update() {
     let (l, r) = tokio::join!(
         left.run(decode_event(left_event.clone()).unwrap()),
         right.run(decode_event(right_event.clone()).unwrap())
+    );
+    assert_eq!(
+        racing.versions_read("page"),
+        [0, 0],
+        "both invocations read the key before either committed"
     );
     assert_eq!(
         l.conflicts + r.conflicts,
@@ -176,7 +181,7 @@ async fn two_concurrent_invocations_on_one_key_lose_no_wake_up() {
     let world = World::new(&["resolved"]);
     let racing = Arc::new(BarrierStore::new(world.store.clone(), 2));
     let events_side = world.executor_on(Waker, racing.clone());
-    let resolutions_side = world.executor_on(Waker, racing);
+    let resolutions_side = world.executor_on(Waker, racing.clone());
     let mut events = Shard::new("events", 0);
     let mut resolutions = Shard::new("resolutions", 0);
     let event_batch = events.batch(&[("k", br#"{"key":"k","event":"e1"}"#.to_vec())]);
@@ -189,6 +194,11 @@ async fn two_concurrent_invocations_on_one_key_lose_no_wake_up() {
     let (a, b) = tokio::join!(
         events_side.run(decode_event(event_batch.clone()).unwrap()),
         resolutions_side.run(decode_event(resolution_batch.clone()).unwrap())
+    );
+    assert_eq!(
+        racing.versions_read("k"),
+        [0, 0],
+        "both invocations read the key before either committed"
     );
     assert_eq!(a.conflicts + b.conflicts, 1, "{a:?} {b:?}");
     assert_eq!(

@@ -9,6 +9,7 @@
 //! time is reported without the in-memory services' own work (on AWS that runs on AWS's servers)
 //! and, separately, with it.
 
+use crate::error::CliError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -229,7 +230,7 @@ fn executor_cpu(payloads: &[String]) -> (Duration, Duration) {
     )
 }
 
-pub fn runtime(batches: usize, seed: u64, json: bool) -> Result<(), String> {
+pub fn runtime(batches: usize, seed: u64, json: bool) -> Result<(), CliError> {
     if batches == 0 {
         return Err("--batches must be at least 1".into());
     }
@@ -390,49 +391,51 @@ struct LocalBench {
 
 /// CPU time of running `events` through the template's stack with the function `noop` or the
 /// keyed counter, on the embedded runtime under virtual time.
-fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, String> {
+fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .map_err(|e| e.to_string())?;
-    runtime.block_on(async {
-        let services = keyway::local::LocalServices::new(
-            1_767_225_600_000,
-            keyway::local::FaultPlan::default(),
-        );
-        let mut functions = crate::stack::functions();
-        if noop {
-            functions.insert(
-                "KeyedCounterFunction".into(),
-                Box::new(|_, _| Ok(Arc::new(NoOp) as Arc<dyn keyway::lambda::Handler>)),
+    runtime
+        .block_on(async {
+            let services = keyway::local::LocalServices::new(
+                1_767_225_600_000,
+                keyway::local::FaultPlan::default(),
             );
-        }
-        let mut runtime = keyway::local::LocalRuntime::from_template(
-            crate::stack::TEMPLATE,
-            services.clone(),
-            &functions,
-        )?;
-        let stream = runtime.resource("ClicksStream").ok_or("no ClicksStream")?;
-        services
-            .kinesis
-            .put_in_order(&stream, records)
-            .await
-            .map_err(|e| e.to_string())?;
-        let start = thread_cpu_time();
-        let report = runtime
-            .run_until_idle(Duration::from_secs(24 * 3600))
-            .await?;
-        let spent = thread_cpu_time() - start;
-        let done: u64 = report.mappings.iter().map(|(_, s)| s.records_done).sum();
-        if done != records.len() as u64 {
-            return Err(format!("{done} of {} records processed", records.len()));
-        }
-        Ok(spent)
-    })
+            let mut functions = crate::stack::functions();
+            if noop {
+                functions.insert(
+                    "KeyedCounterFunction".into(),
+                    Box::new(|_, _| Ok(Arc::new(NoOp) as Arc<dyn keyway::lambda::Handler>)),
+                );
+            }
+            let mut runtime = keyway::local::LocalRuntime::from_template(
+                crate::stack::TEMPLATE,
+                services.clone(),
+                &functions,
+            )?;
+            let stream = runtime.resource("ClicksStream").ok_or("no ClicksStream")?;
+            services
+                .kinesis
+                .put_in_order(&stream, records)
+                .await
+                .map_err(|e| e.to_string())?;
+            let start = thread_cpu_time();
+            let report = runtime
+                .run_until_idle(Duration::from_secs(24 * 3600))
+                .await?;
+            let spent = thread_cpu_time() - start;
+            let done: u64 = report.mappings.iter().map(|(_, s)| s.records_done).sum();
+            if done != records.len() as u64 {
+                return Err(format!("{done} of {} records processed", records.len()));
+            }
+            Ok(spent)
+        })
+        .map_err(CliError::from)
 }
 
-pub fn local(events: usize, seed: u64, json: bool) -> Result<(), String> {
+pub fn local(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
     if events == 0 {
         return Err("--events must be at least 1".into());
     }

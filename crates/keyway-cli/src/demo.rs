@@ -3,6 +3,7 @@
 //! and the functions run as Lambda would run them; then every stored count is checked against the
 //! input, and what each function did is printed.
 
+use crate::error::CliError;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ pub struct DemoOptions {
     pub seed: u64,
 }
 
-pub fn run(options: DemoOptions) -> Result<(), String> {
+pub fn run(options: DemoOptions) -> Result<(), CliError> {
     if options.events == 0 {
         return Err("--events must be at least 1".into());
     }
@@ -39,7 +40,7 @@ pub fn run(options: DemoOptions) -> Result<(), String> {
     runtime.block_on(demo(options))
 }
 
-async fn demo(options: DemoOptions) -> Result<(), String> {
+async fn demo(options: DemoOptions) -> Result<(), CliError> {
     let faults = FaultPlan::all(options.faults, options.seed);
     let services = LocalServices::new(EPOCH, faults);
     let mut runtime =
@@ -171,7 +172,7 @@ async fn demo(options: DemoOptions) -> Result<(), String> {
             distinct.len(),
             records.len() - malformed,
             dead_ids.len()
-        ))
+        ).into())
     }
 }
 

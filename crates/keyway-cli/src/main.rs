@@ -2,6 +2,8 @@
 
 mod bench;
 mod demo;
+mod error;
+mod ids;
 mod signatures;
 mod stack;
 mod workload;
@@ -48,6 +50,9 @@ enum Command {
         #[arg(long, default_value = keyway::operator::lock::LOCK_FILE)]
         lock: std::path::PathBuf,
     },
+    /// The output ids keyway derives: JSON lines `{"operator", "sink", "origin", "sequence",
+    /// "index"}` on standard input, one id a line on standard output.
+    Ids,
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -112,6 +117,7 @@ fn main() -> std::process::ExitCode {
             };
             signatures::run(mode, &lock)
         }
+        Command::Ids => ids::run(),
         Command::Bench { which } => match which {
             BenchCommand::Runtime {
                 batches,

@@ -2,6 +2,7 @@
 //! lock file (`--check`, non-zero with the changes named when they differ) or rewrites it
 //! (`--update`).
 
+use crate::error::CliError;
 use std::path::Path;
 
 use keyway::operator::lock;
@@ -14,7 +15,7 @@ pub enum Mode {
     Update,
 }
 
-pub fn run(mode: Mode, lock_path: &Path) -> Result<(), String> {
+pub fn run(mode: Mode, lock_path: &Path) -> Result<(), CliError> {
     let current = lock::entries(&stack::operators())?;
     match mode {
         Mode::Print => {
@@ -49,7 +50,7 @@ pub fn run(mode: Mode, lock_path: &Path) -> Result<(), String> {
             Err(format!(
                 "{} change(s): the operators' state would start afresh. If that is intended (or a migration carries it), run `keyway signatures --update`",
                 changes.len()
-            ))
+            ).into())
         }
     }
 }

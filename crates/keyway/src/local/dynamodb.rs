@@ -22,6 +22,8 @@ use crate::ports::{Clock, StoreError, SystemClock};
 
 /// BatchGetItem returns at most 16 MB; DynamoDB leaves the rest unprocessed.
 const BATCH_GET_RESPONSE_MAX: usize = 16 * 1024 * 1024;
+/// When every table's stream was enabled: the label in its ARN, 2026-01-01T00:00:00.000.
+const STREAM_CREATED_MILLIS: i64 = 1_767_225_600_000;
 
 /// A table's key attributes (both strings here, as in every table keyway writes or reads).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,6 +153,13 @@ impl LocalTable {
             "arn:aws:dynamodb:us-east-1:000000000000:table/{}/stream/2026-01-01T00:00:00.000",
             self.name
         )
+    }
+
+    /// The id of the stream's one shard, in DynamoDB Streams' form: the shard's creation time in
+    /// epoch milliseconds, 20 digits, and 8 hex digits (`shardId-00000001767225600000-1a2b3c4d`).
+    pub fn stream_shard_id(&self) -> String {
+        let suffix = crate::domain::hash::xxh3_128_hex(&[self.name.as_bytes()]);
+        format!("shardId-{:020}-{}", STREAM_CREATED_MILLIS, &suffix[..8])
     }
 
     /// Every item, in key order.
@@ -392,19 +401,7 @@ impl LocalTable {
         }
         let existing = state.items.get(&key);
         let old_size = existing.map(item_size).unwrap_or(0);
-        let holds = match &expect {
-            Expect::Anything => true,
-            Expect::Raise { attribute, value } => existing.is_none_or(|i| {
-                i.get(*attribute)
-                    .and_then(AttrValue::as_s)
-                    .is_some_and(|s| s < value.as_str())
-            }),
-            Expect::Absent => existing.is_none(),
-            Expect::Version(v) => existing
-                .and_then(|i| i.get(VERSION))
-                .and_then(AttrValue::as_n)
-                .is_some_and(|n| n.parse::<u64>() == Ok(*v)),
-        };
+        let holds = holds(existing, &expect);
         // A failed condition still consumes write capacity.
         let units = write_units(size.max(old_size));
         if !holds {
@@ -421,6 +418,32 @@ impl LocalTable {
             );
         }
         (Ok(()), units)
+    }
+
+    fn do_update(
+        &self,
+        key: &ItemKey,
+        attributes: &Item,
+        expect: &Expect,
+    ) -> (Result<(), StoreError>, f64) {
+        if let Some(err) = self.throttled() {
+            return (Err(err), 0.0);
+        }
+        let canonical = self.item_key(key);
+        let mut state = self.state.lock().expect("table lock");
+        let existing = state.items.get(&canonical);
+        let old_size = existing.map(item_size).unwrap_or(0);
+        if !holds(existing, expect) {
+            return (Err(StoreError::Conflict), write_units(old_size));
+        }
+        let mut item = existing.cloned().unwrap_or_else(|| key.to_item());
+        item.extend(attributes.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let size = match Self::check_size(&item) {
+            Ok(size) => size,
+            Err(err) => return (Err(err), 0.0),
+        };
+        self.write(&mut state, canonical, Some(item), false);
+        (Ok(()), write_units(size.max(old_size)))
     }
 
     fn do_batch_write(
@@ -496,6 +519,19 @@ impl Table for LocalTable {
         result
     }
 
+    async fn update(
+        &self,
+        key: &ItemKey,
+        attributes: &Item,
+        expect: &Expect,
+    ) -> Result<(), StoreError> {
+        // Accounts the whole call, metering included (see `Meter::busy`).
+        let _busy = self.meter.busy();
+        let (result, units) = self.do_update(key, attributes, expect);
+        self.meter.call("UpdateItem", 0.0, units).await;
+        result
+    }
+
     async fn batch_write(
         &self,
         requests: Vec<WriteRequest>,
@@ -547,6 +583,26 @@ impl Table for LocalTable {
         let size: usize = items.iter().map(item_size).sum();
         self.meter.call("Query", read_units(size), 0.0).await;
         Ok(items)
+    }
+}
+
+/// Whether the item `existing` (or its absence) satisfies `expect`.
+fn holds(existing: Option<&Item>, expect: &Expect) -> bool {
+    let version = || {
+        existing
+            .and_then(|i| i.get(VERSION))
+            .and_then(AttrValue::as_n)
+            .and_then(|n| n.parse::<u64>().ok())
+    };
+    match expect {
+        Expect::Anything => true,
+        Expect::Raise { attribute, value } => existing.is_none_or(|i| {
+            i.get(*attribute)
+                .and_then(AttrValue::as_s)
+                .is_some_and(|s| s < value.as_str())
+        }),
+        Expect::Absent => version().is_none(),
+        Expect::Version(v) => version() == Some(*v),
     }
 }
 

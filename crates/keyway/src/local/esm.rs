@@ -647,7 +647,7 @@ impl EventSourceMapping {
             ),
             MappingSource::DynamoDb { table } => (
                 "DDBStreamBatchInfo",
-                "shardId-00000001".to_owned(),
+                table.stream_shard_id(),
                 table.stream_arn(),
             ),
         };

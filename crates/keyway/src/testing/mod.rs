@@ -86,6 +86,46 @@ pub async fn table_contract<T: Table>(table: &T) {
         .await
         .expect("unconditional put");
 
+    // An update sets attributes, keeps the others, and creates an item with no version yet,
+    // which a put conditional on absence may then replace.
+    let mut pending = Item::new();
+    pending.insert(
+        "pd".into(),
+        AttrValue::L(vec![AttrValue::S("seg#x#1".into())]),
+    );
+    table
+        .update(&key("u", "head"), &pending, &Expect::Absent)
+        .await
+        .expect("update creates the item");
+    assert_eq!(
+        table.get(&key("u", "head")).await.unwrap().unwrap()["pd"],
+        pending["pd"]
+    );
+    table
+        .put(&item("u", "head", 1, "first"), &Expect::Absent)
+        .await
+        .expect("an item without a version counts as absent");
+    let mut more = Item::new();
+    more.insert("pd".into(), AttrValue::L(Vec::new()));
+    assert_eq!(
+        table
+            .update(&key("u", "head"), &more, &Expect::Version(2))
+            .await,
+        Err(StoreError::Conflict),
+        "an update conditional on another version changes nothing"
+    );
+    table
+        .update(&key("u", "head"), &more, &Expect::Version(1))
+        .await
+        .expect("update at the version read");
+    let updated = table.get(&key("u", "head")).await.unwrap().unwrap();
+    assert_eq!(
+        updated["payload"],
+        AttrValue::S("first".into()),
+        "other attributes stay"
+    );
+    assert_eq!(updated["pd"], AttrValue::L(Vec::new()));
+
     // A put that only raises a string attribute: on an absent item, over a lower value, never
     // over an equal or higher one.
     let raise = |value: &str| Expect::Raise {
@@ -315,6 +355,15 @@ impl<T: Table> Table for LosingResponses<T> {
         Ok(())
     }
 
+    async fn update(
+        &self,
+        key: &ItemKey,
+        attributes: &Item,
+        expect: &Expect,
+    ) -> Result<(), StoreError> {
+        self.inner.update(key, attributes, expect).await
+    }
+
     async fn batch_write(
         &self,
         requests: Vec<WriteRequest>,
@@ -346,6 +395,148 @@ pub async fn state_store_contract<T: Table + 'static>(
     outboxes(store, &ns, &clock).await;
     many_lineages(store, &ns, &clock).await;
     lost_responses(store, &ns, &clock).await;
+    crashes_inside_a_commit(store, &ns, &clock).await;
+}
+
+/// A table whose process dies right after writing segments, before the head that references them.
+struct CrashingAfterSegments<T>(Arc<T>);
+
+#[async_trait::async_trait]
+impl<T: Table> Table for CrashingAfterSegments<T> {
+    async fn batch_get(
+        &self,
+        keys: &[ItemKey],
+    ) -> Result<crate::adapters::dynamodb::BatchGetOutput, StoreError> {
+        self.0.batch_get(keys).await
+    }
+
+    async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError> {
+        self.0.put(item, expect).await
+    }
+
+    async fn update(
+        &self,
+        key: &ItemKey,
+        attributes: &Item,
+        expect: &Expect,
+    ) -> Result<(), StoreError> {
+        self.0.update(key, attributes, expect).await
+    }
+
+    async fn batch_write(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> Result<Vec<WriteRequest>, StoreError> {
+        let puts = requests.iter().any(|r| matches!(r, WriteRequest::Put(_)));
+        let left = self.0.batch_write(requests).await;
+        if puts && left.as_ref().is_ok_and(Vec::is_empty) {
+            crate::local::faults::crash();
+        }
+        left
+    }
+
+    async fn get(&self, key: &ItemKey) -> Result<Option<Item>, StoreError> {
+        self.0.get(key).await
+    }
+
+    async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
+        self.0.query_partition(pk).await
+    }
+}
+
+/// Segment items under a key that its head neither references nor lists as garbage or pending:
+/// storage nothing would ever free.
+pub async fn orphans<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    key: &str,
+) -> Vec<String> {
+    let head_key = DynamoStateStore::<T>::head_key(ns, key);
+    let items = store
+        .table()
+        .query_partition(&head_key.pk)
+        .await
+        .expect("query");
+    let Some(head) = items.iter().find(|i| i["sk"].as_s() == Some("head")) else {
+        return items
+            .iter()
+            .filter_map(|i| i["sk"].as_s().map(str::to_owned))
+            .collect();
+    };
+    let accounted = DynamoStateStore::<T>::accounted_for(head);
+    items
+        .iter()
+        .filter_map(|i| i["sk"].as_s())
+        .filter(|sk| *sk != "head" && !sk.starts_with("wm#") && !accounted.contains(*sk))
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn crashes_inside_a_commit<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    clock: &ManualClock,
+) {
+    use futures::FutureExt as _;
+    let crashing = DynamoStateStore::new(
+        Arc::new(CrashingAfterSegments(store.table().clone())),
+        ManualClock::at(clock.now_millis()) as Arc<dyn Clock>,
+    );
+    let entry = |i: usize| raw(&format!("\"{i:05}{}\"", "z".repeat(2043)));
+    let list = |n: usize| -> Vec<Box<RawValue>> { (0..n).map(entry).collect() };
+    // A key whose first commit writes segments, and one whose later commit does: both die
+    // between their segments and their head.
+    commit_one(
+        store,
+        ns,
+        "crashed-later",
+        state_with(&[("buffer", list(20))]),
+    )
+    .await
+    .expect("a first commit");
+    for key in ["crashed-first", "crashed-later"] {
+        let mut state = load_one(store, ns, key).await;
+        state
+            .slots
+            .insert("buffer".into(), SlotData::fresh(list(100)));
+        let crashed = std::panic::AssertUnwindSafe(commit_one(&crashing, ns, key, state))
+            .catch_unwind()
+            .await;
+        assert!(crashed.is_err(), "{key}: the commit died");
+        assert!(
+            !stored_items(store, ns, key).await.is_empty(),
+            "{key}: its segments were written"
+        );
+        assert_eq!(
+            orphans(store, ns, key).await,
+            Vec::<String>::new(),
+            "{key}: listed as pending"
+        );
+        // The redelivery commits again; the segments of the commit that died become garbage,
+        // and the commit after collects them.
+        let mut again = load_one(store, ns, key).await;
+        again
+            .slots
+            .insert("buffer".into(), SlotData::fresh(list(3)));
+        commit_one(store, ns, key, again)
+            .await
+            .expect("the redelivery commits");
+        assert_eq!(
+            orphans(store, ns, key).await,
+            Vec::<String>::new(),
+            "{key}: listed as garbage"
+        );
+        let after = load_one(store, ns, key).await;
+        assert_eq!(after.slots["buffer"].entries.len(), 3);
+        commit_one(store, ns, key, after)
+            .await
+            .expect("a commit that collects them");
+        assert_eq!(
+            stored_items(store, ns, key).await,
+            Vec::<String>::new(),
+            "{key}: nothing is left of the commit that died"
+        );
+    }
 }
 
 async fn basics<T: Table + 'static>(

@@ -61,7 +61,8 @@ impl ItemKey {
 pub enum Expect {
     /// Unconditional.
     Anything,
-    /// `attribute_not_exists(pk)`: no item has this key.
+    /// `attribute_not_exists(v)`: no item has this key, or it has no version yet (a head that
+    /// only lists pending segments).
     Absent,
     /// `v = :version`: the item is at this version.
     Version(u64),
@@ -95,6 +96,15 @@ pub trait Table: Send + Sync {
     /// PutItem under a condition; `StoreError::Conflict` when it does not hold. Borrowed: a
     /// caller that retries keeps its item, and the service side copies what it sends.
     async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError>;
+
+    /// UpdateItem setting `attributes` (creating the item if there is none) under a condition;
+    /// the item's other attributes stay. `StoreError::Conflict` when the condition does not hold.
+    async fn update(
+        &self,
+        key: &ItemKey,
+        attributes: &Item,
+        expect: &Expect,
+    ) -> Result<(), StoreError>;
 
     /// BatchWriteItem; at most `BATCH_WRITE_MAX` requests. Returns the unprocessed ones.
     async fn batch_write(

@@ -90,6 +90,49 @@ pub(crate) fn from_sdk(value: &AttributeValue) -> Result<AttrValue, StoreError> 
     })
 }
 
+/// An `Expect` as DynamoDB's condition expression, with its attribute names and values.
+struct Condition {
+    expression: Option<String>,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl Condition {
+    fn of(expect: &Expect) -> Self {
+        let (expression, names, values) = match expect {
+            Expect::Anything => (None, vec![], vec![]),
+            Expect::Absent => (
+                Some("attribute_not_exists(#c)".to_owned()),
+                vec![VERSION],
+                vec![],
+            ),
+            Expect::Version(v) => (
+                Some("#c = :c".to_owned()),
+                vec![VERSION],
+                vec![AttributeValue::N(v.to_string())],
+            ),
+            Expect::Raise { attribute, value } => (
+                Some(format!("attribute_not_exists({PK}) OR #c < :c")),
+                vec![*attribute],
+                vec![AttributeValue::S(value.clone())],
+            ),
+        };
+        Self {
+            expression,
+            names: names
+                .into_iter()
+                .map(|n| ("#c".to_owned(), n.to_owned()))
+                .collect(),
+            values: values.into_iter().map(|v| (":c".to_owned(), v)).collect(),
+        }
+    }
+}
+
+/// DynamoDB rejects an empty map of expression names or values.
+fn non_empty<V>(map: HashMap<String, V>) -> Option<HashMap<String, V>> {
+    (!map.is_empty()).then_some(map)
+}
+
 fn item_to_sdk(item: &Item) -> HashMap<String, AttributeValue> {
     item.iter().map(|(k, v)| (k.clone(), to_sdk(v))).collect()
 }
@@ -157,24 +200,45 @@ impl Table for SdkTable {
     }
 
     async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError> {
-        let mut request = self
-            .client
+        let condition = Condition::of(expect);
+        self.client
             .put_item()
             .table_name(&self.table)
-            .set_item(Some(item_to_sdk(item)));
-        request = match expect {
-            Expect::Anything => request,
-            Expect::Raise { attribute, value } => request
-                .condition_expression(format!("attribute_not_exists({PK}) OR #a < :a"))
-                .expression_attribute_names("#a", *attribute)
-                .expression_attribute_values(":a", AttributeValue::S(value.clone())),
-            Expect::Absent => request.condition_expression(format!("attribute_not_exists({PK})")),
-            Expect::Version(v) => request
-                .condition_expression("#v = :v")
-                .expression_attribute_names("#v", VERSION)
-                .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
-        };
-        request
+            .set_item(Some(item_to_sdk(item)))
+            .set_condition_expression(condition.expression)
+            .set_expression_attribute_names(non_empty(condition.names))
+            .set_expression_attribute_values(non_empty(condition.values))
+            .send()
+            .await
+            .map_err(|e| store_error(classify(&e)))?;
+        Ok(())
+    }
+
+    async fn update(
+        &self,
+        key: &ItemKey,
+        attributes: &Item,
+        expect: &Expect,
+    ) -> Result<(), StoreError> {
+        let Condition {
+            expression,
+            mut names,
+            mut values,
+        } = Condition::of(expect);
+        let mut sets = Vec::new();
+        for (i, (name, value)) in attributes.iter().enumerate() {
+            sets.push(format!("#a{i} = :a{i}"));
+            names.insert(format!("#a{i}"), name.clone());
+            values.insert(format!(":a{i}"), to_sdk(value));
+        }
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key_to_sdk(key)))
+            .update_expression(format!("SET {}", sets.join(", ")))
+            .set_condition_expression(expression)
+            .set_expression_attribute_names(non_empty(names))
+            .set_expression_attribute_values(non_empty(values))
             .send()
             .await
             .map_err(|e| store_error(classify(&e)))?;

@@ -12,7 +12,7 @@ use super::layout::{lay_out, Layout};
 use super::watermarks::{self, place, Placement};
 use super::{
     outbox_segment_key, parse_head, partition_key, slot_segment_key, DynamoStateStore, DOC,
-    HEAD_SK, KEY_MAX_BYTES,
+    HEAD_SK, KEY_MAX_BYTES, PENDING,
 };
 use crate::domain::item::item_size;
 use crate::domain::json::number;
@@ -31,6 +31,9 @@ struct Prepared<'c> {
     ttl_without_outbox: Option<i64>,
     /// Garbage the loaded head listed: deleted in wave 1; what could not be stays listed.
     garbage: &'c [String],
+    /// Segments an unfinished commit left (the loaded head's `pd`): garbage once this commit
+    /// lands.
+    abandoned: &'c [String],
     undeleted: Vec<String>,
     /// Watermark items for watermarks leaving the head.
     evicted: Vec<Item>,
@@ -52,6 +55,7 @@ impl Prepared<'_> {
             .retired
             .iter()
             .chain(&self.undeleted)
+            .chain(self.abandoned)
             .map(String::as_str)
             .collect();
         let outbox_gc: Vec<String>;
@@ -107,7 +111,7 @@ fn head_item(pk: &str, version: u64, text: String, ttl: Option<i64>) -> Result<I
 }
 
 /// The segment sort keys a head references.
-fn referenced(pk: &str, doc: &HeadDoc) -> HashSet<String> {
+pub(super) fn referenced(pk: &str, doc: &HeadDoc) -> HashSet<String> {
     let mut keys: HashSet<String> = doc
         .slots
         .iter()
@@ -170,6 +174,7 @@ impl<T: Table> DynamoStateStore<T> {
             ttl,
             ttl_without_outbox,
             garbage: &loaded.garbage,
+            abandoned: &loaded.pending,
             undeleted: Vec::new(),
             evicted,
         })
@@ -185,6 +190,7 @@ impl<T: Table> DynamoStateStore<T> {
             .iter()
             .map(|c| self.prepare(namespace, c, now_secs))
             .collect();
+        self.list_pending(&mut prepared).await;
         self.write_first(&mut prepared).await;
         let puts = prepared.into_iter().map(|p| async move {
             let p = p?;
@@ -207,6 +213,40 @@ impl<T: Table> DynamoStateStore<T> {
             }
         });
         join_all(puts).await
+    }
+
+    /// Wave 0: a commit about to write segments first lists them, with those an unfinished
+    /// commit left, in the head's `pd`, at the version it read: should it never write its head,
+    /// the next commit of the key finds them there.
+    async fn list_pending(&self, prepared: &mut [Result<Prepared<'_>, StoreError>]) {
+        let updates = prepared.iter().enumerate().filter_map(|(i, p)| {
+            let p = p
+                .as_ref()
+                .ok()
+                .filter(|p| !p.layout.segment_puts.is_empty())?;
+            let listed: Vec<AttrValue> = p
+                .abandoned
+                .iter()
+                .cloned()
+                .chain(p.written_segments().map(|k| k.sk))
+                .map(AttrValue::S)
+                .collect();
+            let attributes = Item::from([(PENDING.to_owned(), AttrValue::L(listed))]);
+            let key = ItemKey {
+                pk: p.pk.clone(),
+                sk: HEAD_SK.to_owned(),
+            };
+            let expect = match p.commit.expected_version {
+                0 => Expect::Absent,
+                v => Expect::Version(v),
+            };
+            Some(async move { (i, self.update_retrying(&key, &attributes, &expect).await) })
+        });
+        for (i, result) in join_all(updates).await {
+            if let Err(err) = result {
+                prepared[i] = Err(err);
+            }
+        }
     }
 
     /// Wave 1: every key's new segments, garbage deletes and watermark items at once. A key whose

@@ -222,6 +222,9 @@ pub struct Loaded {
     pub fetched: BTreeMap<Origin, Watermark>,
     pub spilled: bool,
     pub tokens: Vec<u64>,
+    /// Segments a commit that did not finish wrote (the head's `pd`): none of them is
+    /// referenced, and the next commit collects them.
+    pub pending: Vec<String>,
 }
 
 /// What the store remembers of a head it just wrote with an outbox, to clear the outbox after
@@ -242,6 +245,7 @@ pub static NOTHING_LOADED: Loaded = Loaded {
     fetched: BTreeMap::new(),
     spilled: false,
     tokens: Vec::new(),
+    pending: Vec::new(),
 };
 
 #[cfg(test)]

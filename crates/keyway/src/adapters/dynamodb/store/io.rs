@@ -113,9 +113,30 @@ impl<T: Table> DynamoStateStore<T> {
         item: &Item,
         expect: &Expect,
     ) -> Result<(), StoreError> {
+        self.retrying(|| self.table.put(item, expect)).await
+    }
+
+    /// A conditional update, retried while the error is retryable (it only ever sets the same
+    /// attributes again: a retry after a lost response does no harm).
+    pub(super) async fn update_retrying(
+        &self,
+        key: &ItemKey,
+        attributes: &Item,
+        expect: &Expect,
+    ) -> Result<(), StoreError> {
+        self.retrying(|| self.table.update(key, attributes, expect))
+            .await
+    }
+
+    /// `call`, again after a backoff while its error is retryable, up to the backoff's attempts.
+    async fn retrying<F, Fut>(&self, call: F) -> Result<(), StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), StoreError>>,
+    {
         let mut attempt = 0;
         loop {
-            match self.table.put(item, expect).await {
+            match call().await {
                 Err(err) if err.is_retryable() && attempt + 1 < self.backoff.max_attempts => {
                     self.backoff.wait(attempt).await;
                     attempt += 1;

@@ -24,6 +24,11 @@
 //!   double cost) is never needed.
 //! - Segment ids are random: two writers racing on one key never overwrite each other's segments.
 //!   Segments a head stops referencing are listed in its `gc` and deleted by the next commit.
+//! - A commit that writes segments first lists them in the head's `pd` attribute (an update at
+//!   the version it read, leaving the rest of the head alone). If it never finishes (the process
+//!   crashed after writing segments, before its head), the next commit of the key finds them
+//!   there and lists them in its own `gc`: they can never be referenced, since a head put that
+//!   expected the old version cannot land once the next commit's has.
 //!
 //! # Design notes
 //!
@@ -94,6 +99,8 @@ pub const ENTRY_MAX_BYTES: usize = ITEM_MAX_BYTES - 2 * 1024;
 const KEY_MAX_BYTES: usize = 1024;
 const HEAD_SK: &str = "head";
 const DOC: &str = "doc";
+/// The head's list of segments a commit wrote before its head (see the key schema notes).
+const PENDING: &str = "pd";
 const ENTRIES: &str = "e";
 
 /// `StateStore` on any `Table`: the SDK's for AWS, the in-memory one for tests and local runs.
@@ -127,6 +134,18 @@ impl<T: Table> DynamoStateStore<T> {
             pk: partition_key(namespace, key),
             sk: HEAD_SK.to_owned(),
         }
+    }
+
+    /// The sort keys of every segment `head` references or lists as garbage or pending: all a
+    /// key's segment items should be among them (tests and tools check there are no others).
+    pub fn accounted_for(head: &Item) -> std::collections::HashSet<String> {
+        let pk = head.get(super::PK).and_then(AttrValue::as_s).unwrap_or("");
+        let mut keys: std::collections::HashSet<String> = pending_of(head).into_iter().collect();
+        if let Ok((_, doc)) = parse_head(head) {
+            keys.extend(commit::referenced(pk, &doc));
+            keys.extend(doc.gc);
+        }
+        keys
     }
 
     fn now_secs(&self) -> i64 {
@@ -177,6 +196,17 @@ fn number(item: &Item, name: &str) -> Result<Option<i64>, StoreError> {
         .transpose()
 }
 
+/// The segments a head lists as pending.
+fn pending_of(item: &Item) -> Vec<String> {
+    match item.get(PENDING) {
+        Some(AttrValue::L(values)) => values
+            .iter()
+            .filter_map(|v| v.as_s().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// A head item parsed: its version and doc.
 fn parse_head(item: &Item) -> Result<(u64, HeadDoc), StoreError> {
     let version = number(item, VERSION)?.unwrap_or(0) as u64;
@@ -216,6 +246,7 @@ struct Pending {
     expired: bool,
     /// Lineages whose watermark items the second wave reads.
     lineages: Vec<crate::domain::Origin>,
+    pending: Vec<String>,
 }
 
 impl Pending {
@@ -256,6 +287,7 @@ impl Pending {
             inline: doc.wm.clone(),
             spilled: doc.wx,
             tokens: std::mem::take(&mut doc.tk),
+            pending: self.pending,
             ..Loaded::default()
         };
         let mut marks = Watermarks::default();
@@ -344,6 +376,7 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
                 doc,
                 expired,
                 lineages,
+                pending: pending_of(item),
             });
         }
         // Second wave: segments of keys that outgrew their head, watermark items of many lineages.

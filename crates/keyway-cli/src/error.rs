@@ -1,0 +1,28 @@
+//! The command's error: what failed, in words for whoever ran it. A command does its whole job
+//! or stops with one of these and a failing exit status; it retries nothing itself.
+
+use std::fmt;
+
+#[derive(Debug)]
+pub struct CliError(String);
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CliError {}
+
+/// The subcommands describe their failures as they go (`line 3: sequence: …`).
+impl From<String> for CliError {
+    fn from(message: String) -> Self {
+        Self(message)
+    }
+}
+
+impl From<&str> for CliError {
+    fn from(message: &str) -> Self {
+        Self(message.to_owned())
+    }
+}
