@@ -3,9 +3,11 @@
 //! with one, every key's state is carried over, watermarks included, and written once.
 
 use keyed_counter::{CountEvent, KeyedCounter, COUNTS};
-use keyway::domain::SourceRecord;
+use keyway::domain::{KeyState, Origin, SequenceNumber, SourceRecord};
 use keyway::operator::{state_signature, Migration, NewState, OldState, StateDescriptor};
+use keyway::ports::{Clock, Commit, Namespace, StateStore};
 use keyway::sources::kinesis::decode_event;
+use keyway::ExecutorConfig;
 use keyway::{Ctx, InvalidInput, KeyedOperator, ProcessError, ValueState};
 use keyway_tests::harness::{count, Shard, World};
 use serde::{Deserialize, Serialize};
@@ -95,6 +97,26 @@ async fn tally(world: &World, key: &str) -> Option<Tally> {
         .map(|e| serde_json::from_str(e.get()).unwrap())
 }
 
+/// Writes `key` under version 1's signature as a key whose state was cleared: a version, a
+/// watermark, no slots.
+async fn commit_watermarks_only(world: &World, key: &str) {
+    let mut state = KeyState::default();
+    state.watermarks.advance(
+        &Origin("clicks/shardId-000000000009".into()),
+        &SequenceNumber::parse("7").unwrap(),
+        world.clock.now_millis(),
+    );
+    let namespace = Namespace {
+        operator: "keyed-counter".into(),
+        signature: V1_SIGNATURE.into(),
+    };
+    let committed = world
+        .store
+        .commit(&namespace, vec![Commit::new(key, 0, state)])
+        .await;
+    assert!(committed[0].is_ok());
+}
+
 /// Version 1 counts a: 3, b: 2.
 async fn deploy_v1(world: &World, shard: &mut Shard) -> serde_json::Value {
     assert_eq!(
@@ -119,16 +141,18 @@ async fn a_redeploy_with_a_changed_state_type_neither_crashes_nor_reads_old_stat
     let mut shard = Shard::new("clicks", 0);
     deploy_v1(&world, &mut shard).await;
 
+    // Version 1 also had a key whose state was cleared: only its watermarks were left.
+    commit_watermarks_only(&world, "e").await;
+
     let v2 = world.executor(CounterV2 { migrate: false });
     assert_ne!(v2.namespace().signature, V1_SIGNATURE);
-    let report = v2
-        .run(decode_event(shard.batch(&[count("a", 10), count("b", 10), count("d", 1)])).unwrap())
-        .await;
+    let batch = [count("a", 10), count("b", 10), count("d", 1), count("e", 1)];
+    let report = v2.run(decode_event(shard.batch(&batch)).unwrap()).await;
     assert_eq!(report.failed_from, None, "no crash, no failure");
     assert_eq!(
         (report.reset, report.migrated),
         (2, 0),
-        "a and b left their old state behind; d is new"
+        "a and b left their old state behind; d is new, and e had nothing to leave"
     );
     assert_eq!(
         tally(&world, "a").await,
@@ -211,5 +235,36 @@ async fn a_registered_migration_carries_every_keys_state_over_once_with_its_wate
             total: 1,
             events: 1
         })
+    );
+}
+
+#[tokio::test]
+async fn keys_left_behind_by_a_change_older_than_the_look_back_are_not_counted_as_reset() {
+    let world = World::new(&[COUNTS]);
+    let mut shard = Shard::new("clicks", 0);
+    deploy_v1(&world, &mut shard).await;
+    let config = ExecutorConfig {
+        look_back: std::time::Duration::from_secs(60),
+        ..ExecutorConfig::default()
+    };
+    // Version 2 takes over with a key of its own, and runs on past the look-back.
+    let v2 = world
+        .executor(CounterV2 { migrate: false })
+        .with_config(config.clone());
+    let first = v2
+        .run(decode_event(shard.batch(&[count("d", 1)])).unwrap())
+        .await;
+    assert_eq!(first.reset, 0);
+    world.clock.advance(61_000);
+    let later = world
+        .executor(CounterV2 { migrate: false })
+        .with_config(config);
+    let report = later
+        .run(decode_event(shard.batch(&[count("a", 10), count("b", 10)])).unwrap())
+        .await;
+    assert_eq!(
+        (report.reset, report.migrated, report.applied),
+        (0, 0, 2),
+        "a and b are new keys now: the change is too long ago to look for them"
     );
 }

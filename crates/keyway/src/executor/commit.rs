@@ -382,9 +382,110 @@ impl<O: KeyedOperator> Executor<O> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::{bench, record, Summer, START};
+    use std::collections::{HashMap, VecDeque};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use async_trait::async_trait;
+
+    use super::super::testkit::{bench, record, Recorder, Summer, START};
+    use super::super::{Executor, Sinks};
     use super::*;
+    use crate::adapters::dynamodb::DynamoStateStore;
     use crate::domain::Origin;
+    use crate::local::LocalTable;
+    use crate::ports::{ManualClock, Namespace, StateStore};
+
+    /// The in-memory store, except that its next key commits fail with the errors given; it
+    /// counts the key commits it is asked for.
+    struct Scripted {
+        inner: DynamoStateStore<LocalTable>,
+        errors: Mutex<VecDeque<StoreError>>,
+        key_commits: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl StateStore for Scripted {
+        async fn load_keys(
+            &self,
+            namespace: &Namespace,
+            keys: &[LoadKey<'_>],
+        ) -> Result<HashMap<String, KeyState>, StoreError> {
+            self.inner.load_keys(namespace, keys).await
+        }
+
+        async fn commit(
+            &self,
+            namespace: &Namespace,
+            commits: Vec<Commit>,
+        ) -> Vec<Result<Committed, StoreError>> {
+            if namespace.signature == "signature-history" {
+                return self.inner.commit(namespace, commits).await;
+            }
+            self.key_commits.fetch_add(commits.len(), Ordering::SeqCst);
+            let failure = self.errors.lock().unwrap().pop_front();
+            match failure {
+                Some(err) => commits.iter().map(|_| Err(err.clone())).collect(),
+                None => self.inner.commit(namespace, commits).await,
+            }
+        }
+
+        async fn clear_outbox(
+            &self,
+            namespace: &Namespace,
+            committed: Vec<Committed>,
+        ) -> Vec<Result<(), StoreError>> {
+            self.inner.clear_outbox(namespace, committed).await
+        }
+    }
+
+    struct Scene {
+        executor: Executor<Summer>,
+        store: Arc<Scripted>,
+        dead: Arc<Recorder>,
+    }
+
+    fn scene(outbox: bool, errors: Vec<StoreError>) -> Scene {
+        let clock = ManualClock::at(START);
+        let store = Arc::new(Scripted {
+            inner: DynamoStateStore::new(Arc::new(LocalTable::new()), clock.clone()),
+            errors: Mutex::new(errors.into()),
+            key_commits: AtomicUsize::new(0),
+        });
+        let dead = Arc::new(Recorder::default());
+        let sinks = Sinks::new(dead.clone()).with("out", Arc::new(Recorder::default()));
+        let executor = Executor::new(Summer { outbox }, store.clone(), sinks, clock);
+        Scene {
+            executor,
+            store,
+            dead,
+        }
+    }
+
+    async fn always_beaten(outbox: bool) -> (BatchReport, usize) {
+        let s = scene(outbox, vec![StoreError::Conflict; 10]);
+        let report = s
+            .executor
+            .run(vec![record(4, "p", "a", 1), record(5, "p", "a", 2)])
+            .await;
+        (report, s.store.key_commits.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn an_outbox_key_that_keeps_losing_commit_races_is_run_again_twice_then_redelivered() {
+        let (report, commits) = always_beaten(true).await;
+        assert_eq!(commits, 1 + CONFLICT_RETRIES);
+        assert_eq!(report.conflicts, 1 + CONFLICT_RETRIES);
+        assert_eq!(report.failed_from.unwrap().as_str(), "4");
+        assert_eq!((report.applied, report.commits), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn an_emit_then_commit_key_that_loses_a_commit_race_is_left_to_the_redelivery_at_once() {
+        let (report, commits) = always_beaten(false).await;
+        assert_eq!((commits, report.conflicts), (1, 1));
+        assert_eq!(report.failed_from.unwrap().as_str(), "4");
+    }
 
     #[test]
     fn watermarks_move_to_each_lineages_last_applied_record_and_expire_with_the_window() {
@@ -434,5 +535,57 @@ mod tests {
         assert_eq!(report.failed_from.unwrap().as_str(), "2");
         let again = b.executor.run(vec![record(1, "p", "a", 1)]).await;
         assert_eq!(again.replayed, 1);
+    }
+
+    #[tokio::test]
+    async fn a_commit_refused_for_good_dead_letters_the_first_record_and_goes_on_after_it() {
+        let s = scene(false, vec![StoreError::Invalid("too large".into())]);
+        let batch = || {
+            vec![
+                record(4, "p", "a", 1),
+                record(5, "p", "a", 2),
+                record(6, "p", "a", 3),
+            ]
+        };
+        let report = s.executor.run(batch()).await;
+        assert_eq!(
+            report.failed_from.unwrap().as_str(),
+            "5",
+            "the redelivery starts after the dead-lettered record"
+        );
+        let letters = s.dead.calls.lock().unwrap().concat();
+        assert_eq!(letters.len(), 1);
+        let letter: serde_json::Value = serde_json::from_str(&letters[0].body).unwrap();
+        assert_eq!(
+            (&letter["sequenceNumber"], &letter["field"]),
+            (&serde_json::json!("4"), &serde_json::json!("state"))
+        );
+        assert!(letter["problem"].as_str().unwrap().contains("too large"));
+        // The redelivery: record 4 is past the watermark, 5 and 6 apply on a state without it.
+        let again = s.executor.run(batch()).await;
+        assert_eq!(
+            (again.replayed, again.applied, again.failed_from),
+            (1, 2, None)
+        );
+        let state = s
+            .store
+            .inner
+            .load(&s.executor.namespace, &["a".to_owned()])
+            .await
+            .unwrap();
+        let sum = &state["a"].slots["sum"].entries[0];
+        assert_eq!(sum.get(), "5");
+    }
+
+    #[tokio::test]
+    async fn a_commit_refused_for_good_whose_dead_letter_cannot_go_out_redelivers_the_key() {
+        let s = scene(false, vec![StoreError::Invalid("too large".into())]);
+        s.dead.down.store(true, Ordering::SeqCst);
+        let report = s
+            .executor
+            .run(vec![record(4, "p", "a", 1), record(5, "p", "a", 2)])
+            .await;
+        assert_eq!(report.failed_from.unwrap().as_str(), "4");
+        assert_eq!(s.store.key_commits.load(Ordering::SeqCst), 1);
     }
 }

@@ -307,8 +307,9 @@ mod tests {
             record(2, "p", "a", 2),
             record(3, "p", "a", 3),
         ];
-        b.executor.run(batch).await;
+        let report = b.executor.run(batch).await;
         assert_eq!(b.out.bodies(), [vec!["1", "3", "6"]]);
+        assert_eq!(report.outputs_sent, 2, "the failed output is not counted");
     }
 
     #[tokio::test]
@@ -321,6 +322,7 @@ mod tests {
             .await;
         assert_eq!(report.failed_from, None);
         assert_eq!(b.out.bodies(), [vec!["1"], vec!["3"]]);
+        assert_eq!((report.outputs_sent, report.dead_lettered), (1, 1));
         let letters = b.dead.bodies();
         assert_eq!(letters.len(), 1);
         assert!(letters[0][0].contains("output.out"), "{letters:?}");

@@ -229,10 +229,6 @@ impl<O: KeyedOperator> Executor<O> {
         &self.namespace
     }
 
-    pub fn config(&self) -> &ExecutorConfig {
-        &self.config
-    }
-
     /// Runs one batch with no deadline. Records must be in the order the stream delivered them.
     pub async fn run(&self, batch: Vec<Result<SourceRecord, RejectedRecord>>) -> BatchReport {
         self.run_until(batch, None).await

@@ -188,7 +188,8 @@ impl<O: KeyedOperator> Executor<O> {
                     }
                 }
             }
-            if failed.is_some_and(|p| p < limit) {
+            // A record stopped the key (one that ran, so within the limit).
+            if failed.is_some() {
                 run.outcomes.push(Outcome::Failed);
             }
             run.panicked = panicked;

@@ -99,6 +99,8 @@ pub struct Recorder {
     pub calls: Mutex<Vec<Vec<Output>>>,
     pub failing: Mutex<HashSet<String>>,
     pub refusing: Mutex<HashSet<String>>,
+    /// Fails every message while set.
+    pub down: std::sync::atomic::AtomicBool,
 }
 
 impl Recorder {
@@ -125,7 +127,8 @@ impl Sink for Recorder {
             .iter()
             .enumerate()
             .filter_map(|(i, m)| {
-                if failing.contains(&m.body) {
+                let down = self.down.load(std::sync::atomic::Ordering::SeqCst);
+                if down || failing.contains(&m.body) {
                     Some((i, SinkError::Unavailable("down".into())))
                 } else if refusing.contains(&m.body) {
                     Some((i, SinkError::Rejected("too odd".into())))
