@@ -104,6 +104,26 @@ async fn batches_hold_at_most_the_batch_size() {
     assert_eq!(report.mappings[0].1.records_done, 250);
 }
 
+/// "Lambda event source mappings", batching behavior: a batch also goes when its payload would
+/// pass 6 MB, the limit of a synchronous invocation. Kinesis data travels base64-encoded, so four
+/// records of a million bytes fill one.
+#[tokio::test(start_paused = true)]
+async fn a_batch_stops_short_of_the_six_megabyte_invocation_payload() {
+    let f = Scripted::succeeding();
+    let mut s = setup(1, f.clone(), MappingSettings::default());
+    let data = vec![b'x'; 1_000_000];
+    for _ in 0..10 {
+        s.runtime
+            .services
+            .kinesis
+            .put_record(&s.stream, "k", &data)
+            .unwrap();
+    }
+    let report = s.run().await;
+    assert_eq!(f.sizes(), [4, 4, 2]);
+    assert_eq!(report.mappings[0].1.records_done, 10);
+}
+
 /// "Lambda event source mappings", batching window: Lambda waits up to
 /// MaximumBatchingWindowInSeconds for a batch to fill, and not at all once it is full.
 #[tokio::test(start_paused = true)]
@@ -438,6 +458,48 @@ async fn a_parallelization_factor_runs_a_shards_batches_at_once_keeping_each_key
         }
     }
     assert_eq!(seen, written, "every key's records arrive once, in order");
+}
+
+/// "Using Lambda with Kinesis", ParallelizationFactor: the factor applies per shard, so two
+/// shards at a factor of 2 run up to four batches at once, each batch from one shard.
+#[tokio::test(start_paused = true)]
+async fn a_parallelization_factor_gives_every_shard_its_own_concurrent_batches() {
+    let f = Scripted::taking(Duration::from_millis(200), |_, _| Ok(json!({})));
+    let mut s = setup(
+        2,
+        f.clone(),
+        MappingSettings {
+            parallelization_factor: 2,
+            batch_size: 3,
+            ..Default::default()
+        },
+    );
+    let mut shard_of: std::collections::HashMap<String, String> = Default::default();
+    for round in 0..3 {
+        for k in 0..24 {
+            let key = format!("key-{k}");
+            let written = s
+                .runtime
+                .services
+                .kinesis
+                .put_record(&s.stream, &key, format!("{round}").as_bytes())
+                .unwrap();
+            let keyway::adapters::kinesis::PutOutcome::Written { shard_id, .. } = written else {
+                panic!("{written:?}")
+            };
+            shard_of.insert(key, shard_id);
+        }
+    }
+    let shards: std::collections::BTreeSet<&String> = shard_of.values().collect();
+    assert_eq!(shards.len(), 2, "the keys fill both shards");
+    s.run().await;
+    for batch in f.batches() {
+        let from: std::collections::BTreeSet<&String> =
+            batch.iter().map(|r| &shard_of[&r.key]).collect();
+        assert_eq!(from.len(), 1, "a batch holds one shard's records");
+    }
+    assert!(f.max_concurrency() > 2, "both shards' lanes ran at once");
+    assert!(f.max_concurrency() <= 4);
 }
 
 /// "Using Lambda with Kinesis", error handling: a function that runs past its timeout fails the

@@ -3,7 +3,7 @@
 //! with one, every key's state is carried over, watermarks included, and written once.
 
 use keyed_counter::{CountEvent, KeyedCounter, COUNTS};
-use keyway::domain::{KeyState, Origin, SequenceNumber, SourceRecord};
+use keyway::domain::{KeyState, Origin, Output, OutputId, SequenceNumber, SourceRecord};
 use keyway::operator::{state_signature, Migration, NewState, OldState, StateDescriptor};
 use keyway::ports::{Clock, Commit, Namespace, StateStore};
 use keyway::sources::kinesis::decode_event;
@@ -24,8 +24,12 @@ struct Tally {
 
 const TALLY: ValueState<Tally> = ValueState::new("count");
 
+/// A migration's function, as `Migration` takes it.
+type MigrateFn = fn(&OldState<'_>) -> Result<NewState, String>;
+
 struct CounterV2 {
-    migrate: bool,
+    /// The migration from version 1 it registers, if any.
+    migrate: Option<MigrateFn>,
 }
 
 fn from_v1(old: &OldState<'_>) -> Result<NewState, String> {
@@ -70,19 +74,18 @@ impl KeyedOperator for CounterV2 {
     }
 
     fn migrations(&self) -> Vec<Migration> {
-        if self.migrate {
-            vec![Migration {
+        self.migrate
+            .map(|migrate| Migration {
                 from: V1_SIGNATURE,
-                migrate: from_v1,
-            }]
-        } else {
-            Vec::new()
-        }
+                migrate,
+            })
+            .into_iter()
+            .collect()
     }
 }
 
 async fn tally(world: &World, key: &str) -> Option<Tally> {
-    let executor = world.executor(CounterV2 { migrate: false });
+    let executor = world.executor(CounterV2 { migrate: None });
     let loaded = keyway::ports::StateStore::load(
         world.store.as_ref(),
         executor.namespace(),
@@ -144,7 +147,7 @@ async fn a_redeploy_with_a_changed_state_type_neither_crashes_nor_reads_old_stat
     // Version 1 also had a key whose state was cleared: only its watermarks were left.
     commit_watermarks_only(&world, "e").await;
 
-    let v2 = world.executor(CounterV2 { migrate: false });
+    let v2 = world.executor(CounterV2 { migrate: None });
     assert_ne!(v2.namespace().signature, V1_SIGNATURE);
     let batch = [count("a", 10), count("b", 10), count("d", 1), count("e", 1)];
     let report = v2.run(decode_event(shard.batch(&batch)).unwrap()).await;
@@ -183,7 +186,9 @@ async fn a_registered_migration_carries_every_keys_state_over_once_with_its_wate
     let mut shard = Shard::new("clicks", 0);
     let v1_batch = deploy_v1(&world, &mut shard).await;
 
-    let v2 = world.executor(CounterV2 { migrate: true });
+    let v2 = world.executor(CounterV2 {
+        migrate: Some(from_v1),
+    });
     // Lambda redelivers version 1's last batch to version 2 (say the deployment cut in):
     // the migrated watermarks skip it, and the migrated state is written even though nothing
     // else changed.
@@ -249,7 +254,7 @@ async fn keys_left_behind_by_a_change_older_than_the_look_back_are_not_counted_a
     };
     // Version 2 takes over with a key of its own, and runs on past the look-back.
     let v2 = world
-        .executor(CounterV2 { migrate: false })
+        .executor(CounterV2 { migrate: None })
         .with_config(config.clone());
     let first = v2
         .run(decode_event(shard.batch(&[count("d", 1)])).unwrap())
@@ -257,7 +262,7 @@ async fn keys_left_behind_by_a_change_older_than_the_look_back_are_not_counted_a
     assert_eq!(first.reset, 0);
     world.clock.advance(61_000);
     let later = world
-        .executor(CounterV2 { migrate: false })
+        .executor(CounterV2 { migrate: None })
         .with_config(config);
     let report = later
         .run(decode_event(shard.batch(&[count("a", 10), count("b", 10)])).unwrap())
@@ -266,5 +271,85 @@ async fn keys_left_behind_by_a_change_older_than_the_look_back_are_not_counted_a
         (report.reset, report.migrated, report.applied),
         (0, 0, 2),
         "a and b are new keys now: the change is too long ago to look for them"
+    );
+}
+
+#[tokio::test]
+async fn a_key_whose_migration_fails_starts_afresh_and_is_counted_as_reset() {
+    let world = World::new(&[COUNTS]);
+    let mut shard = Shard::new("clicks", 0);
+    deploy_v1(&world, &mut shard).await;
+    let v2 = world.executor(CounterV2 {
+        migrate: Some(|_| Err("the old count is unreadable".into())),
+    });
+    let report = v2
+        .run(decode_event(shard.batch(&[count("a", 10), count("d", 1)])).unwrap())
+        .await;
+    assert_eq!(
+        (
+            report.reset,
+            report.migrated,
+            report.applied,
+            report.failed_from
+        ),
+        (1, 0, 2, None)
+    );
+    assert_eq!(
+        tally(&world, "a").await,
+        Some(Tally {
+            total: 10,
+            events: 1
+        })
+    );
+}
+
+#[tokio::test]
+async fn a_migrated_key_keeps_the_outbox_its_old_state_had_not_sent() {
+    let world = World::new(&[COUNTS]);
+    let mut shard = Shard::new("clicks", 0);
+    deploy_v1(&world, &mut shard).await;
+    // Version 1 left key o with a count and an output still to send.
+    let mut state = KeyState::default();
+    let stored = serde_json::value::to_raw_value(&4u64).unwrap();
+    state.slots.insert(
+        "count".into(),
+        keyway::domain::SlotData::fresh(vec![stored]),
+    );
+    state.outbox.push(Output {
+        id: OutputId("pending-output".into()),
+        sink: COUNTS.into(),
+        partition_key: "o".into(),
+        body: "{\"key\":\"o\",\"count\":4}".into(),
+    });
+    let namespace = Namespace {
+        operator: "keyed-counter".into(),
+        signature: V1_SIGNATURE.into(),
+    };
+    let committed = world
+        .store
+        .commit(&namespace, vec![Commit::new("o", 0, state)])
+        .await;
+    assert!(committed[0].is_ok());
+
+    let v2 = world.executor(CounterV2 {
+        migrate: Some(from_v1),
+    });
+    let report = v2
+        .run(decode_event(shard.batch(&[count("o", 1)])).unwrap())
+        .await;
+    assert_eq!((report.migrated, report.failed_from), (1, None));
+    let sent: Vec<Option<String>> = world
+        .outputs(COUNTS)
+        .into_iter()
+        .filter(|m| m.body.contains("\"o\""))
+        .map(|m| m.output_id)
+        .collect();
+    assert_eq!(sent, [Some("pending-output".to_owned())]);
+    assert_eq!(
+        tally(&world, "o").await,
+        Some(Tally {
+            total: 5,
+            events: 1
+        })
     );
 }

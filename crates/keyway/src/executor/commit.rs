@@ -588,4 +588,18 @@ mod tests {
         assert_eq!(report.failed_from.unwrap().as_str(), "4");
         assert_eq!(s.store.key_commits.load(Ordering::SeqCst), 1);
     }
+
+    #[tokio::test]
+    async fn records_that_change_nothing_count_as_applied_and_write_nothing() {
+        let b = bench(Summer::default(), false);
+        let report = b
+            .executor
+            .run(vec![record(1, "p", "a", 0), record(2, "p", "a", 0)])
+            .await;
+        assert_eq!(
+            (report.applied, report.commits, report.failed_from),
+            (2, 0, None),
+            "nothing committed"
+        );
+    }
 }

@@ -276,8 +276,41 @@ async fn send_once(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
     use super::super::testkit::Summer;
-    use super::super::testkit::{bench, record};
+    use super::super::testkit::{bench, record, Recorder, START};
+    use super::super::{Executor, Sinks};
+    use crate::adapters::dynamodb::DynamoStateStore;
+    use crate::ports::ManualClock;
+
+    #[tokio::test]
+    async fn an_outbox_for_a_sink_no_longer_configured_waits_and_blocks_its_key() {
+        let b = bench(Summer { outbox: true }, false);
+        b.out.down.store(true, Ordering::SeqCst);
+        b.executor.run(vec![record(1, "p", "a", 5)]).await;
+        // Redeployed without the sink: the key's outbox keeps it, and the key waits.
+        let clock = ManualClock::at(START);
+        let store = Arc::new(DynamoStateStore::new(b.table.clone(), clock.clone()));
+        let without = Executor::new(
+            Summer { outbox: true },
+            store,
+            Sinks::new(Arc::new(Recorder::default())),
+            clock,
+        );
+        let report = without.run(vec![record(2, "p", "a", 0)]).await;
+        assert_eq!(report.failed_from.unwrap().as_str(), "2");
+        // The sink is back: the output goes out.
+        b.out.down.store(false, Ordering::SeqCst);
+        let report = b.executor.run(vec![record(2, "p", "a", 0)]).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(
+            b.out.bodies(),
+            [vec!["5"], vec!["5"]],
+            "the call that failed, then the one that went out"
+        );
+    }
 
     #[tokio::test]
     async fn an_ordered_sink_gets_a_keys_outputs_one_call_each_and_none_after_one_fails() {

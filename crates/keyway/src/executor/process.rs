@@ -358,6 +358,14 @@ mod tests {
         assert!(matches!(work.run.outcomes[4], Outcome::Deferred));
     }
 
+    #[tokio::test]
+    async fn an_entry_of_exactly_the_stores_limit_is_kept() {
+        let mut b = bench(Summer::default(), false);
+        b.executor.limits.max_entry_bytes = 3;
+        let report = b.executor.run(vec![record(1, "p", "a", 100)]).await;
+        assert_eq!((report.applied, report.dead_lettered), (1, 0));
+    }
+
     #[test]
     fn the_record_that_makes_the_state_too_large_is_found_among_the_others() {
         let mut b = bench(Summer::default(), false);

@@ -19,7 +19,8 @@ pub const SUM: ValueState<i64> = ValueState::new("sum");
 pub const START: i64 = 1_767_225_600_000;
 
 /// Sums `n` per `key` of records `{"key": .., "n": ..}` and emits the running sum to `out`.
-/// `n` of 13 fails (retryably), 66 panics, and a negative `n` is invalid.
+/// `n` of 0 changes nothing and emits nothing, 13 fails (retryably), 66 panics, and a negative
+/// `n` is invalid.
 #[derive(Clone, Copy, Default)]
 pub struct Summer {
     pub outbox: bool,
@@ -57,6 +58,7 @@ impl KeyedOperator for Summer {
 
     fn process(&self, ctx: &mut Ctx<'_>, (key, n): (String, i64)) -> Result<(), ProcessError> {
         match n {
+            0 => return Ok(()),
             13 => return Err(ProcessError::Retry("unlucky".into())),
             66 => panic!("a bug"),
             n if n < 0 => return Err(InvalidInput::new("data.n", "negative").into()),
