@@ -218,20 +218,47 @@ async fn a_partial_batch_response_redelivers_from_the_lowest_failed_record() {
         f.clone(),
         MappingSettings {
             report_batch_item_failures: true,
+            batch_size: 6,
             ..Default::default()
         },
     );
-    let written = s.put("k", 6);
+    let written = s.put("k", 10);
     let report = s.run().await;
     let batches = f.batches();
-    assert_eq!(sequences(&batches[0]), written);
+    assert_eq!(sequences(&batches[0]), written[..6]);
     assert_eq!(
         sequences(&batches[1]),
-        written[2..],
-        "only the records from the lowest failure are retried"
+        written[2..6],
+        "only the batch's records from the lowest failure are retried"
     );
-    assert_eq!(batches.len(), 2);
+    assert_eq!(sequences(&batches[2]), written[6..]);
+    assert_eq!(batches.len(), 3);
     assert_eq!(report.mappings[0].1.partial_failures, 1);
+}
+
+/// "Configuring partial batch response with Kinesis" with MaximumRetryAttempts: a retry after a
+/// partial failure is a retry; once they are used up the rest of the batch is discarded.
+#[tokio::test(start_paused = true)]
+async fn retries_after_partial_failures_use_up_the_maximum_retry_attempts() {
+    let f = Scripted::new(|_, batch| {
+        Ok(json!({"batchItemFailures": [{"itemIdentifier": batch[1].sequence}]}))
+    });
+    let mut s = setup(
+        1,
+        f.clone(),
+        MappingSettings {
+            report_batch_item_failures: true,
+            maximum_retry_attempts: Some(1),
+            ..Default::default()
+        },
+    );
+    let written = s.put("k", 4);
+    let report = s.run().await;
+    let batches = f.batches();
+    assert_eq!(batches.len(), 2, "the first invocation and one retry");
+    assert_eq!(sequences(&batches[1]), written[1..]);
+    assert_eq!(report.mappings[0].1.discarded_for_retries, 2);
+    assert_eq!(s.failure_records().len(), 1);
 }
 
 /// "Configuring partial batch response with Kinesis", success and failure conditions: without
