@@ -109,6 +109,11 @@ async fn commit_watermarks_only(world: &World, key: &str) {
         &SequenceNumber::parse("7").unwrap(),
         world.clock.now_millis(),
     );
+    commit_under_v1(world, key, state).await;
+}
+
+/// Writes `key` with `state` as version 1 left it.
+async fn commit_under_v1(world: &World, key: &str, state: KeyState) {
     let namespace = Namespace {
         operator: "keyed-counter".into(),
         signature: V1_SIGNATURE.into(),
@@ -321,15 +326,7 @@ async fn a_migrated_key_keeps_the_outbox_its_old_state_had_not_sent() {
         partition_key: "o".into(),
         body: "{\"key\":\"o\",\"count\":4}".into(),
     });
-    let namespace = Namespace {
-        operator: "keyed-counter".into(),
-        signature: V1_SIGNATURE.into(),
-    };
-    let committed = world
-        .store
-        .commit(&namespace, vec![Commit::new("o", 0, state)])
-        .await;
-    assert!(committed[0].is_ok());
+    commit_under_v1(&world, "o", state).await;
 
     let v2 = world.executor(CounterV2 {
         migrate: Some(from_v1),

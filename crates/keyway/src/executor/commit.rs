@@ -602,4 +602,35 @@ mod tests {
             "nothing committed"
         );
     }
+
+    #[tokio::test]
+    #[allow(clippy::result_large_err)]
+    async fn watermarks_moved_to_items_still_stop_redeliveries_after_later_commits_move_none() {
+        // One key fed by 80 partition keys (a reshard, a high ParallelizationFactor): most of its
+        // watermarks leave the head for items.
+        let b = bench(Summer::default(), false);
+        let mut seq = 0;
+        let mut next = |pk: String| {
+            seq += 1;
+            record(seq, &pk, "a", 1)
+        };
+        let first = next("p0".into());
+        let mut batch = vec![first.clone()];
+        batch.extend((1..20).map(|i| next(format!("p{i}"))));
+        b.executor.run(batch).await;
+        for round in 1..4 {
+            let batch = (round * 20..round * 20 + 20)
+                .map(|i| next(format!("p{i}")))
+                .collect();
+            b.executor.run(batch).await;
+        }
+        // Two commits of one lineage: the second moves no watermark, and must keep saying that
+        // some live in items.
+        for _ in 0..2 {
+            let report = b.executor.run(vec![next("p79".into())]).await;
+            assert_eq!(report.applied, 1);
+        }
+        let again = b.executor.run(vec![first]).await;
+        assert_eq!((again.replayed, again.applied), (1, 0));
+    }
 }
