@@ -310,10 +310,14 @@ fn watermark_at(millis: i64) -> impl Fn(u64) -> crate::domain::Watermark {
     }
 }
 
+/// Something that happens between a put landing and its lost response reaching the caller.
+type Meanwhile = futures::future::BoxFuture<'static, ()>;
+
 /// A table that loses the response of chosen puts: the put lands, the caller hears a timeout.
 pub struct LosingResponses<T> {
     inner: Arc<T>,
     lose: std::sync::atomic::AtomicUsize,
+    meanwhile: std::sync::Mutex<Option<Meanwhile>>,
 }
 
 impl<T> LosingResponses<T> {
@@ -321,12 +325,20 @@ impl<T> LosingResponses<T> {
         Self {
             inner,
             lose: std::sync::atomic::AtomicUsize::new(0),
+            meanwhile: std::sync::Mutex::new(None),
         }
     }
 
     /// The next `n` puts that land report a timeout instead.
     pub fn lose_next(&self, n: usize) {
         self.lose.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The next put that lands reports a timeout, and only once `meanwhile` (another writer's
+    /// commit, say) has run.
+    pub fn lose_next_while(&self, meanwhile: Meanwhile) {
+        *self.meanwhile.lock().unwrap() = Some(meanwhile);
+        self.lose_next(1);
     }
 }
 
@@ -350,6 +362,10 @@ impl<T: Table> Table for LosingResponses<T> {
             )
             .is_ok();
         if lost {
+            let meanwhile = self.meanwhile.lock().unwrap().take();
+            if let Some(meanwhile) = meanwhile {
+                meanwhile.await;
+            }
             return Err(StoreError::Unavailable("the response was lost".into()));
         }
         Ok(())
@@ -910,8 +926,7 @@ async fn lost_responses<T: Table + 'static>(
     // A head put whose response is lost landed: the commit reports success, not a conflict, and
     // the segments the head references stay.
     let losing = Arc::new(LosingResponses::new(store.table().clone()));
-    let clock: Arc<dyn Clock> = ManualClock::at(clock.now_millis());
-    let lossy = DynamoStateStore::new(losing.clone(), clock);
+    let lossy = DynamoStateStore::new(losing.clone(), ManualClock::at(clock.now_millis()));
     let entry = |i: usize| raw(&format!("\"{i:05}{}\"", "y".repeat(2043)));
     let list: Vec<Box<RawValue>> = (0..200).map(entry).collect();
     losing.lose_next(1);
@@ -943,6 +958,35 @@ async fn lost_responses<T: Table + 'static>(
             .len(),
         201
     );
+    // And when another writer commits the key after the put landed, before its writer reads the
+    // head back: the head still remembers the lost commit's token, so it is not taken for a
+    // conflict (which would send the key's records round again and delete the segments the
+    // other writer's head now references).
+    let mut third = load_one(store, ns, "lost").await;
+    third
+        .slots
+        .get_mut("buffer")
+        .unwrap()
+        .entries
+        .push(entry(201));
+    let other = DynamoStateStore::new(store.table().clone(), ManualClock::at(clock.now_millis()));
+    let (other_ns, entry_202) = (ns.clone(), entry(202));
+    losing.lose_next_while(Box::pin(async move {
+        let mut state = load_one(&other, &other_ns, "lost").await;
+        let buffer = state.slots.get_mut("buffer").unwrap();
+        assert_eq!(buffer.entries.len(), 202, "the lost put landed");
+        buffer.entries.push(entry_202);
+        commit_one(&other, &other_ns, "lost", state)
+            .await
+            .expect("the other writer commits on top");
+    }));
+    let settled = commit_one(&lossy, ns, "lost", third)
+        .await
+        .expect("the lost commit is recognised after a later one");
+    assert_eq!(settled.version, 3);
+    let loaded = load_one(store, ns, "lost").await;
+    assert_eq!(loaded.version, 4);
+    assert_eq!(loaded.slots["buffer"].entries.len(), 203);
 }
 
 /// Messages a sink's destination received, as the contract reads them back.
