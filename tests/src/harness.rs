@@ -46,14 +46,22 @@ impl World {
         }
     }
 
+    /// Every queue of the world, wired as a sink of its name, and the dead-letter queue.
     pub fn sinks(&self) -> Sinks {
+        self.sinks_named(self.queues.keys().map(String::as_str))
+    }
+
+    fn sinks_named<'a>(&self, names: impl Iterator<Item = &'a str>) -> Sinks {
         let mut sinks = Sinks::new(Arc::new(SqsSink::new(
             self.sqs.clone(),
             &self.dead_letter_url,
         )));
-        for (name, url) in &self.queues {
-            sinks = sinks.with(
-                name.clone(),
+        for name in names {
+            let Some(url) = self.queues.get(name) else {
+                continue;
+            };
+            sinks = sinks.with_name(
+                name,
                 Arc::new(SqsSink::new(self.sqs.clone(), url)) as Arc<dyn Sink>,
             );
         }
@@ -69,7 +77,11 @@ impl World {
         operator: O,
         store: Arc<dyn StateStore>,
     ) -> Executor<O> {
-        Executor::new(operator, store, self.sinks(), self.clock.clone())
+        // Operators that share a world declare different sinks: each gets those it declares.
+        let declared = operator.sinks();
+        let sinks = self.sinks_named(declared.iter().map(|s| s.name));
+        Executor::new(operator, store, sinks, self.clock.clone())
+            .expect("the world has a queue for every sink the operator declares")
     }
 
     /// Items of operators' state, leaving out their signature histories.

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use keyway::domain::{KeyState, Output, Payload, SourceRecord};
-use keyway::operator::StateDescriptor;
+use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::ports::{
-    Commit, Committed, LoadKey, ManualClock, Namespace, Sink, SinkError, StateStore, StoreError,
-    StoreLimits,
+    Commit, Committed, LoadKey, ManualClock, Namespace, Sink as SinkPort, SinkError, StateStore,
+    StoreError, StoreLimits,
 };
-use keyway::{Ctx, Delivery, InvalidInput, KeyedOperator, ListState, ProcessError, ValueState};
+use keyway::{
+    Ctx, Delivery, InvalidInput, KeyedOperator, ListState, ProcessError, Sink, ValueState,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;
 
@@ -51,6 +53,10 @@ impl<O: KeyedOperator> KeyedOperator for Poisoned<O> {
         self.inner.states()
     }
 
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        self.inner.sinks()
+    }
+
     fn decode(&self, record: &SourceRecord) -> Result<O::Input, InvalidInput> {
         self.inner.decode(record)
     }
@@ -84,6 +90,7 @@ pub struct Waker;
 
 pub const ACTOR: ValueState<String> = ValueState::new("actor");
 pub const PENDING: ListState<String> = ListState::new("pending");
+pub const RESOLVED: Sink<Resolved> = Sink::new("resolved");
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
@@ -109,6 +116,10 @@ impl KeyedOperator for Waker {
         vec![ACTOR.descriptor(), PENDING.descriptor()]
     }
 
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        vec![RESOLVED.descriptor()]
+    }
+
     fn decode(&self, record: &SourceRecord) -> Result<WakerInput, InvalidInput> {
         let Payload::Bytes(data) = &record.payload else {
             return Err(InvalidInput::new("record", "not Kinesis"));
@@ -127,7 +138,7 @@ impl KeyedOperator for Waker {
             WakerInput::Event { key, event } => {
                 let actor = ctx.value(&ACTOR)?.get().cloned();
                 match actor {
-                    Some(actor) => ctx.emit("resolved", key, &Resolved { event, actor })?,
+                    Some(actor) => ctx.emit(&RESOLVED, key, &Resolved { event, actor })?,
                     None => ctx.list(&PENDING)?.push(event),
                 }
             }
@@ -135,7 +146,7 @@ impl KeyedOperator for Waker {
                 ctx.value(&ACTOR)?.set(actor.clone());
                 for event in ctx.list(&PENDING)?.take()? {
                     ctx.emit(
-                        "resolved",
+                        &RESOLVED,
                         key.clone(),
                         &Resolved {
                             event,
@@ -227,12 +238,12 @@ impl StateStore for BarrierStore {
 
 /// A sink that fails every message while it is down.
 pub struct FlakySink {
-    pub inner: Arc<dyn Sink>,
+    pub inner: Arc<dyn SinkPort>,
     pub down: AtomicBool,
 }
 
 impl FlakySink {
-    pub fn new(inner: Arc<dyn Sink>) -> Self {
+    pub fn new(inner: Arc<dyn SinkPort>) -> Self {
         Self {
             inner,
             down: AtomicBool::new(false),
@@ -245,7 +256,7 @@ impl FlakySink {
 }
 
 #[async_trait]
-impl Sink for FlakySink {
+impl SinkPort for FlakySink {
     async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
         if self.down.load(Ordering::SeqCst) {
             return (0..messages.len())
@@ -265,6 +276,8 @@ impl Sink for FlakySink {
 pub struct Buffer;
 
 pub const BUFFERED: ListState<String> = ListState::new("buffered");
+/// How many entries a flush took, and whether they were in order.
+pub const FLUSHED: Sink<serde_json::Value> = Sink::new("flushed");
 
 impl KeyedOperator for Buffer {
     type Input = String;
@@ -275,6 +288,10 @@ impl KeyedOperator for Buffer {
 
     fn states(&self) -> Vec<StateDescriptor> {
         vec![BUFFERED.descriptor()]
+    }
+
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        vec![FLUSHED.descriptor()]
     }
 
     fn decode(&self, record: &SourceRecord) -> Result<String, InvalidInput> {
@@ -297,7 +314,7 @@ impl KeyedOperator for Buffer {
                 .enumerate()
                 .all(|(i, e)| e.starts_with(&format!("{i:05}")));
             ctx.emit(
-                "flushed",
+                &FLUSHED,
                 "the-key",
                 &serde_json::json!({"count": all.len(), "in_order": first_ok}),
             )?;
@@ -368,6 +385,10 @@ impl<O: KeyedOperator> KeyedOperator for Tweaked<O> {
 
     fn states(&self) -> Vec<StateDescriptor> {
         self.inner.states()
+    }
+
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        self.inner.sinks()
     }
 
     fn decode(&self, record: &SourceRecord) -> Result<O::Input, InvalidInput> {

@@ -138,7 +138,7 @@ async fn published_kinesis_events_never_fail_a_batch_of_the_keyed_counter() {
         if source != "kinesis" || is_template(&path) {
             continue;
         }
-        let world = World::new(&[COUNTS]);
+        let world = World::new(&[COUNTS.name]);
         let executor = world.executor(KeyedCounter);
         // What each record must come to, from the record alone: counted if it decodes into the
         // counter's input, dead-lettered otherwise.

@@ -11,11 +11,11 @@ use keyway::operator::StateDescriptor;
 use keyway::sources::kinesis::decode_event;
 use keyway::{Ctx, Executor, InvalidInput, KeyedOperator, ProcessError, Sinks};
 use keyway_tests::harness::{count, redelivery, run_to_completion, stored_count, Shard, World};
-use keyway_tests::operators::{Buffer, FlakySink, Resolved, Waker};
+use keyway_tests::operators::{Buffer, FlakySink, Resolved, Waker, RESOLVED};
 
 #[tokio::test]
 async fn an_input_found_invalid_while_processing_is_dead_lettered_and_its_key_goes_on_without_it() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(KeyedCounter);
     let mut shard = Shard::new("in", 0);
     let event = shard.batch(&[count("a", 5), count("a", u64::MAX), count("a", 2)]);
@@ -31,7 +31,7 @@ async fn an_input_found_invalid_while_processing_is_dead_lettered_and_its_key_go
     assert_eq!(letter.field, "data.amount");
     assert!(letter.problem.contains("overflow"), "{}", letter.problem);
     let counts: Vec<u64> = world
-        .outputs(COUNTS)
+        .outputs(COUNTS.name)
         .iter()
         .map(|m| serde_json::from_str::<CountUpdate>(&m.body).unwrap().count)
         .collect();
@@ -46,13 +46,14 @@ async fn an_output_that_cannot_be_sent_keeps_its_record_unapplied_until_a_redeli
         world.sqs.clone(),
         &queue,
     ))));
-    let sinks = world.sinks().with(COUNTS, flaky.clone());
+    let sinks = world.sinks().with(&COUNTS, flaky.clone());
     let executor = Executor::new(
         KeyedCounter,
         world.store.clone(),
         sinks,
         world.clock.clone(),
-    );
+    )
+    .unwrap();
     let mut shard = Shard::new("in", 0);
     let event = shard.batch(&[count("a", 1), count("b", 1), count("a", 1)]);
 
@@ -148,6 +149,9 @@ impl KeyedOperator for ExpiringCounter {
     fn states(&self) -> Vec<StateDescriptor> {
         KeyedCounter.states()
     }
+    fn sinks(&self) -> Vec<keyway::operator::SinkDescriptor> {
+        KeyedCounter.sinks()
+    }
     fn decode(&self, record: &keyway::domain::SourceRecord) -> Result<Self::Input, InvalidInput> {
         KeyedCounter.decode(record)
     }
@@ -164,7 +168,7 @@ impl KeyedOperator for ExpiringCounter {
 
 #[tokio::test]
 async fn state_past_its_ttl_is_never_read_even_before_dynamodb_deletes_it() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(ExpiringCounter);
     let mut shard = Shard::new("in", 0);
     executor
@@ -207,8 +211,8 @@ async fn an_outbox_that_could_not_be_sent_is_sent_again_by_the_redelivery_with_t
         world.sqs.clone(),
         &world.dead_letter_url,
     )))
-    .with("resolved", flaky.clone());
-    let executor = Executor::new(Waker, world.store.clone(), sinks, world.clock.clone());
+    .with(&RESOLVED, flaky.clone());
+    let executor = Executor::new(Waker, world.store.clone(), sinks, world.clock.clone()).unwrap();
     let mut shard = Shard::new("mixed", 0);
     let event = shard.batch(&[
         ("k", br#"{"key":"k","event":"e1"}"#.to_vec()),
@@ -319,6 +323,7 @@ async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
 async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blocking_its_key() {
     /// Emits a body larger than any SQS message.
     struct Oversized;
+    const BIG: keyway::Sink<String> = keyway::Sink::new("big");
     impl KeyedOperator for Oversized {
         type Input = keyed_counter::CountEvent;
         fn name(&self) -> &str {
@@ -326,6 +331,9 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
         }
         fn states(&self) -> Vec<StateDescriptor> {
             KeyedCounter.states()
+        }
+        fn sinks(&self) -> Vec<keyway::operator::SinkDescriptor> {
+            vec![COUNTS.descriptor(), BIG.descriptor()]
         }
         fn decode(
             &self,
@@ -339,11 +347,11 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
         fn process(&self, ctx: &mut Ctx<'_>, input: Self::Input) -> Result<(), ProcessError> {
             KeyedCounter.process(ctx, input)?;
             // Bypasses Ctx's size check, as an outbox written under a larger limit would.
-            ctx.emit_text("big", "k", "x".repeat(300 * 1024))
+            ctx.emit_json(&BIG, "k", "x".repeat(300 * 1024))
         }
     }
 
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let queue = world.sqs.create_queue("big");
     /// An SQS sink that claims a larger limit than SQS has.
     struct Lenient(SqsSink<keyway::local::LocalSqs>);
@@ -360,10 +368,11 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
         }
     }
     let sinks = world.sinks().with(
-        "big",
+        &BIG,
         Arc::new(Lenient(SqsSink::new(world.sqs.clone(), &queue))),
     );
-    let executor = Executor::new(Oversized, world.store.clone(), sinks, world.clock.clone());
+    let executor =
+        Executor::new(Oversized, world.store.clone(), sinks, world.clock.clone()).unwrap();
     let mut shard = Shard::new("in", 0);
     let report = executor
         .run(decode_event(shard.batch(&[count("k", 1), count("k", 1)])).unwrap())
@@ -381,5 +390,35 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
     assert!(
         letters[0].payload_truncated,
         "a 300 KB output is cut to fit the dead-letter queue"
+    );
+}
+
+#[test]
+fn an_operator_whose_declared_sinks_are_not_the_wired_ones_does_not_start() {
+    use keyway::operator::SinkWiringError;
+    use keyway::WiringError;
+    let refusal = |world: World| {
+        Executor::new(
+            KeyedCounter,
+            world.store.clone(),
+            world.sinks(),
+            world.clock.clone(),
+        )
+        .err()
+        .expect("refused")
+    };
+    assert_eq!(
+        refusal(World::new(&[])),
+        WiringError::Sinks(SinkWiringError::Unwired {
+            operator: "keyed-counter".into(),
+            sink: "counts".into()
+        })
+    );
+    assert_eq!(
+        refusal(World::new(&[COUNTS.name, "alerts"])),
+        WiringError::Sinks(SinkWiringError::Undeclared {
+            operator: "keyed-counter".into(),
+            sink: "alerts".into()
+        })
     );
 }

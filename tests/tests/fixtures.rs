@@ -39,7 +39,7 @@ fn essence(r: &SourceRecord) -> (String, String, String, Option<i64>, Payload) {
 #[tokio::test]
 async fn the_keyed_counter_batch_counts_good_records_dead_letters_bad_ones_and_answers_the_recorded_response(
 ) {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(KeyedCounter);
     let response =
         keyway::sources::run_kinesis(&executor, fixture("keyed-counter/kinesis-batch.json"), None)

@@ -25,7 +25,7 @@ fn sequence_at(event: &Value, index: usize) -> SequenceNumber {
 
 #[tokio::test]
 async fn a_replayed_batch_applies_nothing_twice() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(KeyedCounter);
     let mut shard = Shard::new("counts-in", 0);
     let event = shard.batch(&[
@@ -48,7 +48,7 @@ async fn a_replayed_batch_applies_nothing_twice() {
     assert_eq!(stored_count(&world, &executor, "b").await, Some(7));
     assert_eq!(stored_count(&world, &executor, "c").await, Some(4));
     assert_eq!(
-        world.outputs(COUNTS).len(),
+        world.outputs(COUNTS.name).len(),
         5,
         "a replayed record emits nothing again"
     );
@@ -57,7 +57,7 @@ async fn a_replayed_batch_applies_nothing_twice() {
 #[tokio::test]
 async fn a_poison_record_stops_only_its_own_key_and_is_reported_at_the_lowest_unapplied_sequence_number(
 ) {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let operator = Poisoned::new(KeyedCounter);
     let poisoned = operator.poisoned.clone();
     let executor = world.executor(operator);
@@ -111,7 +111,7 @@ async fn a_poison_record_stops_only_its_own_key_and_is_reported_at_the_lowest_un
     assert_eq!(stored_count(&world, &executor, "a").await, Some(7));
     assert_eq!(stored_count(&world, &executor, "b").await, Some(30));
     let a_counts: Vec<u64> = world
-        .outputs(COUNTS)
+        .outputs(COUNTS.name)
         .iter()
         .map(|m| serde_json::from_str::<CountUpdate>(&m.body).unwrap())
         .filter(|u| u.key == "a")
@@ -126,7 +126,7 @@ async fn a_poison_record_stops_only_its_own_key_and_is_reported_at_the_lowest_un
 
 #[tokio::test]
 async fn two_concurrent_invocations_on_one_key_lose_no_update() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     // Both invocations read the key before either commits.
     let racing = Arc::new(BarrierStore::new(world.store.clone(), 2));
     let left = world.executor_on(KeyedCounter, racing.clone());
@@ -235,7 +235,7 @@ async fn two_concurrent_invocations_on_one_key_lose_no_wake_up() {
 #[tokio::test]
 async fn a_record_that_cannot_be_decoded_reaches_the_dead_letter_sink_with_reason_and_payload_and_does_not_fail_the_batch(
 ) {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(KeyedCounter);
     let mut shard = Shard::new("counts-in", 0);
     let mut event = shard.batch(&[
@@ -298,7 +298,7 @@ fn base64_of(bytes: &[u8]) -> String {
 #[tokio::test]
 async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_and_never_loses_one()
 {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let mut shard = Shard::new("counts-in", 0);
     let event = shard.batch(&[count("a", 1), count("b", 1), count("a", 1), count("c", 1)]);
 
@@ -316,14 +316,14 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
         crashed.is_err_and(|payload| payload.is::<Crash>()),
         "the invocation crashed"
     );
-    let after_crash: Vec<_> = world.outputs(COUNTS);
+    let after_crash: Vec<_> = world.outputs(COUNTS.name);
     assert_eq!(after_crash.len(), 4, "outputs left before the crash");
 
     // Lambda retries the whole batch.
     let executor = world.executor(KeyedCounter);
     let retry = executor.run(decode_event(event.clone()).unwrap()).await;
     assert_eq!(retry.failed_from, None);
-    let all = world.outputs(COUNTS);
+    let all = world.outputs(COUNTS.name);
     assert_eq!(all.len(), 8, "the retry sends every output again");
     let mut bodies_by_id: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
     for m in &all {
@@ -349,8 +349,14 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
         .iter()
         .map(|r| {
             let r = r.as_ref().unwrap();
-            keyway::domain::OutputId::derive("keyed-counter", COUNTS, &r.origin, &r.sequence, 0)
-                .to_string()
+            keyway::domain::OutputId::derive(
+                "keyed-counter",
+                COUNTS.name,
+                &r.origin,
+                &r.sequence,
+                0,
+            )
+            .to_string()
         })
         .collect();
     assert_eq!(

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyway::domain::{Origin, OutputId, SequenceNumber};
-use keyway::lambda::{executor_config, Handler, StreamHandler};
-use keyway::local::{Factory, FaultPlan, LocalRuntime, LocalServices, RunReport, StartingPosition};
+use keyway::lambda::{executor_config, sink_from, state_store_from, Handler, StreamHandler};
+use keyway::local::{
+    Factory, FaultPlan, LocalError, LocalRuntime, LocalServices, RunReport, StartingPosition,
+};
 use keyway::{Executor, Sinks};
 use keyway_tests::operators::{GroupCounter, History, Tweaked};
 use rand::rngs::StdRng;
@@ -374,17 +376,19 @@ fn chaos_factories() -> BTreeMap<String, Factory> {
     let mut factories = factories();
     let counter = |name: &'static str, outbox: bool, ttl: Option<Duration>| -> Factory {
         Box::new(move |platform, env| {
-            let sinks = Sinks::new(platform.sink(&env["DEAD_LETTER_SINK"])?)
-                .with(keyed_counter::COUNTS, platform.sink(&env["COUNTS_SINK"])?);
+            let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?).with(
+                &keyed_counter::COUNTS,
+                sink_from(platform, env, "COUNTS_SINK")?,
+            );
             let mut operator = Tweaked::new(keyed_counter::KeyedCounter).named(name);
             if outbox {
                 operator = operator.through_outbox();
             }
             operator.ttl = ttl;
-            let store = platform.state_store(&env["STATE_TABLE"])?;
-            let config = executor_config(env).map_err(|e| e.to_string())?;
+            let store = state_store_from(platform, env, "STATE_TABLE")?;
+            let config = executor_config(env)?;
             let executor =
-                Executor::new(operator, store, sinks, platform.clock()).with_config(config);
+                Executor::new(operator, store, sinks, platform.clock())?.with_config(config);
             Ok(Arc::new(StreamHandler::new(executor)) as Arc<dyn Handler>)
         })
     };
@@ -403,20 +407,20 @@ fn chaos_factories() -> BTreeMap<String, Factory> {
     factories.insert(
         "HistoryFunction".into(),
         Box::new(|platform, env| {
-            let sinks = Sinks::new(platform.sink(&env["DEAD_LETTER_SINK"])?);
-            let store = platform.state_store(&env["STATE_TABLE"])?;
-            let config = executor_config(env).map_err(|e| e.to_string())?;
+            let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?);
+            let store = state_store_from(platform, env, "STATE_TABLE")?;
+            let config = executor_config(env)?;
             let executor =
-                Executor::new(History, store, sinks, platform.clock()).with_config(config);
+                Executor::new(History, store, sinks, platform.clock())?.with_config(config);
             Ok(Arc::new(StreamHandler::new(executor)) as Arc<dyn Handler>)
         }),
     );
     factories.insert(
         "GroupCounterFunction".into(),
         Box::new(|platform, env| {
-            let sinks = Sinks::new(platform.sink(&env["DEAD_LETTER_SINK"])?);
-            let store = platform.state_store(&env["STATE_TABLE"])?;
-            let executor = Executor::new(GroupCounter, store, sinks, platform.clock());
+            let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?);
+            let store = state_store_from(platform, env, "STATE_TABLE")?;
+            let executor = Executor::new(GroupCounter, store, sinks, platform.clock())?;
             Ok(Arc::new(StreamHandler::new(executor)) as Arc<dyn Handler>)
         }),
     );
@@ -668,7 +672,7 @@ fn expected_ids(operator: &str, positions: &Positions, streams: &[&str]) -> Hash
         .map(|(stream, shard, seq)| {
             OutputId::derive(
                 operator,
-                keyed_counter::COUNTS,
+                keyed_counter::COUNTS.name,
                 &Origin(format!("{stream}/{shard}")),
                 &SequenceNumber::parse(seq).unwrap(),
                 0,
@@ -876,10 +880,16 @@ async fn a_template_whose_watermarks_would_not_outlive_its_redeliveries_is_refus
     let err = LocalRuntime::from_template(&short, services.clone(), &factories())
         .err()
         .expect("refused");
+    let LocalError::Function { path, problem } = err else {
+        panic!("a function's error: {err}");
+    };
+    assert_eq!(
+        path,
+        "Resources/KeyedCounterFunction/Properties/Events/Clicks"
+    );
     assert!(
-        err.contains("KeyedCounterFunction/Clicks")
-            && err.contains("KEYWAY_REDELIVERY_WINDOW_SECONDS"),
-        "{err}"
+        problem.starts_with("environment variable KEYWAY_REDELIVERY_WINDOW_SECONDS: "),
+        "{problem}"
     );
     let per_shard = template().replace(
         "KEYWAY_REDELIVERY_WINDOW_SECONDS: \"90000\"",
@@ -888,8 +898,33 @@ async fn a_template_whose_watermarks_would_not_outlive_its_redeliveries_is_refus
     let err = LocalRuntime::from_template(&per_shard, services, &factories())
         .err()
         .expect("refused");
+    let text = err.to_string();
     assert!(
-        err.contains("KEYWAY_LINEAGE") && err.contains("ParallelizationFactor"),
-        "{err}"
+        text.contains("KEYWAY_LINEAGE") && text.contains("ParallelizationFactor"),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_function_whose_environment_names_no_sink_is_refused_at_the_variables_template_path() {
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let bad = template().replacen(
+        "COUNTS_SINK: !Sub",
+        "COUNTS_SINK: sns:counts\n          UNUSED: !Sub",
+        1,
+    );
+    assert_ne!(bad, template(), "the template names the counts sink");
+    let err = LocalRuntime::from_template(&bad, services, &factories())
+        .err()
+        .expect("refused");
+    assert_eq!(
+        err,
+        LocalError::Function {
+            path: "Resources/KeyedCounterFunction/Properties/Environment/Variables/COUNTS_SINK"
+                .into(),
+            problem:
+                "sink target \"sns:counts\": expected kinesis:<stream name> or sqs:<queue URL>"
+                    .into(),
+        }
     );
 }

@@ -20,7 +20,9 @@ use keyway::{Executor, ExecutorConfig};
 use keyway_tests::harness::{
     count, count_under, pick, redelivery, run_to_completion, stored_count, Shard, World,
 };
-use keyway_tests::operators::{Buffer, FlakySink, GroupCounter, Keeper, Resolved, Tweaked, Waker};
+use keyway_tests::operators::{
+    Buffer, FlakySink, GroupCounter, Keeper, Resolved, Tweaked, Waker, RESOLVED,
+};
 use serde_json::Value;
 
 const DAY: i64 = 24 * 3600 * 1000;
@@ -47,7 +49,7 @@ fn resolution_of(key: &str, actor: &str) -> Vec<u8> {
 /// record commits first.
 #[tokio::test]
 async fn a_key_fed_by_two_lanes_of_one_shard_applies_the_earlier_record_that_commits_later() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(KeyedCounter);
     let mut shard = Shard::new("clicks", 0);
     // One key, two partition keys: Lambda may put them in different lanes.
@@ -77,7 +79,7 @@ async fn a_key_fed_by_two_lanes_of_one_shard_applies_the_earlier_record_that_com
 /// stream kept for a year) meets the watermark that guards it.
 #[tokio::test]
 async fn a_record_redelivered_months_after_it_arrived_is_not_applied_twice() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(KeyedCounter);
     let mut shard = Shard::new("archive", 0);
     shard.arrival_millis = world.clock.now_millis() - 200 * DAY;
@@ -116,9 +118,10 @@ async fn an_unsent_outbox_outlives_the_state_ttl_and_is_sent_when_the_sink_is_ba
         world.sqs.clone(),
         &queue,
     ))));
-    let sinks = world.sinks().with("resolved", flaky.clone());
+    let sinks = world.sinks().with(&RESOLVED, flaky.clone());
     let operator = Tweaked::new(Waker).with_ttl(Duration::from_secs(60));
-    let executor = Executor::new(operator, world.store.clone(), sinks, world.clock.clone());
+    let executor =
+        Executor::new(operator, world.store.clone(), sinks, world.clock.clone()).unwrap();
     let mut shard = Shard::new("mixed", 0);
     let event = shard.batch(&[
         ("k", event_of("k", "e1")),
@@ -192,7 +195,7 @@ async fn two_operators_on_one_stream_never_share_an_output_id() {
     let world = World::new(&[]);
     let fifo = world.sqs.create_queue("counts.fifo");
     let sinks = world.sinks().with(
-        COUNTS,
+        &COUNTS,
         Arc::new(SqsSink::new(world.sqs.clone(), &fifo)) as Arc<dyn Sink>,
     );
     let first = Executor::new(
@@ -200,13 +203,15 @@ async fn two_operators_on_one_stream_never_share_an_output_id() {
         world.store.clone(),
         sinks.clone(),
         world.clock.clone(),
-    );
+    )
+    .unwrap();
     let second = Executor::new(
         Tweaked::new(KeyedCounter).named("keyed-counter-copy"),
         world.store.clone(),
         sinks,
         world.clock.clone(),
-    );
+    )
+    .unwrap();
     let event = Shard::new("clicks", 0).batch(&[count("a", 1), count("b", 2)]);
     first.run(decode_event(event.clone()).unwrap()).await;
     second.run(decode_event(event.clone()).unwrap()).await;
@@ -367,7 +372,7 @@ async fn run_to_completion_dynamodb(
 /// Scenario 8: DynamoDB's TTL process deletes expired items; Lambda redelivers after that.
 #[tokio::test]
 async fn a_redelivery_after_the_state_ttl_and_the_ttl_process_is_still_skipped() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(Tweaked::new(KeyedCounter).with_ttl(Duration::from_secs(60)));
     let mut shard = Shard::new("clicks", 0);
     shard.arrival_millis = world.clock.now_millis();
@@ -382,7 +387,7 @@ async fn a_redelivery_after_the_state_ttl_and_the_ttl_process_is_still_skipped()
     let again = executor.run(decode_event(event.clone()).unwrap()).await;
     assert_eq!((again.applied, again.replayed), (0, 2));
     assert_eq!(
-        counts_of(&world, COUNTS, "a"),
+        counts_of(&world, COUNTS.name, "a"),
         [1, 3],
         "no output was computed again from fresh state"
     );
@@ -401,13 +406,16 @@ async fn after_a_failed_output_no_later_output_of_its_key_overtakes_it_on_a_fifo
         world.sqs.clone(),
         &fifo,
     ))));
-    let sinks = world.sinks().with(COUNTS, failing.clone() as Arc<dyn Sink>);
+    let sinks = world
+        .sinks()
+        .with(&COUNTS, failing.clone() as Arc<dyn Sink>);
     let executor = Executor::new(
         KeyedCounter,
         world.store.clone(),
         sinks,
         world.clock.clone(),
-    );
+    )
+    .unwrap();
     let event = Shard::new("clicks", 0).batch(&[count("a", 1), count("a", 2), count("b", 5)]);
     let reports = run_to_completion(&executor, &event, 3).await;
     assert!(reports[0].failed_from.is_some());
@@ -495,7 +503,7 @@ async fn an_outbox_is_sent_once_and_not_again_by_the_keys_next_commit() {
 /// A stream deleted and created again under the same name: its sequence numbers start over.
 #[tokio::test]
 async fn records_of_a_recreated_stream_are_applied_though_their_numbers_are_below_old_watermarks() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(KeyedCounter);
     let mut old = Shard::new("clicks", 0);
     old.arrival_millis = world.clock.now_millis() - DAY;
@@ -516,7 +524,7 @@ async fn records_of_a_recreated_stream_are_applied_though_their_numbers_are_belo
 /// An operator that panics on one key.
 #[tokio::test]
 async fn an_operator_that_panics_fails_its_key_and_the_others_go_on() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(Tweaked::new(KeyedCounter).panicking_on("boom"));
     let event = Shard::new("clicks", 0).batch(&[count("a", 1), count("boom", 1), count("b", 1)]);
     let report = executor.run(decode_event(event.clone()).unwrap()).await;
@@ -534,7 +542,7 @@ async fn an_operator_that_panics_fails_its_key_and_the_others_go_on() {
 /// A slow operator and an invocation deadline.
 #[tokio::test]
 async fn near_its_deadline_the_executor_commits_what_it_finished_and_reports_the_rest() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(Tweaked::new(KeyedCounter).taking(world.clock.clone(), 1_000));
     let records: Vec<(&str, Vec<u8>)> = ["a", "b", "c", "d", "e", "f"]
         .iter()
@@ -564,7 +572,7 @@ async fn near_its_deadline_the_executor_commits_what_it_finished_and_reports_the
 /// The same checks a store does, through the port: a watermark store that outlives its state.
 #[tokio::test]
 async fn expired_state_keeps_its_watermarks_through_the_port() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let executor = world.executor(Tweaked::new(KeyedCounter).with_ttl(Duration::from_secs(1)));
     let event = Shard::new("clicks", 0).batch(&[count("a", 1)]);
     executor.run(decode_event(event.clone()).unwrap()).await;
@@ -619,7 +627,7 @@ impl keyway::adapters::sqs::SqsApi for KmsThrottledOnce {
 fn output(i: usize, body: String) -> keyway::domain::Output {
     keyway::domain::Output {
         id: keyway::domain::OutputId(format!("{i:032}")),
-        sink: COUNTS.into(),
+        sink: COUNTS.name.into(),
         partition_key: "k".into(),
         body,
     }

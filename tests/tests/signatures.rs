@@ -54,6 +54,11 @@ impl KeyedOperator for CounterV2 {
         vec![TALLY.descriptor()]
     }
 
+    /// Emits nothing itself, but still delivers what version 1 left in its outboxes.
+    fn sinks(&self) -> Vec<keyway::operator::SinkDescriptor> {
+        vec![COUNTS.descriptor()]
+    }
+
     fn decode(&self, record: &SourceRecord) -> Result<CountEvent, InvalidInput> {
         KeyedCounter.decode(record)
     }
@@ -145,7 +150,7 @@ async fn deploy_v1(world: &World, shard: &mut Shard) -> serde_json::Value {
 
 #[tokio::test]
 async fn a_redeploy_with_a_changed_state_type_neither_crashes_nor_reads_old_state() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let mut shard = Shard::new("clicks", 0);
     deploy_v1(&world, &mut shard).await;
 
@@ -187,7 +192,7 @@ async fn a_redeploy_with_a_changed_state_type_neither_crashes_nor_reads_old_stat
 
 #[tokio::test]
 async fn a_registered_migration_carries_every_keys_state_over_once_with_its_watermarks() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let mut shard = Shard::new("clicks", 0);
     let v1_batch = deploy_v1(&world, &mut shard).await;
 
@@ -250,7 +255,7 @@ async fn a_registered_migration_carries_every_keys_state_over_once_with_its_wate
 
 #[tokio::test]
 async fn keys_left_behind_by_a_change_older_than_the_look_back_are_not_counted_as_reset() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let mut shard = Shard::new("clicks", 0);
     deploy_v1(&world, &mut shard).await;
     let config = ExecutorConfig {
@@ -281,7 +286,7 @@ async fn keys_left_behind_by_a_change_older_than_the_look_back_are_not_counted_a
 
 #[tokio::test]
 async fn a_key_whose_migration_fails_starts_afresh_and_is_counted_as_reset() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let mut shard = Shard::new("clicks", 0);
     deploy_v1(&world, &mut shard).await;
     let v2 = world.executor(CounterV2 {
@@ -310,7 +315,7 @@ async fn a_key_whose_migration_fails_starts_afresh_and_is_counted_as_reset() {
 
 #[tokio::test]
 async fn a_migrated_key_keeps_the_outbox_its_old_state_had_not_sent() {
-    let world = World::new(&[COUNTS]);
+    let world = World::new(&[COUNTS.name]);
     let mut shard = Shard::new("clicks", 0);
     deploy_v1(&world, &mut shard).await;
     // Version 1 left key o with a count and an output still to send.
@@ -322,7 +327,7 @@ async fn a_migrated_key_keeps_the_outbox_its_old_state_had_not_sent() {
     );
     state.outbox.push(Output {
         id: OutputId("pending-output".into()),
-        sink: COUNTS.into(),
+        sink: COUNTS.name.into(),
         partition_key: "o".into(),
         body: "{\"key\":\"o\",\"count\":4}".into(),
     });
@@ -336,7 +341,7 @@ async fn a_migrated_key_keeps_the_outbox_its_old_state_had_not_sent() {
         .await;
     assert_eq!((report.migrated, report.failed_from), (1, None));
     let sent: Vec<Option<String>> = world
-        .outputs(COUNTS)
+        .outputs(COUNTS.name)
         .into_iter()
         .filter(|m| m.body.contains("\"o\""))
         .map(|m| m.output_id)

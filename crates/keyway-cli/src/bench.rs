@@ -91,13 +91,14 @@ fn executor_on(table: Arc<LocalTable>, sqs: Arc<LocalSqs>) -> Executor<KeyedCoun
     let counts = sqs.create_queue("counts");
     let dead = sqs.create_queue("dead-letter");
     let sinks = Sinks::new(Arc::new(SqsSink::new(sqs.clone(), dead)))
-        .with(COUNTS, Arc::new(SqsSink::new(sqs, counts)));
+        .with(&COUNTS, Arc::new(SqsSink::new(sqs, counts)));
     Executor::new(
         KeyedCounter,
         Arc::new(DynamoStateStore::new(table, clock.clone())),
         sinks,
         clock,
     )
+    .expect("the counter's sinks are wired")
 }
 
 fn figures(meter: &MeterSnapshot, waves: &[u64], events: usize) -> DesignFigures {
@@ -414,7 +415,8 @@ fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliE
                 crate::stack::TEMPLATE,
                 services.clone(),
                 &functions,
-            )?;
+            )
+            .map_err(|e| e.to_string())?;
             let stream = runtime.resource("ClicksStream").ok_or("no ClicksStream")?;
             services
                 .kinesis
@@ -424,7 +426,8 @@ fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliE
             let start = thread_cpu_time();
             let report = runtime
                 .run_until_idle(Duration::from_secs(24 * 3600))
-                .await?;
+                .await
+                .map_err(|e| e.to_string())?;
             let spent = thread_cpu_time() - start;
             let done: u64 = report.mappings.iter().map(|(_, s)| s.records_done).sum();
             if done != records.len() as u64 {

@@ -26,3 +26,15 @@ impl From<&str> for CliError {
         Self(message.to_owned())
     }
 }
+
+impl From<keyway::local::LocalError> for CliError {
+    fn from(err: keyway::local::LocalError) -> Self {
+        Self(err.to_string())
+    }
+}
+
+impl From<keyway::lambda::PortError> for CliError {
+    fn from(err: keyway::lambda::PortError) -> Self {
+        Self(err.to_string())
+    }
+}

@@ -12,27 +12,65 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::executor::{Executor, ExecutorConfig, Lineage};
+use crate::executor::{Executor, ExecutorConfig, Lineage, WiringError};
 use crate::operator::KeyedOperator;
 use crate::ports::{Clock, Sink, StateStore};
 
 /// Where a function runs: it builds the ports the function's configuration names.
 pub trait Platform: Send + Sync {
     /// The state store on the DynamoDB table `table`.
-    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, String>;
+    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError>;
     /// A sink for `target`: `kinesis:<stream name>` or `sqs:<queue URL>`.
-    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, String>;
+    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError>;
     fn clock(&self) -> Arc<dyn Clock>;
+}
+
+/// A platform cannot build the port a configuration value names.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PortError {
+    #[error("sink target {target:?}: expected kinesis:<stream name> or sqs:<queue URL>")]
+    SinkTarget { target: String },
+    #[error("no DynamoDB table named {table:?}")]
+    NoTable { table: String },
 }
 
 /// A function's environment variables.
 pub type Env = BTreeMap<String, String>;
 
 /// The variable `name`, or an error naming it.
-pub fn required<'a>(env: &'a Env, name: &str) -> Result<&'a str, String> {
+pub fn required<'a>(env: &'a Env, name: &str) -> Result<&'a str, ConfigError> {
     env.get(name)
         .map(String::as_str)
-        .ok_or_else(|| format!("environment variable {name} is not set"))
+        .ok_or_else(|| ConfigError {
+            name: name.to_owned(),
+            problem: "is not set".to_owned(),
+        })
+}
+
+/// The state store on the table the variable `name` names.
+pub fn state_store_from(
+    platform: &dyn Platform,
+    env: &Env,
+    name: &str,
+) -> Result<Arc<dyn StateStore>, ConfigError> {
+    port_from(env, name, |table| platform.state_store(table))
+}
+
+/// The sink the variable `name` names (`kinesis:<stream name>` or `sqs:<queue URL>`).
+pub fn sink_from(
+    platform: &dyn Platform,
+    env: &Env,
+    name: &str,
+) -> Result<Arc<dyn Sink>, ConfigError> {
+    port_from(env, name, |target| platform.sink(target))
+}
+
+fn port_from<P>(
+    env: &Env,
+    name: &str,
+    build: impl FnOnce(&str) -> Result<P, PortError>,
+) -> Result<P, ConfigError> {
+    build(required(env, name)?).map_err(|e| ConfigError::new(name, e))
 }
 
 /// A function's environment says something the function cannot run with.
@@ -41,6 +79,25 @@ pub fn required<'a>(env: &'a Env, name: &str) -> Result<&'a str, String> {
 pub struct ConfigError {
     pub name: String,
     pub problem: String,
+}
+
+impl ConfigError {
+    fn new(name: &str, problem: impl std::fmt::Display) -> Self {
+        Self {
+            name: name.to_owned(),
+            problem: problem.to_string(),
+        }
+    }
+}
+
+/// A function could not be set up: a variable of its environment, or an operator that does not
+/// fit the ports it was given.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SetupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Wiring(#[from] WiringError),
 }
 
 /// Which records a watermark guards: `partition-key` (the default, right for every
@@ -177,13 +234,13 @@ pub enum SinkTarget {
 }
 
 impl SinkTarget {
-    pub fn parse(target: &str) -> Result<Self, String> {
+    pub fn parse(target: &str) -> Result<Self, PortError> {
         match target.split_once(':') {
             Some(("kinesis", stream)) if !stream.is_empty() => Ok(Self::Kinesis(stream.to_owned())),
             Some(("sqs", url)) if url.starts_with("http") => Ok(Self::Sqs(url.to_owned())),
-            _ => Err(format!(
-                "sink target {target:?}: expected kinesis:<stream name> or sqs:<queue URL>"
-            )),
+            _ => Err(PortError::SinkTarget {
+                target: target.to_owned(),
+            }),
         }
     }
 }
@@ -203,7 +260,7 @@ mod tests {
             SinkTarget::parse(&format!("sqs:{url}")),
             Ok(SinkTarget::Sqs(url.into()))
         );
-        let err = SinkTarget::parse("sns:topic").unwrap_err();
+        let err = SinkTarget::parse("sns:topic").unwrap_err().to_string();
         assert!(
             err.contains("\"sns:topic\"") && err.contains("kinesis:<stream name>"),
             "{err}"
@@ -249,9 +306,47 @@ mod tests {
 
     #[test]
     fn a_missing_variable_is_named() {
+        let err = required(&Env::new(), "STATE_TABLE").unwrap_err();
+        assert_eq!(err.name, "STATE_TABLE");
         assert_eq!(
-            required(&Env::new(), "STATE_TABLE"),
-            Err("environment variable STATE_TABLE is not set".into())
+            err.to_string(),
+            "environment variable STATE_TABLE: is not set"
+        );
+    }
+
+    #[test]
+    fn a_sink_variable_that_names_no_sink_is_named_with_the_problem() {
+        struct Nowhere;
+        impl Platform for Nowhere {
+            fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError> {
+                Err(PortError::NoTable {
+                    table: table.to_owned(),
+                })
+            }
+            fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {
+                Err(SinkTarget::parse(target).unwrap_err())
+            }
+            fn clock(&self) -> Arc<dyn Clock> {
+                Arc::new(crate::ports::SystemClock)
+            }
+        }
+        let env: Env = [
+            ("COUNTS_SINK".to_owned(), "sns:topic".to_owned()),
+            ("STATE_TABLE".to_owned(), "state".to_owned()),
+        ]
+        .into();
+        let err = sink_from(&Nowhere, &env, "COUNTS_SINK").err().unwrap();
+        assert_eq!(err.name, "COUNTS_SINK");
+        assert!(err.problem.contains("\"sns:topic\""), "{err}");
+        let err = state_store_from(&Nowhere, &env, "STATE_TABLE")
+            .err()
+            .unwrap();
+        assert_eq!(err.name, "STATE_TABLE");
+        assert_eq!(err.problem, "no DynamoDB table named \"state\"");
+        let err = sink_from(&Nowhere, &env, "ALERTS_SINK").err().unwrap();
+        assert_eq!(
+            (err.name.as_str(), err.problem.as_str()),
+            ("ALERTS_SINK", "is not set")
         );
     }
 }

@@ -17,7 +17,9 @@ pub mod sources;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use executor::{BatchReport, Executor, ExecutorConfig, Lineage, RejectedRecord, Sinks};
+pub use executor::{
+    BatchReport, Executor, ExecutorConfig, Lineage, RejectedRecord, Sinks, WiringError,
+};
 pub use operator::{
-    Ctx, Delivery, InvalidInput, KeyedOperator, ListState, MapState, ProcessError, ValueState,
+    Ctx, Delivery, InvalidInput, KeyedOperator, ListState, MapState, ProcessError, Sink, ValueState,
 };

@@ -11,14 +11,16 @@
 use serde::{Deserialize, Serialize};
 
 use keyway::domain::{Payload, SourceRecord};
-use keyway::lambda::{executor_config, required, Env, Platform, StreamHandler};
-use keyway::operator::StateDescriptor;
-use keyway::{Ctx, Executor, InvalidInput, KeyedOperator, ProcessError, Sinks, ValueState};
+use keyway::lambda::{
+    executor_config, sink_from, state_store_from, Env, Platform, SetupError, StreamHandler,
+};
+use keyway::operator::{SinkDescriptor, StateDescriptor};
+use keyway::{Ctx, Executor, InvalidInput, KeyedOperator, ProcessError, Sink, Sinks, ValueState};
 
 /// The count of one key.
 pub const COUNT: ValueState<u64> = ValueState::new("count");
 /// The sink counts go to.
-pub const COUNTS: &str = "counts";
+pub const COUNTS: Sink<CountUpdate> = Sink::new("counts");
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,6 +65,10 @@ impl KeyedOperator for KeyedCounter {
         vec![COUNT.descriptor()]
     }
 
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        vec![COUNTS.descriptor()]
+    }
+
     fn decode(&self, record: &SourceRecord) -> Result<CountEvent, InvalidInput> {
         let Payload::Bytes(data) = &record.payload else {
             return Err(InvalidInput::new("record", "expected a Kinesis record"));
@@ -105,18 +111,21 @@ impl KeyedOperator for KeyedCounter {
             count: total,
             sequence: ctx.record().sequence.as_str(),
         };
+        // Written from the borrowed form: no copy of the key and sequence number per event.
         let body = serde_json::to_string(&update).expect("a count update serializes");
-        ctx.emit_text(COUNTS, input.key, body)
+        ctx.emit_json(&COUNTS, input.key, body)
     }
 }
 
 /// The function: the keyed counter wired to the ports its environment names.
-pub fn handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<KeyedCounter>, String> {
-    let sinks = Sinks::new(platform.sink(required(env, "DEAD_LETTER_SINK")?)?)
-        .with(COUNTS, platform.sink(required(env, "COUNTS_SINK")?)?);
-    let store = platform.state_store(required(env, "STATE_TABLE")?)?;
-    let config = executor_config(env).map_err(|e| e.to_string())?;
-    Ok(StreamHandler::new(
-        Executor::new(KeyedCounter, store, sinks, platform.clock()).with_config(config),
-    ))
+pub fn handler(
+    platform: &dyn Platform,
+    env: &Env,
+) -> Result<StreamHandler<KeyedCounter>, SetupError> {
+    let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
+        .with(&COUNTS, sink_from(platform, env, "COUNTS_SINK")?);
+    let store = state_store_from(platform, env, "STATE_TABLE")?;
+    let config = executor_config(env)?;
+    let executor = Executor::new(KeyedCounter, store, sinks, platform.clock())?;
+    Ok(StreamHandler::new(executor.with_config(config)))
 }

@@ -10,7 +10,7 @@ use aws_config::timeout::TimeoutConfig;
 use super::dynamodb::{DynamoStateStore, SdkTable};
 use super::kinesis::{KinesisSink, SdkKinesis};
 use super::sqs::{SdkSqs, SqsSink};
-use crate::lambda::{Platform, SinkTarget};
+use crate::lambda::{Platform, PortError, SinkTarget};
 use crate::ports::{Clock, Sink, StateStore, SystemClock};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -56,12 +56,12 @@ impl AwsClients {
 }
 
 impl Platform for AwsClients {
-    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, String> {
+    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError> {
         let table = Arc::new(SdkTable::new(self.dynamodb.clone(), table));
         Ok(Arc::new(DynamoStateStore::new(table, self.clock())))
     }
 
-    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, String> {
+    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {
         Ok(match SinkTarget::parse(target)? {
             SinkTarget::Kinesis(stream) => Arc::new(KinesisSink::new(self.kinesis.clone(), stream)),
             SinkTarget::Sqs(url) => Arc::new(SqsSink::new(self.sqs.clone(), url)),

@@ -388,7 +388,7 @@ mod tests {
 
     use async_trait::async_trait;
 
-    use super::super::testkit::{bench, record, Recorder, Summer, START};
+    use super::super::testkit::{bench, record, Recorder, Summer, OUT, START};
     use super::super::{Executor, Sinks};
     use super::*;
     use crate::adapters::dynamodb::DynamoStateStore;
@@ -453,8 +453,17 @@ mod tests {
             key_commits: AtomicUsize::new(0),
         });
         let dead = Arc::new(Recorder::default());
-        let sinks = Sinks::new(dead.clone()).with("out", Arc::new(Recorder::default()));
-        let executor = Executor::new(Summer { outbox }, store.clone(), sinks, clock);
+        let sinks = Sinks::new(dead.clone()).with(&OUT, Arc::new(Recorder::default()));
+        let executor = Executor::new(
+            Summer {
+                outbox,
+                ..Summer::default()
+            },
+            store.clone(),
+            sinks,
+            clock,
+        )
+        .unwrap();
         Scene {
             executor,
             store,

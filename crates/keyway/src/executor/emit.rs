@@ -287,18 +287,29 @@ mod tests {
 
     #[tokio::test]
     async fn an_outbox_for_a_sink_no_longer_configured_waits_and_blocks_its_key() {
-        let b = bench(Summer { outbox: true }, false);
+        let b = bench(
+            Summer {
+                outbox: true,
+                ..Summer::default()
+            },
+            false,
+        );
         b.out.down.store(true, Ordering::SeqCst);
         b.executor.run(vec![record(1, "p", "a", 5)]).await;
         // Redeployed without the sink: the key's outbox keeps it, and the key waits.
         let clock = ManualClock::at(START);
         let store = Arc::new(DynamoStateStore::new(b.table.clone(), clock.clone()));
+        let redeployed = Summer {
+            outbox: true,
+            without_out: true,
+        };
         let without = Executor::new(
-            Summer { outbox: true },
+            redeployed,
             store,
             Sinks::new(Arc::new(Recorder::default())),
             clock,
-        );
+        )
+        .unwrap();
         let report = without.run(vec![record(2, "p", "a", 0)]).await;
         assert_eq!(report.failed_from.unwrap().as_str(), "2");
         // The sink is back: the output goes out.

@@ -155,7 +155,7 @@ mod tests {
 
     use async_trait::async_trait;
 
-    use super::super::testkit::{record, Recorder, Summer};
+    use super::super::testkit::{record, Recorder, Summer, OUT};
     use super::super::{Executor, Sinks};
     use super::*;
     use crate::domain::KeyState;
@@ -211,8 +211,8 @@ mod tests {
 
     fn executor(store: std::sync::Arc<Asked>) -> Executor<Summer> {
         let sinks = Sinks::new(std::sync::Arc::new(Recorder::default()))
-            .with("out", std::sync::Arc::new(Recorder::default()));
-        Executor::new(Summer::default(), store, sinks, ManualClock::at(0))
+            .with(&OUT, std::sync::Arc::new(Recorder::default()));
+        Executor::new(Summer::default(), store, sinks, ManualClock::at(0)).unwrap()
     }
 
     #[tokio::test]

@@ -64,7 +64,10 @@ use std::time::Duration;
 pub use report::BatchReport;
 
 use crate::domain::{SequenceNumber, SourceRecord, DEAD_LETTER_SINK};
-use crate::operator::{state_signature, Delivery, KeyedOperator, Migration, StateDescriptor};
+use crate::operator::{
+    check_sinks, state_signature, Delivery, KeyedOperator, Migration, SinkWiringError,
+    StateDescriptor,
+};
 use crate::ports::{Clock, Namespace, Sink, StateStore, StoreLimits, DEFAULT_REDELIVERY_WINDOW};
 
 /// A record the source could not turn into a `SourceRecord` (malformed event JSON, no sequence
@@ -92,8 +95,16 @@ impl Sinks {
         Self { sinks }
     }
 
-    pub fn with(mut self, name: impl Into<String>, sink: Arc<dyn Sink>) -> Self {
+    /// Sends what the operator emits to the sink named `name` through `sink`: for wiring read
+    /// from configuration. `Executor::new` checks the names against the operator's sinks.
+    pub fn with_name(mut self, name: impl Into<String>, sink: Arc<dyn Sink>) -> Self {
         self.sinks.insert(name.into(), sink);
+        self
+    }
+
+    /// Sends what the operator emits to `declared` through `sink`.
+    pub fn with<T>(mut self, declared: &crate::operator::Sink<T>, sink: Arc<dyn Sink>) -> Self {
+        self.sinks.insert(declared.name.to_owned(), sink);
         self
     }
 
@@ -150,7 +161,7 @@ pub struct Executor<O: KeyedOperator> {
     store: Arc<dyn StateStore>,
     limits: StoreLimits,
     sinks: Sinks,
-    /// Sink name to the largest output `process` may emit to it.
+    /// Declared sink name to the largest output `process` may emit to it.
     sink_limits: HashMap<String, usize>,
     clock: Arc<dyn Clock>,
     config: ExecutorConfig,
@@ -159,26 +170,47 @@ pub struct Executor<O: KeyedOperator> {
     history: tokio::sync::OnceCell<Option<(String, i64)>>,
 }
 
+/// An executor cannot be built: the operator and the function's wiring do not fit together.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WiringError {
+    #[error(transparent)]
+    Sinks(#[from] SinkWiringError),
+    /// Caught by `keyway signatures --check` before anything is deployed.
+    #[error("operator {operator}: the structure of state {state:?} ({type_name}) cannot be traced ({problem}); declare it with_shape")]
+    UntraceableState {
+        operator: String,
+        state: String,
+        type_name: String,
+        problem: String,
+    },
+}
+
 impl<O: KeyedOperator> Executor<O> {
-    /// Panics when a state's structure cannot be traced: a programming error, caught by
-    /// `keyway signatures --check` before anything is deployed.
+    /// An executor of `operator` on the given ports, once its states are traceable and its
+    /// declared sinks are exactly the ones `sinks` wires.
     pub fn new(
         operator: O,
         store: Arc<dyn StateStore>,
         sinks: Sinks,
         clock: Arc<dyn Clock>,
-    ) -> Self {
+    ) -> Result<Self, WiringError> {
         let states = operator.states();
         for state in &states {
-            if let Err(err) = &state.shape {
-                panic!(
-                    "operator {}: the structure of state {:?} ({}) cannot be traced ({err}); declare it with_shape",
-                    operator.name(),
-                    state.name,
-                    state.type_name
-                );
+            if let Err(problem) = &state.shape {
+                return Err(WiringError::UntraceableState {
+                    operator: operator.name().to_owned(),
+                    state: state.name.to_owned(),
+                    type_name: state.type_name.to_owned(),
+                    problem: problem.clone(),
+                });
             }
         }
+        let declared = operator.sinks();
+        check_sinks(
+            operator.name(),
+            &declared,
+            sinks.sinks.keys().map(String::as_str),
+        )?;
         let namespace = Namespace {
             operator: operator.name().to_owned(),
             signature: state_signature(&states),
@@ -187,21 +219,20 @@ impl<O: KeyedOperator> Executor<O> {
         // An outbox output is stored with the state first: it must fit there too (an output is
         // stored as JSON, its body escaped, hence the margin).
         let outbox = operator.delivery() == Delivery::Outbox;
-        let sink_limits = sinks
-            .sinks
+        let sink_limits = declared
             .iter()
-            .map(|(name, sink)| {
-                let limit = sink.max_message_bytes();
+            .map(|sink| {
+                let limit = sinks.sinks[sink.name].max_message_bytes();
                 let limit = if outbox {
                     limit.min(limits.max_entry_bytes.saturating_sub(1024))
                 } else {
                     limit
                 };
-                (name.clone(), limit)
+                (sink.name.to_owned(), limit)
             })
             .collect();
         let migrations = operator.migrations();
-        Self {
+        Ok(Self {
             operator,
             namespace,
             states,
@@ -213,7 +244,7 @@ impl<O: KeyedOperator> Executor<O> {
             config: ExecutorConfig::default(),
             migrations,
             history: tokio::sync::OnceCell::new(),
-        }
+        })
     }
 
     pub fn with_config(mut self, config: ExecutorConfig) -> Self {

@@ -57,7 +57,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_sent_outbox_is_cleared_and_one_that_failed_is_kept_and_reported() {
-        let b = bench(Summer { outbox: true }, false);
+        let b = bench(
+            Summer {
+                outbox: true,
+                ..Summer::default()
+            },
+            false,
+        );
         b.out.fail("3");
         let report = b
             .executor

@@ -11,11 +11,15 @@ use super::{Executor, RejectedRecord, Sinks};
 use crate::adapters::dynamodb::DynamoStateStore;
 use crate::domain::{Origin, Output, Payload, SequenceNumber, SourceRecord};
 use crate::local::LocalTable;
-use crate::operator::{Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, StateDescriptor};
+use crate::operator::{
+    Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, SinkDescriptor, StateDescriptor,
+};
 use crate::ports::{ManualClock, Sink, SinkError};
 use crate::ValueState;
 
 pub const SUM: ValueState<i64> = ValueState::new("sum");
+/// Where `Summer` sends its running sums.
+pub const OUT: crate::Sink<i64> = crate::Sink::new("out");
 pub const START: i64 = 1_767_225_600_000;
 
 /// Sums `n` per `key` of records `{"key": .., "n": ..}` and emits the running sum to `out`.
@@ -24,6 +28,8 @@ pub const START: i64 = 1_767_225_600_000;
 #[derive(Clone, Copy, Default)]
 pub struct Summer {
     pub outbox: bool,
+    /// Declares no sink: a version deployed without `out`.
+    pub without_out: bool,
 }
 
 impl KeyedOperator for Summer {
@@ -35,6 +41,14 @@ impl KeyedOperator for Summer {
 
     fn states(&self) -> Vec<StateDescriptor> {
         vec![SUM.descriptor()]
+    }
+
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        if self.without_out {
+            Vec::new()
+        } else {
+            vec![OUT.descriptor()]
+        }
     }
 
     fn decode(&self, record: &SourceRecord) -> Result<(String, i64), InvalidInput> {
@@ -67,7 +81,7 @@ impl KeyedOperator for Summer {
         let mut sum = ctx.value(&SUM)?;
         let total = sum.get().copied().unwrap_or(0) + n;
         sum.set(total);
-        ctx.emit("out", key, &total)
+        ctx.emit(&OUT, key, &total)
     }
 
     fn delivery(&self) -> Delivery {
@@ -167,9 +181,9 @@ pub fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
         ..Recorder::default()
     });
     let dead = Arc::new(Recorder::default());
-    let sinks = Sinks::new(dead.clone()).with("out", out.clone());
+    let sinks = Sinks::new(dead.clone()).with(&OUT, out.clone());
     Bench {
-        executor: Executor::new(operator, store, sinks, clock),
+        executor: Executor::new(operator, store, sinks, clock).expect("the bench is wired"),
         table,
         out,
         dead,

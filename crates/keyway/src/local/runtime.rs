@@ -14,13 +14,16 @@ use super::esm::{EventSourceMapping, MappingSettings, MappingSource, MappingStat
 use super::faults::{add_counts, crash, Fault, FaultCounts, FaultPlan, Faults};
 use super::kinesis::LocalKinesis;
 use super::sqs::LocalSqs;
-use super::template::{self, Resolver, Resource, SourceRef, Wiring};
+use super::template::{self, Resolver, Resource, SourceRef, TemplateError, Wiring};
 use crate::adapters::dynamodb::DynamoStateStore;
 use crate::adapters::kinesis::KinesisSink;
 use crate::adapters::retry::Backoff;
 use crate::adapters::sqs::SqsSink;
 use crate::domain::KeyState;
-use crate::lambda::{check_mapping, executor_config, Env, Handler, Platform, SinkTarget};
+use crate::lambda::{
+    check_mapping, executor_config, ConfigError, Env, Handler, Platform, PortError, SetupError,
+    SinkTarget,
+};
 use crate::ports::{
     Clock, Commit, Committed, LoadKey, Namespace, Sink, StateStore, StoreError, StoreLimits,
 };
@@ -95,11 +98,13 @@ impl LocalServices {
 }
 
 impl Platform for LocalServices {
-    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, String> {
+    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError> {
         let table = self
             .dynamodb
             .table(table)
-            .ok_or_else(|| format!("no table named {table:?}"))?;
+            .ok_or_else(|| PortError::NoTable {
+                table: table.to_owned(),
+            })?;
         let store: Arc<dyn StateStore> =
             Arc::new(DynamoStateStore::new(table, self.clock.clone()).with_backoff(self.backoff()));
         if self.faults.crash_before_commit > 0.0 {
@@ -111,7 +116,7 @@ impl Platform for LocalServices {
         Ok(store)
     }
 
-    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, String> {
+    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {
         Ok(match SinkTarget::parse(target)? {
             SinkTarget::Kinesis(stream) => Arc::new(
                 KinesisSink::new(self.kinesis.clone(), stream).with_backoff(self.backoff()),
@@ -197,7 +202,52 @@ impl StateStore for CrashBeforeCommit {
 
 /// Builds a function's handler from its platform and environment (a function crate's `handler`).
 pub type Factory =
-    Box<dyn Fn(&dyn Platform, &Env) -> Result<Arc<dyn Handler>, String> + Send + Sync>;
+    Box<dyn Fn(&dyn Platform, &Env) -> Result<Arc<dyn Handler>, SetupError> + Send + Sync>;
+
+/// The embedded runtime cannot run a template, or a run does not finish. Problems of a function's
+/// configuration name the template path they come from.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LocalError {
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("Resources/{function}: no function is registered for this logical id")]
+    Unregistered { function: String },
+    /// `path` is the template path of what is wrong: an environment variable, an event.
+    #[error("{path}: {problem}")]
+    Function { path: String, problem: String },
+    #[error("{waiting} records still wait after {limit:?}")]
+    Unfinished { waiting: usize, limit: Duration },
+}
+
+impl LocalError {
+    /// A function's configuration error, at the template path of the variable it names.
+    fn config(function: &str, err: &ConfigError) -> Self {
+        Self::Function {
+            path: format!(
+                "Resources/{function}/Properties/Environment/Variables/{}",
+                err.name
+            ),
+            problem: err.problem.clone(),
+        }
+    }
+
+    fn setup(function: &str, err: SetupError) -> Self {
+        match err {
+            SetupError::Config(err) => Self::config(function, &err),
+            SetupError::Wiring(err) => Self::Function {
+                path: format!("Resources/{function}"),
+                problem: err.to_string(),
+            },
+        }
+    }
+
+    fn event(function: &str, event: &str, problem: impl std::fmt::Display) -> Self {
+        Self::Function {
+            path: format!("Resources/{function}/Properties/Events/{event}"),
+            problem: problem.to_string(),
+        }
+    }
+}
 
 /// What a run did, per event source mapping.
 #[derive(Clone, Debug, Default)]
@@ -241,8 +291,8 @@ impl LocalRuntime {
         text: &str,
         services: Arc<LocalServices>,
         factories: &BTreeMap<String, Factory>,
-    ) -> Result<Self, String> {
-        let (wiring, template) = template::parse(text).map_err(|e| e.to_string())?;
+    ) -> Result<Self, LocalError> {
+        let (wiring, template) = template::parse(text)?;
         let mut names = Names::default();
         for (id, resource) in &wiring.resources {
             let mut attr =
@@ -293,28 +343,22 @@ impl LocalRuntime {
         }
         let mut mappings = Vec::new();
         for function in &wiring.functions {
-            let factory = factories.get(&function.logical_id).ok_or_else(|| {
-                format!(
-                    "no function is registered for {} of the template",
-                    function.logical_id
-                )
+            let id = &function.logical_id;
+            let factory = factories.get(id).ok_or_else(|| LocalError::Unregistered {
+                function: id.clone(),
             })?;
-            let env = function
-                .resolved_env(&template, &names)
-                .map_err(|e| e.to_string())?;
+            let env = function.resolved_env(&template, &names)?;
             // What the function's environment says of its watermarks must fit its mappings.
-            let config =
-                executor_config(&env).map_err(|e| format!("{}: {e}", function.logical_id))?;
+            let config = executor_config(&env).map_err(|e| LocalError::config(id, &e))?;
             for event in &function.events {
                 check_mapping(
                     &config,
                     event.settings.parallelization_factor,
                     wiring.redelivery_horizon(event),
                 )
-                .map_err(|e| format!("{}/{}: {e}", function.logical_id, event.name))?;
+                .map_err(|e| LocalError::event(id, &event.name, e))?;
             }
-            let handler = factory(services.as_ref(), &env)
-                .map_err(|e| format!("{}: {e}", function.logical_id))?;
+            let handler = factory(services.as_ref(), &env).map_err(|e| LocalError::setup(id, e))?;
             let function_arn = format!(
                 "arn:aws:lambda:us-east-1:000000000000:function:{}",
                 function.name
@@ -323,14 +367,22 @@ impl LocalRuntime {
                 let source = match &event.source {
                     SourceRef::Kinesis(id) => MappingSource::Kinesis {
                         kinesis: services.kinesis.clone(),
-                        stream: names
-                            .reference(id)
-                            .ok_or_else(|| format!("{}: no stream {id}", event.name))?,
+                        stream: names.reference(id).ok_or_else(|| {
+                            LocalError::event(
+                                &function.logical_id,
+                                &event.name,
+                                format!("no stream {id}"),
+                            )
+                        })?,
                     },
                     SourceRef::DynamoDb(id) => {
-                        let table = names
-                            .reference(id)
-                            .ok_or_else(|| format!("{}: no table {id}", event.name))?;
+                        let table = names.reference(id).ok_or_else(|| {
+                            LocalError::event(
+                                &function.logical_id,
+                                &event.name,
+                                format!("no table {id}"),
+                            )
+                        })?;
                         MappingSource::DynamoDb {
                             table: services.dynamodb.table(&table).expect("created above"),
                         }
@@ -406,7 +458,7 @@ impl LocalRuntime {
 
     /// Runs the mappings until no record waits, or fails when records still wait after `limit`
     /// of virtual time (a function that keeps failing with unlimited retries).
-    pub async fn run_until_idle(&mut self, limit: Duration) -> Result<RunReport, String> {
+    pub async fn run_until_idle(&mut self, limit: Duration) -> Result<RunReport, LocalError> {
         let start = self.services.clock.now_millis();
         let deadline = start + limit.as_millis() as i64;
         let mut last_expiry = i64::MIN;
@@ -414,7 +466,7 @@ impl LocalRuntime {
             let now = self.services.clock.now_millis();
             if now > deadline {
                 let waiting: usize = self.mappings.iter().map(|m| m.pending().0).sum();
-                return Err(format!("{waiting} records still wait after {limit:?}"));
+                return Err(LocalError::Unfinished { waiting, limit });
             }
             // DynamoDB's TTL process runs in the background; here once a virtual second.
             if now.saturating_sub(last_expiry) >= 1_000 {

@@ -100,7 +100,7 @@ pub trait Resolver {
     fn attribute(&self, logical_id: &str, attribute: &str) -> Option<String>;
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("template: {0}")]
 pub struct TemplateError(pub String);
 

@@ -13,6 +13,7 @@ mod ctx;
 pub mod lock;
 pub mod migration;
 pub mod signature;
+mod sink;
 mod state;
 
 use std::time::Duration;
@@ -21,6 +22,7 @@ use thiserror::Error;
 
 pub use ctx::Ctx;
 pub use migration::{Migration, NewState, OldState};
+pub use sink::{check_sinks, Sink, SinkDescriptor, SinkWiringError};
 pub(crate) use state::TypedSlot;
 pub use state::{
     ListHandle, ListState, MapHandle, MapState, StateDescriptor, StateError, ValueHandle,
@@ -104,6 +106,12 @@ pub trait KeyedOperator: Send + Sync + 'static {
 
     /// Every state the operator reads or writes.
     fn states(&self) -> Vec<StateDescriptor>;
+
+    /// Every sink the operator emits to (the dead-letter sink is every operator's, undeclared).
+    /// The executor refuses to start unless the function wires exactly these.
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        Vec::new()
+    }
 
     /// Turns a record into input, or says which field is wrong.
     fn decode(&self, record: &SourceRecord) -> Result<Self::Input, InvalidInput>;
