@@ -673,3 +673,54 @@ impl keyway::lambda::Handler for Recording {
         self.inner.handle(event, invocation).await
     }
 }
+
+/// "Using Lambda with Kinesis", on-failure destinations: the record names the shard the discarded
+/// batch came from, also when each shard is read in several lanes.
+#[tokio::test(start_paused = true)]
+async fn an_on_failure_record_names_the_shard_of_its_batch_with_every_parallelization_factor() {
+    for factor in [1, 3] {
+        let f = Scripted::new(|_, _| Err(FunctionError("down".into())));
+        let mut s = setup(
+            2,
+            f.clone(),
+            MappingSettings {
+                parallelization_factor: factor,
+                maximum_retry_attempts: Some(0),
+                ..Default::default()
+            },
+        );
+        let mut shard_of = std::collections::HashMap::new();
+        for k in 0..16 {
+            let written = s
+                .runtime
+                .services
+                .kinesis
+                .put_record(&s.stream, &format!("key-{k}"), b"x")
+                .unwrap();
+            let keyway::adapters::kinesis::PutOutcome::Written {
+                shard_id,
+                sequence_number,
+            } = written
+            else {
+                panic!("{written:?}")
+            };
+            shard_of.insert(sequence_number, shard_id);
+        }
+        s.run().await;
+        let records = s.failure_records();
+        let named: std::collections::BTreeSet<&str> = records
+            .iter()
+            .map(|r| r["KinesisBatchInfo"]["shardId"].as_str().unwrap())
+            .collect();
+        assert_eq!(named.len(), 2, "factor {factor}: both shards' batches fail");
+        for record in &records {
+            let info = &record["KinesisBatchInfo"];
+            let first = info["startSequenceNumber"].as_str().unwrap();
+            assert_eq!(
+                info["shardId"].as_str().unwrap(),
+                shard_of[first],
+                "factor {factor}"
+            );
+        }
+    }
+}

@@ -114,8 +114,8 @@ impl<O: KeyedOperator> Executor<O> {
             let migration = self.migrations.iter().find(|m| m.from == signature);
             missing.retain(|request| {
                 let key = request.key;
-                let Some(state) = old.get(key).filter(|s| s.version > 0 && !s.slots.is_empty())
-                else {
+                // A key that was never written (version 0) has no slots either.
+                let Some(state) = old.get(key).filter(|s| !s.slots.is_empty()) else {
                     return true;
                 };
                 match migration.map(|m| (m.migrate)(&OldState { slots: &state.slots })) {
