@@ -121,10 +121,7 @@ impl KeyedOperator for Waker {
     }
 
     fn decode(&self, record: &SourceRecord) -> Result<WakerInput, InvalidInput> {
-        let Payload::Bytes(data) = &record.payload else {
-            return Err(InvalidInput::new("record", "not Kinesis"));
-        };
-        serde_json::from_slice(data).map_err(|e| InvalidInput::new("data", e.to_string()))
+        record.json()
     }
 
     fn key(&self, input: &WakerInput) -> String {

@@ -30,7 +30,7 @@ pub use state::{
 };
 
 use crate::domain::hash::sha256_hex;
-use crate::domain::SourceRecord;
+use crate::domain::{Payload, SourceRecord};
 
 /// Input that can never be processed: the field and what is wrong with it. The record goes to the
 /// dead-letter sink with this reason; the batch goes on.
@@ -46,6 +46,25 @@ impl InvalidInput {
         Self {
             field: field.into(),
             problem: problem.into(),
+        }
+    }
+}
+
+impl SourceRecord {
+    /// The record's Kinesis data as JSON of `T`: the decode most operators start with. Data that
+    /// is not a `T` is invalid input naming `data`; a DynamoDB change, `record`.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, InvalidInput> {
+        match &self.payload {
+            Payload::Bytes(data) => serde_json::from_slice(data).map_err(|e| {
+                InvalidInput::new(
+                    "data",
+                    format!("expected JSON of {}: {e}", std::any::type_name::<T>()),
+                )
+            }),
+            Payload::Change(_) => Err(InvalidInput::new(
+                "record",
+                "expected a Kinesis record, got a DynamoDB Streams change",
+            )),
         }
     }
 }
@@ -144,4 +163,49 @@ pub fn state_signature(states: &[StateDescriptor]) -> String {
     described.sort();
     let joined = described.join("\n");
     sha256_hex(&[joined.as_bytes()], 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Change, ChangeKind, Item, Origin, SequenceNumber};
+
+    fn record(payload: Payload) -> SourceRecord {
+        SourceRecord {
+            origin: Origin("s/shardId-0".into()),
+            lineage: Origin("s/shardId-0/p".into()),
+            sequence: SequenceNumber::parse("1").unwrap(),
+            partition_key: "p".into(),
+            arrival_millis: None,
+            payload,
+            raw: serde_json::Value::Null,
+        }
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Click {
+        user: String,
+    }
+
+    #[test]
+    fn a_records_json_decodes_into_the_type_asked_for_or_names_the_field_and_the_type() {
+        let good = record(Payload::Bytes(br#"{"user":"u1"}"#.to_vec()));
+        assert_eq!(good.json::<Click>(), Ok(Click { user: "u1".into() }));
+        let bad = record(Payload::Bytes(br#"{"name":"u1"}"#.to_vec()));
+        let err = bad.json::<Click>().unwrap_err();
+        assert_eq!(err.field, "data");
+        assert!(
+            err.problem.contains("Click") && err.problem.contains("missing field `user`"),
+            "{err}"
+        );
+        let change = record(Payload::Change(Change {
+            kind: ChangeKind::Insert,
+            table: None,
+            keys: Item::new(),
+            old_image: None,
+            new_image: None,
+            ttl_deletion: false,
+        }));
+        assert_eq!(change.json::<Click>().unwrap_err().field, "record");
+    }
 }
