@@ -349,6 +349,7 @@ async fn bisection_isolates_a_poison_record_which_is_discarded_after_its_retries
     // [5] fails three times (one try, two retries) and is discarded; then [6-7] ok.
     assert_eq!(f.sizes(), [8, 4, 4, 2, 1, 1, 1, 1, 2]);
     assert_eq!(stats.bisections, 3);
+    assert_eq!(stats.function_errors, 6, "8, 4, 2, then 1 three times");
     assert_eq!(stats.records_done, 7);
     assert_eq!(stats.discarded_for_retries, 1);
     let delivered: Vec<String> = f
@@ -450,6 +451,28 @@ async fn records_past_the_maximum_age_are_discarded_and_described() {
     let record = &s.failure_records()[0];
     assert_eq!(record["requestContext"]["condition"], "RecordAgeExceeded");
     assert_eq!(record["KinesisBatchInfo"]["batchSize"], 4);
+}
+
+/// "Older than" the maximum age: a record exactly that old, held by a batching window as long,
+/// is still delivered.
+#[tokio::test(start_paused = true)]
+async fn a_record_exactly_the_maximum_age_old_is_still_delivered() {
+    let f = Scripted::succeeding();
+    let settings = MappingSettings {
+        maximum_record_age: Some(Duration::from_secs(60)),
+        maximum_batching_window: Duration::from_secs(60),
+        ..Default::default()
+    };
+    let mut s = setup(1, f.clone(), settings);
+    s.put("k", 2);
+    let report = s.run().await;
+    assert_eq!(
+        report.elapsed,
+        Duration::from_secs(60),
+        "the window held it"
+    );
+    assert_eq!(report.mappings[0].1.discarded_for_age, 0);
+    assert_eq!(f.sizes(), [2]);
 }
 
 /// "Using Lambda with Kinesis", polling and batching, ParallelizationFactor: up to ten batches

@@ -393,20 +393,28 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
     );
 }
 
+/// Why an executor of `operator` on every sink of `world` does not start.
+fn refused<O: KeyedOperator>(
+    operator: O,
+    inputs: keyway::Inputs,
+    world: &World,
+) -> keyway::WiringError {
+    Executor::with_inputs(
+        operator,
+        inputs,
+        world.store.clone(),
+        world.sinks(),
+        world.clock.clone(),
+    )
+    .err()
+    .expect("refused")
+}
+
 #[test]
 fn an_operator_whose_declared_sinks_are_not_the_wired_ones_does_not_start() {
     use keyway::operator::SinkWiringError;
     use keyway::WiringError;
-    let refusal = |world: World| {
-        Executor::new(
-            KeyedCounter,
-            world.store.clone(),
-            world.sinks(),
-            world.clock.clone(),
-        )
-        .err()
-        .expect("refused")
-    };
+    let refusal = |world: World| refused(KeyedCounter, keyway::Inputs::new(), &world);
     assert_eq!(
         refusal(World::new(&[])),
         WiringError::Sinks(SinkWiringError::Unwired {
@@ -421,4 +429,141 @@ fn an_operator_whose_declared_sinks_are_not_the_wired_ones_does_not_start() {
             sink: "alerts".into()
         })
     );
+}
+
+/// Two inputs of the same shape, told apart only by their streams: names set a key's name,
+/// greetings are emitted with it.
+mod two_inputs {
+    use keyway::domain::SourceRecord;
+    use keyway::operator::{InputDescriptor, SinkDescriptor};
+    use keyway::{Input, Inputs, ValueState};
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    pub struct Said {
+        key: String,
+        text: String,
+    }
+
+    pub enum Heard {
+        Name(Said),
+        Greeting(Said),
+    }
+
+    pub const NAMES: Input<Said> = Input::json("names");
+    pub const GREETINGS: Input<Said> = Input::json("greetings");
+    const NAME: ValueState<String> = ValueState::new("name");
+    pub const GREETED: keyway::Sink<String> = keyway::Sink::new("greeted");
+
+    pub struct Greeter;
+
+    impl KeyedOperator for Greeter {
+        type Input = Heard;
+        fn name(&self) -> &str {
+            "greeter"
+        }
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![NAME.descriptor()]
+        }
+        fn inputs(&self) -> Vec<InputDescriptor> {
+            vec![NAMES.descriptor(), GREETINGS.descriptor()]
+        }
+        fn sinks(&self) -> Vec<SinkDescriptor> {
+            vec![GREETED.descriptor()]
+        }
+        fn decode(&self, record: &SourceRecord) -> Result<Heard, InvalidInput> {
+            record
+                .route()
+                .input(&NAMES, Heard::Name)
+                .input(&GREETINGS, Heard::Greeting)
+                .done()
+        }
+        fn key(&self, input: &Heard) -> String {
+            match input {
+                Heard::Name(said) | Heard::Greeting(said) => said.key.clone(),
+            }
+        }
+        fn process(&self, ctx: &mut Ctx<'_>, input: Heard) -> Result<(), ProcessError> {
+            match input {
+                Heard::Name(said) => ctx.value(&NAME)?.set(said.text),
+                Heard::Greeting(said) => {
+                    let name = ctx.value(&NAME)?.get().cloned().unwrap_or_default();
+                    ctx.emit(&GREETED, said.key, &format!("{}, {name}", said.text))?;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[derive(Serialize)]
+    struct Line<'a> {
+        key: &'a str,
+        text: &'a str,
+    }
+
+    pub fn said(key: &'static str, text: &str) -> (&'static str, Vec<u8>) {
+        (key, serde_json::to_vec(&Line { key, text }).unwrap())
+    }
+
+    pub fn inputs() -> Inputs {
+        Inputs::new()
+            .with(&NAMES, "names-stream")
+            .with(&GREETINGS, "greetings-stream")
+    }
+}
+
+#[tokio::test]
+async fn an_operator_of_two_inputs_gets_each_record_as_the_input_its_stream_is_wired_to() {
+    use two_inputs::{inputs, said, Greeter, GREETED};
+    let world = World::new(&[GREETED.name]);
+    let sinks = world.sinks();
+    let executor = Executor::with_inputs(
+        Greeter,
+        inputs(),
+        world.store.clone(),
+        sinks,
+        world.clock.clone(),
+    )
+    .unwrap();
+    let mut names = Shard::new("names-stream", 0);
+    let mut greetings = Shard::new("greetings-stream", 0);
+    let mut elsewhere = Shard::new("elsewhere", 0);
+    let run = |event| executor.run(decode_event(event).unwrap());
+    assert_eq!(run(names.batch(&[said("k", "Ada")])).await.applied, 1);
+    let report = run(greetings.batch(&[said("k", "hello"), said("k", "bye")])).await;
+    assert_eq!((report.applied, report.failed_from), (2, None));
+    let greeted: Vec<String> = world
+        .outputs(GREETED.name)
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    assert_eq!(greeted, ["hello, Ada", "bye, Ada"]);
+    // A stream no input reads: dead-lettered with why, and the batch goes on.
+    let report = run(elsewhere.batch(&[said("k", "Bob")])).await;
+    assert_eq!((report.dead_lettered, report.failed_from), (1, None));
+    let letters = world.dead_letters();
+    assert_eq!(letters[0].field, "eventSourceARN");
+    assert!(letters[0].problem.contains("\"elsewhere\""), "{letters:?}");
+}
+
+#[test]
+fn an_operator_of_two_inputs_does_not_start_without_a_stream_for_each() {
+    use keyway::operator::InputWiringError;
+    use keyway::{Inputs, WiringError};
+    use two_inputs::{Greeter, GREETED, NAMES};
+    let world = World::new(&[GREETED.name]);
+    let refusal = |inputs: Inputs| refused(Greeter, inputs, &world);
+    assert_eq!(
+        refusal(Inputs::new()),
+        WiringError::Inputs(InputWiringError::Unwired {
+            operator: "greeter".into(),
+            input: "greetings".into()
+        })
+    );
+    assert!(matches!(
+        refusal(Inputs::new().with(&NAMES, "names-stream")),
+        WiringError::Inputs(InputWiringError::Unwired { .. })
+    ));
 }

@@ -18,8 +18,9 @@ pub mod sources;
 pub mod testing;
 
 pub use executor::{
-    BatchReport, Executor, ExecutorConfig, Lineage, RejectedRecord, Sinks, WiringError,
+    BatchReport, Executor, ExecutorConfig, Inputs, Lineage, RejectedRecord, Sinks, WiringError,
 };
 pub use operator::{
-    Ctx, Delivery, InvalidInput, KeyedOperator, ListState, MapState, ProcessError, Sink, ValueState,
+    Ctx, Delivery, Input, InvalidInput, KeyedOperator, ListState, MapState, ProcessError, Sink,
+    ValueState,
 };

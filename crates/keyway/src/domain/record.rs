@@ -2,6 +2,7 @@
 
 use std::cmp::Ordering;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -115,6 +116,12 @@ impl fmt::Display for Origin {
 /// One record as delivered by a stream, with where it sits in its origin.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SourceRecord {
+    /// The stream it came from: a Kinesis stream's name, or the table of a DynamoDB stream.
+    /// Shared by the records of a batch.
+    pub stream: Arc<str>,
+    /// Which of the operator's declared inputs reads `stream`, once the executor routed it
+    /// (`None` for an operator that declares no inputs, or a stream none of them reads).
+    pub input: Option<&'static str>,
     pub origin: Origin,
     /// The finest run of records Lambda keeps in order whatever the mapping's settings: the shard
     /// and partition key for Kinesis, the item for DynamoDB Streams (see `Origin`).

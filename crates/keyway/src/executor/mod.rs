@@ -65,8 +65,8 @@ pub use report::BatchReport;
 
 use crate::domain::{SequenceNumber, SourceRecord, DEAD_LETTER_SINK};
 use crate::operator::{
-    check_sinks, state_signature, Delivery, KeyedOperator, Migration, SinkWiringError,
-    StateDescriptor,
+    check_inputs, check_sinks, state_signature, Delivery, InputWiringError, KeyedOperator,
+    Migration, SinkWiringError, StateDescriptor,
 };
 use crate::ports::{Clock, Namespace, Sink, StateStore, StoreLimits, DEFAULT_REDELIVERY_WINDOW};
 
@@ -117,6 +117,25 @@ impl Sinks {
     }
 }
 
+/// The streams an operator's declared inputs read: a record of one of them is that input's.
+#[derive(Clone, Debug, Default)]
+pub struct Inputs {
+    wired: Vec<(String, &'static str)>,
+}
+
+impl Inputs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records of `stream` (a Kinesis stream's name, or a table's for its DynamoDB stream) are
+    /// `input`'s.
+    pub fn with<T>(mut self, input: &crate::operator::Input<T>, stream: impl Into<String>) -> Self {
+        self.wired.push((stream.into(), input.name));
+        self
+    }
+}
+
 /// Which records one watermark guards (see the module's notes on lineages).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Lineage {
@@ -156,6 +175,8 @@ impl Default for ExecutorConfig {
 
 pub struct Executor<O: KeyedOperator> {
     operator: O,
+    /// Stream name to the declared input that reads it.
+    routes: HashMap<String, &'static str>,
     namespace: Namespace,
     states: Vec<StateDescriptor>,
     store: Arc<dyn StateStore>,
@@ -175,6 +196,8 @@ pub struct Executor<O: KeyedOperator> {
 pub enum WiringError {
     #[error(transparent)]
     Sinks(#[from] SinkWiringError),
+    #[error(transparent)]
+    Inputs(#[from] InputWiringError),
     /// Caught by `keyway signatures --check` before anything is deployed.
     #[error("operator {operator}: the structure of state {state:?} ({type_name}) cannot be traced ({problem}); declare it with_shape")]
     UntraceableState {
@@ -187,9 +210,22 @@ pub enum WiringError {
 
 impl<O: KeyedOperator> Executor<O> {
     /// An executor of `operator` on the given ports, once its states are traceable and its
-    /// declared sinks are exactly the ones `sinks` wires.
+    /// declared sinks are exactly the ones `sinks` wires. An operator that declares inputs needs
+    /// `with_inputs`.
     pub fn new(
         operator: O,
+        store: Arc<dyn StateStore>,
+        sinks: Sinks,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, WiringError> {
+        Self::with_inputs(operator, Inputs::new(), store, sinks, clock)
+    }
+
+    /// An executor of an operator that reads several streams, each wired to one of its declared
+    /// inputs by `inputs`.
+    pub fn with_inputs(
+        operator: O,
+        inputs: Inputs,
         store: Arc<dyn StateStore>,
         sinks: Sinks,
         clock: Arc<dyn Clock>,
@@ -205,6 +241,8 @@ impl<O: KeyedOperator> Executor<O> {
                 });
             }
         }
+        check_inputs(operator.name(), &operator.inputs(), &inputs.wired)?;
+        let routes = inputs.wired.into_iter().collect();
         let declared = operator.sinks();
         check_sinks(
             operator.name(),
@@ -234,6 +272,7 @@ impl<O: KeyedOperator> Executor<O> {
         let migrations = operator.migrations();
         Ok(Self {
             operator,
+            routes,
             namespace,
             states,
             store,
@@ -269,9 +308,14 @@ impl<O: KeyedOperator> Executor<O> {
     /// executor's clock), the invocation's deadline.
     pub async fn run_until(
         &self,
-        batch: Vec<Result<SourceRecord, RejectedRecord>>,
+        mut batch: Vec<Result<SourceRecord, RejectedRecord>>,
         deadline_millis: Option<i64>,
     ) -> BatchReport {
+        if !self.routes.is_empty() {
+            for record in batch.iter_mut().flatten() {
+                record.input = self.routes.get(&*record.stream).copied();
+            }
+        }
         let now = self.clock.now_millis();
         let mut report = BatchReport::new(batch.len());
         let (plan, mut inputs) = self.plan(&batch);

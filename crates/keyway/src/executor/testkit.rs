@@ -98,6 +98,8 @@ impl KeyedOperator for Summer {
 pub fn record(seq: u64, pk: &str, key: &str, n: i64) -> Result<SourceRecord, RejectedRecord> {
     let origin = Origin("s/shardId-0".into());
     Ok(SourceRecord {
+        stream: "s".into(),
+        input: None,
         lineage: crate::sources::kinesis::lineage(&origin, pk),
         origin,
         sequence: SequenceNumber::parse(&seq.to_string()).unwrap(),

@@ -10,6 +10,7 @@
 //! that stays, and retries recompute outputs that must carry the same ids.
 
 mod ctx;
+mod input;
 pub mod lock;
 pub mod migration;
 pub mod signature;
@@ -21,6 +22,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use ctx::Ctx;
+pub use input::{check_inputs, Input, InputDescriptor, InputWiringError, Route};
 pub use migration::{Migration, NewState, OldState};
 pub use sink::{check_sinks, Sink, SinkDescriptor, SinkWiringError};
 pub(crate) use state::TypedSlot;
@@ -126,6 +128,12 @@ pub trait KeyedOperator: Send + Sync + 'static {
     /// Every state the operator reads or writes.
     fn states(&self) -> Vec<StateDescriptor>;
 
+    /// The inputs of an operator that reads several streams, each routed by its stream (see
+    /// `Input`); an operator of one input declares none and gets every record.
+    fn inputs(&self) -> Vec<InputDescriptor> {
+        Vec::new()
+    }
+
     /// Every sink the operator emits to (the dead-letter sink is every operator's, undeclared).
     /// The executor refuses to start unless the function wires exactly these.
     fn sinks(&self) -> Vec<SinkDescriptor> {
@@ -172,6 +180,8 @@ mod tests {
 
     fn record(payload: Payload) -> SourceRecord {
         SourceRecord {
+            stream: "s".into(),
+            input: None,
             origin: Origin("s/shardId-0".into()),
             lineage: Origin("s/shardId-0/p".into()),
             sequence: SequenceNumber::parse("1").unwrap(),

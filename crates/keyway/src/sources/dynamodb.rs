@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem};
+use super::{decode_all, epoch_seconds_to_millis, rejected, DecodedBatch, Problem, StreamNames};
 use crate::domain::hash::xxh3_128_hex;
 use crate::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
 use crate::domain::{Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord};
@@ -11,7 +11,7 @@ use crate::executor::RejectedRecord;
 /// Decodes every record of a DynamoDB Streams event; a record that does not decode is returned as
 /// rejected, naming the field. Fails only when the event has no `Records` array at all.
 pub fn decode_event(event: Value) -> Result<DecodedBatch, String> {
-    Ok(records_of(event)?.into_iter().map(decode_record).collect())
+    decode_all(event, decode_record)
 }
 
 /// The table name in a stream ARN (`arn:aws:dynamodb:region:account:table/name/stream/label`).
@@ -30,9 +30,11 @@ pub fn stream_label(arn: &str) -> Option<&str> {
 // A batch holds records and rejections side by side, both about as large: boxing the rejection
 // would only add an allocation.
 #[allow(clippy::result_large_err)]
-fn decode_record(raw: Value) -> Result<SourceRecord, RejectedRecord> {
+fn decode_record(raw: Value, streams: &mut StreamNames) -> Result<SourceRecord, RejectedRecord> {
     match parse(&raw) {
         Ok((origin, sequence, arrival_millis, change)) => Ok(SourceRecord {
+            stream: streams.get(change.table.as_deref().unwrap_or("")),
+            input: None,
             partition_key: item_to_dynamodb_json(&change.keys).to_string(),
             lineage: origin.clone(),
             origin,
@@ -200,6 +202,10 @@ mod tests {
             r.origin
         );
         assert_eq!(r.lineage, r.origin, "one item's changes are one lineage");
+        assert_eq!(
+            &*r.stream, "policies",
+            "a table's stream is named by the table"
+        );
         assert_eq!(r.partition_key, r#"{"Id":{"N":"101"}}"#);
         assert_eq!(r.arrival_millis, Some(1_479_499_740_000));
     }

@@ -3,7 +3,7 @@
 use base64::Engine as _;
 use serde_json::Value;
 
-use super::{epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem};
+use super::{decode_all, epoch_seconds_to_millis, rejected, DecodedBatch, Problem, StreamNames};
 use crate::domain::hash::xxh3_128_hex;
 use crate::domain::{Origin, Payload, SequenceNumber, SourceRecord};
 use crate::executor::RejectedRecord;
@@ -11,7 +11,7 @@ use crate::executor::RejectedRecord;
 /// Decodes every record of a Kinesis event; a record that does not decode is returned as rejected,
 /// naming the field. Fails only when the event has no `Records` array at all.
 pub fn decode_event(event: Value) -> Result<DecodedBatch, String> {
-    Ok(records_of(event)?.into_iter().map(decode_record).collect())
+    decode_all(event, decode_record)
 }
 
 /// The stream name in a Kinesis stream ARN (`arn:aws:kinesis:region:account:stream/name`).
@@ -23,9 +23,15 @@ pub fn stream_name(arn: &str) -> &str {
 // A batch holds records and rejections side by side, both about as large: boxing the rejection
 // would only add an allocation.
 #[allow(clippy::result_large_err)]
-fn decode_record(raw: Value) -> Result<SourceRecord, RejectedRecord> {
+fn decode_record(raw: Value, streams: &mut StreamNames) -> Result<SourceRecord, RejectedRecord> {
     match parse(&raw) {
         Ok((origin, sequence, partition_key, arrival_millis, data)) => Ok(SourceRecord {
+            stream: streams.get(
+                raw.get("eventSourceARN")
+                    .and_then(Value::as_str)
+                    .map_or("", stream_name),
+            ),
+            input: None,
             lineage: lineage(&origin, &partition_key),
             origin,
             sequence,
@@ -151,6 +157,7 @@ mod tests {
         let batch = decode_event(event).unwrap();
         let r = batch[0].as_ref().unwrap();
         assert_eq!(r.origin.as_str(), "orders/shardId-000000000006");
+        assert_eq!(&*r.stream, "orders");
         assert_eq!(r.lineage.as_str(), "orders/shardId-000000000006/k1");
         assert_eq!(
             r.sequence.as_str(),

@@ -8,6 +8,8 @@
 pub mod dynamodb;
 pub mod kinesis;
 
+use std::sync::Arc;
+
 use aws_lambda_events::event::streams::{
     DynamoDbBatchItemFailure, DynamoDbEventResponse, KinesisEventResponse,
 };
@@ -28,6 +30,37 @@ pub fn records_of(event: Value) -> Result<Vec<Value>, String> {
             _ => Err("Records: the event has no Records array".to_owned()),
         },
         _ => Err("Records: the event is not a JSON object".to_owned()),
+    }
+}
+
+/// Every record of `event` through `decode`, with the stream names they share.
+pub(crate) fn decode_all(
+    event: Value,
+    decode: fn(Value, &mut StreamNames) -> Result<SourceRecord, RejectedRecord>,
+) -> Result<DecodedBatch, String> {
+    let records = records_of(event)?;
+    let mut streams = StreamNames::default();
+    let mut batch = Vec::with_capacity(records.len());
+    for raw in records {
+        batch.push(decode(raw, &mut streams));
+    }
+    Ok(batch)
+}
+
+/// The stream names of a batch's records: one shared name, as a batch comes from one stream.
+#[derive(Default)]
+pub(crate) struct StreamNames(Option<Arc<str>>);
+
+impl StreamNames {
+    pub fn get(&mut self, name: &str) -> Arc<str> {
+        match &self.0 {
+            Some(shared) if &**shared == name => shared.clone(),
+            _ => {
+                let shared: Arc<str> = name.into();
+                self.0 = Some(shared.clone());
+                shared
+            }
+        }
     }
 }
 
