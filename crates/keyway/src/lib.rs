@@ -10,6 +10,7 @@ pub mod adapters;
 pub mod domain;
 pub mod executor;
 pub mod lambda;
+#[cfg(feature = "local")]
 pub mod local;
 pub mod operator;
 pub mod ports;
