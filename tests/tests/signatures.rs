@@ -4,7 +4,9 @@
 
 use keyed_counter::{CountEvent, KeyedCounter, COUNTS};
 use keyway::domain::{KeyState, Origin, Output, OutputId, SequenceNumber, SourceRecord};
-use keyway::operator::{state_signature, Migration, NewState, OldState, StateDescriptor};
+use keyway::operator::{
+    state_signature, MigrateFn, Migration, MigrationError, NewState, OldState, StateDescriptor,
+};
 use keyway::ports::{Clock, Commit, Namespace, StateStore};
 use keyway::sources::kinesis::decode_event;
 use keyway::ExecutorConfig;
@@ -24,16 +26,16 @@ struct Tally {
 
 const TALLY: ValueState<Tally> = ValueState::new("count");
 
-/// A migration's function, as `Migration` takes it.
-type MigrateFn = fn(&OldState<'_>) -> Result<NewState, String>;
+/// The counter's state as version 1 declared it: what a migration from it reads.
+const V1_COUNT: ValueState<u64> = ValueState::new("count");
 
 struct CounterV2 {
     /// The migration from version 1 it registers, if any.
     migrate: Option<MigrateFn>,
 }
 
-fn from_v1(old: &OldState<'_>) -> Result<NewState, String> {
-    let count: u64 = old.value("count")?.unwrap_or(0);
+fn from_v1(old: &OldState<'_>) -> Result<NewState, MigrationError> {
+    let count = old.value(&V1_COUNT)?.unwrap_or(0);
     NewState::new().value(
         &TALLY,
         Tally {
@@ -80,10 +82,7 @@ impl KeyedOperator for CounterV2 {
 
     fn migrations(&self) -> Vec<Migration> {
         self.migrate
-            .map(|migrate| Migration {
-                from: V1_SIGNATURE,
-                migrate,
-            })
+            .map(|migrate| Migration::from_states(&[V1_COUNT.descriptor()], migrate))
             .into_iter()
             .collect()
     }
@@ -136,6 +135,11 @@ async fn deploy_v1(world: &World, shard: &mut Shard) -> serde_json::Value {
         state_signature(&KeyedCounter.states()),
         V1_SIGNATURE,
         "the lock file's signature of version 1"
+    );
+    assert_eq!(
+        Migration::from_states(&[V1_COUNT.descriptor()], from_v1).from,
+        V1_SIGNATURE,
+        "a migration from version 1's descriptors names version 1's signature"
     );
     let v1 = world.executor(KeyedCounter);
     let event = shard.batch(&[count("a", 1), count("b", 2), count("a", 2)]);
@@ -290,7 +294,7 @@ async fn a_key_whose_migration_fails_starts_afresh_and_is_counted_as_reset() {
     let mut shard = Shard::new("clicks", 0);
     deploy_v1(&world, &mut shard).await;
     let v2 = world.executor(CounterV2 {
-        migrate: Some(|_| Err("the old count is unreadable".into())),
+        migrate: Some(|_| Err(MigrationError::new("count", "the old count is unreadable"))),
     });
     let report = v2
         .run(decode_event(shard.batch(&[count("a", 10), count("d", 1)])).unwrap())

@@ -93,8 +93,7 @@ impl<O: KeyedOperator> Executor<O> {
         if missing.is_empty() {
             return Ok(migrated);
         }
-        let mut signatures: Vec<String> =
-            self.migrations.iter().map(|m| m.from.to_owned()).collect();
+        let mut signatures: Vec<String> = self.migrations.iter().map(|m| m.from.clone()).collect();
         if let Some((signature, since)) = previous {
             let recent =
                 self.clock.now_millis() - since <= self.config.look_back.as_millis() as i64;
@@ -111,7 +110,7 @@ impl<O: KeyedOperator> Executor<O> {
                 signature: signature.clone(),
             };
             let old = self.store.load_keys(&namespace, &missing).await?;
-            let migration = self.migrations.iter().find(|m| m.from == signature);
+            let migration = self.migrations.iter().find(|m| m.from == *signature);
             missing.retain(|request| {
                 let key = request.key;
                 // A key that was never written (version 0) has no slots either.

@@ -11,39 +11,69 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::{ListState, MapState, ValueState};
+use super::{state_signature, ListState, MapState, StateDescriptor, ValueState};
 use crate::domain::SlotData;
 
-/// State read under an older signature, typed on demand.
+/// A migration cannot carry a key's state over: the state it was reading or writing, and why.
+/// The key starts afresh (and is counted as reset).
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("state {state:?}: {problem}")]
+pub struct MigrationError {
+    pub state: String,
+    pub problem: String,
+}
+
+impl MigrationError {
+    pub fn new(state: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            state: state.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// State read under an older signature, through the descriptors it was declared with.
 pub struct OldState<'a> {
     pub(crate) slots: &'a BTreeMap<String, SlotData>,
 }
 
-fn decode<T: DeserializeOwned>(name: &str, raw: &RawValue) -> Result<T, String> {
-    serde_json::from_str(raw.get()).map_err(|e| format!("old state {name:?}: {e}"))
+fn decode<T: DeserializeOwned>(name: &str, raw: &RawValue) -> Result<T, MigrationError> {
+    serde_json::from_str(raw.get()).map_err(|e| MigrationError::new(name, e.to_string()))
 }
 
 impl OldState<'_> {
-    pub fn value<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, String> {
+    pub fn value<T: DeserializeOwned>(
+        &self,
+        state: &ValueState<T>,
+    ) -> Result<Option<T>, MigrationError> {
         self.slots
-            .get(name)
+            .get(state.name)
             .and_then(|s| s.entries.first())
-            .map(|raw| decode(name, raw))
+            .map(|raw| decode(state.name, raw))
             .transpose()
     }
 
-    pub fn list<T: DeserializeOwned>(&self, name: &str) -> Result<Vec<T>, String> {
-        self.slots.get(name).map_or(Ok(Vec::new()), |s| {
-            s.entries.iter().map(|raw| decode(name, raw)).collect()
+    pub fn list<T: DeserializeOwned>(
+        &self,
+        state: &ListState<T>,
+    ) -> Result<Vec<T>, MigrationError> {
+        self.slots.get(state.name).map_or(Ok(Vec::new()), |s| {
+            s.entries
+                .iter()
+                .map(|raw| decode(state.name, raw))
+                .collect()
         })
     }
 
     pub fn map<K: DeserializeOwned + Ord, V: DeserializeOwned>(
         &self,
-        name: &str,
-    ) -> Result<BTreeMap<K, V>, String> {
-        self.slots.get(name).map_or(Ok(BTreeMap::new()), |s| {
-            s.entries.iter().map(|raw| decode(name, raw)).collect()
+        state: &MapState<K, V>,
+    ) -> Result<BTreeMap<K, V>, MigrationError> {
+        self.slots.get(state.name).map_or(Ok(BTreeMap::new()), |s| {
+            s.entries
+                .iter()
+                .map(|raw| decode(state.name, raw))
+                .collect()
         })
     }
 }
@@ -54,8 +84,8 @@ pub struct NewState {
     pub(crate) slots: BTreeMap<String, Vec<Box<RawValue>>>,
 }
 
-fn encode<T: Serialize>(name: &str, value: &T) -> Result<Box<RawValue>, String> {
-    serde_json::value::to_raw_value(value).map_err(|e| format!("new state {name:?}: {e}"))
+fn encode<T: Serialize>(name: &str, value: &T) -> Result<Box<RawValue>, MigrationError> {
+    serde_json::value::to_raw_value(value).map_err(|e| MigrationError::new(name, e.to_string()))
 }
 
 impl NewState {
@@ -63,7 +93,11 @@ impl NewState {
         Self::default()
     }
 
-    pub fn value<T: Serialize>(mut self, state: &ValueState<T>, value: T) -> Result<Self, String> {
+    pub fn value<T: Serialize>(
+        mut self,
+        state: &ValueState<T>,
+        value: T,
+    ) -> Result<Self, MigrationError> {
         self.slots
             .insert(state.name.to_owned(), vec![encode(state.name, &value)?]);
         Ok(self)
@@ -73,7 +107,7 @@ impl NewState {
         mut self,
         state: &ListState<T>,
         items: impl IntoIterator<Item = T>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, MigrationError> {
         let entries = items
             .into_iter()
             .map(|v| encode(state.name, &v))
@@ -86,7 +120,7 @@ impl NewState {
         mut self,
         state: &MapState<K, V>,
         entries: impl IntoIterator<Item = (K, V)>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, MigrationError> {
         let entries = entries
             .into_iter()
             .map(|e| encode(state.name, &e))
@@ -96,9 +130,24 @@ impl NewState {
     }
 }
 
-/// A conversion of a key's state written under the operator signature `from`.
-#[derive(Clone, Copy)]
+/// A migration's conversion of one key's old state.
+pub type MigrateFn = fn(&OldState<'_>) -> Result<NewState, MigrationError>;
+
+/// A conversion of a key's state written under an older structure of the operator's states.
+#[derive(Clone, Debug)]
 pub struct Migration {
-    pub from: &'static str,
-    pub migrate: fn(&OldState<'_>) -> Result<NewState, String>,
+    /// The signature of the old structure, derived from its descriptors.
+    pub from: String,
+    pub migrate: MigrateFn,
+}
+
+impl Migration {
+    /// A migration from the states the operator declared as `old` (its `states()` as they were),
+    /// which `migrate` reads through the same descriptors.
+    pub fn from_states(old: &[StateDescriptor], migrate: MigrateFn) -> Self {
+        Self {
+            from: state_signature(old),
+            migrate,
+        }
+    }
 }

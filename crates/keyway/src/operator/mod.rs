@@ -23,7 +23,7 @@ use thiserror::Error;
 
 pub use ctx::Ctx;
 pub use input::{check_inputs, Input, InputDescriptor, InputWiringError, Route};
-pub use migration::{Migration, NewState, OldState};
+pub use migration::{MigrateFn, Migration, MigrationError, NewState, OldState};
 pub use sink::{check_sinks, Sink, SinkDescriptor, SinkWiringError};
 pub(crate) use state::TypedSlot;
 pub use state::{
