@@ -453,6 +453,38 @@ async fn records_past_the_maximum_age_are_discarded_and_described() {
     assert_eq!(record["KinesisBatchInfo"]["batchSize"], 4);
 }
 
+/// Records that expire while their batch is being retried leave it: the retry holds the rest of
+/// that batch and no more.
+#[tokio::test(start_paused = true)]
+async fn records_expiring_from_a_batch_in_retry_leave_the_rest_of_it_to_be_retried() {
+    let f = Scripted::new(|_, _| Err(FunctionError("down".into())));
+    let settings = MappingSettings {
+        maximum_record_age: Some(Duration::from_secs(60)),
+        batch_size: 4,
+        ..Default::default()
+    };
+    let mut s = setup(1, f.clone(), settings);
+    s.put("old", 2);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    s.put("new", 4);
+    let report = s.run().await;
+    assert_eq!(report.mappings[0].1.discarded_for_age, 6);
+    let sizes = f.sizes();
+    let first_short = sizes.iter().position(|&n| n != 4).expect("the batch shrank");
+    assert!(first_short > 1, "the first batch was retried whole: {sizes:?}");
+    assert_eq!(
+        sizes[first_short], 2,
+        "two records expired out of the batch of four: {sizes:?}"
+    );
+    let described: Vec<u64> = s
+        .failure_records()
+        .iter()
+        .map(|r| r["KinesisBatchInfo"]["batchSize"].as_u64().unwrap())
+        .collect();
+    assert_eq!(described.iter().sum::<u64>(), 6, "{described:?}");
+    assert_eq!(described[0], 2, "the expired pair first");
+}
+
 /// "Older than" the maximum age: a record exactly that old, held by a batching window as long,
 /// is still delivered.
 #[tokio::test(start_paused = true)]
