@@ -470,8 +470,14 @@ async fn records_expiring_from_a_batch_in_retry_leave_the_rest_of_it_to_be_retri
     let report = s.run().await;
     assert_eq!(report.mappings[0].1.discarded_for_age, 6);
     let sizes = f.sizes();
-    let first_short = sizes.iter().position(|&n| n != 4).expect("the batch shrank");
-    assert!(first_short > 1, "the first batch was retried whole: {sizes:?}");
+    let first_short = sizes
+        .iter()
+        .position(|&n| n != 4)
+        .expect("the batch shrank");
+    assert!(
+        first_short > 1,
+        "the first batch was retried whole: {sizes:?}"
+    );
     assert_eq!(
         sizes[first_short], 2,
         "two records expired out of the batch of four: {sizes:?}"

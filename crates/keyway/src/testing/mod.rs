@@ -684,6 +684,23 @@ async fn large_lists<T: Table + 'static>(store: &DynamoStateStore<T>, ns: &Names
         "an append must not rewrite segments"
     );
 
+    // Keeping the first half (as a store may be handed any prefix) keeps the segments that lie
+    // wholly within it and rewrites the rest.
+    let mut halved = loaded.clone();
+    halved.slots.get_mut("buffer").unwrap().apply(SlotUpdate {
+        keep: 5_000,
+        tail: vec![raw("\"tail\"")],
+    });
+    commit_one(store, ns, "big", halved).await.expect("halve");
+    let loaded = load_one(store, ns, "big").await;
+    let entries = &loaded.slots["buffer"].entries;
+    assert_eq!(entries.len(), 5_001);
+    assert!(entries[..5_000]
+        .iter()
+        .enumerate()
+        .all(|(i, e)| e.get().starts_with(&format!("\"{i:05}"))));
+    assert_eq!(entries[5_000].get(), "\"tail\"");
+
     // Replacing the list leaves its segments unreferenced; the next commit deletes them.
     let mut replaced = loaded.clone();
     replaced.slots.get_mut("buffer").unwrap().apply(SlotUpdate {
@@ -772,6 +789,64 @@ async fn expiry<T: Table + 'static>(
         ttl >= now_secs + window.as_secs() as i64,
         "the head lives while its watermarks guard redeliveries: ttl {ttl}"
     );
+
+    // Segments of state with a TTL outlive it, and are rewritten before they would expire
+    // under state whose TTL moved on, their entries intact.
+    let entry = |i: usize| raw(&format!("\"{i:05}{}\"", "z".repeat(2043)));
+    let mut large = state_with(&[("buffer", (0..300).map(entry).collect())]);
+    let exp = clock.now_millis() / 1000 + 60;
+    large.expires_at = Some(exp);
+    commit_one(store, ns, "ttl-large", large).await.unwrap();
+    let pk = DynamoStateStore::<T>::head_key(ns, "ttl-large").pk;
+    let segment_ttls = || async {
+        let items = store.table().query_partition(&pk).await.unwrap();
+        let ttls: Vec<i64> = items
+            .iter()
+            .filter(|i| i["sk"].as_s().is_some_and(|sk| sk.starts_with("seg#")))
+            .map(|i| {
+                i[crate::adapters::dynamodb::TTL]
+                    .as_n()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        assert!(!ttls.is_empty(), "the list lives in segments");
+        ttls
+    };
+    for ttl in segment_ttls().await {
+        assert!(
+            ttl >= exp,
+            "a segment expires at {ttl}, before its state at {exp}"
+        );
+    }
+    clock.advance(50_000);
+    let mut extended = load_one(store, ns, "ttl-large").await;
+    extended.expires_at = Some(clock.now_millis() / 1000 + 600);
+    let later = extended.expires_at.unwrap();
+    extended
+        .slots
+        .get_mut("buffer")
+        .unwrap()
+        .entries
+        .push(entry(300));
+    commit_one(store, ns, "ttl-large", extended).await.unwrap();
+    // The segments rewritten become garbage, which the next commit deletes.
+    let again = load_one(store, ns, "ttl-large").await;
+    commit_one(store, ns, "ttl-large", again).await.unwrap();
+    for ttl in segment_ttls().await {
+        assert!(
+            ttl >= later,
+            "a segment left to expire at {ttl}, before {later}"
+        );
+    }
+    let loaded = load_one(store, ns, "ttl-large").await;
+    let entries = &loaded.slots["buffer"].entries;
+    assert_eq!(entries.len(), 301);
+    assert!(entries
+        .iter()
+        .enumerate()
+        .all(|(i, e)| e.get().starts_with(&format!("\"{i:05}"))));
 
     // State without a TTL has no ttl attribute.
     commit_one(
