@@ -12,7 +12,8 @@ use async_trait::async_trait;
 
 pub use sdk::SdkTable;
 pub use store::{
-    DynamoStateStore, HEAD_INLINE_LIMIT, LINEAGES_PER_COMMIT, SEGMENT_TARGET, WATERMARKS_INLINE,
+    DynamoStateStore, HEAD_INLINE_LIMIT, LINEAGES_PER_COMMIT, SEGMENT_TARGET, TOKENS_KEPT,
+    WATERMARKS_INLINE,
 };
 
 use crate::domain::{AttrValue, Item};

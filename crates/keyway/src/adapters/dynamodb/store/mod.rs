@@ -80,6 +80,7 @@ use crate::ports::{
     Clock, Commit, Committed, LoadKey, Namespace, StateStore, StoreError, StoreLimits,
 };
 
+pub use head::TOKENS_KEPT;
 use head::{HeadDoc, ListDoc, Loaded};
 
 /// Inline entries beyond this many bytes move to segments: a head rewritten on every commit costs
@@ -431,5 +432,7 @@ mod tests {
         assert_eq!(short, "op#abc#customer#AKIA1");
         let long = partition_key(&ns, &"k".repeat(5000));
         assert!(long.starts_with("op#abc#~") && long.len() < 100, "{long}");
+        let longest = "k".repeat(KEY_MAX_BYTES);
+        assert_eq!(partition_key(&ns, &longest), format!("op#abc#{longest}"));
     }
 }
