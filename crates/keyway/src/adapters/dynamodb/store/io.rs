@@ -146,3 +146,124 @@ impl<T: Table> DynamoStateStore<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
+    use super::super::super::BatchGetOutput;
+    use super::*;
+    use crate::adapters::retry::Backoff;
+    use crate::local::LocalTable;
+    use crate::ports::ManualClock;
+
+    /// How the table answers the store's batch calls.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        RefuseReads,
+        LeaveReadsUnprocessed,
+        LeaveFirstWriteUnprocessed,
+    }
+
+    /// The in-memory table, answering batch calls as `answer` says and counting them.
+    struct Answering {
+        inner: LocalTable,
+        answer: Answer,
+        calls: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Table for Answering {
+        async fn batch_get(&self, keys: &[ItemKey]) -> Result<BatchGetOutput, StoreError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            match self.answer {
+                Answer::RefuseReads => Err(StoreError::Invalid("no such table".into())),
+                Answer::LeaveReadsUnprocessed => Ok(BatchGetOutput {
+                    items: Vec::new(),
+                    unprocessed: keys.to_vec(),
+                }),
+                Answer::LeaveFirstWriteUnprocessed => self.inner.batch_get(keys).await,
+            }
+        }
+        async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError> {
+            self.inner.put(item, expect).await
+        }
+        async fn update(&self, key: &ItemKey, a: &Item, e: &Expect) -> Result<(), StoreError> {
+            self.inner.update(key, a, e).await
+        }
+        async fn batch_write(
+            &self,
+            requests: Vec<WriteRequest>,
+        ) -> Result<Vec<WriteRequest>, StoreError> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Ok(requests);
+            }
+            self.inner.batch_write(requests).await
+        }
+        async fn get(&self, key: &ItemKey) -> Result<Option<Item>, StoreError> {
+            self.inner.get(key).await
+        }
+        async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
+            self.inner.query_partition(pk).await
+        }
+    }
+
+    fn store(answer: Answer, backoff: Backoff) -> DynamoStateStore<Answering> {
+        let table = Answering {
+            inner: LocalTable::new(),
+            answer,
+            calls: AtomicUsize::new(0),
+        };
+        DynamoStateStore::new(Arc::new(table), ManualClock::at(0)).with_backoff(backoff)
+    }
+
+    fn keys() -> Vec<ItemKey> {
+        vec![ItemKey {
+            pk: "op#sig#k".into(),
+            sk: "head".into(),
+        }]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_the_table_refuses_for_good_fails_at_once() {
+        let store = store(Answer::RefuseReads, Backoff::default());
+        let err = store.get_all(&keys()).await.unwrap_err();
+        assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
+        assert_eq!(store.table.calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_left_unprocessed_for_ever_are_given_up_after_the_attempts() {
+        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 3);
+        let store = store(Answer::LeaveReadsUnprocessed, backoff);
+        let err = store.get_all(&keys()).await.unwrap_err();
+        assert!(matches!(err, StoreError::Throttled(_)), "{err:?}");
+        assert_eq!(store.table.calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_retried_once_waits_no_longer_than_the_first_backoff_step() {
+        let base = Duration::from_secs(1);
+        let backoff = |seed| Backoff::new(base, Duration::from_secs(3600), 3).seeded(seed);
+        // A seed whose first draw, were it the second step's, would wait longer than the first
+        // step allows: so the test tells the steps apart.
+        let seed = (0..100)
+            .find(|&s| backoff(s).delay(1) > base)
+            .expect("a seed");
+        let store = store(Answer::LeaveFirstWriteUnprocessed, backoff(seed));
+        let item = ItemKey {
+            pk: "op#sig#k".into(),
+            sk: "seg#x".into(),
+        }
+        .to_item();
+        let start = tokio::time::Instant::now();
+        let (left, err) = store.write_all(vec![WriteRequest::Put(item)]).await;
+        assert!(left.is_empty() && err.is_none(), "{err:?}");
+        assert_eq!(store.table.calls.load(Ordering::SeqCst), 2);
+        assert!(start.elapsed() <= base, "waited {:?}", start.elapsed());
+    }
+}
