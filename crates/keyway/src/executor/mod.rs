@@ -136,6 +136,29 @@ impl Inputs {
     }
 }
 
+/// The largest output `process` may emit to each declared sink (all wired, checked before).
+fn sink_limits(
+    declared: &[crate::operator::SinkDescriptor],
+    sinks: &Sinks,
+    outbox: bool,
+    limits: &StoreLimits,
+) -> HashMap<String, usize> {
+    declared
+        .iter()
+        .map(|sink| {
+            let limit = sinks.sinks[sink.name].max_message_bytes();
+            // An outbox output is stored with the state first: it must fit there too (an
+            // output is stored as JSON, its body escaped, hence the margin).
+            let limit = if outbox {
+                limit.min(limits.max_entry_bytes.saturating_sub(1024))
+            } else {
+                limit
+            };
+            (sink.name.to_owned(), limit)
+        })
+        .collect()
+}
+
 /// Which records one watermark guards (see the module's notes on lineages).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Lineage {
@@ -254,21 +277,8 @@ impl<O: KeyedOperator> Executor<O> {
             signature: state_signature(&states),
         };
         let limits = store.limits();
-        // An outbox output is stored with the state first: it must fit there too (an output is
-        // stored as JSON, its body escaped, hence the margin).
         let outbox = operator.delivery() == Delivery::Outbox;
-        let sink_limits = declared
-            .iter()
-            .map(|sink| {
-                let limit = sinks.sinks[sink.name].max_message_bytes();
-                let limit = if outbox {
-                    limit.min(limits.max_entry_bytes.saturating_sub(1024))
-                } else {
-                    limit
-                };
-                (sink.name.to_owned(), limit)
-            })
-            .collect();
+        let sink_limits = sink_limits(&declared, &sinks, outbox, &limits);
         let migrations = operator.migrations();
         Ok(Self {
             operator,
