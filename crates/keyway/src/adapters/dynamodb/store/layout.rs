@@ -292,6 +292,22 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_item_of_exactly_the_item_limit_is_made_and_one_byte_more_is_refused() {
+        let name = ListName::Slot("list");
+        let entry = |len: usize| raw(&format!("\"{}\"", "x".repeat(len - 2)));
+        // The item's size around its entry: keys, attribute names, the brackets.
+        let mut probe = Layout::default();
+        make_segment("pk", &name, &[entry(10)], None, &mut probe).unwrap();
+        let overhead = item_size(&probe.segment_puts[0]) - 10;
+        let exact = ITEM_MAX_BYTES - overhead;
+        let mut layout = Layout::default();
+        make_segment("pk", &name, &[entry(exact)], None, &mut layout).expect("exactly the limit");
+        assert_eq!(item_size(&layout.segment_puts[0]), ITEM_MAX_BYTES);
+        let over = make_segment("pk", &name, &[entry(exact + 1)], None, &mut layout);
+        assert!(matches!(over, Err(StoreError::Invalid(_))), "{over:?}");
+    }
+
+    #[test]
     fn a_segment_without_ttl_covers_any_and_one_with_ttl_only_an_earlier_one() {
         assert!(covers(None, Some(10)));
         assert!(covers(None, None));
