@@ -7,6 +7,7 @@ use std::sync::Arc;
 use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::adapters::sqs::SqsSink;
 use keyway::domain::{DeadLetter, SequenceNumber};
+use keyway::executor::SIGNATURE_HISTORY;
 use keyway::local::events::{kinesis_event, KinesisEventRecord};
 use keyway::local::{LocalSqs, LocalTable, QueuedMessage};
 use keyway::ports::{ManualClock, Sink, StateStore};
@@ -92,7 +93,7 @@ impl World {
             .filter(|i| {
                 !i["pk"]
                     .as_s()
-                    .is_some_and(|pk| pk.contains("#signature-history#"))
+                    .is_some_and(|pk| pk.contains(&format!("#{SIGNATURE_HISTORY}#")))
             })
             .count()
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use keyway::domain::{KeyState, Output, Payload, SourceRecord};
+use keyway::executor::SIGNATURE_HISTORY;
 use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::ports::{
     Commit, Committed, LoadKey, ManualClock, Namespace, Sink as SinkPort, SinkError, StateStore,
@@ -201,7 +202,7 @@ impl StateStore for BarrierStore {
         keys: &[LoadKey<'_>],
     ) -> Result<HashMap<String, KeyState>, StoreError> {
         let loaded = self.inner.load_keys(namespace, keys).await;
-        if namespace.signature != "signature-history" && !self.released.load(Ordering::SeqCst) {
+        if namespace.signature != SIGNATURE_HISTORY && !self.released.load(Ordering::SeqCst) {
             if let Ok(states) = &loaded {
                 let mut read = self.read.lock().unwrap();
                 read.extend(states.iter().map(|(k, s)| (k.clone(), s.version)));

@@ -45,22 +45,26 @@ fn setup(shards: usize, handler: Arc<Scripted>, settings: MappingSettings) -> Se
 }
 
 impl Setup {
+    /// Writes one record; returns the shard it went to and its sequence number.
+    fn write(&self, key: &str, data: &[u8]) -> (String, String) {
+        match self
+            .runtime
+            .services
+            .kinesis
+            .put_record(&self.stream, key, data)
+            .unwrap()
+        {
+            keyway::adapters::kinesis::PutOutcome::Written {
+                shard_id,
+                sequence_number,
+            } => (shard_id, sequence_number),
+            failed => panic!("{failed:?}"),
+        }
+    }
+
     fn put(&self, key: &str, n: usize) -> Vec<String> {
         (0..n)
-            .map(|i| {
-                match self
-                    .runtime
-                    .services
-                    .kinesis
-                    .put_record(&self.stream, key, format!("{key}-{i}").as_bytes())
-                    .unwrap()
-                {
-                    keyway::adapters::kinesis::PutOutcome::Written {
-                        sequence_number, ..
-                    } => sequence_number,
-                    failed => panic!("{failed:?}"),
-                }
-            })
+            .map(|i| self.write(key, format!("{key}-{i}").as_bytes()).1)
             .collect()
     }
 
@@ -113,11 +117,7 @@ async fn a_batch_stops_short_of_the_six_megabyte_invocation_payload() {
     let mut s = setup(1, f.clone(), MappingSettings::default());
     let data = vec![b'x'; 1_000_000];
     for _ in 0..10 {
-        s.runtime
-            .services
-            .kinesis
-            .put_record(&s.stream, "k", &data)
-            .unwrap();
+        s.write("k", &data);
     }
     let report = s.run().await;
     assert_eq!(f.sizes(), [4, 4, 2]);
@@ -566,16 +566,8 @@ async fn a_parallelization_factor_gives_every_shard_its_own_concurrent_batches()
     for round in 0..3 {
         for k in 0..24 {
             let key = format!("key-{k}");
-            let written = s
-                .runtime
-                .services
-                .kinesis
-                .put_record(&s.stream, &key, format!("{round}").as_bytes())
-                .unwrap();
-            let keyway::adapters::kinesis::PutOutcome::Written { shard_id, .. } = written else {
-                panic!("{written:?}")
-            };
-            shard_of.insert(key, shard_id);
+            let (shard, _) = s.write(&key, format!("{round}").as_bytes());
+            shard_of.insert(key, shard);
         }
     }
     let shards: std::collections::BTreeSet<&String> = shard_of.values().collect();
@@ -752,20 +744,8 @@ async fn an_on_failure_record_names_the_shard_of_its_batch_with_every_paralleliz
         );
         let mut shard_of = std::collections::HashMap::new();
         for k in 0..16 {
-            let written = s
-                .runtime
-                .services
-                .kinesis
-                .put_record(&s.stream, &format!("key-{k}"), b"x")
-                .unwrap();
-            let keyway::adapters::kinesis::PutOutcome::Written {
-                shard_id,
-                sequence_number,
-            } = written
-            else {
-                panic!("{written:?}")
-            };
-            shard_of.insert(sequence_number, shard_id);
+            let (shard, sequence) = s.write(&format!("key-{k}"), b"x");
+            shard_of.insert(sequence, shard);
         }
         s.run().await;
         let records = s.failure_records();

@@ -567,3 +567,34 @@ fn an_operator_of_two_inputs_does_not_start_without_a_stream_for_each() {
         WiringError::Inputs(InputWiringError::Unwired { .. })
     ));
 }
+
+/// Templates often hand a function its streams' ARNs (`!GetAtt Stream.Arn`), not their names: an
+/// input wired by ARN reads the same records as one wired by name.
+#[tokio::test]
+async fn an_input_wired_by_its_streams_arn_gets_that_streams_records() {
+    use keyway::Inputs;
+    use two_inputs::{said, Greeter, GREETED, GREETINGS, NAMES};
+    let world = World::new(&[GREETED.name]);
+    let inputs = Inputs::new()
+        .with(
+            &NAMES,
+            "arn:aws:kinesis:us-east-1:123456789012:stream/names-stream",
+        )
+        .with(
+            &GREETINGS,
+            "arn:aws:dynamodb:us-east-1:123456789012:table/greetings-stream/stream/2026-01-01T00:00:00.000",
+        );
+    let executor = Executor::with_inputs(
+        Greeter,
+        inputs,
+        world.store.clone(),
+        world.sinks(),
+        world.clock.clone(),
+    )
+    .unwrap();
+    let mut names = Shard::new("names-stream", 0);
+    let report = executor
+        .run(decode_event(names.batch(&[said("k", "Ada")])).unwrap())
+        .await;
+    assert_eq!((report.applied, report.dead_lettered), (1, 0));
+}

@@ -86,7 +86,10 @@ fn runtime_builder(paused: bool) -> tokio::runtime::Runtime {
     builder.build().expect("a tokio runtime")
 }
 
-fn executor_on(table: Arc<LocalTable>, sqs: Arc<LocalSqs>) -> Executor<KeyedCounter> {
+fn executor_on(
+    table: Arc<LocalTable>,
+    sqs: Arc<LocalSqs>,
+) -> Result<Executor<KeyedCounter>, CliError> {
     let clock = ManualClock::at(1_767_225_600_000);
     let counts = sqs.create_queue("counts");
     let dead = sqs.create_queue("dead-letter");
@@ -98,7 +101,7 @@ fn executor_on(table: Arc<LocalTable>, sqs: Arc<LocalSqs>) -> Executor<KeyedCoun
         sinks,
         clock,
     )
-    .expect("the counter's sinks are wired")
+    .map_err(CliError::from)
 }
 
 fn figures(meter: &MeterSnapshot, waves: &[u64], events: usize) -> DesignFigures {
@@ -114,10 +117,10 @@ fn figures(meter: &MeterSnapshot, waves: &[u64], events: usize) -> DesignFigures
 }
 
 /// The executor over every batch, with metered DynamoDB latency: capacity, calls, waves.
-fn meter_executor(payloads: &[String]) -> DesignFigures {
+fn meter_executor(payloads: &[String]) -> Result<DesignFigures, CliError> {
     let table = Arc::new(LocalTable::new());
     table.meter().set_latency(Some(LATENCY));
-    let executor = executor_on(table.clone(), Arc::new(LocalSqs::default()));
+    let executor = executor_on(table.clone(), Arc::new(LocalSqs::default()))?;
     let mut waves = Vec::with_capacity(payloads.len());
     runtime_builder(true).block_on(async {
         for payload in payloads {
@@ -130,11 +133,11 @@ fn meter_executor(payloads: &[String]) -> DesignFigures {
             waves.push(table.meter().snapshot().waves - before);
         }
     });
-    figures(
+    Ok(figures(
         &table.meter().snapshot(),
         &waves,
         payloads.len() * BATCH_SIZE,
-    )
+    ))
 }
 
 /// The naive design: per event, GetItem the key's count and PutItem it back plus one.
@@ -210,11 +213,11 @@ fn decode_only(payloads: &[String]) -> Duration {
 
 /// CPU time of the executor on the same payloads (without simulated latency), and the part of it
 /// spent inside the in-memory services.
-fn executor_cpu(payloads: &[String]) -> (Duration, Duration) {
+fn executor_cpu(payloads: &[String]) -> Result<(Duration, Duration), CliError> {
     let (table, sqs) = (Arc::new(LocalTable::new()), Arc::new(LocalSqs::default()));
     table.meter().set_cpu_accounting(true);
     sqs.meter().set_cpu_accounting(true);
-    let executor = executor_on(table.clone(), sqs.clone());
+    let executor = executor_on(table.clone(), sqs.clone())?;
     let total = runtime_builder(false).block_on(async {
         let start = thread_cpu_time();
         for payload in payloads {
@@ -225,10 +228,10 @@ fn executor_cpu(payloads: &[String]) -> (Duration, Duration) {
         }
         thread_cpu_time() - start
     });
-    (
+    Ok((
         total,
         table.meter().snapshot().service_cpu + sqs.meter().snapshot().service_cpu,
-    )
+    ))
 }
 
 pub fn runtime(batches: usize, seed: u64, json: bool) -> Result<(), CliError> {
@@ -237,7 +240,7 @@ pub fn runtime(batches: usize, seed: u64, json: bool) -> Result<(), CliError> {
     }
     let payloads = zipf_batches(batches, KEYS, EXPONENT, seed);
     let events = batches * BATCH_SIZE;
-    let executor = meter_executor(&payloads);
+    let executor = meter_executor(&payloads)?;
     let naive = meter_naive(&payloads);
 
     // Alternate the two CPU measurements and keep each one's best of five: noise from other
@@ -245,7 +248,7 @@ pub fn runtime(batches: usize, seed: u64, json: bool) -> Result<(), CliError> {
     let (mut decode, mut run, mut services) = (Duration::MAX, Duration::MAX, Duration::ZERO);
     for _ in 0..5 {
         decode = decode.min(decode_only(&payloads));
-        let (total, in_services) = executor_cpu(&payloads);
+        let (total, in_services) = executor_cpu(&payloads)?;
         if total.saturating_sub(in_services) < run {
             run = total.saturating_sub(in_services);
             services = in_services;

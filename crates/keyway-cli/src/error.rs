@@ -38,3 +38,9 @@ impl From<keyway::lambda::PortError> for CliError {
         Self(err.to_string())
     }
 }
+
+impl From<keyway::WiringError> for CliError {
+    fn from(err: keyway::WiringError) -> Self {
+        Self(err.to_string())
+    }
+}

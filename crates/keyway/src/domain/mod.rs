@@ -16,5 +16,7 @@ pub use dead_letter::{DeadLetter, DEAD_LETTER_SINK};
 pub use item::{AttrValue, Item};
 pub use output::{Output, OutputId};
 pub use plan::{BatchPlan, KeyGroup};
-pub use record::{Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord};
+pub use record::{
+    stream_name_of, Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord,
+};
 pub use state::{KeyState, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark, Watermarks};

@@ -113,6 +113,30 @@ impl fmt::Display for Origin {
     }
 }
 
+/// The stream name in a Kinesis stream ARN (`arn:aws:kinesis:region:account:stream/name`).
+pub fn kinesis_stream_name(arn: &str) -> &str {
+    arn.rsplit_once("stream/").map_or(arn, |(_, name)| name)
+}
+
+/// The table name in a DynamoDB table or stream ARN
+/// (`arn:aws:dynamodb:region:account:table/name/stream/label`).
+pub fn dynamodb_table_name(arn: &str) -> Option<&str> {
+    let rest = arn.split_once(":table/")?.1;
+    Some(rest.split_once("/stream/").map_or(rest, |(table, _)| table))
+}
+
+/// What `SourceRecord::stream` holds for records of `name_or_arn`: a Kinesis stream's name, or
+/// the table's of a DynamoDB stream, whether given by name or by ARN.
+pub fn stream_name_of(name_or_arn: &str) -> &str {
+    if let Some(table) = dynamodb_table_name(name_or_arn) {
+        table
+    } else if name_or_arn.starts_with("arn:") {
+        kinesis_stream_name(name_or_arn)
+    } else {
+        name_or_arn
+    }
+}
+
 /// One record as delivered by a stream, with where it sits in its origin.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SourceRecord {
@@ -188,6 +212,21 @@ mod tests {
         let err = SequenceNumber::parse("12a").unwrap_err();
         assert!(err.contains("\"12a\""), "{err}");
         assert!(SequenceNumber::parse("").is_err());
+    }
+
+    #[test]
+    fn a_stream_is_named_alike_by_its_name_and_by_its_arn() {
+        assert_eq!(stream_name_of("clicks"), "clicks");
+        assert_eq!(
+            stream_name_of("arn:aws:kinesis:us-east-1:123456789012:stream/clicks"),
+            "clicks"
+        );
+        let table = "arn:aws:dynamodb:us-east-1:123456789012:table/orders";
+        assert_eq!(stream_name_of(table), "orders");
+        assert_eq!(
+            stream_name_of(&format!("{table}/stream/2026-01-01T00:00:00.000")),
+            "orders"
+        );
     }
 
     #[test]

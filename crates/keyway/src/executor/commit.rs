@@ -419,7 +419,7 @@ mod tests {
             namespace: &Namespace,
             commits: Vec<Commit>,
         ) -> Vec<Result<Committed, StoreError>> {
-            if namespace.signature == "signature-history" {
+            if namespace.signature == super::super::SIGNATURE_HISTORY {
                 return self.inner.commit(namespace, commits).await;
             }
             self.key_commits.fetch_add(commits.len(), Ordering::SeqCst);

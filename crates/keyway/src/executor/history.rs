@@ -8,8 +8,9 @@ use crate::domain::SlotData;
 use crate::operator::KeyedOperator;
 use crate::ports::{Commit, Namespace, StoreError};
 
-/// Where an operator's signature history is kept: a namespace and key of its own.
-const HISTORY: &str = "signature-history";
+/// Where an operator's signature history is kept: a namespace and key of its own (stores and
+/// tests that stand between the executor and its state tell its requests apart by it).
+pub const HISTORY: &str = "signature-history";
 const HISTORY_SLOT: &str = "signatures";
 
 impl<O: KeyedOperator> Executor<O> {

@@ -174,7 +174,7 @@ mod tests {
             namespace: &Namespace,
             keys: &[LoadKey<'_>],
         ) -> Result<HashMap<String, KeyState>, StoreError> {
-            if namespace.signature != "signature-history" {
+            if namespace.signature != super::super::SIGNATURE_HISTORY {
                 self.keys.lock().unwrap().extend(keys.iter().map(|k| {
                     let lineages = k.lineages.iter().map(|l| l.to_string()).collect();
                     (k.key.to_owned(), lineages)

@@ -61,9 +61,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use history::HISTORY as SIGNATURE_HISTORY;
 pub use report::BatchReport;
 
-use crate::domain::{SequenceNumber, SourceRecord, DEAD_LETTER_SINK};
+use crate::domain::{stream_name_of, SequenceNumber, SourceRecord, DEAD_LETTER_SINK};
 use crate::operator::{
     check_inputs, check_sinks, state_signature, Delivery, InputWiringError, KeyedOperator,
     Migration, SinkWiringError, StateDescriptor,
@@ -128,10 +129,11 @@ impl Inputs {
         Self::default()
     }
 
-    /// Records of `stream` (a Kinesis stream's name, or a table's for its DynamoDB stream) are
-    /// `input`'s.
-    pub fn with<T>(mut self, input: &crate::operator::Input<T>, stream: impl Into<String>) -> Self {
-        self.wired.push((stream.into(), input.name));
+    /// Records of `stream` are `input`'s: a Kinesis stream, or a table for its DynamoDB stream,
+    /// by name or by ARN (templates often pass `!GetAtt Stream.Arn`).
+    pub fn with<T>(mut self, input: &crate::operator::Input<T>, stream: &str) -> Self {
+        self.wired
+            .push((stream_name_of(stream).to_owned(), input.name));
         self
     }
 }

@@ -14,11 +14,7 @@ pub fn decode_event(event: Value) -> Result<DecodedBatch, String> {
     decode_all(event, decode_record)
 }
 
-/// The table name in a stream ARN (`arn:aws:dynamodb:region:account:table/name/stream/label`).
-pub fn table_name(arn: &str) -> Option<&str> {
-    let rest = arn.split_once(":table/")?.1;
-    Some(rest.split_once("/stream/").map_or(rest, |(table, _)| table))
-}
+pub use crate::domain::record::dynamodb_table_name as table_name;
 
 /// The stream label in a stream ARN: a table deleted and created again, or whose stream was turned
 /// off and on, has a new label, and its sequence numbers start over.

@@ -14,10 +14,7 @@ pub fn decode_event(event: Value) -> Result<DecodedBatch, String> {
     decode_all(event, decode_record)
 }
 
-/// The stream name in a Kinesis stream ARN (`arn:aws:kinesis:region:account:stream/name`).
-pub fn stream_name(arn: &str) -> &str {
-    arn.rsplit_once("stream/").map_or(arn, |(_, name)| name)
-}
+pub use crate::domain::record::kinesis_stream_name as stream_name;
 
 /// The record JSON moves into the result: it is kept, not copied, for a dead letter.
 // A batch holds records and rejections side by side, both about as large: boxing the rejection
