@@ -11,7 +11,7 @@ use keyway::executor::SIGNATURE_HISTORY;
 use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::ports::{
     Commit, Committed, LoadKey, ManualClock, Namespace, Sink as SinkPort, SinkError, StateStore,
-    StoreError, StoreLimits,
+    StoreError, StoreLimits, TimerIndex,
 };
 use keyway::{
     Ctx, Delivery, InvalidInput, KeyedOperator, ListState, ProcessError, Sink, ValueState,
@@ -76,6 +76,10 @@ impl<O: KeyedOperator> KeyedOperator for Poisoned<O> {
             return Err(ProcessError::Retry("poisoned: a dependency is down".into()));
         }
         self.inner.process(ctx, input)
+    }
+
+    fn on_timer(&self, ctx: &mut Ctx<'_>, at_millis: i64) -> Result<(), ProcessError> {
+        self.inner.on_timer(ctx, at_millis)
     }
 
     fn delivery(&self) -> Delivery {
@@ -227,6 +231,9 @@ impl StateStore for BarrierStore {
         committed: Vec<Committed>,
     ) -> Vec<Result<(), StoreError>> {
         self.inner.clear_outbox(namespace, committed).await
+    }
+    fn timers(&self) -> &dyn TimerIndex {
+        self.inner.timers()
     }
 
     fn limits(&self) -> StoreLimits {
@@ -407,6 +414,10 @@ impl<O: KeyedOperator> KeyedOperator for Tweaked<O> {
         self.inner.process(ctx, input)
     }
 
+    fn on_timer(&self, ctx: &mut Ctx<'_>, at_millis: i64) -> Result<(), ProcessError> {
+        self.inner.on_timer(ctx, at_millis)
+    }
+
     fn delivery(&self) -> Delivery {
         self.delivery.unwrap_or(self.inner.delivery())
     }
@@ -521,5 +532,85 @@ impl KeyedOperator for History {
         let entry = format!("{}:{}", ctx.record().sequence, "h".repeat(960));
         ctx.list(&CLICKS)?.push(entry);
         Ok(())
+    }
+}
+
+/// Idle sessions: counts each user's visits, and once a user has made none for `IDLE_MILLIS`
+/// emits a notice with the session's visits and starts over. One timer per session, not per
+/// visit: when it fires for a user seen since, it is set again for the new idle time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IdleSessions;
+
+pub const IDLE_MILLIS: i64 = 5 * 60_000;
+pub const SESSION_VISITS: ValueState<u64> = ValueState::new("visits");
+pub const LAST_SEEN: ValueState<i64> = ValueState::new("last_seen");
+pub const NOTICES: Sink<IdleNotice> = Sink::new("notices");
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Visit {
+    pub user: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdleNotice {
+    pub user: String,
+    pub visits: u64,
+    pub last_seen: i64,
+    /// When the notice was made: within a minute of `last_seen + IDLE_MILLIS`.
+    pub noticed_at: i64,
+}
+
+impl KeyedOperator for IdleSessions {
+    type Input = Visit;
+
+    fn name(&self) -> &str {
+        "idle-sessions"
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![
+            SESSION_VISITS.descriptor(),
+            LAST_SEEN.descriptor(),
+            keyway::operator::timers(),
+        ]
+    }
+
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        vec![NOTICES.descriptor()]
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<Visit, InvalidInput> {
+        record.json()
+    }
+
+    fn key(&self, visit: &Visit) -> String {
+        visit.user.clone()
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, _visit: Visit) -> Result<(), ProcessError> {
+        let now = ctx.now_millis();
+        *ctx.value(&SESSION_VISITS)?.get_or_insert_with(|| 0) += 1;
+        ctx.value(&LAST_SEEN)?.set(now);
+        if ctx.pending_timers()?.is_empty() {
+            ctx.timer_at(now + IDLE_MILLIS)?;
+        }
+        Ok(())
+    }
+
+    fn on_timer(&self, ctx: &mut Ctx<'_>, at_millis: i64) -> Result<(), ProcessError> {
+        let last_seen = ctx.value(&LAST_SEEN)?.get().copied().unwrap_or(0);
+        if last_seen + IDLE_MILLIS > at_millis {
+            // Seen since the timer was set: idle only later.
+            return ctx.timer_at(last_seen + IDLE_MILLIS);
+        }
+        let visits = ctx.value(&SESSION_VISITS)?.take().unwrap_or(0);
+        ctx.value(&LAST_SEEN)?.clear();
+        let notice = IdleNotice {
+            user: ctx.key().to_owned(),
+            visits,
+            last_seen,
+            noticed_at: ctx.now_millis(),
+        };
+        ctx.emit(&NOTICES, notice.user.clone(), &notice)
     }
 }

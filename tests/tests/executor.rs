@@ -277,7 +277,7 @@ async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
         fn decode(&self, record: &keyway::domain::SourceRecord) -> Result<String, InvalidInput> {
             match &record.payload {
                 Payload::Change(change) => Ok(change.table.clone().unwrap_or_default()),
-                Payload::Bytes(_) => Err(InvalidInput::new("record", "expected a DynamoDB change")),
+                _ => Err(InvalidInput::new("record", "expected a DynamoDB change")),
             }
         }
         fn key(&self, table: &String) -> String {

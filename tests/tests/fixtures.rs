@@ -97,7 +97,7 @@ fn kinesis_fixtures_survive_a_round_trip_through_the_event_builder() {
             .iter()
             .map(|r| match &r.payload {
                 Payload::Bytes(b) => b.clone(),
-                Payload::Change(_) => unreachable!(),
+                other => unreachable!("{other:?}"),
             })
             .collect();
         let rebuilt = kinesis_event(
@@ -166,7 +166,7 @@ fn an_items_life_decodes_to_insert_modify_and_remove_with_their_images() {
         .iter()
         .map(|r| match &r.payload {
             Payload::Change(c) => (c.kind, c.old_image.is_some(), c.new_image.is_some()),
-            Payload::Bytes(_) => unreachable!(),
+            other => unreachable!("{other:?}"),
         })
         .collect();
     assert_eq!(

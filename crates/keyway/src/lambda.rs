@@ -186,7 +186,8 @@ pub trait Handler: Send + Sync {
 }
 
 /// Runs Kinesis and DynamoDB Streams events through an executor and answers partial batch
-/// responses; the source is told by the records' `eventSource`.
+/// responses (the source is told by the records' `eventSource`); a scheduled event sweeps the
+/// operator's due timers.
 pub struct StreamHandler<O: KeyedOperator> {
     executor: Executor<O>,
 }
@@ -206,6 +207,15 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
     async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
         let event: Value = serde_json::from_str(event)
             .map_err(|e| FunctionError(format!("the event is not JSON: {e}")))?;
+        if is_scheduled(&event) {
+            // The schedule that sweeps the operator's due timers (template.yaml).
+            let sweep = self
+                .executor
+                .fire_timers(invocation.deadline_millis)
+                .await
+                .map_err(|e| FunctionError(format!("the timer sweep failed: {e}")))?;
+            return Ok(serde_json::to_value(sweep).expect("a sweep serializes"));
+        }
         let source = event["Records"][0]["eventSource"]
             .as_str()
             .unwrap_or("aws:kinesis")
@@ -222,6 +232,17 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
         };
         response.map_err(FunctionError)
     }
+}
+
+/// Whether `event` is a schedule's (an EventBridge rule's "Scheduled Event", or EventBridge
+/// Scheduler's) rather than a stream batch.
+fn is_scheduled(event: &Value) -> bool {
+    event.get("Records").is_none()
+        && (event["detail-type"] == "Scheduled Event"
+            || matches!(
+                event["source"].as_str(),
+                Some("aws.events" | "aws.scheduler")
+            ))
 }
 
 /// Where a sink sends to, as configuration names it.
@@ -348,5 +369,30 @@ mod tests {
             (err.name.as_str(), err.problem.as_str()),
             ("ALERTS_SINK", "is not set")
         );
+    }
+
+    #[test]
+    fn a_scheduled_event_is_told_from_a_stream_batch() {
+        // The documented EventBridge "Scheduled Event".
+        let scheduled = serde_json::json!({
+            "version": "0",
+            "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
+            "detail-type": "Scheduled Event",
+            "source": "aws.events",
+            "account": "123456789012",
+            "time": "2015-10-08T16:53:06Z",
+            "region": "us-east-1",
+            "resources": ["arn:aws:events:us-east-1:123456789012:rule/my-scheduled-rule"],
+            "detail": {}
+        });
+        assert!(is_scheduled(&scheduled));
+        assert!(is_scheduled(
+            &serde_json::json!({"source": "aws.scheduler"})
+        ));
+        let batch = serde_json::json!({"Records": [{"eventSource": "aws:kinesis"}]});
+        assert!(!is_scheduled(&batch));
+        assert!(!is_scheduled(
+            &serde_json::json!({"detail-type": "Object Created"})
+        ));
     }
 }

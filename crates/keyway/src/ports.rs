@@ -104,6 +104,21 @@ impl Commit {
 /// to 365 days; a day more covers a retention raised while records were in flight.
 pub const DEFAULT_REDELIVERY_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// A key's timer, as the due-time index holds it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TimerEntry {
+    pub at_millis: i64,
+    pub key: String,
+}
+
+/// An index entry come due, with what the store needs to remove it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueTimer {
+    pub timer: TimerEntry,
+    /// The store's own reference to the entry.
+    pub handle: String,
+}
+
 /// A commit that landed: the version it wrote, and the store's notes to touch it again.
 #[derive(Clone, Debug)]
 pub struct Committed {
@@ -152,11 +167,40 @@ pub trait StateStore: Send + Sync {
         committed: Vec<Committed>,
     ) -> Vec<Result<(), StoreError>>;
 
+    /// The due-time index of the keys' timers, kept beside their state.
+    fn timers(&self) -> &dyn TimerIndex;
+
     /// What the store can hold: state beyond these limits could never be committed, so the
     /// executor dead-letters the record that would need it rather than retry it forever.
     fn limits(&self) -> StoreLimits {
         StoreLimits::default()
     }
+}
+
+/// The due-time index of keyed timers (see `operator::timers`): which key has a timer at which
+/// time, to find those due without reading every key.
+#[async_trait]
+pub trait TimerIndex: Send + Sync {
+    /// Writes the due-time index entries of timers that commits of `operator`'s keys are about
+    /// to set, before those commits (see `operator::timers`), at `now_millis` by the writer's
+    /// clock. Writing an entry again does no harm.
+    async fn schedule_timers(
+        &self,
+        operator: &str,
+        timers: &[TimerEntry],
+        now_millis: i64,
+    ) -> Result<(), StoreError>;
+
+    /// Up to `limit` index entries of `operator` due at `now_millis`, earliest first.
+    async fn due_timers(
+        &self,
+        operator: &str,
+        now_millis: i64,
+        limit: usize,
+    ) -> Result<Vec<DueTimer>, StoreError>;
+
+    /// Removes index entries whose timers fired, or were found no longer pending.
+    async fn forget_timers(&self, operator: &str, due: &[DueTimer]) -> Result<(), StoreError>;
 }
 
 /// The limits of a state store.

@@ -160,6 +160,40 @@ pub struct SourceRecord {
     pub raw: serde_json::Value,
 }
 
+/// The stream name timer records carry: no Kinesis stream or table can be named so.
+pub const TIMER_STREAM: &str = "$timers";
+
+impl SourceRecord {
+    /// The record that fires `key`'s timer at `at_millis` (not negative). Its origin is the key
+    /// and its sequence number the time, so the ids of what firing it emits are derived as a
+    /// stream record's are, and are the same each time the timer is fired again.
+    pub fn timer(key: &str, at_millis: i64) -> Self {
+        let origin = Origin(format!("{TIMER_STREAM}/{key}"));
+        Self {
+            stream: Arc::from(TIMER_STREAM),
+            input: None,
+            lineage: origin.clone(),
+            origin,
+            sequence: SequenceNumber(at_millis.max(0).to_string()),
+            partition_key: key.to_owned(),
+            arrival_millis: None,
+            payload: Payload::Timer {
+                key: key.to_owned(),
+                at_millis,
+            },
+            raw: serde_json::json!({ "timer": { "key": key, "atMillis": at_millis } }),
+        }
+    }
+
+    /// The key and time of a timer record.
+    pub fn as_timer(&self) -> Option<(&str, i64)> {
+        match &self.payload {
+            Payload::Timer { key, at_millis } => Some((key, *at_millis)),
+            _ => None,
+        }
+    }
+}
+
 /// What a record carries.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Payload {
@@ -167,6 +201,9 @@ pub enum Payload {
     Bytes(Vec<u8>),
     /// A DynamoDB Streams change.
     Change(Change),
+    /// A timer of `key` coming due at `at_millis`: made by the executor's timer sweep, never by
+    /// a source (see `SourceRecord::timer`).
+    Timer { key: String, at_millis: i64 },
 }
 
 /// A DynamoDB Streams change of one item.

@@ -8,8 +8,8 @@ use super::plan::Plan;
 use super::process::{counts, KeyWork, Outcome};
 use super::{BatchReport, Executor};
 use crate::domain::{KeyState, Output, SourceRecord};
-use crate::operator::{Delivery, InvalidInput, KeyedOperator};
-use crate::ports::{Commit, Committed, LoadKey, StoreError};
+use crate::operator::{pending_timers, Delivery, InvalidInput, KeyedOperator};
+use crate::ports::{Commit, Committed, LoadKey, StoreError, TimerEntry};
 
 /// A key committed with outputs in its outbox, still to be sent.
 pub(super) struct PendingOutbox {
@@ -27,6 +27,8 @@ struct Ready {
     group: usize,
     commit: Commit,
     outputs: Vec<Output>,
+    /// Timers the commit sets that the key did not have: indexed before it lands.
+    timers: Vec<i64>,
 }
 
 impl<O: KeyedOperator> Executor<O> {
@@ -94,7 +96,7 @@ impl<O: KeyedOperator> Executor<O> {
             report.fail(&records[work.keep].sequence);
         }
         match self.next_state(work, &records, now) {
-            Some((state, outputs)) => Some(Ready {
+            Some((state, outputs, timers)) => Some(Ready {
                 group: g,
                 commit: Commit {
                     key: key.to_owned(),
@@ -103,6 +105,7 @@ impl<O: KeyedOperator> Executor<O> {
                     redelivery_window: self.config.redelivery_window,
                 },
                 outputs,
+                timers,
             }),
             None => {
                 let (applied, replayed) = counts(&work.run.outcomes);
@@ -124,6 +127,7 @@ impl<O: KeyedOperator> Executor<O> {
         report: &mut BatchReport,
         outboxes: &mut Vec<PendingOutbox>,
     ) -> Vec<usize> {
+        let ready = self.schedule_timers(plan, ready, now, report).await;
         let (groups, commits): (Vec<(usize, Vec<Output>)>, Vec<Commit>) = ready
             .into_iter()
             .map(|r| ((r.group, r.outputs), r.commit))
@@ -158,6 +162,46 @@ impl<O: KeyedOperator> Executor<O> {
             }
         }
         conflicted
+    }
+
+    /// Writes the due-time index entries of the timers the commits set, before the commits: an
+    /// entry whose commit then fails is skipped when it comes due. Keys whose entries could not
+    /// be written do not commit; their records are redelivered.
+    async fn schedule_timers(
+        &self,
+        plan: &Plan<'_>,
+        ready: Vec<Ready>,
+        now: i64,
+        report: &mut BatchReport,
+    ) -> Vec<Ready> {
+        let entries: Vec<TimerEntry> = ready
+            .iter()
+            .flat_map(|r| {
+                r.timers.iter().map(|&at_millis| TimerEntry {
+                    at_millis,
+                    key: r.commit.key.clone(),
+                })
+            })
+            .collect();
+        if entries.is_empty() {
+            return ready;
+        }
+        let operator = &self.namespace.operator;
+        let Err(err) = self
+            .store
+            .timers()
+            .schedule_timers(operator, &entries, now)
+            .await
+        else {
+            return ready;
+        };
+        warn!(operator = %operator, error = %err, "timers could not be indexed; the keys that set them will be redelivered");
+        let (setting, rest): (Vec<Ready>, Vec<Ready>) =
+            ready.into_iter().partition(|r| !r.timers.is_empty());
+        for r in setting {
+            report.fail(&plan.record(plan.groups[r.group].records[0]).sequence);
+        }
+        rest
     }
 
     /// Runs keys that lost a commit race again, on the state the winner committed. A key the
@@ -221,14 +265,16 @@ impl<O: KeyedOperator> Executor<O> {
     }
 
     /// The state to commit for a key, with the outputs to send after the commit (outbox
-    /// delivery); `None` when nothing changed and nothing needs writing.
+    /// delivery) and the timers it sets anew; `None` when nothing changed and nothing needs
+    /// writing.
     fn next_state(
         &self,
         work: &mut KeyWork,
         records: &[&SourceRecord],
         now: i64,
-    ) -> Option<(KeyState, Vec<Output>)> {
+    ) -> Option<(KeyState, Vec<Output>, Vec<i64>)> {
         let mut state = std::mem::take(&mut work.base);
+        let timers_before = pending_timers(&state.slots);
         let mut changed = work.migrated || !state.outbox.is_empty();
         for (name, update) in std::mem::take(&mut work.updates) {
             let slot = state.slots.entry(name.to_owned()).or_default();
@@ -253,11 +299,15 @@ impl<O: KeyedOperator> Executor<O> {
         }
         self.advance(&mut state, &work.run.outcomes, records, now);
         state.outbox = outbox.clone();
+        let timers = pending_timers(&state.slots);
+        // A key's state lives its TTL past its last pending timer, so the timer finds it.
+        let last = timers.last().map_or(now, |&t| t.max(now));
         state.expires_at = self
             .operator
             .state_ttl()
-            .map(|ttl| now / 1000 + ttl.as_secs() as i64);
-        Some((state, outbox))
+            .map(|ttl| last.div_euclid(1000) + ttl.as_secs() as i64);
+        let added = timers.difference(&timers_before).copied().collect();
+        Some((state, outbox, added))
     }
 
     /// Moves the watermarks past every record that ran to an effect, and forgets those no
@@ -273,7 +323,8 @@ impl<O: KeyedOperator> Executor<O> {
         let mut done: Vec<&crate::domain::Origin> = Vec::new();
         for (outcome, record) in outcomes.iter().zip(records).rev() {
             let lineage = self.lineage_of(record);
-            if !outcome.advances() || done.contains(&lineage) {
+            // A timer's firing is recorded by its removal from the state, not by a watermark.
+            if !outcome.advances() || done.contains(&lineage) || record.as_timer().is_some() {
                 continue;
             }
             done.push(lineage);
@@ -394,7 +445,7 @@ mod tests {
     use crate::adapters::dynamodb::DynamoStateStore;
     use crate::domain::Origin;
     use crate::local::LocalTable;
-    use crate::ports::{ManualClock, Namespace, StateStore};
+    use crate::ports::{ManualClock, Namespace, StateStore, TimerIndex};
 
     /// The in-memory store, except that its next key commits fail with the errors given; it
     /// counts the key commits it is asked for.
@@ -436,6 +487,9 @@ mod tests {
             committed: Vec<Committed>,
         ) -> Vec<Result<(), StoreError>> {
             self.inner.clear_outbox(namespace, committed).await
+        }
+        fn timers(&self) -> &dyn TimerIndex {
+            self.inner.timers()
         }
     }
 

@@ -158,7 +158,32 @@ mod tests {
     use super::super::{Executor, Sinks};
     use super::*;
     use crate::domain::KeyState;
-    use crate::ports::{Commit, Committed, ManualClock, StateStore};
+    use crate::ports::{
+        Commit, Committed, DueTimer, ManualClock, StateStore, TimerEntry, TimerIndex,
+    };
+
+    /// An index with no timers in it, that takes none.
+    struct NoTimers;
+
+    #[async_trait]
+    impl TimerIndex for NoTimers {
+        async fn schedule_timers(
+            &self,
+            _: &str,
+            _: &[TimerEntry],
+            _: i64,
+        ) -> Result<(), StoreError> {
+            Err(StoreError::Invalid("no timers here".into()))
+        }
+
+        async fn due_timers(&self, _: &str, _: i64, _: usize) -> Result<Vec<DueTimer>, StoreError> {
+            Ok(Vec::new())
+        }
+
+        async fn forget_timers(&self, _: &str, _: &[DueTimer]) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
 
     /// Answers every load with nothing stored, or fails it, and remembers what it was asked.
     #[derive(Default)]
@@ -205,6 +230,10 @@ mod tests {
             c: Vec<Committed>,
         ) -> Vec<Result<(), StoreError>> {
             c.iter().map(|_| Ok(())).collect()
+        }
+
+        fn timers(&self) -> &dyn TimerIndex {
+            &NoTimers
         }
     }
 

@@ -12,6 +12,8 @@
 //! 6. `outbox`: send what outbox operators just committed, then clear it;
 //! 7. `report`: the lowest sequence number that was not fully applied.
 //!
+//! `timers` sweeps the keyed timers that came due through the same phases, as timer records.
+//!
 //! A key commits only the records that were processed *and* whose outputs were sent. When that is
 //! fewer than were processed (a record failed, a send failed), the key's state is rebuilt by
 //! replaying the records that stay, from the loaded state: operators are deterministic, so the
@@ -56,6 +58,7 @@ mod process;
 mod report;
 #[cfg(test)]
 mod testkit;
+mod timers;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,6 +66,7 @@ use std::time::Duration;
 
 pub use history::HISTORY as SIGNATURE_HISTORY;
 pub use report::BatchReport;
+pub use timers::{TimerSweep, TIMERS_PER_BATCH};
 
 use crate::domain::{stream_name_of, SequenceNumber, SourceRecord, DEAD_LETTER_SINK};
 use crate::operator::{

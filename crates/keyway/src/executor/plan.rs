@@ -63,6 +63,12 @@ impl<O: KeyedOperator> Executor<O> {
                     continue;
                 }
             };
+            if let Some((key, _)) = record.as_timer() {
+                // A timer fires with its key's state; `on_timer` takes no input.
+                keyed.push((index, key.to_owned()));
+                inputs.push(None);
+                continue;
+            }
             let decoded = catch_unwind(AssertUnwindSafe(|| {
                 self.operator
                     .decode(record)

@@ -124,31 +124,28 @@ impl<O: KeyedOperator> Executor<O> {
             let mut lineages: Vec<&Origin> = Vec::new();
             let stop = failed.map_or(limit, |p| p.min(limit));
             for (position, record) in records.iter().enumerate().take(stop) {
-                let lineage = self.lineage_of(record);
-                if work.base.watermarks.has_applied(
-                    lineage,
-                    &record.sequence,
-                    record.arrival_millis,
-                ) {
-                    run.outcomes.push(Outcome::Replayed);
-                    continue;
-                }
-                if !lineages.contains(&lineage) {
-                    if lineages.len() == self.limits.lineages_per_commit {
+                let timer = record.as_timer().map(|(_, at)| at);
+                match self.gate(record, &work.base, &mut lineages) {
+                    None => {}
+                    Some(Outcome::Deferred) => {
                         run.outcomes.push(Outcome::Deferred);
                         run.panicked = panicked;
                         return run;
                     }
-                    lineages.push(lineage);
+                    Some(outcome) => {
+                        run.outcomes.push(outcome);
+                        continue;
+                    }
                 }
                 if let Some(reason) = work.invalid.get(&position) {
                     run.outcomes.push(Outcome::Invalid(reason.clone()));
                     continue;
                 }
-                let input = match inputs[position].take() {
-                    Some(input) => input,
-                    None => match self.operator.decode(record) {
-                        Ok(input) => input,
+                let input = match (timer, inputs[position].take()) {
+                    (Some(_), _) => None,
+                    (None, Some(input)) => Some(input),
+                    (None, None) => match self.operator.decode(record) {
+                        Ok(input) => Some(input),
                         // Decoding succeeded the first time; a decoder that is not deterministic
                         // still loses nothing: the record is dead-lettered.
                         Err(reason) => {
@@ -158,7 +155,7 @@ impl<O: KeyedOperator> Executor<O> {
                     },
                 };
                 let mut outputs = Vec::new();
-                let mut ctx = Ctx {
+                let ctx = Ctx {
                     key,
                     operator: &self.namespace.operator,
                     record,
@@ -169,8 +166,10 @@ impl<O: KeyedOperator> Executor<O> {
                     outputs: &mut outputs,
                     sinks: &self.sink_limits,
                 };
-                match catch_unwind(AssertUnwindSafe(|| self.operator.process(&mut ctx, input))) {
-                    Ok(Ok(())) => run.outcomes.push(Outcome::Applied(outputs)),
+                match self.call(ctx, input, timer) {
+                    Ok(Ok(true)) => run.outcomes.push(Outcome::Applied(outputs)),
+                    // The timer fired already, or was cancelled.
+                    Ok(Ok(false)) => run.outcomes.push(Outcome::Replayed),
                     Ok(Err(ProcessError::Invalid(reason))) => {
                         work.invalid.insert(position, reason);
                         continue 'restart;
@@ -195,6 +194,58 @@ impl<O: KeyedOperator> Executor<O> {
             run.panicked = panicked;
             return run;
         }
+    }
+
+    /// The outcome a record gets without running, or `None` when it runs: a record its key
+    /// applied already is replayed, and one of a lineage beyond what a commit may advance is
+    /// deferred. (A timer record guards itself: it fires only while its timer is pending.)
+    fn gate<'r>(
+        &self,
+        record: &'r SourceRecord,
+        base: &KeyState,
+        lineages: &mut Vec<&'r Origin>,
+    ) -> Option<Outcome> {
+        if record.as_timer().is_some() {
+            return None;
+        }
+        let lineage = self.lineage_of(record);
+        if base
+            .watermarks
+            .has_applied(lineage, &record.sequence, record.arrival_millis)
+        {
+            return Some(Outcome::Replayed);
+        }
+        if !lineages.contains(&lineage) {
+            if lineages.len() == self.limits.lineages_per_commit {
+                return Some(Outcome::Deferred);
+            }
+            lineages.push(lineage);
+        }
+        None
+    }
+
+    /// `process` with the record's input, or `on_timer` for a timer record; says whether it
+    /// ran (a timer no longer pending does not), and catches a panic.
+    fn call(
+        &self,
+        mut ctx: Ctx<'_>,
+        input: Option<O::Input>,
+        timer: Option<i64>,
+    ) -> std::thread::Result<Result<bool, ProcessError>> {
+        catch_unwind(AssertUnwindSafe(|| match (input, timer) {
+            (Some(input), _) => self.operator.process(&mut ctx, input).map(|()| true),
+            (None, Some(at)) => self.fire(&mut ctx, at),
+            (None, None) => unreachable!("a record runs with its input or as a timer"),
+        }))
+    }
+
+    /// Fires the key's timer at `at` if it is still pending; says whether it was.
+    fn fire(&self, ctx: &mut Ctx<'_>, at: i64) -> Result<bool, ProcessError> {
+        if !ctx.take_timer(at)? {
+            return Ok(false);
+        }
+        self.operator.on_timer(ctx, at)?;
+        Ok(true)
     }
 
     /// The run's slot changes, encoded and checked against the store's limits.

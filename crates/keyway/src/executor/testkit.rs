@@ -169,6 +169,7 @@ impl Sink for Recorder {
 /// An executor of `operator` on a fresh in-memory table, its `out` and dead-letter sinks.
 pub struct Bench<O: KeyedOperator> {
     pub executor: Executor<O>,
+    pub clock: Arc<ManualClock>,
     pub table: Arc<LocalTable>,
     pub out: Arc<Recorder>,
     pub dead: Arc<Recorder>,
@@ -185,7 +186,8 @@ pub fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
     let dead = Arc::new(Recorder::default());
     let sinks = Sinks::new(dead.clone()).with(&OUT, out.clone());
     Bench {
-        executor: Executor::new(operator, store, sinks, clock).expect("the bench is wired"),
+        executor: Executor::new(operator, store, sinks, clock.clone()).expect("the bench is wired"),
+        clock,
         table,
         out,
         dead,

@@ -200,7 +200,7 @@ pub struct EventSourceMapping {
 
 /// How an invocation failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Failed {
+pub(crate) enum Failed {
     /// The function returned an error.
     Error,
     /// Stopped by the function's timeout.
@@ -211,7 +211,7 @@ enum Failed {
 
 /// Invokes `handler`, as Lambda would: stopped at `timeout`, and a runtime that crashes is a
 /// failed invocation, not the end of the mapping.
-async fn invoke(
+pub(crate) async fn invoke(
     handler: &dyn Handler,
     event: &str,
     invocation: &Invocation,

@@ -26,5 +26,7 @@ pub use esm::{EventSourceMapping, MappingSettings, MappingSource, MappingStats, 
 pub use faults::{FaultPlan, Faults};
 pub use kinesis::{LocalKinesis, StoredRecord};
 pub use meter::{thread_cpu_time, Meter, MeterSnapshot};
-pub use runtime::{CrashBeforeCommit, Factory, LocalError, LocalRuntime, LocalServices, RunReport};
+pub use runtime::{
+    CrashBeforeCommit, Factory, LocalError, LocalRuntime, LocalServices, RunReport, ScheduleStats,
+};
 pub use sqs::{LocalSqs, QueuedMessage};

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 
 use super::clock::VirtualClock;
 use super::dynamodb::{KeySchema, LocalDynamoDb};
-use super::esm::{EventSourceMapping, MappingSettings, MappingSource, MappingStats};
+use super::esm::{invoke, EventSourceMapping, MappingSettings, MappingSource, MappingStats};
 use super::faults::{add_counts, crash, Fault, FaultCounts, FaultPlan, Faults};
 use super::kinesis::LocalKinesis;
 use super::sqs::LocalSqs;
@@ -21,11 +21,12 @@ use crate::adapters::retry::Backoff;
 use crate::adapters::sqs::SqsSink;
 use crate::domain::KeyState;
 use crate::lambda::{
-    check_mapping, executor_config, ConfigError, Env, Handler, Platform, PortError, SetupError,
-    SinkTarget,
+    check_mapping, executor_config, ConfigError, Env, Handler, Invocation, Platform, PortError,
+    SetupError, SinkTarget,
 };
 use crate::ports::{
     Clock, Commit, Committed, LoadKey, Namespace, Sink, StateStore, StoreError, StoreLimits,
+    TimerIndex,
 };
 
 /// Kinesis, DynamoDB and SQS in memory, on one virtual clock, with one fault plan.
@@ -194,10 +195,40 @@ impl StateStore for CrashBeforeCommit {
     ) -> Vec<Result<(), StoreError>> {
         self.inner.clear_outbox(namespace, committed).await
     }
+    fn timers(&self) -> &dyn TimerIndex {
+        self.inner.timers()
+    }
 
     fn limits(&self) -> StoreLimits {
         self.inner.limits()
     }
+}
+
+/// The template's schedules, each first due one period after `now`.
+fn local_schedules(
+    wiring: &Wiring,
+    handlers: &BTreeMap<String, Arc<dyn Handler>>,
+    now: i64,
+) -> Vec<LocalSchedule> {
+    let mut schedules = Vec::new();
+    for function in &wiring.functions {
+        for schedule in &function.schedules {
+            let every = schedule.every.as_millis() as i64;
+            schedules.push(LocalSchedule {
+                name: format!("{}/{}", function.logical_id, schedule.name),
+                rule_arn: format!(
+                    "arn:aws:events:us-east-1:000000000000:rule/{}{}",
+                    function.logical_id, schedule.name
+                ),
+                handler: handlers[&function.logical_id].clone(),
+                every,
+                timeout: function.timeout,
+                next_at: now + every,
+                stats: ScheduleStats::default(),
+            });
+        }
+    }
+    schedules
 }
 
 /// Builds a function's handler from its platform and environment (a function crate's `handler`).
@@ -263,6 +294,65 @@ pub struct LocalRuntime {
     pub wiring: Wiring,
     names: Names,
     mappings: Vec<EventSourceMapping>,
+    schedules: Vec<LocalSchedule>,
+}
+
+/// What a schedule did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScheduleStats {
+    pub invocations: u64,
+    pub errors: u64,
+}
+
+/// A function's schedule on the virtual clock: EventBridge invokes the function asynchronously
+/// once a period with a "Scheduled Event", and does not catch up on periods it missed.
+struct LocalSchedule {
+    name: String,
+    rule_arn: String,
+    handler: Arc<dyn Handler>,
+    every: i64,
+    timeout: Duration,
+    next_at: i64,
+    stats: ScheduleStats,
+}
+
+impl LocalSchedule {
+    async fn fire_if_due(&mut self, now: i64) {
+        if now < self.next_at {
+            return;
+        }
+        self.stats.invocations += 1;
+        let event = serde_json::json!({
+            "version": "0",
+            "id": format!("{:08x}-0000-4000-8000-{:012x}", self.stats.invocations, now),
+            "detail-type": "Scheduled Event",
+            "source": "aws.events",
+            "account": "000000000000",
+            "time": chrono::DateTime::from_timestamp_millis(now)
+                .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string()),
+            "region": "us-east-1",
+            "resources": [self.rule_arn],
+            "detail": {}
+        });
+        let invocation = Invocation {
+            request_id: format!("{}-{}", self.name, self.stats.invocations),
+            deadline_millis: Some(now + self.timeout.as_millis() as i64),
+        };
+        // EventBridge retries a failed asynchronous invocation; here the next period's does.
+        if let Err(failed) = invoke(
+            &*self.handler,
+            &event.to_string(),
+            &invocation,
+            self.timeout,
+        )
+        .await
+        {
+            tracing::warn!(schedule = %self.name, ?failed, "a scheduled invocation failed");
+            self.stats.errors += 1;
+        }
+        let missed = (now - self.next_at) / self.every;
+        self.next_at += (missed + 1) * self.every;
+    }
 }
 
 /// Resource names, URLs and ARNs by logical id.
@@ -342,6 +432,7 @@ impl LocalRuntime {
                 .insert(function.logical_id.clone(), function.name.clone());
         }
         let mut mappings = Vec::new();
+        let mut handlers = BTreeMap::new();
         for function in &wiring.functions {
             let id = &function.logical_id;
             let factory = factories.get(id).ok_or_else(|| LocalError::Unregistered {
@@ -359,6 +450,7 @@ impl LocalRuntime {
                 .map_err(|e| LocalError::event(id, &event.name, e))?;
             }
             let handler = factory(services.as_ref(), &env).map_err(|e| LocalError::setup(id, e))?;
+            handlers.insert(id.clone(), handler.clone());
             let function_arn = format!(
                 "arn:aws:lambda:us-east-1:000000000000:function:{}",
                 function.name
@@ -402,11 +494,13 @@ impl LocalRuntime {
                 ));
             }
         }
+        let schedules = local_schedules(&wiring, &handlers, services.clock.now_millis());
         let mut runtime = Self {
             services,
             wiring,
             names,
             mappings,
+            schedules,
         };
         // Mappings start where their starting position says, before anything is written.
         for mapping in &mut runtime.mappings {
@@ -422,6 +516,7 @@ impl LocalRuntime {
             wiring: Wiring::default(),
             names: Names::default(),
             mappings: Vec::new(),
+            schedules: Vec::new(),
         }
     }
 
@@ -457,21 +552,57 @@ impl LocalRuntime {
     }
 
     /// Runs the mappings until no record waits, or fails when records still wait after `limit`
-    /// of virtual time (a function that keeps failing with unlimited retries).
+    /// of virtual time (a function that keeps failing with unlimited retries). Schedules fire as
+    /// the virtual time they wait for passes.
     pub async fn run_until_idle(&mut self, limit: Duration) -> Result<RunReport, LocalError> {
         let start = self.services.clock.now_millis();
         let deadline = start + limit.as_millis() as i64;
+        match self.drive(deadline, true).await {
+            Some(report) => Ok(report),
+            None => {
+                let waiting: usize = self.mappings.iter().map(|m| m.pending().0).sum();
+                Err(LocalError::Unfinished { waiting, limit })
+            }
+        }
+    }
+
+    /// Runs the mappings and schedules for `span` of virtual time, idle or not: what keyed
+    /// timers need to come due and be swept.
+    pub async fn run_for(&mut self, span: Duration) -> RunReport {
+        let end = self.services.clock.now_millis() + span.as_millis() as i64;
+        self.drive(end, false)
+            .await
+            .expect("a run that does not stop when idle ends at its end")
+    }
+
+    /// What the schedules did so far, by `function/event`.
+    pub fn schedules(&self) -> Vec<(String, ScheduleStats)> {
+        self.schedules
+            .iter()
+            .map(|s| (s.name.clone(), s.stats.clone()))
+            .collect()
+    }
+
+    /// Drives mappings and schedules until `end` (`None` when `until_idle` and records still
+    /// wait then), or until no record waits when `until_idle`.
+    async fn drive(&mut self, end: i64, until_idle: bool) -> Option<RunReport> {
+        let start = self.services.clock.now_millis();
         let mut last_expiry = i64::MIN;
         loop {
             let now = self.services.clock.now_millis();
-            if now > deadline {
-                let waiting: usize = self.mappings.iter().map(|m| m.pending().0).sum();
-                return Err(LocalError::Unfinished { waiting, limit });
+            if until_idle && now > end {
+                return None;
+            }
+            if !until_idle && now >= end {
+                return Some(self.report(start));
             }
             // DynamoDB's TTL process runs in the background; here once a virtual second.
             if now.saturating_sub(last_expiry) >= 1_000 {
                 self.services.dynamodb.expire();
                 last_expiry = now;
+            }
+            for schedule in &mut self.schedules {
+                schedule.fire_if_due(now).await;
             }
             for mapping in &mut self.mappings {
                 mapping.poll();
@@ -483,24 +614,28 @@ impl LocalRuntime {
             if ran > 0 {
                 continue;
             }
-            match self.mappings.iter().filter_map(|m| m.pending().1).min() {
-                Some(due) => {
-                    let wait = (due - now).max(1) as u64;
-                    tokio::time::sleep(Duration::from_millis(wait)).await;
-                }
-                None => {
-                    return Ok(RunReport {
-                        mappings: self
-                            .mappings
-                            .iter()
-                            .map(|m| (m.name.clone(), m.stats().clone()))
-                            .collect(),
-                        elapsed: Duration::from_millis(
-                            (self.services.clock.now_millis() - start) as u64,
-                        ),
-                    })
-                }
+            let records_due = self.mappings.iter().filter_map(|m| m.pending().1).min();
+            if until_idle && records_due.is_none() {
+                return Some(self.report(start));
             }
+            let next_schedule = self.schedules.iter().map(|s| s.next_at).min();
+            let wake = [records_due, next_schedule, Some(end)]
+                .into_iter()
+                .flatten()
+                .min()
+                .expect("the end is a time");
+            tokio::time::sleep(Duration::from_millis((wake - now).max(1) as u64)).await;
+        }
+    }
+
+    fn report(&self, start: i64) -> RunReport {
+        RunReport {
+            mappings: self
+                .mappings
+                .iter()
+                .map(|m| (m.name.clone(), m.stats().clone()))
+                .collect(),
+            elapsed: Duration::from_millis((self.services.clock.now_millis() - start) as u64),
         }
     }
 }

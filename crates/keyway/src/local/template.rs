@@ -54,6 +54,15 @@ pub struct EventDef {
     pub on_failure: Option<String>,
 }
 
+/// A schedule that invokes a function (SAM's `Schedule` and `ScheduleV2` events, an
+/// `AWS::Events::Rule` targeting it), as the template defines it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleDef {
+    pub name: String,
+    /// A `rate(...)` expression's period.
+    pub every: Duration,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct FunctionDef {
     pub logical_id: String,
@@ -61,6 +70,7 @@ pub struct FunctionDef {
     pub timeout: Duration,
     pub env: Env,
     pub events: Vec<EventDef>,
+    pub schedules: Vec<ScheduleDef>,
 }
 
 /// Everything the runtime needs from the template.
@@ -223,13 +233,19 @@ struct FunctionProps {
 }
 
 impl FunctionProps {
-    fn into_function(self, id: &str, events: Vec<EventDef>) -> FunctionDef {
+    fn into_function(
+        self,
+        id: &str,
+        events: Vec<EventDef>,
+        schedules: Vec<ScheduleDef>,
+    ) -> FunctionDef {
         FunctionDef {
             logical_id: id.to_owned(),
             name: self.name,
             timeout: self.timeout,
             env: self.env,
             events,
+            schedules,
         }
     }
 }
@@ -305,6 +321,7 @@ fn sam_function(
     let function = function_props(id, &props, &globals);
     let timeout = function.timeout;
     let mut events = Vec::new();
+    let mut schedules = Vec::new();
     for (event_name, event) in get(&props, "Events")
         .and_then(Value::as_mapping)
         .into_iter()
@@ -327,11 +344,26 @@ fn sam_function(
         let source = match kind {
             "Kinesis" => SourceRef::Kinesis(stream()?),
             "DynamoDB" => SourceRef::DynamoDb(stream()?),
+            "Schedule" | "ScheduleV2" => {
+                let field = if kind == "Schedule" {
+                    "Schedule"
+                } else {
+                    "ScheduleExpression"
+                };
+                let path = format!("{id}.{event_name}.{field}");
+                if let Some(every) = schedule(&p, field, "Enabled", &path)? {
+                    schedules.push(ScheduleDef {
+                        name: event_name,
+                        every,
+                    });
+                }
+                continue;
+            }
             _ => continue,
         };
         events.push(event_def(id, event_name, source, &p, timeout)?);
     }
-    Ok(function.into_function(id, events))
+    Ok(function.into_function(id, events, schedules))
 }
 
 /// A plain CloudFormation function (what the CDK synthesizes): its event sources are the
@@ -378,7 +410,83 @@ fn lambda_function(
             .unwrap_or(mapping_id);
         events.push(event_def(id, name.to_owned(), source, &p, timeout)?);
     }
-    Ok(function.into_function(id, events))
+    let schedules = rules_targeting(resources, id)?;
+    Ok(function.into_function(id, events, schedules))
+}
+
+/// The schedules of the `AWS::Events::Rule` resources with a target that references `function`.
+fn rules_targeting(
+    resources: &serde_yaml::Mapping,
+    function: &str,
+) -> Result<Vec<ScheduleDef>, TemplateError> {
+    let mut schedules = Vec::new();
+    for (rule_id, rule) in resources {
+        if get(rule, "Type").and_then(Value::as_str) != Some("AWS::Events::Rule") {
+            continue;
+        }
+        let rule_id = rule_id.as_str().unwrap_or_default();
+        let p = get(rule, "Properties").cloned().unwrap_or(Value::Null);
+        let targets_it = get(&p, "Targets")
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+            .any(|t| get(t, "Arn").and_then(logical_id).as_deref() == Some(function));
+        if !targets_it {
+            continue;
+        }
+        let path = format!("{rule_id}.ScheduleExpression");
+        if let Some(every) = schedule(&p, "ScheduleExpression", "State", &path)? {
+            let name = rule_id
+                .strip_prefix(function)
+                .filter(|n| !n.is_empty())
+                .unwrap_or(rule_id);
+            schedules.push(ScheduleDef {
+                name: name.to_owned(),
+                every,
+            });
+        }
+    }
+    Ok(schedules)
+}
+
+/// The period of the schedule in `p[field]`, or `None` when `p[switch]` turns it off (SAM's
+/// `Enabled: false`, a rule's `State: DISABLED`). Only `rate(...)` expressions run locally.
+fn schedule(
+    p: &Value,
+    field: &str,
+    switch: &str,
+    path: &str,
+) -> Result<Option<Duration>, TemplateError> {
+    match get(p, switch) {
+        Some(Value::Bool(false)) => return Ok(None),
+        Some(v) if matches!(v.as_str(), Some("DISABLED")) => return Ok(None),
+        _ => {}
+    }
+    let expression = get(p, field)
+        .and_then(Value::as_str)
+        .ok_or_else(|| TemplateError(format!("{path}: expected a schedule expression")))?;
+    parse_rate(expression)
+        .map(Some)
+        .ok_or_else(|| {
+            TemplateError(format!(
+                "{path}: {expression:?} is not rate(<n> minute[s]|hour[s]|day[s]); the embedded runtime runs only rate() schedules"
+            ))
+        })
+}
+
+/// The period of `rate(<n> <unit>)`, with the unit singular for 1 and plural otherwise, as
+/// EventBridge requires.
+fn parse_rate(expression: &str) -> Option<Duration> {
+    let inner = expression.strip_prefix("rate(")?.strip_suffix(')')?;
+    let (count, unit) = inner.trim().split_once(' ')?;
+    let count: u64 = count.parse().ok().filter(|&n| n > 0)?;
+    let seconds = match (unit.trim(), count) {
+        ("minute", 1) | ("minutes", 2..) => 60,
+        ("hour", 1) | ("hours", 2..) => 3600,
+        ("day", 1) | ("days", 2..) => 86_400,
+        _ => return None,
+    };
+    Some(Duration::from_secs(count * seconds))
 }
 
 fn settings(p: &Value, timeout: Duration) -> Result<MappingSettings, TemplateError> {
@@ -781,5 +889,49 @@ Resources:
             e.0.contains("Counter.Clicks") && e.0.contains("ReportBatchItemFailure"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn rate_schedules_are_read_and_a_cron_or_misspelled_rate_is_refused_naming_the_event() {
+        assert_eq!(parse_rate("rate(1 minute)"), Some(Duration::from_secs(60)));
+        assert_eq!(
+            parse_rate("rate(5 minutes)"),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(parse_rate("rate(2 hours)"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_rate("rate(1 day)"), Some(Duration::from_secs(86_400)));
+        for wrong in [
+            "rate(1 minutes)",
+            "rate(5 minute)",
+            "rate(0 days)",
+            "rate(1 week)",
+        ] {
+            assert_eq!(parse_rate(wrong), None, "{wrong}");
+        }
+        let with = |schedule: &str| {
+            TEMPLATE.replace(
+                "      Events:\n",
+                &format!(
+                    "      Events:\n        Sweep:\n          Type: Schedule\n          Properties:\n            Schedule: {schedule}\n"
+                ),
+            )
+        };
+        let (wiring, _) = parse(&with("rate(1 minute)")).unwrap();
+        let counter = &wiring.functions[0];
+        assert_eq!(
+            counter.schedules,
+            [ScheduleDef {
+                name: "Sweep".into(),
+                every: Duration::from_secs(60)
+            }]
+        );
+        assert_eq!(counter.events.len(), 1, "a schedule is no stream event");
+        let e = parse(&with("cron(0 12 * * ? *)")).unwrap_err();
+        assert!(
+            e.0.starts_with("Counter.Sweep.Schedule:") && e.0.contains("cron(0 12"),
+            "{e}"
+        );
+        let off = with("rate(1 minute)\n            Enabled: false");
+        assert!(parse(&off).unwrap().0.functions[0].schedules.is_empty());
     }
 }

@@ -1,11 +1,12 @@
 //! `Ctx`: what `process` sees of the current key — its state, the record, time — and how it emits.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::state::{ListSlot, MapSlot, SlotType, TypedSlot, ValueSlot};
+use super::timer::TIMERS;
 use super::{
     InvalidInput, ListHandle, ListState, MapHandle, MapState, ProcessError, Sink, StateDescriptor,
     StateError, ValueHandle, ValueState,
@@ -84,6 +85,66 @@ impl<'a> Ctx<'a> {
         let slot =
             self.slot::<MapSlot<K, V>>(state.name, std::any::type_name::<BTreeMap<K, V>>())?;
         Ok(MapHandle { slot })
+    }
+
+    /// Sets a timer of the current key at `at_millis` (epoch milliseconds): the operator's
+    /// `on_timer` runs for it once, when that time has come. Setting a timer already set does
+    /// nothing; a time already past fires at the next sweep. The operator lists `timers()` in its
+    /// `states()`.
+    pub fn timer_at(&mut self, at_millis: i64) -> Result<(), ProcessError> {
+        if at_millis < 0 {
+            return Err(ProcessError::Invalid(InvalidInput::new(
+                "timer",
+                format!("{at_millis} is before 1970"),
+            )));
+        }
+        let mut timers = self.timers()?;
+        if !timers.get().is_some_and(|t| t.contains(&at_millis)) {
+            timers.get_or_insert_with(BTreeSet::new).insert(at_millis);
+        }
+        Ok(())
+    }
+
+    /// Cancels the current key's timer at `at_millis`; says whether one was set.
+    pub fn cancel_timer(&mut self, at_millis: i64) -> Result<bool, ProcessError> {
+        let mut timers = self.timers()?;
+        if !timers.get().is_some_and(|t| t.contains(&at_millis)) {
+            return Ok(false);
+        }
+        let set = timers.get_mut().expect("checked above");
+        set.remove(&at_millis);
+        if set.is_empty() {
+            timers.clear();
+        }
+        Ok(true)
+    }
+
+    /// The current key's pending timers, earliest first.
+    pub fn pending_timers(&mut self) -> Result<Vec<i64>, ProcessError> {
+        Ok(self
+            .timers()?
+            .get()
+            .map(|t| t.iter().copied().collect())
+            .unwrap_or_default())
+    }
+
+    /// Removes the key's timer at `at_millis` if it is pending, to fire it; false when it is not
+    /// (fired or cancelled already, or timers are not declared any more).
+    pub(crate) fn take_timer(&mut self, at_millis: i64) -> Result<bool, ProcessError> {
+        if !self.declared.iter().any(|d| d.name == TIMERS.name) {
+            return Ok(false);
+        }
+        self.cancel_timer(at_millis)
+    }
+
+    fn timers(&mut self) -> Result<ValueHandle<'_, BTreeSet<i64>>, ProcessError> {
+        self.value(&TIMERS).map_err(|e| match e {
+            StateError::Undeclared { .. } => ProcessError::Retry(
+                "timers are not declared: list keyway::operator::timers() in the operator's states()"
+                    .to_owned(),
+            ),
+            other => other.into(),
+        })
     }
 
     /// Emits `body` as JSON to `sink`, in order with the key's other outputs.

@@ -177,7 +177,7 @@ mod tests {
     const CLICKS: Input<Click> = Input::json("clicks");
     const LENGTHS: Input<usize> = Input::new("lengths", |r| match &r.payload {
         Payload::Bytes(data) => Ok(data.len()),
-        Payload::Change(_) => Err(InvalidInput::new("record", "not Kinesis")),
+        _ => Err(InvalidInput::new("record", "not Kinesis")),
     });
 
     #[derive(Debug, PartialEq)]

@@ -16,6 +16,7 @@ pub mod migration;
 pub mod signature;
 mod sink;
 mod state;
+mod timer;
 
 use std::time::Duration;
 
@@ -30,6 +31,8 @@ pub use state::{
     ListHandle, ListState, MapHandle, MapState, StateDescriptor, StateError, ValueHandle,
     ValueState,
 };
+pub(crate) use timer::pending_in as pending_timers;
+pub use timer::timers;
 
 use crate::domain::hash::sha256_hex;
 use crate::domain::{Payload, SourceRecord};
@@ -66,6 +69,10 @@ impl SourceRecord {
             Payload::Change(_) => Err(InvalidInput::new(
                 "record",
                 "expected a Kinesis record, got a DynamoDB Streams change",
+            )),
+            Payload::Timer { .. } => Err(InvalidInput::new(
+                "record",
+                "expected a Kinesis record, got a timer",
             )),
         }
     }
@@ -147,6 +154,15 @@ pub trait KeyedOperator: Send + Sync + 'static {
     fn key(&self, input: &Self::Input) -> String;
 
     fn process(&self, ctx: &mut Ctx<'_>, input: Self::Input) -> Result<(), ProcessError>;
+
+    /// Runs once for each timer `process` (or an earlier `on_timer`) set with `Ctx::timer_at`,
+    /// when its time `at_millis` has come, with the key's state; errors count as they do for
+    /// `process`. Timers fire from a sweep of the due ones (`Executor::fire_timers`), within a
+    /// minute of their time on AWS.
+    fn on_timer(&self, ctx: &mut Ctx<'_>, at_millis: i64) -> Result<(), ProcessError> {
+        let _ = (ctx, at_millis);
+        Ok(())
+    }
 
     fn delivery(&self) -> Delivery {
         Delivery::EmitThenCommit

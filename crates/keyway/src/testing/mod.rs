@@ -19,7 +19,7 @@ use crate::domain::{
 };
 use crate::ports::{
     Clock, Commit, Committed, LoadKey, ManualClock, Namespace, Sink, SinkError, StateStore,
-    StoreError,
+    StoreError, TimerIndex,
 };
 
 fn item(pk: &str, sk: &str, version: u64, payload: &str) -> Item {
@@ -192,6 +192,26 @@ pub async fn table_contract<T: Table>(table: &T) {
     let queried = table.query_partition("b").await.expect("query");
     assert_eq!(queried.len(), 25, "a query returns the whole partition");
     assert!(queried.iter().all(|i| i["pk"] == AttrValue::S("b".into())));
+    // A query up to a sort key: in sort key order, none beyond it, at most the limit.
+    let sort_keys = |items: Vec<Item>| -> Vec<String> {
+        items
+            .iter()
+            .filter_map(|i| i["sk"].as_s().map(str::to_owned))
+            .collect()
+    };
+    let first = table.query_up_to("b", "s24", 3).await.expect("query up to");
+    assert_eq!(
+        sort_keys(first),
+        ["s00", "s01", "s02"],
+        "the limit, in order"
+    );
+    let bounded = table.query_up_to("b", "s03~", 100).await.expect("query");
+    assert_eq!(
+        sort_keys(bounded),
+        ["s00", "s01", "s02", "s03"],
+        "nothing beyond the bound"
+    );
+    assert!(table.query_up_to("b", "r", 10).await.unwrap().is_empty());
 
     let deletes: Vec<WriteRequest> = (0..10)
         .map(|i| WriteRequest::Delete(key("b", &format!("s{i:02}"))))
@@ -424,6 +444,83 @@ pub async fn state_store_contract<T: Table + 'static>(
     lost_responses(store, &ns, &clock).await;
     lost_races(store, &ns, &clock).await;
     crashes_inside_a_commit(store, &ns, &clock).await;
+    timer_index(store, &clock).await;
+}
+
+/// The due-time index of timers: entries come due in time order once their time has come, each
+/// operator's apart, until forgotten; one due long ago is found however long no sweep ran.
+async fn timer_index<T: Table + 'static>(store: &DynamoStateStore<T>, clock: &ManualClock) {
+    let now = clock.now_millis();
+    let minute = 60_000;
+    let entry = |key: &str, at_millis: i64| crate::ports::TimerEntry {
+        at_millis,
+        key: key.to_owned(),
+    };
+    let keys = |due: &[crate::ports::DueTimer]| -> Vec<String> {
+        due.iter().map(|d| d.timer.key.clone()).collect()
+    };
+    let entries = [
+        entry("late", now + 180 * minute),
+        entry("soon", now + minute),
+        entry("later", now + 120 * minute),
+        entry("past", now - 30 * minute),
+    ];
+    store
+        .schedule_timers("timed", &entries, now)
+        .await
+        .expect("timers indexed");
+    let due = store.due_timers("timed", now, 10).await.expect("due");
+    assert_eq!(
+        keys(&due),
+        ["past"],
+        "a timer set in the past is due at once"
+    );
+    assert!(
+        store
+            .due_timers("untimed", now + 999 * minute, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "an operator sees only its own timers"
+    );
+    let all = store
+        .due_timers("timed", now + 180 * minute, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys(&all),
+        ["past", "soon", "later", "late"],
+        "in time order"
+    );
+    let two = store
+        .due_timers("timed", now + 180 * minute, 2)
+        .await
+        .unwrap();
+    assert_eq!(keys(&two), ["past", "soon"], "at most the limit");
+    store.forget_timers("timed", &two).await.expect("forgotten");
+    let rest = store
+        .due_timers("timed", now + 180 * minute, 10)
+        .await
+        .unwrap();
+    assert_eq!(keys(&rest), ["later", "late"], "forgotten entries are gone");
+    assert_eq!(rest[1].timer, entries[0]);
+    store.forget_timers("timed", &rest).await.unwrap();
+    // No sweep for four days, then one that reads a bounded number of hours each time.
+    let long_ago = entry("long-ago", now + 200 * minute);
+    store
+        .schedule_timers("timed", std::slice::from_ref(&long_ago), now)
+        .await
+        .unwrap();
+    let mut found = Vec::new();
+    for _ in 0..3 {
+        found.extend(
+            store
+                .due_timers("timed", now + 4 * 1440 * minute, 10)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(found.first().map(|d| &d.timer), Some(&long_ago));
 }
 
 /// A table whose process dies right after writing segments, before the head that references them.

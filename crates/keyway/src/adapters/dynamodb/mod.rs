@@ -118,4 +118,27 @@ pub trait Table: Send + Sync {
 
     /// Every item under one partition key, by a strongly consistent Query (tests and tools).
     async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError>;
+
+    /// The first `limit` items under `pk` whose sort key is at most `sk_max`, in sort key order,
+    /// by a strongly consistent Query. (The SDK's table asks DynamoDB for just those.)
+    async fn query_up_to(
+        &self,
+        pk: &str,
+        sk_max: &str,
+        limit: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        let mut items: Vec<(ItemKey, Item)> = self
+            .query_partition(pk)
+            .await?
+            .into_iter()
+            .filter_map(|item| Some((ItemKey::of(&item)?, item)))
+            .filter(|(key, _)| key.sk.as_str() <= sk_max)
+            .collect();
+        items.sort_by(|a, b| a.0.sk.cmp(&b.0.sk));
+        Ok(items
+            .into_iter()
+            .take(limit)
+            .map(|(_, item)| item)
+            .collect())
+    }
 }

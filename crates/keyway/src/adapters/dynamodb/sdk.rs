@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodb::Client;
 
-use super::{BatchGetOutput, Expect, ItemKey, Table, WriteRequest, PK, VERSION};
+use super::{BatchGetOutput, Expect, ItemKey, Table, WriteRequest, PK, SK, VERSION};
 use crate::adapters::sdk_error::{classify, ErrorClass};
 use crate::domain::{AttrValue, Item};
 use crate::ports::StoreError;
@@ -154,6 +154,52 @@ fn key_from_sdk(key: &HashMap<String, AttributeValue>) -> Result<ItemKey, StoreE
 
 fn build_error(err: aws_sdk_dynamodb::error::BuildError) -> StoreError {
     StoreError::Invalid(err.to_string())
+}
+
+impl SdkTable {
+    /// Up to `limit` items under `pk` (with a sort key at most `sk_max`), in sort key order, by
+    /// strongly consistent Query pages: a page stops at 1 MB as well as at its limit.
+    async fn query(
+        &self,
+        pk: &str,
+        sk_max: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        let mut items = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        while items.len() < limit {
+            let mut request = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_values(":pk", AttributeValue::S(pk.to_owned()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take());
+            request = match sk_max {
+                None => request.key_condition_expression("#pk = :pk"),
+                Some(sk) => request
+                    .key_condition_expression("#pk = :pk AND #sk <= :sk")
+                    .expression_attribute_names("#sk", SK)
+                    .expression_attribute_values(":sk", AttributeValue::S(sk.to_owned())),
+            };
+            if limit != usize::MAX {
+                request = request.limit(i32::try_from(limit - items.len()).unwrap_or(i32::MAX));
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| store_error(classify(&e)))?;
+            for item in response.items() {
+                items.push(item_from_sdk(item)?);
+            }
+            match response.last_evaluated_key() {
+                Some(key) if !key.is_empty() => start = Some(key.clone()),
+                _ => break,
+            }
+        }
+        Ok(items)
+    }
 }
 
 #[async_trait]
@@ -317,28 +363,15 @@ impl Table for SdkTable {
     }
 
     async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
-        let mut items = Vec::new();
-        let mut start: Option<HashMap<String, AttributeValue>> = None;
-        loop {
-            let response = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_values(":pk", AttributeValue::S(pk.to_owned()))
-                .consistent_read(true)
-                .set_exclusive_start_key(start.take())
-                .send()
-                .await
-                .map_err(|e| store_error(classify(&e)))?;
-            for item in response.items() {
-                items.push(item_from_sdk(item)?);
-            }
-            match response.last_evaluated_key() {
-                Some(key) if !key.is_empty() => start = Some(key.clone()),
-                _ => return Ok(items),
-            }
-        }
+        self.query(pk, None, usize::MAX).await
+    }
+
+    async fn query_up_to(
+        &self,
+        pk: &str,
+        sk_max: &str,
+        limit: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        self.query(pk, Some(sk_max), limit).await
     }
 }

@@ -9,6 +9,8 @@
 //! | outbox    | same as its head                | `ob#{id:016x}`          | `e` (S)                             |
 //! | watermark | same as its head                | `wm#{lineage}`          | `s` (S), `t` (N), `ttl` (N)         |
 //!
+//! Beside the keys' items, the due-time index of their timers (`timers`).
+//!
 //! Why this shape:
 //! - One table for every operator: one IAM resource, one TTL setting, and a batch of keys of any
 //!   operator loads with one BatchGetItem (100 keys a call).
@@ -64,6 +66,7 @@ mod commit;
 mod head;
 mod io;
 mod layout;
+mod timers;
 mod watermarks;
 
 use std::collections::{BTreeMap, HashMap};
@@ -77,7 +80,7 @@ use crate::adapters::retry::Backoff;
 use crate::domain::hash::sha256_hex;
 use crate::domain::{AttrValue, Item, KeyState, Origin, Output, SlotData, StoreMemo, Watermarks};
 use crate::ports::{
-    Clock, Commit, Committed, LoadKey, Namespace, StateStore, StoreError, StoreLimits,
+    Clock, Commit, Committed, LoadKey, Namespace, StateStore, StoreError, StoreLimits, TimerIndex,
 };
 
 pub use head::TOKENS_KEPT;
@@ -109,6 +112,7 @@ pub struct DynamoStateStore<T: Table> {
     table: Arc<T>,
     clock: Arc<dyn Clock>,
     backoff: Backoff,
+    cursors: timers::KnownCursors,
 }
 
 impl<T: Table> DynamoStateStore<T> {
@@ -117,6 +121,7 @@ impl<T: Table> DynamoStateStore<T> {
             table,
             clock,
             backoff: Backoff::default(),
+            cursors: timers::KnownCursors::default(),
         }
     }
 
@@ -408,6 +413,10 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
         committed: Vec<Committed>,
     ) -> Vec<Result<(), StoreError>> {
         self.clear_outboxes(namespace, committed).await
+    }
+
+    fn timers(&self) -> &dyn TimerIndex {
+        self
     }
 
     fn limits(&self) -> StoreLimits {
