@@ -22,6 +22,8 @@ pub struct Scripted {
     /// How long each invocation takes (virtual time).
     pub duration: Duration,
     pub in_flight: Mutex<(usize, usize)>,
+    /// The deadline each invocation was given, in order.
+    pub deadlines: Mutex<Vec<Option<i64>>>,
 }
 
 impl Scripted {
@@ -41,6 +43,7 @@ impl Scripted {
             script: Box::new(script),
             duration,
             in_flight: Mutex::default(),
+            deadlines: Mutex::default(),
         })
     }
 
@@ -65,7 +68,11 @@ impl Scripted {
 
 #[async_trait]
 impl Handler for Scripted {
-    async fn handle(&self, event: &str, _: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
+        self.deadlines
+            .lock()
+            .unwrap()
+            .push(invocation.deadline_millis);
         let event: Value = serde_json::from_str(event).expect("the event is JSON");
         let records: Vec<Seen> = event["Records"]
             .as_array()

@@ -24,7 +24,17 @@ struct Setup {
 
 /// One stream of `shards` shards, an on-failure queue, and `handler` mapped with `settings`.
 fn setup(shards: usize, handler: Arc<Scripted>, settings: MappingSettings) -> Setup {
-    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    setup_with(FaultPlan::default(), shards, handler, settings)
+}
+
+/// `setup`, on services that inject `faults`.
+fn setup_with(
+    faults: FaultPlan,
+    shards: usize,
+    handler: Arc<Scripted>,
+    settings: MappingSettings,
+) -> Setup {
+    let services = LocalServices::new(EPOCH, faults);
     services.kinesis.create_stream("in", shards);
     let failures = services.sqs.create_queue("failed-batches");
     let mut runtime = LocalRuntime::new(services.clone());
@@ -116,12 +126,48 @@ async fn a_batch_stops_short_of_the_six_megabyte_invocation_payload() {
     let f = Scripted::succeeding();
     let mut s = setup(1, f.clone(), MappingSettings::default());
     let data = vec![b'x'; 1_000_000];
+    // Partition keys count too: Kinesis allows 256 characters.
+    let key = "k".repeat(256);
     for _ in 0..10 {
-        s.write("k", &data);
+        s.write(&key, &data);
     }
     let report = s.run().await;
     assert_eq!(f.sizes(), [4, 4, 2]);
     assert_eq!(report.mappings[0].1.records_done, 10);
+}
+
+/// The same limit for DynamoDB Streams, whose records carry an item's old and new images.
+#[tokio::test(start_paused = true)]
+async fn a_dynamodb_batch_stops_short_of_the_six_megabytes_of_its_images() {
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let schema = KeySchema {
+        hash: "id".into(),
+        range: None,
+    };
+    let table = services.dynamodb.create_table("big", schema, None, true);
+    let f = Scripted::succeeding();
+    let mut runtime = LocalRuntime::new(services.clone());
+    let source = MappingSource::DynamoDb {
+        table: table.clone(),
+    };
+    runtime.add_mapping("f", f.clone(), source, MappingSettings::default());
+    // An insert of 250 KB, then 20 modifications: old and new images of 250 KB each.
+    for version in 0..21 {
+        let mut item = Item::from([("id".to_owned(), AttrValue::S("a".into()))]);
+        let filler = format!("{version:02}{}", "x".repeat(250_000));
+        item.insert("v".to_owned(), AttrValue::S(filler));
+        table.put_item(item).unwrap();
+    }
+    runtime
+        .run_until_idle(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let sizes = f.sizes();
+    assert_eq!(sizes.iter().sum::<usize>(), 21);
+    assert!(
+        (10..=13).contains(&sizes[0]),
+        "an insert and about twelve 500 KB changes fill 6 MB: {sizes:?}"
+    );
 }
 
 /// "Lambda event source mappings", batching window: Lambda waits up to
@@ -764,4 +810,62 @@ async fn an_on_failure_record_names_the_shard_of_its_batch_with_every_paralleliz
             );
         }
     }
+}
+
+/// "Configure Lambda function timeout": an invocation's context says when it will be stopped, the
+/// function's timeout after it starts.
+#[tokio::test(start_paused = true)]
+async fn each_invocation_is_told_its_deadline_the_function_timeout_after_it_starts() {
+    let f = Scripted::succeeding();
+    let settings = MappingSettings {
+        function_timeout: Duration::from_secs(7),
+        batch_size: 1,
+        ..Default::default()
+    };
+    let mut s = setup(1, f.clone(), settings);
+    s.put("k", 2);
+    let start = s.runtime.services.clock.now_millis();
+    s.run().await;
+    let deadlines = f.deadlines.lock().unwrap().clone();
+    assert_eq!(deadlines.len(), 2);
+    for deadline in deadlines {
+        let after = deadline.expect("a deadline") - start;
+        assert!(
+            (7_000..8_000).contains(&after),
+            "{after} ms after the start"
+        );
+    }
+}
+
+/// A lost acknowledgement makes Lambda deliver a batch again: a second invocation, counted.
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_delivery_is_a_second_invocation_of_the_same_batch() {
+    let f = Scripted::succeeding();
+    let faults = FaultPlan {
+        duplicate_delivery: 1.0,
+        ..FaultPlan::default()
+    };
+    let settings = MappingSettings {
+        batch_size: 1,
+        ..Default::default()
+    };
+    let mut s = setup_with(faults, 1, f.clone(), settings);
+    s.put("k", 3);
+    let report = s.run().await;
+    let batches = f.batches();
+    assert_eq!(batches.len(), 6);
+    assert!(batches.chunks(2).all(|pair| pair[0] == pair[1]));
+    let stats = &report.mappings[0].1;
+    assert_eq!((stats.invocations, stats.duplicate_deliveries), (6, 3));
+}
+
+/// A panic that is not an injected crash is a bug in the function: the run fails with it rather
+/// than retrying it as a crashed runtime.
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "a bug in the function")]
+async fn a_function_that_panics_with_a_bug_fails_the_run_instead_of_passing_for_a_crash() {
+    let f = Scripted::new(|_, _| panic!("a bug in the function"));
+    let mut s = setup(1, f, MappingSettings::default());
+    s.put("k", 1);
+    s.run().await;
 }
