@@ -856,7 +856,15 @@ async fn a_duplicate_delivery_is_a_second_invocation_of_the_same_batch() {
     assert_eq!(batches.len(), 6);
     assert!(batches.chunks(2).all(|pair| pair[0] == pair[1]));
     let stats = &report.mappings[0].1;
-    assert_eq!((stats.invocations, stats.duplicate_deliveries), (6, 3));
+    assert_eq!(
+        (
+            stats.invocations,
+            stats.duplicate_deliveries,
+            stats.records_delivered
+        ),
+        (6, 3, 3),
+        "a duplicate delivers no new record"
+    );
 }
 
 /// A panic that is not an injected crash is a bug in the function: the run fails with it rather
