@@ -443,8 +443,8 @@ mod two_inputs {
 
     #[derive(Debug, Deserialize)]
     pub struct Said {
-        key: String,
-        text: String,
+        pub key: String,
+        pub text: String,
     }
 
     pub enum Heard {
@@ -597,4 +597,187 @@ async fn an_input_wired_by_its_streams_arn_gets_that_streams_records() {
         .run(decode_event(names.batch(&[said("k", "Ada")])).unwrap())
         .await;
     assert_eq!((report.applied, report.dead_lettered), (1, 0));
+}
+
+/// The shape of dynamic filtering: rules on one stream are broadcast state, written by records
+/// keyed to `BROADCAST_KEY`; messages on another are keyed by user and read the rules.
+mod broadcast {
+    use std::cell::Cell;
+    use std::collections::BTreeSet;
+
+    use keyway::domain::SourceRecord;
+    use keyway::operator::{BroadcastState, InputDescriptor, SinkDescriptor, BROADCAST_KEY};
+    use keyway::{Input, Inputs};
+    use serde::{Deserialize, Deserializer, Serialize};
+
+    use super::two_inputs::Said;
+    use super::*;
+
+    thread_local! {
+        /// How often a `Words` was decoded on this test's thread.
+        pub static DECODES: Cell<usize> = const { Cell::new(0) };
+    }
+
+    pub fn decodes() -> usize {
+        DECODES.with(Cell::get)
+    }
+
+    #[derive(Default, Serialize)]
+    pub struct Words(BTreeSet<String>);
+
+    impl<'de> Deserialize<'de> for Words {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            DECODES.with(|d| d.set(d.get() + 1));
+            BTreeSet::deserialize(d).map(Words)
+        }
+    }
+
+    pub enum Heard {
+        Rule(Said),
+        Message(Said),
+    }
+
+    pub const RULES: Input<Said> = Input::json("rules");
+    pub const MESSAGES: Input<Said> = Input::json("messages");
+    pub const BLOCKED: BroadcastState<Words> = BroadcastState::new("blocked");
+    pub const PASSED: keyway::Sink<String> = keyway::Sink::new("passed");
+
+    /// Passes on each message whose text no rule blocks; a message starting with `!` tries to
+    /// block its text itself, which only rules may.
+    pub struct Moderator;
+
+    impl KeyedOperator for Moderator {
+        type Input = Heard;
+        fn name(&self) -> &str {
+            "moderator"
+        }
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![BLOCKED.descriptor()]
+        }
+        fn inputs(&self) -> Vec<InputDescriptor> {
+            vec![RULES.descriptor(), MESSAGES.descriptor()]
+        }
+        fn sinks(&self) -> Vec<SinkDescriptor> {
+            vec![PASSED.descriptor()]
+        }
+        fn decode(&self, record: &SourceRecord) -> Result<Heard, InvalidInput> {
+            record
+                .route()
+                .input(&RULES, Heard::Rule)
+                .input(&MESSAGES, Heard::Message)
+                .done()
+        }
+        fn key(&self, input: &Heard) -> String {
+            match input {
+                Heard::Rule(_) => BROADCAST_KEY.to_owned(),
+                Heard::Message(said) => said.key.clone(),
+            }
+        }
+        fn process(&self, ctx: &mut Ctx<'_>, input: Heard) -> Result<(), ProcessError> {
+            match input {
+                Heard::Message(said) if said.text.starts_with('!') => {
+                    ctx.broadcast_mut(&BLOCKED)?.set(Words::default());
+                }
+                Heard::Rule(said) => {
+                    let mut blocked = ctx.broadcast_mut(&BLOCKED)?;
+                    blocked
+                        .get_or_insert_with(Words::default)
+                        .0
+                        .insert(said.text);
+                }
+                Heard::Message(said) => {
+                    let blocked = ctx.broadcast(&BLOCKED)?;
+                    if !blocked.is_some_and(|b| b.0.contains(&said.text)) {
+                        ctx.emit(&PASSED, said.key, &said.text)?;
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    pub fn inputs() -> Inputs {
+        Inputs::new()
+            .with(&RULES, "rules-stream")
+            .with(&MESSAGES, "messages-stream")
+    }
+}
+
+#[tokio::test]
+async fn broadcast_state_written_by_its_input_is_read_by_every_key_and_decoded_once_a_version() {
+    use broadcast::{decodes, inputs, Moderator, PASSED};
+    use two_inputs::said;
+    let world = World::new(&[PASSED.name]);
+    let executor = Executor::with_inputs(
+        Moderator,
+        inputs(),
+        world.store.clone(),
+        world.sinks(),
+        world.clock.clone(),
+    )
+    .unwrap();
+    let mut rules = Shard::new("rules-stream", 0);
+    let mut messages = Shard::new("messages-stream", 0);
+    let run = |event| executor.run(decode_event(event).unwrap());
+    let passed = || -> Vec<String> {
+        world
+            .outputs(PASSED.name)
+            .iter()
+            .map(|m| serde_json::from_str(&m.body).unwrap())
+            .collect()
+    };
+    let report = run(messages.batch(&[said("ann", "spam"), said("bob", "hi")])).await;
+    assert_eq!((report.applied, report.failed_from), (2, None));
+    assert_eq!(passed(), ["spam", "hi"], "no rule yet");
+
+    let first_rules = rules.batch(&[said("r", "spam"), said("r", "junk")]);
+    assert_eq!(run(first_rules.clone()).await.applied, 2);
+    let before = decodes();
+    run(messages.batch(&[said("ann", "spam"), said("bob", "junk")])).await;
+    run(messages.batch(&[said("cy", "spam"), said("ann", "hello")])).await;
+    assert_eq!(
+        passed(),
+        ["spam", "hi", "hello"],
+        "every key reads the rules"
+    );
+    assert_eq!(
+        decodes() - before,
+        1,
+        "one version, decoded once for both batches"
+    );
+
+    // A redelivered rule batch is applied once: the version does not move.
+    let again = run(first_rules).await;
+    assert_eq!((again.applied, again.replayed), (0, 2));
+    run(messages.batch(&[said("bob", "junk")])).await;
+    assert_eq!(decodes() - before, 1);
+
+    run(rules.batch(&[said("r", "hello")])).await;
+    run(messages.batch(&[said("ann", "hello"), said("bob", "ok")])).await;
+    assert_eq!(
+        passed(),
+        ["spam", "hi", "hello", "ok"],
+        "a new rule reaches the next batch"
+    );
+}
+
+#[tokio::test]
+async fn a_keyed_record_that_writes_broadcast_state_stops_its_key_and_the_others_go_on() {
+    use broadcast::{inputs, Moderator, PASSED};
+    use two_inputs::said;
+    let world = World::new(&[PASSED.name]);
+    let executor = Executor::with_inputs(
+        Moderator,
+        inputs(),
+        world.store.clone(),
+        world.sinks(),
+        world.clock.clone(),
+    )
+    .unwrap();
+    let mut messages = Shard::new("messages-stream", 0);
+    let batch = decode_event(messages.batch(&[said("ann", "!mine"), said("bob", "hi")])).unwrap();
+    let first = batch[0].as_ref().unwrap().sequence.clone();
+    let report = executor.run(batch).await;
+    assert_eq!(report.applied, 1, "bob's message goes on");
+    assert_eq!(report.failed_from, Some(first), "ann's stops her key");
 }

@@ -29,6 +29,9 @@ pub enum StateKind {
     Value,
     List,
     Map,
+    /// One value per operator, not per key (`operator::BroadcastState`), stored as the value
+    /// of the operator's broadcast key.
+    Broadcast,
 }
 
 impl StateKind {
@@ -37,6 +40,7 @@ impl StateKind {
             StateKind::Value => "value",
             StateKind::List => "list",
             StateKind::Map => "map",
+            StateKind::Broadcast => "broadcast",
         }
     }
 }

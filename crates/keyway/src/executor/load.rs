@@ -10,7 +10,7 @@ use super::plan::Plan;
 use super::process::KeyWork;
 use super::{BatchReport, Executor};
 use crate::domain::{KeyState, Origin, SlotData};
-use crate::operator::{KeyedOperator, OldState};
+use crate::operator::{KeyedOperator, OldState, BROADCAST_KEY};
 use crate::ports::{LoadKey, Namespace, StoreError};
 
 impl<O: KeyedOperator> Executor<O> {
@@ -39,8 +39,15 @@ impl<O: KeyedOperator> Executor<O> {
                 }
             })
             .collect();
+        // The broadcast states come with the batch's keys, in the same read.
+        let broadcast_key = !self.broadcast_states.is_empty()
+            && !plan.groups.iter().any(|g| g.key == BROADCAST_KEY);
+        let mut reads = requests.clone();
+        if broadcast_key {
+            reads.push(LoadKey::from(BROADCAST_KEY));
+        }
         let (loaded, previous) = futures::join!(
-            self.store.load_keys(&self.namespace, &requests),
+            self.store.load_keys(&self.namespace, &reads),
             self.previous_signature(now)
         );
         let looked_back = match loaded {
@@ -62,12 +69,20 @@ impl<O: KeyedOperator> Executor<O> {
                 return None;
             }
         };
+        let broadcast = (!self.broadcast_states.is_empty()).then(|| {
+            let stored = loaded.get(BROADCAST_KEY).cloned().unwrap_or_default();
+            if broadcast_key {
+                loaded.remove(BROADCAST_KEY);
+            }
+            self.broadcast.refresh(&stored)
+        });
         Some(
             plan.groups
                 .iter()
                 .map(|g| KeyWork {
                     base: loaded.remove(&g.key).unwrap_or_default(),
                     migrated: migrated.contains(&g.key),
+                    broadcast: broadcast.clone(),
                     ..KeyWork::default()
                 })
                 .collect(),
@@ -85,8 +100,10 @@ impl<O: KeyedOperator> Executor<O> {
         report: &mut BatchReport,
     ) -> Result<Vec<String>, StoreError> {
         let mut migrated = Vec::new();
+        // Broadcast state starts afresh after a change of signature: no migration reads it.
         let mut missing: Vec<LoadKey<'_>> = requests
             .iter()
+            .filter(|r| r.key != BROADCAST_KEY)
             .filter(|r| loaded.get(r.key).is_none_or(|s| s.version == 0))
             .cloned()
             .collect();

@@ -68,10 +68,11 @@ pub use history::HISTORY as SIGNATURE_HISTORY;
 pub use report::BatchReport;
 pub use timers::{TimerSweep, TIMERS_PER_BATCH};
 
+use crate::domain::StateKind;
 use crate::domain::{stream_name_of, SequenceNumber, SourceRecord, DEAD_LETTER_SINK};
 use crate::operator::{
-    check_inputs, check_sinks, state_signature, Delivery, InputWiringError, KeyedOperator,
-    Migration, SinkWiringError, StateDescriptor,
+    check_inputs, check_sinks, state_signature, BroadcastCache, Delivery, InputWiringError,
+    KeyedOperator, Migration, SinkWiringError, StateDescriptor,
 };
 use crate::ports::{Clock, Namespace, Sink, StateStore, StoreLimits, DEFAULT_REDELIVERY_WINDOW};
 
@@ -207,7 +208,12 @@ pub struct Executor<O: KeyedOperator> {
     /// Stream name to the declared input that reads it.
     routes: HashMap<String, &'static str>,
     namespace: Namespace,
+    /// The keyed states, which every key but the broadcast key has.
     states: Vec<StateDescriptor>,
+    /// The broadcast states, as the value slots `BROADCAST_KEY` holds them in.
+    broadcast_states: Vec<StateDescriptor>,
+    /// The broadcast states last loaded, decoded once per version.
+    broadcast: BroadcastCache,
     store: Arc<dyn StateStore>,
     limits: StoreLimits,
     sinks: Sinks,
@@ -282,6 +288,16 @@ impl<O: KeyedOperator> Executor<O> {
             operator: operator.name().to_owned(),
             signature: state_signature(&states),
         };
+        let (broadcast_states, states): (Vec<_>, Vec<_>) = states
+            .into_iter()
+            .partition(|s| s.kind == StateKind::Broadcast);
+        let broadcast_states = broadcast_states
+            .into_iter()
+            .map(|s| StateDescriptor {
+                kind: StateKind::Value,
+                ..s
+            })
+            .collect();
         let limits = store.limits();
         let outbox = operator.delivery() == Delivery::Outbox;
         let sink_limits = sink_limits(&declared, &sinks, outbox, &limits);
@@ -291,6 +307,8 @@ impl<O: KeyedOperator> Executor<O> {
             routes,
             namespace,
             states,
+            broadcast_states,
+            broadcast: BroadcastCache::default(),
             store,
             limits,
             sinks,

@@ -7,13 +7,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use tracing::{error, warn};
 
 use super::plan::Plan;
 use super::Executor;
 use crate::domain::{KeyState, Origin, Output, SlotUpdate, SourceRecord};
-use crate::operator::{Ctx, InvalidInput, KeyedOperator, ProcessError, TypedSlot};
+use crate::operator::{
+    BroadcastSnapshot, Ctx, InvalidInput, KeyedOperator, ProcessError, TypedSlot, BROADCAST_KEY,
+};
 
 /// What happened to one record of a key.
 #[derive(Clone, Debug)]
@@ -63,6 +66,8 @@ pub(super) struct KeyWork {
     pub blocked: bool,
     /// Not started: the invocation's deadline was near.
     pub deferred: bool,
+    /// The operator's broadcast states as the batch loaded them.
+    pub broadcast: Option<Arc<BroadcastSnapshot>>,
 }
 
 impl<O: KeyedOperator> Executor<O> {
@@ -160,11 +165,16 @@ impl<O: KeyedOperator> Executor<O> {
                     operator: &self.namespace.operator,
                     record,
                     now_millis: now,
-                    declared: &self.states,
+                    declared: if key == BROADCAST_KEY {
+                        &self.broadcast_states
+                    } else {
+                        &self.states
+                    },
                     base: &work.base,
                     slots: &mut run.slots,
                     outputs: &mut outputs,
                     sinks: &self.sink_limits,
+                    broadcast: work.broadcast.as_deref(),
                 };
                 match self.call(ctx, input, timer) {
                     Ok(Ok(true)) => run.outcomes.push(Outcome::Applied(outputs)),

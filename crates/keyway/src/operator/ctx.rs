@@ -1,10 +1,12 @@
 //! `Ctx`: what `process` sees of the current key — its state, the record, time — and how it emits.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::broadcast::{BroadcastSnapshot, BroadcastState, BROADCAST_KEY};
 use super::state::{ListSlot, MapSlot, SlotType, TypedSlot, ValueSlot};
 use super::timer::TIMERS;
 use super::{
@@ -31,6 +33,8 @@ pub struct Ctx<'a> {
     pub(crate) outputs: &'a mut Vec<Output>,
     /// Declared sink name to the largest body it accepts.
     pub(crate) sinks: &'a HashMap<String, usize>,
+    /// The operator's broadcast states as the batch loaded them, if it declares any.
+    pub(crate) broadcast: Option<&'a BroadcastSnapshot>,
 }
 
 impl<'a> Ctx<'a> {
@@ -85,6 +89,37 @@ impl<'a> Ctx<'a> {
         let slot =
             self.slot::<MapSlot<K, V>>(state.name, std::any::type_name::<BTreeMap<K, V>>())?;
         Ok(MapHandle { slot })
+    }
+
+    /// The operator's broadcast state `state` as this batch loaded it; `None` while it was never
+    /// written.
+    pub fn broadcast<T>(&self, state: &BroadcastState<T>) -> Result<Option<Arc<T>>, StateError>
+    where
+        T: DeserializeOwned + Send + Sync + 'static,
+    {
+        match self.broadcast {
+            Some(snapshot) => snapshot.get(state),
+            None => Err(StateError::Undeclared {
+                slot: state.name.to_owned(),
+            }),
+        }
+    }
+
+    /// Writes the broadcast state `state`: only records keyed to `BROADCAST_KEY` may.
+    pub fn broadcast_mut<T>(
+        &mut self,
+        state: &BroadcastState<T>,
+    ) -> Result<ValueHandle<'_, T>, StateError>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+    {
+        if self.key != BROADCAST_KEY {
+            return Err(StateError::BroadcastFromKey {
+                slot: state.name.to_owned(),
+                key: self.key.to_owned(),
+            });
+        }
+        self.value(&state.slot())
     }
 
     /// Sets a timer of the current key at `at_millis` (epoch milliseconds): the operator's

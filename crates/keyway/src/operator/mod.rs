@@ -9,6 +9,7 @@
 //! `Ctx::now_millis`): when part of a key's batch has to be undone, the executor replays the part
 //! that stays, and retries recompute outputs that must carry the same ids.
 
+mod broadcast;
 mod ctx;
 mod input;
 pub mod lock;
@@ -22,6 +23,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub(crate) use broadcast::BroadcastCache;
+pub use broadcast::{BroadcastSnapshot, BroadcastState, BROADCAST_KEY};
 pub use ctx::Ctx;
 pub use input::{check_inputs, Input, InputDescriptor, InputWiringError, Route};
 pub use migration::{MigrateFn, Migration, MigrationError, NewState, OldState};
@@ -107,9 +110,9 @@ impl From<StateError> for ProcessError {
                 ProcessError::Invalid(InvalidInput::new(format!("state.{slot}"), err.to_string()))
             }
             // A programming error: keep the record until a fixed version runs.
-            StateError::Undeclared { .. } | StateError::KindMismatch { .. } => {
-                ProcessError::Retry(err.to_string())
-            }
+            StateError::Undeclared { .. }
+            | StateError::KindMismatch { .. }
+            | StateError::BroadcastFromKey { .. } => ProcessError::Retry(err.to_string()),
         }
     }
 }

@@ -24,6 +24,8 @@ pub enum StateError {
     Encode { slot: String, error: String },
     #[error("state {slot:?} is not declared in the operator's states()")]
     Undeclared { slot: String },
+    #[error("broadcast state {slot:?} is written only by records keyed to BROADCAST_KEY, not by key {key:?}")]
+    BroadcastFromKey { slot: String, key: String },
     #[error("state {slot:?} is declared as {declared} but used as {used}")]
     KindMismatch {
         slot: String,
