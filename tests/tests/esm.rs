@@ -506,7 +506,7 @@ async fn records_expiring_from_a_batch_in_retry_leave_the_rest_of_it_to_be_retri
     let f = Scripted::new(|_, _| Err(FunctionError("down".into())));
     let settings = MappingSettings {
         maximum_record_age: Some(Duration::from_secs(60)),
-        batch_size: 4,
+        batch_size: 5,
         ..Default::default()
     };
     let mut s = setup(1, f.clone(), settings);
@@ -518,15 +518,15 @@ async fn records_expiring_from_a_batch_in_retry_leave_the_rest_of_it_to_be_retri
     let sizes = f.sizes();
     let first_short = sizes
         .iter()
-        .position(|&n| n != 4)
+        .position(|&n| n != 5)
         .expect("the batch shrank");
     assert!(
         first_short > 1,
         "the first batch was retried whole: {sizes:?}"
     );
     assert_eq!(
-        sizes[first_short], 2,
-        "two records expired out of the batch of four: {sizes:?}"
+        sizes[first_short], 3,
+        "two records expired out of the batch of five: {sizes:?}"
     );
     let described: Vec<u64> = s
         .failure_records()

@@ -753,6 +753,15 @@ async fn basics<T: Table + 'static>(
 }
 
 async fn large_lists<T: Table + 'static>(store: &DynamoStateStore<T>, ns: &Namespace) {
+    // An entry of exactly the size the store says it holds is stored, under the item limit.
+    let limit = store.limits().max_entry_bytes;
+    let largest = raw(&format!("\"{}\"", "y".repeat(limit - 2)));
+    commit_one(store, ns, "largest", state_with(&[("v", vec![largest])]))
+        .await
+        .expect("an entry of the store's limit commits");
+    let loaded = load_one(store, ns, "largest").await;
+    assert_eq!(loaded.slots["v"].entries[0].get().len(), limit);
+
     // A list of 10,000 entries of 2 KB (20 MB, fifty times DynamoDB's item limit) stores and loads.
     let entry = |i: usize| raw(&format!("\"{i:05}{}\"", "x".repeat(2043)));
     let big: Vec<Box<RawValue>> = (0..10_000).map(entry).collect();
