@@ -444,4 +444,35 @@ mod tests {
         let longest = "k".repeat(KEY_MAX_BYTES);
         assert_eq!(partition_key(&ns, &longest), format!("op#abc#{longest}"));
     }
+
+    #[tokio::test]
+    async fn only_a_head_stored_under_its_keys_hash_spells_out_the_key() {
+        let ns = Namespace {
+            operator: "op".into(),
+            signature: "abc".into(),
+        };
+        let table = Arc::new(crate::local::LocalTable::new());
+        let store = DynamoStateStore::new(table.clone(), crate::ports::ManualClock::at(0));
+        let mut state = KeyState::default();
+        state.slots.insert(
+            "n".into(),
+            SlotData::fresh(vec![RawValue::from_string("1".into()).unwrap()]),
+        );
+        for (len, spelled) in [(KEY_MAX_BYTES, false), (KEY_MAX_BYTES + 1, true)] {
+            let key = "k".repeat(len);
+            let results = store
+                .commit(&ns, vec![Commit::new(key.clone(), 0, state.clone())])
+                .await;
+            assert!(results[0].is_ok(), "{results:?}");
+            let head = table
+                .get(&DynamoStateStore::<crate::local::LocalTable>::head_key(
+                    &ns, &key,
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+            let (_, doc) = parse_head(&head).unwrap();
+            assert_eq!(doc.key.is_some(), spelled, "a key of {len} bytes");
+        }
+    }
 }
