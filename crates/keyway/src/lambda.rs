@@ -230,7 +230,7 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
                 .await
                 .map(|r| serde_json::to_value(r).expect("a response serializes")),
         };
-        response.map_err(FunctionError)
+        response.map_err(|e| FunctionError(e.to_string()))
     }
 }
 

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use super::invalid::InvalidInput;
 use base64::Engine as _;
 use serde_json::{Map, Value};
 
@@ -64,29 +65,33 @@ impl AttrValue {
 
     /// Parses DynamoDB JSON (`{"S": "x"}`, `{"N": "1"}`, ...), the form Lambda delivers stream images in.
     /// `path` names the value in errors, e.g. `dynamodb.NewImage.price`.
-    pub fn from_dynamodb_json(value: &Value, path: &str) -> Result<Self, String> {
-        let obj = value
-            .as_object()
-            .filter(|o| o.len() == 1)
-            .ok_or_else(|| format!("{path}: expected an object with one type key, got {value}"))?;
+    pub fn from_dynamodb_json(value: &Value, path: &str) -> Result<Self, InvalidInput> {
+        let obj = value.as_object().filter(|o| o.len() == 1).ok_or_else(|| {
+            InvalidInput::new(
+                path,
+                format!("expected an object with one type key, got {value}"),
+            )
+        })?;
         let (tag, inner) = obj.iter().next().expect("one entry");
+        let field = format!("{path}.{tag}");
+        let wrong = |problem: String| InvalidInput::new(field.as_str(), problem);
         let text = |v: &Value| {
             v.as_str()
                 .map(str::to_owned)
-                .ok_or_else(|| format!("{path}.{tag}: expected a string, got {v}"))
+                .ok_or_else(|| wrong(format!("expected a string, got {v}")))
         };
         let bytes = |v: &Value| {
             let s = v
                 .as_str()
-                .ok_or_else(|| format!("{path}.{tag}: expected base64 text"))?;
+                .ok_or_else(|| wrong("expected base64 text".to_owned()))?;
             base64::engine::general_purpose::STANDARD
                 .decode(s)
-                .map_err(|e| format!("{path}.{tag}: invalid base64: {e}"))
+                .map_err(|e| wrong(format!("invalid base64: {e}")))
         };
         let array = |v: &Value| {
             v.as_array()
                 .cloned()
-                .ok_or_else(|| format!("{path}.{tag}: expected an array, got {v}"))
+                .ok_or_else(|| wrong(format!("expected an array, got {v}")))
         };
         Ok(match tag.as_str() {
             "S" => AttrValue::S(text(inner)?),
@@ -95,7 +100,7 @@ impl AttrValue {
             "BOOL" => AttrValue::Bool(
                 inner
                     .as_bool()
-                    .ok_or_else(|| format!("{path}.BOOL: expected true or false"))?,
+                    .ok_or_else(|| wrong("expected true or false".to_owned()))?,
             ),
             "NULL" => AttrValue::Null,
             "L" => AttrValue::L(
@@ -109,7 +114,12 @@ impl AttrValue {
             "SS" => AttrValue::Ss(array(inner)?.iter().map(text).collect::<Result<_, _>>()?),
             "NS" => AttrValue::Ns(array(inner)?.iter().map(text).collect::<Result<_, _>>()?),
             "BS" => AttrValue::Bs(array(inner)?.iter().map(bytes).collect::<Result<_, _>>()?),
-            other => return Err(format!("{path}: unknown DynamoDB type {other:?}")),
+            other => {
+                return Err(InvalidInput::new(
+                    path,
+                    format!("unknown DynamoDB type {other:?}"),
+                ))
+            }
         })
     }
 
@@ -135,10 +145,13 @@ impl AttrValue {
 }
 
 /// Parses a DynamoDB JSON item (`{"id": {"S": "1"}}`).
-pub fn item_from_dynamodb_json(value: &Value, path: &str) -> Result<Item, String> {
-    let obj = value
-        .as_object()
-        .ok_or_else(|| format!("{path}: expected an object of attributes, got {value}"))?;
+pub fn item_from_dynamodb_json(value: &Value, path: &str) -> Result<Item, InvalidInput> {
+    let obj = value.as_object().ok_or_else(|| {
+        InvalidInput::new(
+            path,
+            format!("expected an object of attributes, got {value}"),
+        )
+    })?;
     obj.iter()
         .map(|(k, v)| {
             Ok((
@@ -194,10 +207,8 @@ mod tests {
     #[test]
     fn an_unknown_type_is_rejected_naming_the_attribute() {
         let err = item_from_dynamodb_json(&json!({"price": {"X": "1"}}), "NewImage").unwrap_err();
-        assert!(
-            err.contains("NewImage.price") && err.contains("\"X\""),
-            "{err}"
-        );
+        assert_eq!(err.field, "NewImage.price");
+        assert!(err.problem.contains("\"X\""), "{err}");
     }
 
     #[test]

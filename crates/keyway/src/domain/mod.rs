@@ -5,6 +5,7 @@
 
 pub mod dead_letter;
 pub mod hash;
+pub mod invalid;
 pub mod item;
 pub mod json;
 pub mod output;
@@ -13,10 +14,12 @@ pub mod record;
 pub mod state;
 
 pub use dead_letter::{DeadLetter, DEAD_LETTER_SINK};
+pub use invalid::InvalidInput;
 pub use item::{AttrValue, Item};
 pub use output::{Output, OutputId};
 pub use plan::{BatchPlan, KeyGroup};
 pub use record::{
-    stream_name_of, Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord,
+    stream_name_of, Change, ChangeKind, NotASequenceNumber, Origin, Payload, SequenceNumber,
+    SourceRecord,
 };
 pub use state::{KeyState, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark, Watermarks};

@@ -18,9 +18,9 @@ pub struct SequenceNumber(String);
 
 impl SequenceNumber {
     /// Parses a decimal sequence number, rejecting anything but digits.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, NotASequenceNumber> {
         if text.is_empty() || text.len() > 128 || !text.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!("expected a decimal sequence number, got {text:?}"));
+            return Err(NotASequenceNumber(text.to_owned()));
         }
         Ok(Self(text.to_owned()))
     }
@@ -40,9 +40,14 @@ impl SequenceNumber {
     }
 }
 
+/// Text that is not a sequence number (1 to 128 decimal digits).
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("expected a decimal sequence number, got {0:?}")]
+pub struct NotASequenceNumber(pub String);
+
 impl TryFrom<String> for SequenceNumber {
-    type Error = String;
-    fn try_from(value: String) -> Result<Self, String> {
+    type Error = NotASequenceNumber;
+    fn try_from(value: String) -> Result<Self, NotASequenceNumber> {
         Self::parse(&value)
     }
 }
@@ -247,7 +252,7 @@ mod tests {
     #[test]
     fn a_sequence_number_that_is_not_decimal_is_rejected_with_the_text() {
         let err = SequenceNumber::parse("12a").unwrap_err();
-        assert!(err.contains("\"12a\""), "{err}");
+        assert!(err.to_string().contains("\"12a\""), "{err}");
         assert!(SequenceNumber::parse("").is_err());
     }
 

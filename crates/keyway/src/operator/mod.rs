@@ -38,25 +38,8 @@ pub(crate) use timer::pending_in as pending_timers;
 pub use timer::timers;
 
 use crate::domain::hash::sha256_hex;
+pub use crate::domain::InvalidInput;
 use crate::domain::{Payload, SourceRecord};
-
-/// Input that can never be processed: the field and what is wrong with it. The record goes to the
-/// dead-letter sink with this reason; the batch goes on.
-#[derive(Clone, Debug, Error, PartialEq, Eq)]
-#[error("{field}: {problem}")]
-pub struct InvalidInput {
-    pub field: String,
-    pub problem: String,
-}
-
-impl InvalidInput {
-    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            problem: problem.into(),
-        }
-    }
-}
 
 impl SourceRecord {
     /// The record's Kinesis data as JSON of `T`: the decode most operators start with. Data that

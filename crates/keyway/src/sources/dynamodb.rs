@@ -5,12 +5,14 @@ use serde_json::Value;
 use super::{decode_all, epoch_seconds_to_millis, rejected, DecodedBatch, Problem, StreamNames};
 use crate::domain::hash::xxh3_128_hex;
 use crate::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
-use crate::domain::{Change, ChangeKind, Origin, Payload, SequenceNumber, SourceRecord};
+use crate::domain::{
+    Change, ChangeKind, InvalidInput, Origin, Payload, SequenceNumber, SourceRecord,
+};
 use crate::executor::RejectedRecord;
 
 /// Decodes every record of a DynamoDB Streams event; a record that does not decode is returned as
 /// rejected, naming the field. Fails only when the event has no `Records` array at all.
-pub fn decode_event(event: Value) -> Result<DecodedBatch, String> {
+pub fn decode_event(event: Value) -> Result<DecodedBatch, InvalidInput> {
     decode_all(event, decode_record)
 }
 
@@ -53,16 +55,18 @@ fn parse(raw: &Value) -> Result<(Origin, SequenceNumber, Option<i64>, Change), P
         .map(str::to_owned);
     let keys = change
         .and_then(|c| c.get("Keys"))
-        .ok_or_else(|| "dynamodb.Keys: missing".to_owned())
+        .ok_or_else(|| InvalidInput::new("dynamodb.Keys", "missing"))
         .and_then(|k| item_from_dynamodb_json(k, "dynamodb.Keys"));
+    let sequence_field = "dynamodb.SequenceNumber";
     let sequence = match change.and_then(|c| c.get("SequenceNumber")) {
         Some(Value::String(s)) => {
-            SequenceNumber::parse(s).map_err(|e| format!("dynamodb.SequenceNumber: {e}"))
+            SequenceNumber::parse(s).map_err(|e| InvalidInput::new(sequence_field, e.to_string()))
         }
-        Some(other) => Err(format!(
-            "dynamodb.SequenceNumber: expected a string, got {other}"
+        Some(other) => Err(InvalidInput::new(
+            sequence_field,
+            format!("expected a string, got {other}"),
         )),
-        None => Err("dynamodb.SequenceNumber: missing".to_owned()),
+        None => Err(InvalidInput::new(sequence_field, "missing")),
     };
     // All changes of one item are ordered, so the item is the origin (see `Origin`), within one
     // stream of the table: a new stream's sequence numbers start over.
@@ -84,23 +88,19 @@ fn parse(raw: &Value) -> Result<(Origin, SequenceNumber, Option<i64>, Change), P
     let (keys, sequence, origin) = match (keys, sequence, origin) {
         (Ok(k), Ok(s), Some(o)) => (k, s, o),
         (k, s, o) => {
-            let text = [k.as_ref().err(), s.as_ref().err()]
-                .into_iter()
-                .flatten()
-                .next()
-                .cloned()
-                .unwrap_or_default();
+            // With keys there is an origin: one of keys and sequence number failed.
+            let invalid = k.as_ref().err().or(s.as_ref().err()).cloned();
             return Err(Problem {
                 origin: o,
                 sequence: s.ok(),
-                text,
+                invalid: invalid.expect("keys or sequence number failed"),
             });
         }
     };
-    let at = |text: String| Problem {
+    let at = |invalid: InvalidInput| Problem {
         origin: Some(origin.clone()),
         sequence: Some(sequence.clone()),
-        text,
+        invalid,
     };
 
     let kind = match raw.get("eventName").and_then(Value::as_str) {
@@ -108,12 +108,13 @@ fn parse(raw: &Value) -> Result<(Origin, SequenceNumber, Option<i64>, Change), P
         Some("MODIFY") => ChangeKind::Modify,
         Some("REMOVE") => ChangeKind::Remove,
         other => {
-            return Err(at(format!(
-                "eventName: expected INSERT, MODIFY or REMOVE, got {other:?}"
+            return Err(at(InvalidInput::new(
+                "eventName",
+                format!("expected INSERT, MODIFY or REMOVE, got {other:?}"),
             )))
         }
     };
-    let image = |name: &str| -> Result<Option<crate::domain::Item>, String> {
+    let image = |name: &str| -> Result<Option<crate::domain::Item>, InvalidInput> {
         match change.and_then(|c| c.get(name)) {
             None | Some(Value::Null) => Ok(None),
             // An item always has its key attributes, so an empty image is no image: senders that

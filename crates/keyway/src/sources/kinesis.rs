@@ -5,12 +5,12 @@ use serde_json::Value;
 
 use super::{decode_all, epoch_seconds_to_millis, rejected, DecodedBatch, Problem, StreamNames};
 use crate::domain::hash::xxh3_128_hex;
-use crate::domain::{Origin, Payload, SequenceNumber, SourceRecord};
+use crate::domain::{InvalidInput, Origin, Payload, SequenceNumber, SourceRecord};
 use crate::executor::RejectedRecord;
 
 /// Decodes every record of a Kinesis event; a record that does not decode is returned as rejected,
 /// naming the field. Fails only when the event has no `Records` array at all.
-pub fn decode_event(event: Value) -> Result<DecodedBatch, String> {
+pub fn decode_event(event: Value) -> Result<DecodedBatch, InvalidInput> {
     decode_all(event, decode_record)
 }
 
@@ -64,25 +64,36 @@ pub fn lineage(origin: &Origin, partition_key: &str) -> Origin {
 }
 
 fn parse(raw: &Value) -> Result<Parsed, Problem> {
-    let text = |v: Option<&Value>, field: &str| -> Result<String, String> {
+    let text = |v: Option<&Value>, field: &str| -> Result<String, InvalidInput> {
         match v {
             Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(format!("{field}: expected a string, got {other}")),
-            None => Err(format!("{field}: missing")),
+            Some(other) => Err(InvalidInput::new(
+                field,
+                format!("expected a string, got {other}"),
+            )),
+            None => Err(InvalidInput::new(field, "missing")),
         }
     };
     let kinesis = raw.get("kinesis");
     // Sequence number and origin first: with them a rejected record can still be reported.
+    let sequence_field = "kinesis.sequenceNumber";
     let sequence = text(
         kinesis.and_then(|k| k.get("sequenceNumber")),
-        "kinesis.sequenceNumber",
+        sequence_field,
     )
-    .and_then(|s| SequenceNumber::parse(&s).map_err(|e| format!("kinesis.sequenceNumber: {e}")));
+    .and_then(|s| {
+        SequenceNumber::parse(&s).map_err(|e| InvalidInput::new(sequence_field, e.to_string()))
+    });
     let origin = text(raw.get("eventID"), "eventID").and_then(|id| {
         let shard = id
             .split_once(':')
             .map(|(shard, _)| shard.to_owned())
-            .ok_or_else(|| format!("eventID: expected shardId-…:sequence, got {id:?}"))?;
+            .ok_or_else(|| {
+                InvalidInput::new(
+                    "eventID",
+                    format!("expected shardId-…:sequence, got {id:?}"),
+                )
+            })?;
         let stream = raw
             .get("eventSourceARN")
             .and_then(Value::as_str)
@@ -93,23 +104,18 @@ fn parse(raw: &Value) -> Result<Parsed, Problem> {
     let (sequence, origin) = match (sequence, origin) {
         (Ok(s), Ok(o)) => (s, o),
         (s, o) => {
-            let text = [s.as_ref().err(), o.as_ref().err()]
-                .into_iter()
-                .flatten()
-                .next()
-                .cloned()
-                .unwrap_or_default();
+            let invalid = s.as_ref().err().or(o.as_ref().err()).cloned();
             return Err(Problem {
                 origin: o.ok(),
                 sequence: s.ok(),
-                text,
+                invalid: invalid.expect("one of them failed"),
             });
         }
     };
-    let at = |text: String| Problem {
+    let at = |invalid: InvalidInput| Problem {
         origin: Some(origin.clone()),
         sequence: Some(sequence.clone()),
-        text,
+        invalid,
     };
 
     let partition_key = text(
@@ -120,10 +126,15 @@ fn parse(raw: &Value) -> Result<Parsed, Problem> {
     let data = kinesis
         .and_then(|k| k.get("data"))
         .and_then(Value::as_str)
-        .ok_or_else(|| at("kinesis.data: missing or not a string".into()))?;
+        .ok_or_else(|| at(InvalidInput::new("kinesis.data", "missing or not a string")))?;
     let data = base64::engine::general_purpose::STANDARD
         .decode(data.trim())
-        .map_err(|e| at(format!("kinesis.data: not base64: {e}")))?;
+        .map_err(|e| {
+            at(InvalidInput::new(
+                "kinesis.data",
+                format!("not base64: {e}"),
+            ))
+        })?;
     let arrival_millis = kinesis
         .and_then(|k| k.get("approximateArrivalTimestamp"))
         .filter(|v| !v.is_null())
@@ -213,8 +224,10 @@ mod tests {
 
     #[test]
     fn an_event_without_records_is_an_error() {
-        assert!(decode_event(json!({"records": []}))
-            .unwrap_err()
-            .starts_with("Records"));
+        let err = decode_event(json!({"records": []})).unwrap_err();
+        assert_eq!(
+            (err.field.as_str(), err.problem.as_str()),
+            ("Records", "the event has no Records array")
+        );
     }
 }

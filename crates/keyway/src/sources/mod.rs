@@ -15,7 +15,7 @@ use aws_lambda_events::event::streams::{
 };
 use serde_json::Value;
 
-use crate::domain::{Origin, SequenceNumber, SourceRecord};
+use crate::domain::{InvalidInput, Origin, SequenceNumber, SourceRecord};
 use crate::executor::{BatchReport, Executor, RejectedRecord};
 use crate::operator::KeyedOperator;
 
@@ -23,21 +23,39 @@ use crate::operator::KeyedOperator;
 pub type DecodedBatch = Vec<Result<SourceRecord, RejectedRecord>>;
 
 /// The `Records` array of a Lambda stream event, taken out of it.
-pub fn records_of(event: Value) -> Result<Vec<Value>, String> {
+pub fn records_of(event: Value) -> Result<Vec<Value>, InvalidInput> {
     match event {
         Value::Object(mut map) => match map.remove("Records") {
             Some(Value::Array(records)) => Ok(records),
-            _ => Err("Records: the event has no Records array".to_owned()),
+            _ => Err(InvalidInput::new(
+                "Records",
+                "the event has no Records array",
+            )),
         },
-        _ => Err("Records: the event is not a JSON object".to_owned()),
+        _ => Err(InvalidInput::new(
+            "Records",
+            "the event is not a JSON object",
+        )),
     }
+}
+
+/// A stream event that could not be run: Lambda retries the whole batch.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SourceError {
+    /// The event is not a stream batch.
+    #[error("the event's {0}")]
+    Event(#[from] InvalidInput),
+    /// A record without a sequence number could not be dead-lettered: failing the invocation is
+    /// the only way to keep it.
+    #[error("{0}")]
+    Unreportable(String),
 }
 
 /// Every record of `event` through `decode`, with the stream names they share.
 pub(crate) fn decode_all(
     event: Value,
     decode: fn(Value, &mut StreamNames) -> Result<SourceRecord, RejectedRecord>,
-) -> Result<DecodedBatch, String> {
+) -> Result<DecodedBatch, InvalidInput> {
     let records = records_of(event)?;
     let mut streams = StreamNames::default();
     let mut batch = Vec::with_capacity(records.len());
@@ -68,8 +86,7 @@ impl StreamNames {
 pub(crate) struct Problem {
     pub origin: Option<Origin>,
     pub sequence: Option<SequenceNumber>,
-    /// "field: what is wrong".
-    pub text: String,
+    pub invalid: InvalidInput,
 }
 
 /// The partial batch response for a Kinesis batch: the lowest sequence number not applied, or no
@@ -101,12 +118,12 @@ pub async fn run_kinesis<O: KeyedOperator>(
     executor: &Executor<O>,
     event: Value,
     deadline_millis: Option<i64>,
-) -> Result<KinesisEventResponse, String> {
+) -> Result<KinesisEventResponse, SourceError> {
     let report = executor
         .run_until(kinesis::decode_event(event)?, deadline_millis)
         .await;
     match report.unreportable_failure {
-        Some(reason) => Err(reason),
+        Some(reason) => Err(SourceError::Unreportable(reason)),
         None => Ok(kinesis_response(&report)),
     }
 }
@@ -116,40 +133,35 @@ pub async fn run_dynamodb<O: KeyedOperator>(
     executor: &Executor<O>,
     event: Value,
     deadline_millis: Option<i64>,
-) -> Result<DynamoDbEventResponse, String> {
+) -> Result<DynamoDbEventResponse, SourceError> {
     let report = executor
         .run_until(dynamodb::decode_event(event)?, deadline_millis)
         .await;
     match report.unreportable_failure {
-        Some(reason) => Err(reason),
+        Some(reason) => Err(SourceError::Unreportable(reason)),
         None => Ok(dynamodb_response(&report)),
     }
 }
 
 /// Reads a timestamp in epoch seconds given as a number or a numeric string, with any number of
 /// decimals, to milliseconds.
-pub(crate) fn epoch_seconds_to_millis(value: &Value, field: &str) -> Result<i64, String> {
+pub(crate) fn epoch_seconds_to_millis(value: &Value, field: &str) -> Result<i64, InvalidInput> {
     let seconds = match value {
         Value::Number(n) => n.as_f64(),
         Value::String(s) => s.trim().parse::<f64>().ok(),
         _ => None,
     }
     .filter(|s| s.is_finite() && *s >= 0.0)
-    .ok_or_else(|| format!("{field}: expected epoch seconds, got {value}"))?;
+    .ok_or_else(|| InvalidInput::new(field, format!("expected epoch seconds, got {value}")))?;
     Ok((seconds * 1000.0).round() as i64)
 }
 
 pub(crate) fn rejected(raw: Value, problem: Problem) -> RejectedRecord {
-    // Problems are written "field: what is wrong"; split them for the dead letter.
-    let (field, text) = match problem.text.split_once(": ") {
-        Some((field, rest)) if !field.contains(' ') => (field.to_owned(), rest.to_owned()),
-        _ => ("record".to_owned(), problem.text),
-    };
     RejectedRecord {
         origin: problem.origin.map(|o| o.0),
         sequence: problem.sequence,
-        field,
-        problem: text,
+        field: problem.invalid.field,
+        problem: problem.invalid.problem,
         raw,
     }
 }
@@ -169,9 +181,8 @@ mod tests {
             epoch_seconds_to_millis(&Value::String("1545084650".into()), "t").unwrap(),
             1_545_084_650_000
         );
-        assert!(epoch_seconds_to_millis(&Value::Bool(true), "t")
-            .unwrap_err()
-            .starts_with("t: "));
+        let err = epoch_seconds_to_millis(&Value::Bool(true), "t").unwrap_err();
+        assert_eq!(err.field, "t");
     }
 
     #[test]
