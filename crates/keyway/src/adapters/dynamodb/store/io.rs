@@ -166,7 +166,9 @@ mod tests {
     enum Answer {
         RefuseReads,
         LeaveReadsUnprocessed,
+        LeaveFirstReadUnprocessed,
         LeaveFirstWriteUnprocessed,
+        ThrottlePuts,
     }
 
     /// The in-memory table, answering batch calls as `answer` says and counting them.
@@ -179,17 +181,23 @@ mod tests {
     #[async_trait]
     impl Table for Answering {
         async fn batch_get(&self, keys: &[ItemKey]) -> Result<BatchGetOutput, StoreError> {
-            self.calls.fetch_add(1, Ordering::SeqCst);
+            let call = self.calls.fetch_add(1, Ordering::SeqCst);
+            let unprocessed = BatchGetOutput {
+                items: Vec::new(),
+                unprocessed: keys.to_vec(),
+            };
             match self.answer {
                 Answer::RefuseReads => Err(StoreError::Invalid("no such table".into())),
-                Answer::LeaveReadsUnprocessed => Ok(BatchGetOutput {
-                    items: Vec::new(),
-                    unprocessed: keys.to_vec(),
-                }),
-                Answer::LeaveFirstWriteUnprocessed => self.inner.batch_get(keys).await,
+                Answer::LeaveReadsUnprocessed => Ok(unprocessed),
+                Answer::LeaveFirstReadUnprocessed if call == 0 => Ok(unprocessed),
+                _ => self.inner.batch_get(keys).await,
             }
         }
         async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError> {
+            if let Answer::ThrottlePuts = self.answer {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                return Err(StoreError::Throttled("slow down".into()));
+            }
             self.inner.put(item, expect).await
         }
         async fn update(&self, key: &ItemKey, a: &Item, e: &Expect) -> Result<(), StoreError> {
@@ -246,15 +254,43 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_write_retried_once_waits_no_longer_than_the_first_backoff_step() {
+    async fn a_put_throttled_for_ever_is_tried_as_often_as_the_backoff_allows() {
+        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 3);
+        let store = store(Answer::ThrottlePuts, backoff);
+        let item = keys()[0].to_item();
+        let err = store.put_retrying(&item, &Expect::Anything).await;
+        assert!(matches!(err, Err(StoreError::Throttled(_))), "{err:?}");
+        assert_eq!(store.table.calls.load(Ordering::SeqCst), 3);
+    }
+
+    /// A backoff of one-second steps, seeded so that its first draw, were it the second step's,
+    /// would wait longer than the first step allows: a test tells the steps apart with it.
+    fn telling_steps_apart() -> (Backoff, Duration) {
         let base = Duration::from_secs(1);
         let backoff = |seed| Backoff::new(base, Duration::from_secs(3600), 3).seeded(seed);
-        // A seed whose first draw, were it the second step's, would wait longer than the first
-        // step allows: so the test tells the steps apart.
         let seed = (0..100)
             .find(|&s| backoff(s).delay(1) > base)
             .expect("a seed");
-        let store = store(Answer::LeaveFirstWriteUnprocessed, backoff(seed));
+        (backoff(seed), base)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_retried_once_waits_no_longer_than_the_first_backoff_step() {
+        let (backoff, base) = telling_steps_apart();
+        let store = store(Answer::LeaveFirstReadUnprocessed, backoff);
+        let start = tokio::time::Instant::now();
+        store
+            .get_all(&keys())
+            .await
+            .expect("read on the second call");
+        assert_eq!(store.table.calls.load(Ordering::SeqCst), 2);
+        assert!(start.elapsed() <= base, "waited {:?}", start.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_retried_once_waits_no_longer_than_the_first_backoff_step() {
+        let (backoff, base) = telling_steps_apart();
+        let store = store(Answer::LeaveFirstWriteUnprocessed, backoff);
         let item = ItemKey {
             pk: "op#sig#k".into(),
             sk: "seg#x".into(),
