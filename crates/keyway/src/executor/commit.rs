@@ -4,6 +4,7 @@
 use tracing::warn;
 
 use super::emit::{Emission, Tag};
+use super::expiry;
 use super::plan::Plan;
 use super::process::{counts, KeyWork, Outcome};
 use super::{BatchReport, Executor};
@@ -241,6 +242,7 @@ impl<O: KeyedOperator> Executor<O> {
             let rerun = fresh.and_then(|base| {
                 let invalid = work.invalid.len();
                 work.base = base;
+                self.drop_expired_states(work, now);
                 let mut inputs: Vec<Option<O::Input>> = records.iter().map(|_| None).collect();
                 let run = self.run_key(key, work, &records, usize::MAX, now, &mut inputs);
                 let updates = self.encode(&run).ok()?;
@@ -275,8 +277,10 @@ impl<O: KeyedOperator> Executor<O> {
     ) -> Option<(KeyState, Vec<Output>, Vec<i64>)> {
         let mut state = std::mem::take(&mut work.base);
         let timers_before = pending_timers(&state.slots);
-        let mut changed = work.migrated || !state.outbox.is_empty();
-        for (name, update) in std::mem::take(&mut work.updates) {
+        let mut changed = work.migrated || work.expired || !state.outbox.is_empty();
+        let updates = std::mem::take(&mut work.updates);
+        let updated: Vec<&'static str> = updates.keys().copied().collect();
+        for (name, update) in updates {
             let slot = state.slots.entry(name.to_owned()).or_default();
             slot.apply(update);
             if slot.entries.is_empty() {
@@ -300,12 +304,22 @@ impl<O: KeyedOperator> Executor<O> {
         self.advance(&mut state, &work.run.outcomes, records, now);
         state.outbox = outbox.clone();
         let timers = pending_timers(&state.slots);
+        let states_expire = if self.states.iter().any(|d| d.ttl.is_some()) {
+            expiry::stamp(
+                &mut state,
+                &self.states,
+                updated.into_iter(),
+                now.div_euclid(1000),
+            )
+        } else {
+            None
+        };
         // A key's state lives its TTL past its last pending timer, so the timer finds it.
         let last = timers.last().map_or(now, |&t| t.max(now));
-        state.expires_at = self
-            .operator
-            .state_ttl()
-            .map(|ttl| last.div_euclid(1000) + ttl.as_secs() as i64);
+        state.expires_at = match self.operator.state_ttl() {
+            Some(ttl) => Some(last.div_euclid(1000) + ttl.as_secs() as i64),
+            None => states_expire,
+        };
         let added = timers.difference(&timers_before).copied().collect();
         Some((state, outbox, added))
     }

@@ -50,6 +50,7 @@
 
 mod commit;
 mod emit;
+mod expiry;
 mod history;
 mod load;
 mod outbox;

@@ -68,6 +68,9 @@ pub(super) struct KeyWork {
     pub deferred: bool,
     /// The operator's broadcast states as the batch loaded them.
     pub broadcast: Option<Arc<BroadcastSnapshot>>,
+    /// States past their own TTL were dropped from `base`: the key is written even if nothing
+    /// else changes.
+    pub expired: bool,
 }
 
 impl<O: KeyedOperator> Executor<O> {
@@ -85,6 +88,7 @@ impl<O: KeyedOperator> Executor<O> {
                 work.deferred = true;
                 continue;
             }
+            self.drop_expired_states(work, now);
             let records = plan.records_of(g);
             let mut inputs: Vec<Option<O::Input>> = plan.groups[g]
                 .records
@@ -107,6 +111,13 @@ impl<O: KeyedOperator> Executor<O> {
                     }
                 }
             }
+        }
+    }
+
+    /// Drops the states of the key's loaded state whose own TTL has passed.
+    pub(super) fn drop_expired_states(&self, work: &mut KeyWork, now: i64) {
+        if self.states.iter().any(|d| d.ttl.is_some()) {
+            work.expired |= super::expiry::drop_expired(&mut work.base, now.div_euclid(1000));
         }
     }
 

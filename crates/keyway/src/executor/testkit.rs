@@ -93,6 +93,19 @@ impl KeyedOperator for Summer {
     }
 }
 
+/// The `(key, n)` of a record `record` made: what the test operators take as input.
+pub fn key_and_n(record: &SourceRecord) -> Result<(String, i64), InvalidInput> {
+    let Payload::Bytes(data) = &record.payload else {
+        return Err(InvalidInput::new("record", "not Kinesis"));
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(data).map_err(|e| InvalidInput::new("data", e.to_string()))?;
+    match (value["key"].as_str(), value["n"].as_i64()) {
+        (Some(key), Some(n)) => Ok((key.to_owned(), n)),
+        _ => Err(InvalidInput::new("data", "expected key and n")),
+    }
+}
+
 /// A record of shard 0 of stream `s` under partition key `pk`, as a batch holds it.
 #[allow(clippy::result_large_err)]
 pub fn record(seq: u64, pk: &str, key: &str, n: i64) -> Result<SourceRecord, RejectedRecord> {

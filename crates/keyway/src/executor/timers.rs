@@ -99,9 +99,8 @@ fn settled(
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::{bench, record, Bench, OUT, START, SUM};
+    use super::super::testkit::{bench, key_and_n, record, Bench, OUT, START, SUM};
     use super::*;
-    use crate::domain::Payload;
     use crate::operator::StateDescriptor;
     use crate::operator::{timers, Ctx, InvalidInput, ProcessError, SinkDescriptor};
     use crate::ports::{StateStore, TimerEntry, TimerIndex};
@@ -128,15 +127,11 @@ mod tests {
             vec![OUT.descriptor()]
         }
 
-        fn decode(&self, record: &SourceRecord) -> Result<(String, i64), InvalidInput> {
-            let Payload::Bytes(data) = &record.payload else {
-                return Err(InvalidInput::new("record", "not Kinesis"));
-            };
-            let v: serde_json::Value = serde_json::from_slice(data).unwrap();
-            Ok((
-                v["key"].as_str().unwrap().to_owned(),
-                v["n"].as_i64().unwrap(),
-            ))
+        fn decode(
+            &self,
+            record: &crate::domain::SourceRecord,
+        ) -> Result<(String, i64), InvalidInput> {
+            key_and_n(record)
         }
 
         fn key(&self, input: &(String, i64)) -> String {

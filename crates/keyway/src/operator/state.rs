@@ -7,6 +7,7 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -43,6 +44,9 @@ pub struct StateDescriptor {
     pub type_name: &'static str,
     /// The structure of the type, or why it could not be traced.
     pub shape: Result<Shape, String>,
+    /// How long the state lives after the commit that last changed it (`with_ttl`); the key's
+    /// other states and its watermarks stay.
+    pub ttl: Option<Duration>,
 }
 
 impl StateDescriptor {
@@ -70,6 +74,7 @@ fn shape_of<T: DeserializeOwned>(
 pub struct ValueState<T> {
     pub name: &'static str,
     custom: Option<&'static str>,
+    ttl: Option<Duration>,
     _type: PhantomData<fn() -> T>,
 }
 
@@ -78,6 +83,7 @@ impl<T> ValueState<T> {
         Self {
             name,
             custom: None,
+            ttl: None,
             _type: PhantomData,
         }
     }
@@ -88,8 +94,17 @@ impl<T> ValueState<T> {
         Self {
             name,
             custom: Some(shape),
+            ttl: None,
             _type: PhantomData,
         }
+    }
+
+    /// The state expires `ttl` after the commit that last changed it: the key reads it as
+    /// absent from then on, and its next commit drops it. (`KeyedOperator::state_ttl` expires a
+    /// key's states together.)
+    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 }
 
@@ -100,6 +115,7 @@ impl<T: DeserializeOwned> ValueState<T> {
             kind: StateKind::Value,
             type_name: std::any::type_name::<T>(),
             shape: shape_of::<T>("$", self.custom),
+            ttl: self.ttl,
         }
     }
 }
@@ -108,6 +124,7 @@ impl<T: DeserializeOwned> ValueState<T> {
 pub struct ListState<T> {
     pub name: &'static str,
     custom: Option<&'static str>,
+    ttl: Option<Duration>,
     _type: PhantomData<fn() -> T>,
 }
 
@@ -116,6 +133,7 @@ impl<T> ListState<T> {
         Self {
             name,
             custom: None,
+            ttl: None,
             _type: PhantomData,
         }
     }
@@ -125,8 +143,17 @@ impl<T> ListState<T> {
         Self {
             name,
             custom: Some(shape),
+            ttl: None,
             _type: PhantomData,
         }
+    }
+
+    /// The state expires `ttl` after the commit that last changed it: the key reads it as
+    /// absent from then on, and its next commit drops it. (`KeyedOperator::state_ttl` expires a
+    /// key's states together.)
+    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 }
 
@@ -137,6 +164,7 @@ impl<T: DeserializeOwned> ListState<T> {
             kind: StateKind::List,
             type_name: std::any::type_name::<T>(),
             shape: shape_of::<T>("$item", self.custom),
+            ttl: self.ttl,
         }
     }
 }
@@ -145,6 +173,7 @@ impl<T: DeserializeOwned> ListState<T> {
 pub struct MapState<K, V> {
     pub name: &'static str,
     custom: Option<&'static str>,
+    ttl: Option<Duration>,
     _type: PhantomData<fn() -> (K, V)>,
 }
 
@@ -153,6 +182,7 @@ impl<K, V> MapState<K, V> {
         Self {
             name,
             custom: None,
+            ttl: None,
             _type: PhantomData,
         }
     }
@@ -162,8 +192,17 @@ impl<K, V> MapState<K, V> {
         Self {
             name,
             custom: Some(shape),
+            ttl: None,
             _type: PhantomData,
         }
+    }
+
+    /// The state expires `ttl` after the commit that last changed it: the key reads it as
+    /// absent from then on, and its next commit drops it. (`KeyedOperator::state_ttl` expires a
+    /// key's states together.)
+    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 }
 
@@ -178,6 +217,7 @@ impl<K: DeserializeOwned, V: DeserializeOwned> MapState<K, V> {
             kind: StateKind::Map,
             type_name: std::any::type_name::<BTreeMap<K, V>>(),
             shape,
+            ttl: self.ttl,
         }
     }
 }

@@ -1,0 +1,167 @@
+//! Per-state TTL (`ValueState::with_ttl` and the like): when each state of a key expires, kept in
+//! the key's `keyway.expiry` slot (state name to epoch seconds) by the commit that changes the
+//! state. A state past its time is dropped from the loaded state before the key's records run, so
+//! `process` finds it absent, and the key's next commit leaves it out.
+
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
+
+use crate::domain::{KeyState, SlotData};
+use crate::operator::StateDescriptor;
+
+/// The slot the expiry times live in: not a declared state, so no operator can read it.
+const EXPIRY_SLOT: &str = "keyway.expiry";
+
+fn read(state: &KeyState) -> BTreeMap<String, i64> {
+    state
+        .slots
+        .get(EXPIRY_SLOT)
+        .and_then(|slot| slot.entries.first())
+        .and_then(|raw| serde_json::from_str(raw.get()).ok())
+        .unwrap_or_default()
+}
+
+/// Drops the states of `base` whose time has passed at `now_secs`; says whether one was.
+pub(super) fn drop_expired(base: &mut KeyState, now_secs: i64) -> bool {
+    let mut dropped = false;
+    for (name, at) in read(base) {
+        if at <= now_secs {
+            dropped |= base.slots.remove(&name).is_some();
+        }
+    }
+    dropped
+}
+
+/// Stamps the states in `changed` that have a TTL with their expiry, and forgets the expiry of
+/// states no longer stored. Returns when the key's last state expires, if every declared state has
+/// a TTL: the key's slots can all go then.
+pub(super) fn stamp<'n>(
+    state: &mut KeyState,
+    declared: &[StateDescriptor],
+    changed: impl Iterator<Item = &'n str>,
+    now_secs: i64,
+) -> Option<i64> {
+    let mut expiry = read(state);
+    for name in changed {
+        if let Some(ttl) = declared.iter().find(|d| d.name == name).and_then(|d| d.ttl) {
+            expiry.insert(name.to_owned(), now_secs + ttl.as_secs() as i64);
+        }
+    }
+    expiry.retain(|name, _| state.slots.contains_key(name));
+    let latest = expiry.values().max().copied();
+    if expiry.is_empty() {
+        state.slots.remove(EXPIRY_SLOT);
+    } else {
+        let json = serde_json::to_string(&expiry).expect("a map of numbers serializes");
+        let entry = RawValue::from_string(json).expect("valid JSON");
+        state
+            .slots
+            .insert(EXPIRY_SLOT.to_owned(), SlotData::fresh(vec![entry]));
+    }
+    let every_state_expires = declared.iter().all(|d| d.ttl.is_some());
+    latest.filter(|_| every_state_expires)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::testkit::{bench, key_and_n, record, OUT, START};
+    use super::*;
+    use crate::operator::{Ctx, InvalidInput, KeyedOperator, ProcessError, SinkDescriptor};
+    use crate::ports::StateStore;
+    use crate::ValueState;
+
+    const COUNT: ValueState<i64> = ValueState::new("count");
+    const LAST: ValueState<i64> = ValueState::new("last").with_ttl(Duration::from_secs(60));
+
+    /// Counts `n` per key; a record of `n` 1 also notes when it came. Emits when the key's
+    /// previous such record came, or -1.
+    struct Noting;
+
+    impl KeyedOperator for Noting {
+        type Input = (String, i64);
+        fn name(&self) -> &str {
+            "noting"
+        }
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![COUNT.descriptor(), LAST.descriptor()]
+        }
+        fn sinks(&self) -> Vec<SinkDescriptor> {
+            vec![OUT.descriptor()]
+        }
+        fn decode(
+            &self,
+            record: &crate::domain::SourceRecord,
+        ) -> Result<(String, i64), InvalidInput> {
+            key_and_n(record)
+        }
+
+        fn key(&self, input: &(String, i64)) -> String {
+            input.0.clone()
+        }
+        fn process(&self, ctx: &mut Ctx<'_>, (key, n): (String, i64)) -> Result<(), ProcessError> {
+            *ctx.value(&COUNT)?.get_or_insert_with(|| 0) += n;
+            let now = ctx.now_millis();
+            let mut last = ctx.value(&LAST)?;
+            let before = last.get().copied().unwrap_or(-1);
+            if n == 1 {
+                last.set(now);
+            }
+            ctx.emit(&OUT, key, &before)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_state_with_its_own_ttl_expires_after_its_last_change_and_the_others_stay() {
+        let b = bench(Noting, false);
+        b.executor.run(vec![record(1, "p", "a", 1)]).await;
+        b.clock.advance(30_000);
+        // Changes the count only: the noted time keeps its expiry.
+        b.executor.run(vec![record(2, "p", "a", 2)]).await;
+        b.clock.advance(31_000);
+        b.executor.run(vec![record(3, "p", "a", 2)]).await;
+        let sent: Vec<String> = b.out.bodies().concat();
+        assert_eq!(sent, ["-1", &START.to_string(), "-1"]);
+        let store =
+            crate::adapters::dynamodb::DynamoStateStore::new(b.table.clone(), b.clock.clone());
+        let state = store
+            .load(b.executor.namespace(), &["a".to_owned()])
+            .await
+            .unwrap()
+            .remove("a")
+            .unwrap();
+        let names: Vec<&str> = state.slots.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            ["count"],
+            "the expired state is gone, its expiry with it"
+        );
+        assert_eq!(state.slots["count"].entries[0].get(), "5");
+        assert_eq!(
+            state.expires_at, None,
+            "the count has no TTL: the key stays"
+        );
+    }
+
+    #[test]
+    fn a_key_expires_with_its_last_state_only_when_every_state_has_a_ttl() {
+        let mut state = KeyState::default();
+        state.slots.insert(
+            "last".into(),
+            SlotData::fresh(vec![RawValue::from_string("1".into()).unwrap()]),
+        );
+        let only_last = [LAST.descriptor()];
+        assert_eq!(
+            stamp(&mut state, &only_last, ["last"].into_iter(), 100),
+            Some(160)
+        );
+        let both = [COUNT.descriptor(), LAST.descriptor()];
+        assert_eq!(stamp(&mut state, &both, std::iter::empty(), 130), None);
+        assert!(state.slots.contains_key(EXPIRY_SLOT));
+        assert!(!drop_expired(&mut state, 159));
+        assert!(drop_expired(&mut state, 160));
+        assert!(!state.slots.contains_key("last"));
+    }
+}
