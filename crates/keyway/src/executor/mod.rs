@@ -374,3 +374,55 @@ impl<O: KeyedOperator> Executor<O> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::testkit::{Recorder, Summer, OUT};
+    use super::*;
+    use crate::adapters::dynamodb::DynamoStateStore;
+    use crate::domain::Output;
+    use crate::local::LocalTable;
+    use crate::ports::{ManualClock, SinkError};
+
+    /// A sink that takes messages of up to 1 MiB, as a Kinesis stream does.
+    struct Wide;
+
+    #[async_trait]
+    impl Sink for Wide {
+        async fn send(&self, _: &[Output]) -> Vec<(usize, SinkError)> {
+            Vec::new()
+        }
+        fn max_message_bytes(&self) -> usize {
+            1024 * 1024
+        }
+    }
+
+    fn limit_of(outbox: bool) -> usize {
+        let clock = ManualClock::at(0);
+        let store = Arc::new(DynamoStateStore::new(
+            Arc::new(LocalTable::new()),
+            clock.clone(),
+        ));
+        let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, Arc::new(Wide));
+        let operator = Summer {
+            outbox,
+            ..Summer::default()
+        };
+        let executor = Executor::new(operator, store.clone(), sinks, clock).unwrap();
+        executor.sink_limits["out"]
+    }
+
+    #[test]
+    fn an_outbox_operators_outputs_must_fit_the_state_store_and_others_only_their_sink() {
+        assert_eq!(limit_of(false), 1024 * 1024);
+        let entry = crate::adapters::dynamodb::DynamoStateStore::<LocalTable>::new(
+            Arc::new(LocalTable::new()),
+            ManualClock::at(0),
+        )
+        .limits()
+        .max_entry_bytes;
+        assert_eq!(limit_of(true), entry - 1024);
+    }
+}
