@@ -292,6 +292,7 @@ impl<O: KeyedOperator> Executor<O> {
         let (broadcast_states, states): (Vec<_>, Vec<_>) = states
             .into_iter()
             .partition(|s| s.kind == StateKind::Broadcast);
+        let broadcast = BroadcastCache::new(&broadcast_states);
         let broadcast_states = broadcast_states
             .into_iter()
             .map(|s| StateDescriptor {
@@ -309,7 +310,7 @@ impl<O: KeyedOperator> Executor<O> {
             namespace,
             states,
             broadcast_states,
-            broadcast: BroadcastCache::default(),
+            broadcast,
             store,
             limits,
             sinks,

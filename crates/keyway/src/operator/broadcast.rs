@@ -55,14 +55,17 @@ pub struct BroadcastSnapshot {
     version: u64,
     slots: BTreeMap<String, SlotData>,
     typed: Mutex<HashMap<&'static str, Arc<dyn Any + Send + Sync>>>,
+    /// The broadcast states the operator declares: only those are read, each as its own type.
+    declared: Arc<[StateDescriptor]>,
 }
 
 impl BroadcastSnapshot {
-    fn of(state: &KeyState) -> Self {
+    fn of(state: &KeyState, declared: Arc<[StateDescriptor]>) -> Self {
         Self {
             version: state.version,
             slots: state.slots.clone(),
             typed: Mutex::default(),
+            declared,
         }
     }
 
@@ -77,9 +80,29 @@ impl BroadcastSnapshot {
     where
         T: DeserializeOwned + Send + Sync + 'static,
     {
+        let declared = self
+            .declared
+            .iter()
+            .find(|d| d.name == state.name)
+            .ok_or_else(|| StateError::Undeclared {
+                slot: state.name.to_owned(),
+            })?;
+        let used = std::any::type_name::<T>();
+        if declared.type_name != used {
+            return Err(StateError::KindMismatch {
+                slot: state.name.to_owned(),
+                declared: format!("broadcast of {}", declared.type_name),
+                used: format!("broadcast of {used}"),
+            });
+        }
         let mut typed = self.typed.lock().expect("broadcast decodes");
         if let Some(value) = typed.get(state.name) {
-            return Ok(value.clone().downcast::<T>().ok());
+            return Ok(Some(
+                value
+                    .clone()
+                    .downcast::<T>()
+                    .expect("the declared type, checked above"),
+            ));
         }
         let Some(raw) = self.slots.get(state.name).and_then(|s| s.entries.first()) else {
             return Ok(None);
@@ -97,17 +120,27 @@ impl BroadcastSnapshot {
 }
 
 /// The snapshot an execution environment keeps between invocations.
-#[derive(Default)]
-pub(crate) struct BroadcastCache(Mutex<Option<Arc<BroadcastSnapshot>>>);
+pub(crate) struct BroadcastCache {
+    kept: Mutex<Option<Arc<BroadcastSnapshot>>>,
+    declared: Arc<[StateDescriptor]>,
+}
 
 impl BroadcastCache {
+    /// A cache of the broadcast states `declared`.
+    pub(crate) fn new(declared: &[StateDescriptor]) -> Self {
+        Self {
+            kept: Mutex::default(),
+            declared: declared.into(),
+        }
+    }
+
     /// The snapshot of `state` as just loaded: the kept one when nothing changed since.
     pub(crate) fn refresh(&self, state: &KeyState) -> Arc<BroadcastSnapshot> {
-        let mut kept = self.0.lock().expect("broadcast cache");
+        let mut kept = self.kept.lock().expect("broadcast cache");
         match kept.as_ref() {
             Some(snapshot) if snapshot.is_of(state) => snapshot.clone(),
             _ => {
-                let snapshot = Arc::new(BroadcastSnapshot::of(state));
+                let snapshot = Arc::new(BroadcastSnapshot::of(state, self.declared.clone()));
                 *kept = Some(snapshot.clone());
                 snapshot
             }
@@ -136,7 +169,7 @@ mod tests {
 
     #[test]
     fn a_version_already_decoded_is_served_from_the_cache_and_a_new_one_replaces_it() {
-        let cache = BroadcastCache::default();
+        let cache = BroadcastCache::new(&[RULES.descriptor()]);
         let first = cache.refresh(&stored(3, r#"["a"]"#));
         let value = first.get(&RULES).unwrap().unwrap();
         assert_eq!(*value, ["a"]);
@@ -150,5 +183,19 @@ mod tests {
             ..KeyState::default()
         };
         assert_eq!(cache.refresh(&expired).get(&RULES).unwrap(), None);
+    }
+
+    #[test]
+    fn an_undeclared_broadcast_state_or_one_read_as_another_type_is_an_error_naming_it() {
+        let cache = BroadcastCache::new(&[RULES.descriptor()]);
+        let snapshot = cache.refresh(&stored(1, r#"["a"]"#));
+        const OTHER: BroadcastState<Vec<String>> = BroadcastState::new("other");
+        assert!(matches!(
+            snapshot.get(&OTHER),
+            Err(StateError::Undeclared { slot }) if slot == "other"
+        ));
+        const MISREAD: BroadcastState<Vec<u8>> = BroadcastState::new("rules");
+        let err = snapshot.get(&MISREAD).unwrap_err();
+        assert!(matches!(err, StateError::KindMismatch { .. }), "{err}");
     }
 }
