@@ -232,6 +232,7 @@ impl StateStore for BarrierStore {
     ) -> Vec<Result<(), StoreError>> {
         self.inner.clear_outbox(namespace, committed).await
     }
+
     fn timers(&self) -> &dyn TimerIndex {
         self.inner.timers()
     }

@@ -502,6 +502,7 @@ mod tests {
         ) -> Vec<Result<(), StoreError>> {
             self.inner.clear_outbox(namespace, committed).await
         }
+
         fn timers(&self) -> &dyn TimerIndex {
             self.inner.timers()
         }

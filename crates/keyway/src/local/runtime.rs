@@ -195,6 +195,7 @@ impl StateStore for CrashBeforeCommit {
     ) -> Vec<Result<(), StoreError>> {
         self.inner.clear_outbox(namespace, committed).await
     }
+
     fn timers(&self) -> &dyn TimerIndex {
         self.inner.timers()
     }
