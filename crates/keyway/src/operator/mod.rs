@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub(crate) use broadcast::BroadcastCache;
-pub use broadcast::{BroadcastSnapshot, BroadcastState, BROADCAST_KEY};
+pub(crate) use broadcast::{BroadcastCache, BroadcastSnapshot};
+pub use broadcast::{BroadcastState, BROADCAST_KEY};
 pub use ctx::Ctx;
 pub use input::{check_inputs, Input, InputDescriptor, InputWiringError, Route};
 pub use migration::{MigrateFn, Migration, MigrationError, NewState, OldState};
