@@ -2,9 +2,10 @@
 //! reads several streams (events and a feedback stream; the two tables of a join) declares one
 //! `Input<T>` for each, and the function wires each to the stream it reads. The executor marks
 //! every record with the input that reads its stream, and `decode` turns it into that input's type
-//! by that mark, never by guessing from the record's shape.
+//! by that mark, never by guessing from the record's shape. (`tests/tests/executor.rs`, module
+//! `two_inputs`, compiles and runs a whole operator of two inputs.)
 //!
-//! ```ignore
+//! ```text
 //! const EVENTS: Input<Event> = Input::json("events");
 //! const FEEDBACK: Input<Resolution> = Input::json("feedback");
 //!
