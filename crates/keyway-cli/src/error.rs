@@ -39,6 +39,12 @@ impl From<keyway::lambda::PortError> for CliError {
     }
 }
 
+impl From<keyway::operator::lock::LockError> for CliError {
+    fn from(err: keyway::operator::lock::LockError) -> Self {
+        Self(err.to_string())
+    }
+}
+
 impl From<keyway::WiringError> for CliError {
     fn from(err: keyway::WiringError) -> Self {
         Self(err.to_string())

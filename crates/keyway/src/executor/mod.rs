@@ -273,7 +273,7 @@ impl<O: KeyedOperator> Executor<O> {
                     operator: operator.name().to_owned(),
                     state: state.name.to_owned(),
                     type_name: state.type_name.to_owned(),
-                    problem: problem.clone(),
+                    problem: problem.to_string(),
                 });
             }
         }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::signature::{diff, Shape};
+use super::signature::{diff, Shape, Untraceable};
 use super::{state_signature, StateDescriptor};
 
 pub const LOCK_FILE: &str = "state-signatures.lock";
@@ -30,20 +30,38 @@ pub struct LockedOperator {
     pub states: BTreeMap<String, LockedState>,
 }
 
+/// The lock file cannot be written or read.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LockError {
+    #[error("operator {operator}, state {state}: {problem}")]
+    Untraceable {
+        operator: String,
+        state: String,
+        problem: Untraceable,
+    },
+    #[error("{LOCK_FILE}:{line}: {problem}: {text:?}")]
+    Malformed {
+        line: usize,
+        problem: &'static str,
+        text: String,
+    },
+}
+
 /// The lock entries of operators, by name.
 pub fn entries(
     operators: &[(String, Vec<StateDescriptor>)],
-) -> Result<BTreeMap<String, LockedOperator>, String> {
+) -> Result<BTreeMap<String, LockedOperator>, LockError> {
     operators
         .iter()
         .map(|(name, states)| {
             let locked = states
                 .iter()
                 .map(|s| {
-                    let shape = s
-                        .shape
-                        .clone()
-                        .map_err(|e| format!("operator {name}, state {}: {e}", s.name))?;
+                    let shape = s.shape.clone().map_err(|problem| LockError::Untraceable {
+                        operator: name.clone(),
+                        state: s.name.to_owned(),
+                        problem,
+                    })?;
                     Ok((
                         s.name.to_owned(),
                         LockedState {
@@ -53,7 +71,7 @@ pub fn entries(
                         },
                     ))
                 })
-                .collect::<Result<_, String>>()?;
+                .collect::<Result<_, LockError>>()?;
             Ok((
                 name.clone(),
                 LockedOperator {
@@ -82,12 +100,16 @@ pub fn render(entries: &BTreeMap<String, LockedOperator>) -> String {
     out
 }
 
-pub fn parse(text: &str) -> Result<BTreeMap<String, LockedOperator>, String> {
+pub fn parse(text: &str) -> Result<BTreeMap<String, LockedOperator>, LockError> {
     let mut entries: BTreeMap<String, LockedOperator> = BTreeMap::new();
     let mut operator: Option<String> = None;
     let mut state: Option<String> = None;
     for (n, line) in text.lines().enumerate() {
-        let at = |what: &str| format!("{LOCK_FILE}:{}: {what}: {line:?}", n + 1);
+        let at = |problem: &'static str| LockError::Malformed {
+            line: n + 1,
+            problem,
+            text: line.to_owned(),
+        };
         if line.trim().is_empty() || line.starts_with('#') {
             continue;
         }
@@ -241,8 +263,13 @@ mod tests {
     #[test]
     fn a_malformed_lock_names_the_line() {
         let err = parse("operator x abc\n  state broken\n").unwrap_err();
+        let LockError::Malformed { line, problem, .. } = &err else {
+            panic!("{err}")
+        };
+        assert_eq!(*line, 2);
+        assert!(problem.contains("state NAME KIND TYPE"), "{err}");
         assert!(
-            err.contains(":2:") && err.contains("state NAME KIND TYPE"),
+            err.to_string().starts_with("state-signatures.lock:2: "),
             "{err}"
         );
     }

@@ -22,6 +22,11 @@ use serde_reflection::{
 use crate::domain::hash::sha256_hex;
 
 /// The structure of a state type as `path: type` lines, sorted by path.
+/// A type whose structure cannot be traced, and why.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct Untraceable(pub String);
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shape {
     pub lines: BTreeMap<String, String>,
@@ -30,13 +35,13 @@ pub struct Shape {
 impl Shape {
     /// The traced structure of `T`, rooted at `root` (`$` for a value, `$item` for a list's
     /// elements, `$key` and `$value` for a map's).
-    pub fn of<T: DeserializeOwned>(root: &str) -> Result<Self, String> {
+    pub fn of<T: DeserializeOwned>(root: &str) -> Result<Self, Untraceable> {
         let mut tracer = Tracer::new(TracerConfig::default());
         let samples = Samples::new();
         let (format, _) = tracer
             .trace_type::<T>(&samples)
-            .map_err(|e| e.to_string())?;
-        let registry = tracer.registry().map_err(|e| e.to_string())?;
+            .map_err(|e| Untraceable(e.to_string()))?;
+        let registry = tracer.registry().map_err(|e| Untraceable(e.to_string()))?;
         let mut lines = BTreeMap::new();
         lines.insert(root.to_owned(), render(&format));
         for (name, container) in &registry {

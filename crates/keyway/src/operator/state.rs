@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use thiserror::Error;
 
-use super::signature::Shape;
+use super::signature::{Shape, Untraceable};
 use crate::domain::{SlotData, SlotUpdate, StateKind};
 
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub struct StateDescriptor {
     /// The Rust type, for people reading the lock file and logs.
     pub type_name: &'static str,
     /// The structure of the type, or why it could not be traced.
-    pub shape: Result<Shape, String>,
+    pub shape: Result<Shape, Untraceable>,
     /// How long the state lives after the commit that last changed it (`with_ttl`); the key's
     /// other states and its watermarks stay.
     pub ttl: Option<Duration>,
@@ -63,7 +63,7 @@ impl StateDescriptor {
 fn shape_of<T: DeserializeOwned>(
     root: &str,
     custom: Option<&'static str>,
-) -> Result<Shape, String> {
+) -> Result<Shape, Untraceable> {
     match custom {
         Some(text) => Ok(Shape::custom(root, text)),
         None => Shape::of::<T>(root),
