@@ -208,7 +208,7 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
         let event: Value = serde_json::from_str(event)
             .map_err(|e| FunctionError(format!("the event is not JSON: {e}")))?;
         if is_scheduled(&event) {
-            // The schedule that sweeps the operator's due timers (template.yaml).
+            // The function's schedule (a `Schedule` event in its template) sweeps due timers.
             let sweep = self
                 .executor
                 .fire_timers(invocation.deadline_millis)
