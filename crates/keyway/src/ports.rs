@@ -111,7 +111,7 @@ pub struct TimerEntry {
     pub key: String,
 }
 
-/// An index entry come due, with what the store needs to remove it.
+/// An index entry come due, with what the store needs to remove or postpone it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DueTimer {
     pub timer: TimerEntry,
@@ -201,6 +201,15 @@ pub trait TimerIndex: Send + Sync {
 
     /// Removes index entries whose timers fired, or were found no longer pending.
     async fn forget_timers(&self, operator: &str, due: &[DueTimer]) -> Result<(), StoreError>;
+
+    /// Makes entries a sweep could not settle come due again at `until_millis`, behind the
+    /// entries due before then: a timer that keeps failing never holds back the others.
+    async fn postpone_timers(
+        &self,
+        operator: &str,
+        due: &[DueTimer],
+        until_millis: i64,
+    ) -> Result<(), StoreError>;
 }
 
 /// The limits of a state store.

@@ -200,6 +200,10 @@ mod tests {
         async fn forget_timers(&self, _: &str, _: &[DueTimer]) -> Result<(), StoreError> {
             Ok(())
         }
+
+        async fn postpone_timers(&self, _: &str, _: &[DueTimer], _: i64) -> Result<(), StoreError> {
+            Ok(())
+        }
     }
 
     /// Answers every load with nothing stored, or fails it, and remembers what it was asked.

@@ -5,8 +5,8 @@
 //! with its state, committed conditionally, their outputs sent as any record's. A timer fires only
 //! while it is pending in its key's state, and firing removes it in the same commit, so an entry
 //! swept twice, or an entry whose commit never landed, fires nothing more. Entries are removed
-//! once the batch settled them; those it left (a commit lost a race, a sink was down) stay for the
-//! next sweep.
+//! once the batch settled them; those it left (a commit lost a race, a sink was down, the
+//! operator failed) come due again a minute later, behind the entries due by then.
 
 use serde::Serialize;
 
@@ -17,6 +17,8 @@ use crate::ports::{DueTimer, StoreError};
 
 /// How many due timers one batch of a sweep fires.
 pub const TIMERS_PER_BATCH: usize = 500;
+/// How long after a sweep the timers it could not settle come due again.
+const RETRY_AFTER_MILLIS: i64 = 60_000;
 
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -59,6 +61,9 @@ impl<O: KeyedOperator> Executor<O> {
             if due.is_empty() {
                 return Ok(sweep);
             }
+            // A key's timers fire in time order, whatever order they came due in.
+            let mut due = due;
+            due.sort_by(|a, b| a.timer.cmp(&b.timer));
             let records: Vec<SourceRecord> = due
                 .iter()
                 .map(|d| SourceRecord::timer(&d.timer.key, d.timer.at_millis))
@@ -67,7 +72,12 @@ impl<O: KeyedOperator> Executor<O> {
                 .run_until(records.iter().cloned().map(Ok).collect(), deadline_millis)
                 .await;
             let (done, left) = settled(due, &records, &report);
-            self.store.timers().forget_timers(operator, &done).await?;
+            let index = self.store.timers();
+            index.forget_timers(operator, &done).await?;
+            // Behind the entries due until then, so that they are not held back by these.
+            index
+                .postpone_timers(operator, &left, now + RETRY_AFTER_MILLIS)
+                .await?;
             sweep.due += done.len() + left.len();
             sweep.fired += report.applied;
             sweep.skipped += report.replayed;
@@ -296,9 +306,36 @@ mod tests {
         let sweep = b.executor.fire_timers(None).await.unwrap();
         assert_eq!(
             (sweep.due, sweep.fired, sweep.left),
-            (2, 1, 1),
-            "b's timer, five seconds past when it was set, fired; a's still fails"
+            (1, 1, 0),
+            "b's timer, five seconds past when it was set, fired; a's waits its retry"
         );
         assert_eq!(sent(&b), ["6", "13", "-5", "5"]);
+        b.clock.advance(RETRY_AFTER_MILLIS);
+        let sweep = b.executor.fire_timers(None).await.unwrap();
+        assert_eq!(
+            (sweep.due, sweep.fired, sweep.left),
+            (1, 0, 1),
+            "a's timer is due again a minute later, and fails again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_timer_that_keeps_failing_does_not_hold_back_the_timers_due_after_it() {
+        let b = sessions();
+        // Key a's timer fails whenever it fires (a sum of 13); more keys than a sweep batch
+        // holds have timers at the same time, ordered after a's.
+        let mut batch = vec![record(1, "p", "a", 6), record(2, "p", "a", 7)];
+        let others = TIMERS_PER_BATCH;
+        for i in 0..others {
+            batch.push(record(3 + i as u64, "p", &format!("k{i:03}"), 1));
+        }
+        b.executor.run(batch).await;
+        for _ in 0..4 {
+            b.clock.advance(IDLE);
+            b.executor.fire_timers(None).await.unwrap();
+        }
+        let notices = sent(&b).iter().filter(|body| *body == "-1").count();
+        assert_eq!(notices, others, "every other key's timer fired, once");
+        assert_eq!(sum_of(&b, "a").await, Some(13), "a's timer still waits");
     }
 }

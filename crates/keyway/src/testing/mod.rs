@@ -505,6 +505,26 @@ async fn timer_index<T: Table + 'static>(store: &DynamoStateStore<T>, clock: &Ma
     assert_eq!(keys(&rest), ["later", "late"], "forgotten entries are gone");
     assert_eq!(rest[1].timer, entries[0]);
     store.forget_timers("timed", &rest).await.unwrap();
+    // An entry postponed comes due again then, as the same timer, and not before. (Written by a
+    // clock as late as the sweeps above: the index trusts writers to lag no more than minutes.)
+    let t = now + 180 * minute;
+    let again = entry("again", t + minute);
+    store
+        .schedule_timers("timed", std::slice::from_ref(&again), t)
+        .await
+        .unwrap();
+    let due = store.due_timers("timed", t + minute, 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    store
+        .postpone_timers("timed", &due, t + 5 * minute)
+        .await
+        .expect("postponed");
+    let early = store.due_timers("timed", t + 4 * minute, 10).await.unwrap();
+    assert!(early.is_empty(), "not due before its new time: {early:?}");
+    let later = store.due_timers("timed", t + 5 * minute, 10).await.unwrap();
+    assert_eq!(later.len(), 1, "one entry, not two");
+    assert_eq!(later[0].timer, again);
+    store.forget_timers("timed", &later).await.unwrap();
     // No sweep for four days, then one that reads a bounded number of hours each time.
     let long_ago = entry("long-ago", now + 200 * minute);
     store

@@ -2,7 +2,7 @@
 //!
 //! | item   | pk                                        | sk                         | attributes              |
 //! |--------|-------------------------------------------|----------------------------|-------------------------|
-//! | entry  | `{operator}#timers#{hour}#{spread}`       | `{at:020}#{key hash}`      | `k` (S), `at` (N)       |
+//! | entry  | `{operator}#timers#{hour}#{spread}`       | `{due:020}#{key hash}`     | `k` (S), `at` (N)       |
 //! | cursor | `{operator}#timers`                       | `cursor`                   | `v` (N), `h` (N)        |
 //!
 //! Why this shape:
@@ -13,6 +13,9 @@
 //!   many keys do not all write one partition.
 //! - An entry's hour is that of its time or of the moment it is written, whichever is later, so
 //!   a timer set for a time already past lands in a bucket the sweep still reads.
+//! - An entry comes due at its timer's time, or later when a sweep postponed it (its firing
+//!   failed): the sort key is when it is due, the timer's time an attribute, so a sweep takes the
+//!   entries due first and a timer that keeps failing moves behind the others.
 //! - The cursor is the first hour that may still hold entries. A sweep moves it past hours that
 //!   are empty and that no writer can still write to (`WRITER_LAG_MILLIS` after their end), so a
 //!   sweep reads one or two hours, and an entry due long ago (the sweeper was stopped) is still
@@ -60,17 +63,14 @@ fn key_hash(key: &str) -> String {
     sha256_hex(&[key.as_bytes()], 16)
 }
 
-fn sort_key(timer: &TimerEntry) -> String {
-    format!("{:020}#{}", timer.at_millis.max(0), key_hash(&timer.key))
-}
-
-fn entry_item(operator: &str, timer: &TimerEntry, now_millis: i64) -> Item {
+/// The entry of `timer` due at `due_millis`, written at `now_millis`.
+fn entry_item(operator: &str, timer: &TimerEntry, due_millis: i64, now_millis: i64) -> Item {
     let hash = key_hash(&timer.key);
     let spread = u32::from_str_radix(&hash[..2], 16).expect("hex") % SPREAD;
-    let hour = hour_of(timer.at_millis.max(now_millis));
+    let hour = hour_of(due_millis.max(now_millis));
     let mut item = ItemKey {
         pk: bucket(operator, hour, spread),
-        sk: sort_key(timer),
+        sk: format!("{:020}#{hash}", due_millis.max(0)),
     }
     .to_item();
     item.insert(KEY.to_owned(), AttrValue::S(timer.key.clone()));
@@ -80,7 +80,8 @@ fn entry_item(operator: &str, timer: &TimerEntry, now_millis: i64) -> Item {
 
 fn parse_entry(item: &Item) -> Result<DueTimer, StoreError> {
     let invalid = || StoreError::Invalid(format!("a timer index entry is malformed: {item:?}"));
-    let handle = ItemKey::of(item).ok_or_else(invalid)?.pk;
+    let ItemKey { pk, sk } = ItemKey::of(item).ok_or_else(invalid)?;
+    let handle = format!("{pk}\n{sk}");
     let key = item
         .get(KEY)
         .and_then(AttrValue::as_s)
@@ -93,6 +94,20 @@ fn parse_entry(item: &Item) -> Result<DueTimer, StoreError> {
         },
         handle,
     })
+}
+
+/// The item of a due entry, from its handle (`pk`, a line break, `sk`).
+fn entry_key(due: &DueTimer) -> ItemKey {
+    let (pk, sk) = due.handle.split_once('\n').unwrap_or((&due.handle, ""));
+    ItemKey {
+        pk: pk.to_owned(),
+        sk: sk.to_owned(),
+    }
+}
+
+/// When a due entry came due, as its sort key spells it.
+fn due_of(due: &DueTimer) -> &str {
+    due.handle.split_once('\n').map_or("", |(_, sk)| sk)
 }
 
 /// The operators whose cursor this process has seen: their writes need not create it.
@@ -126,7 +141,7 @@ impl<T: Table + 'static> TimerIndex for DynamoStateStore<T> {
         self.ensure_cursor(operator, now_millis).await?;
         let puts = timers
             .iter()
-            .map(|t| WriteRequest::Put(entry_item(operator, t, now_millis)))
+            .map(|t| WriteRequest::Put(entry_item(operator, t, t.at_millis, now_millis)))
             .collect();
         match self.write_all(puts).await {
             (_, None) => Ok(()),
@@ -190,24 +205,39 @@ impl<T: Table + 'static> TimerIndex for DynamoStateStore<T> {
                 Err(err) => return Err(err),
             }
         }
-        due.sort_by(|a, b| a.timer.cmp(&b.timer));
+        // Due first: the sort key leads the handle after the bucket, which leads with the hour.
+        due.sort_by(|a, b| due_of(a).cmp(due_of(b)).then(a.timer.cmp(&b.timer)));
+        due.truncate(limit);
         Ok(due)
     }
 
     async fn forget_timers(&self, _operator: &str, due: &[DueTimer]) -> Result<(), StoreError> {
         let deletes = due
             .iter()
-            .map(|d| {
-                WriteRequest::Delete(ItemKey {
-                    pk: d.handle.clone(),
-                    sk: sort_key(&d.timer),
-                })
-            })
+            .map(|d| WriteRequest::Delete(entry_key(d)))
             .collect();
         match self.write_all(deletes).await {
             (_, None) => Ok(()),
             (_, Some(err)) => Err(err),
         }
+    }
+
+    async fn postpone_timers(
+        &self,
+        operator: &str,
+        due: &[DueTimer],
+        until_millis: i64,
+    ) -> Result<(), StoreError> {
+        // The new entries first: a sweep stopped in between finds an entry twice, never none.
+        let now = self.clock.now_millis();
+        let puts = due
+            .iter()
+            .map(|d| WriteRequest::Put(entry_item(operator, &d.timer, until_millis, now)))
+            .collect();
+        if let (_, Some(err)) = self.write_all(puts).await {
+            return Err(err);
+        }
+        self.forget_timers(operator, due).await
     }
 }
 
