@@ -14,7 +14,7 @@ use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use aws_sdk_kinesis::Client;
 
-use super::retry::Backoff;
+use super::retry::{Backoff, Round};
 use super::sdk_error::{class_of, classify, CodeClass, ErrorClass};
 use crate::domain::hash::sha256_hex;
 use crate::domain::Output;
@@ -157,62 +157,52 @@ impl<A: KinesisApi> KinesisSink<A> {
     }
 
     /// Sends `indexes` of `messages` in one call (they fit), retrying the records that fail.
-    async fn send_call(
+    /// Returns the ones that could not be sent.
+    async fn send_call(&self, messages: &[Output], indexes: Vec<usize>) -> Vec<(usize, SinkError)> {
+        self.backoff
+            .retry_rounds(indexes, |pending| self.put_records(messages, pending))
+            .await
+    }
+
+    async fn put_records(
         &self,
         messages: &[Output],
-        indexes: Vec<usize>,
-        failed: &mut Vec<(usize, SinkError)>,
-    ) {
-        let mut pending = indexes;
-        let mut attempt = 0;
-        while !pending.is_empty() {
-            let keys: Vec<_> = pending
-                .iter()
-                .map(|&i| partition_key(&messages[i].partition_key))
-                .collect();
-            let entries: Vec<PutEntry> = pending
-                .iter()
-                .zip(&keys)
-                .map(|(&i, key)| PutEntry {
-                    partition_key: key,
-                    data: messages[i].body.as_bytes(),
-                    explicit_hash_key: None,
-                })
-                .collect();
-            let mut retry: Vec<(usize, SinkError)> = Vec::new();
-            match self.api.put_records(&self.stream, &entries).await {
-                Ok(outcomes) => {
-                    for (&i, outcome) in pending.iter().zip(outcomes) {
-                        if let PutOutcome::Failed { code, message } = outcome {
-                            let text = format!("{code}: {message}");
-                            // A record's own errors (throughput, InternalFailure, KMS) are all
-                            // passing per the API reference: retry each of them.
-                            let err = match class_of(&code) {
-                                CodeClass::Throttled => SinkError::Throttled(text),
-                                _ => SinkError::Unavailable(text),
-                            };
-                            retry.push((i, err));
-                        }
+        pending: Vec<usize>,
+    ) -> Round<usize, SinkError> {
+        let keys: Vec<_> = pending
+            .iter()
+            .map(|&i| partition_key(&messages[i].partition_key))
+            .collect();
+        let entries: Vec<PutEntry> = pending
+            .iter()
+            .zip(&keys)
+            .map(|(&i, key)| PutEntry {
+                partition_key: key,
+                data: messages[i].body.as_bytes(),
+                explicit_hash_key: None,
+            })
+            .collect();
+        let mut round = Round::default();
+        match self.api.put_records(&self.stream, &entries).await {
+            Ok(outcomes) => {
+                for (&i, outcome) in pending.iter().zip(outcomes) {
+                    if let PutOutcome::Failed { code, message } = outcome {
+                        let text = format!("{code}: {message}");
+                        // A record's own errors (throughput, InternalFailure, KMS) are all
+                        // passing per the API reference: retry each of them.
+                        let err = match class_of(&code) {
+                            CodeClass::Throttled => SinkError::Throttled(text),
+                            _ => SinkError::Unavailable(text),
+                        };
+                        round.retry.push((i, err));
                     }
                 }
-                Err(err) if err.is_retryable() => {
-                    retry.extend(pending.iter().map(|&i| (i, err.clone())))
-                }
-                Err(err) => {
-                    failed.extend(pending.iter().map(|&i| (i, err.clone())));
-                    return;
-                }
             }
-            attempt += 1;
-            if !retry.is_empty() && attempt >= self.backoff.max_attempts {
-                failed.extend(retry);
-                return;
-            }
-            if !retry.is_empty() {
-                self.backoff.wait(attempt - 1).await;
-            }
-            pending = retry.into_iter().map(|(i, _)| i).collect();
+            Err(err) => pending
+                .iter()
+                .for_each(|&i| round.add_error(i, err.clone())),
         }
+        round
     }
 }
 
@@ -235,15 +225,15 @@ impl<A: KinesisApi> Sink for KinesisSink<A> {
             }
             if call.len() == PUT_RECORDS_MAX || call_bytes + size > PUT_RECORDS_MAX_BYTES {
                 // Calls go one after another so that a key's outputs keep their order.
-                self.send_call(messages, std::mem::take(&mut call), &mut failed)
-                    .await;
+                let sent = self.send_call(messages, std::mem::take(&mut call));
+                failed.extend(sent.await);
                 call_bytes = 0;
             }
             call.push(i);
             call_bytes += size;
         }
         if !call.is_empty() {
-            self.send_call(messages, call, &mut failed).await;
+            failed.extend(self.send_call(messages, call).await);
         }
         failed.sort_by_key(|(i, _)| *i);
         failed

@@ -1,11 +1,15 @@
 //! Capped exponential backoff with full jitter (the AWS Architecture Blog's "Exponential Backoff
-//! And Jitter"): the n-th wait is uniform in [0, min(cap, base * 2^n)].
+//! And Jitter"): the n-th wait is uniform in [0, min(cap, base * 2^n)]; and the one loop every
+//! adapter retries its calls with, from a single put to the entries a batch call left unprocessed.
 
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use crate::ports::{SinkError, StoreError};
 
 #[derive(Debug)]
 pub struct Backoff {
@@ -50,6 +54,122 @@ impl Backoff {
     pub async fn wait(&self, retry: u32) {
         tokio::time::sleep(self.delay(retry)).await;
     }
+
+    /// Gives `work` to `round` (one call, or calls at once over parts of it), then what the round
+    /// asks to retry, after a backoff, until nothing is left to retry or the attempts run out.
+    /// Returns the work that failed: for good, or still failing at the last attempt, each with
+    /// its last error. Successes are the round's own to keep.
+    pub async fn retry_rounds<T, E, F, Fut>(&self, work: Vec<T>, mut round: F) -> Vec<(T, E)>
+    where
+        F: FnMut(Vec<T>) -> Fut,
+        Fut: Future<Output = Round<T, E>>,
+    {
+        let mut failed = Vec::new();
+        let mut pending = work;
+        let mut attempt = 0;
+        while !pending.is_empty() {
+            let Round {
+                retry,
+                failed: lost,
+            } = round(pending).await;
+            failed.extend(lost);
+            attempt += 1;
+            if retry.is_empty() {
+                break;
+            }
+            if attempt >= self.max_attempts {
+                failed.extend(retry);
+                break;
+            }
+            self.wait(attempt - 1).await;
+            pending = retry.into_iter().map(|(item, _)| item).collect();
+        }
+        failed
+    }
+
+    /// `call`, again after a backoff while its error is retryable, up to the attempts.
+    pub async fn retry_call<T, E, F, Fut>(&self, mut call: F) -> Result<T, E>
+    where
+        E: Retryable,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let done = Mutex::new(None);
+        let done = &done;
+        let failed = self
+            .retry_rounds(vec![()], move |_| {
+                let attempt = call();
+                async move {
+                    match attempt.await {
+                        Ok(value) => {
+                            *done.lock().expect("retried call's result") = Some(value);
+                            Round::default()
+                        }
+                        Err(err) => Round::of_error((), err),
+                    }
+                }
+            })
+            .await;
+        match failed.into_iter().next() {
+            Some(((), err)) => Err(err),
+            None => Ok(done
+                .lock()
+                .expect("retried call's result")
+                .take()
+                .expect("a round without an error has a result")),
+        }
+    }
+}
+
+/// An error that says whether trying again can help.
+pub trait Retryable {
+    fn is_retryable(&self) -> bool;
+}
+
+impl Retryable for StoreError {
+    fn is_retryable(&self) -> bool {
+        StoreError::is_retryable(self)
+    }
+}
+
+impl Retryable for SinkError {
+    fn is_retryable(&self) -> bool {
+        SinkError::is_retryable(self)
+    }
+}
+
+/// What one round of calls left of the work it was given: what to try again and what failed for
+/// good, each with its error. Work in neither succeeded.
+#[derive(Debug)]
+pub struct Round<T, E> {
+    pub retry: Vec<(T, E)>,
+    pub failed: Vec<(T, E)>,
+}
+
+impl<T, E> Default for Round<T, E> {
+    fn default() -> Self {
+        Self {
+            retry: Vec::new(),
+            failed: Vec::new(),
+        }
+    }
+}
+
+impl<T, E: Retryable> Round<T, E> {
+    /// `item` failed with `err`: retried if the error says so, failed for good otherwise.
+    pub fn add_error(&mut self, item: T, err: E) {
+        if err.is_retryable() {
+            self.retry.push((item, err));
+        } else {
+            self.failed.push((item, err));
+        }
+    }
+
+    fn of_error(item: T, err: E) -> Self {
+        let mut round = Self::default();
+        round.add_error(item, err);
+        round
+    }
 }
 
 impl Default for Backoff {
@@ -82,6 +202,78 @@ mod tests {
             means.push(mean);
         }
         assert!(means[0] < means[1] && means[1] < means[2] && means[2] < means[3]);
+    }
+
+    /// A round that fails items 0 and 1 for `throttled` rounds (retryable), item 2 for good, and
+    /// lets the others through; it records what it was given.
+    fn round(
+        given: &Mutex<Vec<Vec<u32>>>,
+        throttled: usize,
+    ) -> impl FnMut(Vec<u32>) -> std::future::Ready<Round<u32, StoreError>> + '_ {
+        move |pending| {
+            let mut given = given.lock().unwrap();
+            given.push(pending.clone());
+            let mut round = Round::default();
+            for item in pending {
+                match item {
+                    0 | 1 if given.len() <= throttled => {
+                        round.add_error(item, StoreError::Throttled("slow down".into()))
+                    }
+                    2 => round.add_error(item, StoreError::Invalid("no such item".into())),
+                    _ => {}
+                }
+            }
+            std::future::ready(round)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rounds_retry_only_what_failed_for_now_until_it_succeeds() {
+        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 8);
+        let given = Mutex::new(Vec::new());
+        let failed = backoff
+            .retry_rounds(vec![0, 1, 2, 3], round(&given, 2))
+            .await;
+        assert_eq!(
+            failed,
+            vec![(2, StoreError::Invalid("no such item".into()))]
+        );
+        let given = given.into_inner().unwrap();
+        assert_eq!(given, vec![vec![0, 1, 2, 3], vec![0, 1], vec![0, 1]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rounds_give_up_after_the_attempts_with_the_last_errors() {
+        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 3);
+        let given = Mutex::new(Vec::new());
+        let failed = backoff.retry_rounds(vec![0, 1, 3], round(&given, 10)).await;
+        let throttled = StoreError::Throttled("slow down".into());
+        assert_eq!(failed, vec![(0, throttled.clone()), (1, throttled)]);
+        assert_eq!(given.into_inner().unwrap().len(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_is_retried_while_its_error_is_retryable_and_returns_its_value() {
+        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 8);
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let result = backoff
+            .retry_call(|| {
+                let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                std::future::ready(match n {
+                    0 | 1 => Err(StoreError::Throttled("slow down".into())),
+                    n => Ok(n),
+                })
+            })
+            .await;
+        assert_eq!(result, Ok(2));
+        let refused = backoff
+            .retry_call(|| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                std::future::ready(Err::<u32, _>(StoreError::Conflict))
+            })
+            .await;
+        assert_eq!(refused, Err(StoreError::Conflict));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
 
 use super::kinesis::sink_error;
-use super::retry::Backoff;
+use super::retry::{Backoff, Round};
 use super::sdk_error::{class_of, classify, CodeClass};
 
 use crate::domain::hash::sha256_hex;
@@ -181,66 +181,62 @@ impl<A: SqsApi> SqsSink<A> {
         self
     }
 
+    /// Sends `indexes` of `messages` in one call (they fit), retrying the messages that fail.
+    /// Returns the ones that could not be sent.
     async fn send_call(&self, messages: &[Output], indexes: Vec<usize>) -> Vec<(usize, SinkError)> {
-        let mut failed = Vec::new();
-        let mut pending = indexes;
-        let mut attempt = 0;
-        while !pending.is_empty() {
-            let groups: Vec<Option<Cow<str>>> = pending
-                .iter()
-                .map(|&i| self.fifo.then(|| group_id(&messages[i].partition_key)))
-                .collect();
-            let entries: Vec<SqsEntry> = pending
-                .iter()
-                .enumerate()
-                .map(|(n, &i)| SqsEntry {
-                    id: ENTRY_IDS[n],
-                    body: &messages[i].body,
-                    output_id: Some(messages[i].id.as_str()),
-                    group_id: groups[n].as_deref(),
-                    deduplication_id: self.fifo.then_some(messages[i].id.as_str()),
-                })
-                .collect();
-            let mut retry = Vec::new();
-            match self.api.send_message_batch(&self.queue_url, &entries).await {
-                Ok(outcomes) => {
-                    for (&i, outcome) in pending.iter().zip(outcomes) {
-                        if let SqsOutcome::Failed {
-                            code,
-                            message,
-                            sender_fault,
-                        } = outcome
-                        {
-                            let text = format!("{code}: {message}");
-                            match class_of(&code) {
-                                CodeClass::Throttled => retry.push((i, SinkError::Throttled(text))),
-                                CodeClass::Refused if sender_fault => {
-                                    failed.push((i, SinkError::Rejected(text)))
-                                }
-                                _ => retry.push((i, SinkError::Unavailable(text))),
+        self.backoff
+            .retry_rounds(indexes, |pending| self.send_batch(messages, pending))
+            .await
+    }
+
+    async fn send_batch(
+        &self,
+        messages: &[Output],
+        pending: Vec<usize>,
+    ) -> Round<usize, SinkError> {
+        let groups: Vec<Option<Cow<str>>> = pending
+            .iter()
+            .map(|&i| self.fifo.then(|| group_id(&messages[i].partition_key)))
+            .collect();
+        let entries: Vec<SqsEntry> = pending
+            .iter()
+            .enumerate()
+            .map(|(n, &i)| SqsEntry {
+                id: ENTRY_IDS[n],
+                body: &messages[i].body,
+                output_id: Some(messages[i].id.as_str()),
+                group_id: groups[n].as_deref(),
+                deduplication_id: self.fifo.then_some(messages[i].id.as_str()),
+            })
+            .collect();
+        let mut round = Round::default();
+        match self.api.send_message_batch(&self.queue_url, &entries).await {
+            Ok(outcomes) => {
+                for (&i, outcome) in pending.iter().zip(outcomes) {
+                    if let SqsOutcome::Failed {
+                        code,
+                        message,
+                        sender_fault,
+                    } = outcome
+                    {
+                        let text = format!("{code}: {message}");
+                        match class_of(&code) {
+                            CodeClass::Throttled => {
+                                round.retry.push((i, SinkError::Throttled(text)))
                             }
+                            CodeClass::Refused if sender_fault => {
+                                round.failed.push((i, SinkError::Rejected(text)))
+                            }
+                            _ => round.retry.push((i, SinkError::Unavailable(text))),
                         }
                     }
                 }
-                Err(err) if err.is_retryable() => {
-                    retry.extend(pending.iter().map(|&i| (i, err.clone())))
-                }
-                Err(err) => {
-                    failed.extend(pending.iter().map(|&i| (i, err.clone())));
-                    return failed;
-                }
             }
-            attempt += 1;
-            if !retry.is_empty() && attempt >= self.backoff.max_attempts {
-                failed.extend(retry);
-                return failed;
-            }
-            if !retry.is_empty() {
-                self.backoff.wait(attempt - 1).await;
-            }
-            pending = retry.into_iter().map(|(i, _)| i).collect();
+            Err(err) => pending
+                .iter()
+                .for_each(|&i| round.add_error(i, err.clone())),
         }
-        failed
+        round
     }
 }
 

@@ -10,45 +10,15 @@
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
-use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use serde::de::DeserializeOwned;
 
-use super::state::{StateDescriptor, StateError, ValueState};
-use crate::domain::{KeyState, SlotData, StateKind};
+use super::state::{BroadcastState, StateDescriptor, StateError};
+use crate::domain::{KeyState, SlotData};
 
 /// The key whose records write the operator's broadcast states.
 pub const BROADCAST_KEY: &str = "$broadcast";
-
-/// A value shared by every key of an operator.
-pub struct BroadcastState<T> {
-    pub name: &'static str,
-    _type: PhantomData<fn() -> T>,
-}
-
-impl<T> BroadcastState<T> {
-    pub const fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            _type: PhantomData,
-        }
-    }
-
-    /// The value slot it is stored in, under `BROADCAST_KEY`.
-    pub(crate) const fn slot(&self) -> ValueState<T> {
-        ValueState::new(self.name)
-    }
-}
-
-impl<T: DeserializeOwned> BroadcastState<T> {
-    pub fn descriptor(&self) -> StateDescriptor {
-        StateDescriptor {
-            kind: StateKind::Broadcast,
-            ..self.slot().descriptor()
-        }
-    }
-}
 
 /// The broadcast states as one load found them, with the typed values decoded from them.
 pub struct BroadcastSnapshot {

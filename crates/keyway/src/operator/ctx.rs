@@ -6,7 +6,8 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::broadcast::{BroadcastSnapshot, BroadcastState, BROADCAST_KEY};
+use super::broadcast::{BroadcastSnapshot, BROADCAST_KEY};
+use super::state::BroadcastState;
 use super::state::{ListSlot, MapSlot, SlotType, TypedSlot, ValueSlot};
 use super::timer::TIMERS;
 use super::{

@@ -23,16 +23,16 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub use broadcast::BROADCAST_KEY;
 pub(crate) use broadcast::{BroadcastCache, BroadcastSnapshot};
-pub use broadcast::{BroadcastState, BROADCAST_KEY};
 pub use ctx::Ctx;
 pub use input::{check_inputs, Input, InputDescriptor, InputWiringError, Route};
 pub use migration::{MigrateFn, Migration, MigrationError, NewState, OldState};
 pub use sink::{check_sinks, Sink, SinkDescriptor, SinkWiringError};
 pub(crate) use state::TypedSlot;
 pub use state::{
-    ListHandle, ListState, MapHandle, MapState, StateDescriptor, StateError, ValueHandle,
-    ValueState,
+    kind, BroadcastState, Keyed, Kind, ListHandle, ListState, MapHandle, MapState, State,
+    StateDescriptor, StateError, ValueHandle, ValueState,
 };
 pub(crate) use timer::pending_in as pending_timers;
 pub use timer::timers;

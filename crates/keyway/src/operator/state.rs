@@ -1,4 +1,5 @@
-//! Typed state: descriptors an operator declares, and the handles `Ctx` gives out.
+//! Typed state: the descriptors an operator declares (one generic `State`, by kind), and the
+//! handles `Ctx` gives out.
 //!
 //! A slot is decoded from its stored JSON entries on first access in a batch, used in typed form
 //! for every record of the key, and encoded once at commit, and only if it changed. A list that
@@ -70,154 +71,151 @@ fn shape_of<T: DeserializeOwned>(
     }
 }
 
+/// A state an operator declares, as a const: one value per key (`ValueState<T>`), an ordered list
+/// per key (`ListState<T>`), a map per key (`MapState<K, V>`), or one value every key reads
+/// (`BroadcastState<T>`). `K` is one of the kinds in [`kind`]; what is stored and how it is read
+/// follow from it, the declaration is the same for all.
+pub struct State<K> {
+    pub name: &'static str,
+    custom: Option<&'static str>,
+    ttl: Option<Duration>,
+    _kind: PhantomData<fn() -> K>,
+}
+
 /// A single value per key.
-pub struct ValueState<T> {
-    pub name: &'static str,
-    custom: Option<&'static str>,
-    ttl: Option<Duration>,
-    _type: PhantomData<fn() -> T>,
-}
-
-impl<T> ValueState<T> {
-    pub const fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            custom: None,
-            ttl: None,
-            _type: PhantomData,
-        }
-    }
-
-    /// For a type whose structure cannot be traced: `shape` stands for it, and must change
-    /// whenever the serialized form does.
-    pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
-        Self {
-            name,
-            custom: Some(shape),
-            ttl: None,
-            _type: PhantomData,
-        }
-    }
-
-    /// The state expires `ttl` after the commit that last changed it: the key reads it as
-    /// absent from then on, and its next commit drops it. (`KeyedOperator::state_ttl` expires a
-    /// key's states together.)
-    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-}
-
-impl<T: DeserializeOwned> ValueState<T> {
-    pub fn descriptor(&self) -> StateDescriptor {
-        StateDescriptor {
-            name: self.name,
-            kind: StateKind::Value,
-            type_name: std::any::type_name::<T>(),
-            shape: shape_of::<T>("$", self.custom),
-            ttl: self.ttl,
-        }
-    }
-}
-
+pub type ValueState<T> = State<kind::Value<T>>;
 /// An ordered list per key; appending never reads or rewrites what is stored.
-pub struct ListState<T> {
-    pub name: &'static str,
-    custom: Option<&'static str>,
-    ttl: Option<Duration>,
-    _type: PhantomData<fn() -> T>,
-}
-
-impl<T> ListState<T> {
-    pub const fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            custom: None,
-            ttl: None,
-            _type: PhantomData,
-        }
-    }
-
-    /// See `ValueState::with_shape`; `shape` stands for the element type.
-    pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
-        Self {
-            name,
-            custom: Some(shape),
-            ttl: None,
-            _type: PhantomData,
-        }
-    }
-
-    /// The state expires `ttl` after the commit that last changed it: the key reads it as
-    /// absent from then on, and its next commit drops it. (`KeyedOperator::state_ttl` expires a
-    /// key's states together.)
-    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-}
-
-impl<T: DeserializeOwned> ListState<T> {
-    pub fn descriptor(&self) -> StateDescriptor {
-        StateDescriptor {
-            name: self.name,
-            kind: StateKind::List,
-            type_name: std::any::type_name::<T>(),
-            shape: shape_of::<T>("$item", self.custom),
-            ttl: self.ttl,
-        }
-    }
-}
-
+pub type ListState<T> = State<kind::List<T>>;
 /// A map per key, ordered by its keys.
-pub struct MapState<K, V> {
-    pub name: &'static str,
-    custom: Option<&'static str>,
-    ttl: Option<Duration>,
-    _type: PhantomData<fn() -> (K, V)>,
+pub type MapState<K, V> = State<kind::Map<K, V>>;
+/// A value shared by every key of an operator (see `operator::broadcast`).
+pub type BroadcastState<T> = State<kind::Broadcast<T>>;
+
+/// The kinds of state, as type parameters of [`State`]: each says how its type is traced for the
+/// state signature.
+pub mod kind {
+    use std::marker::PhantomData;
+
+    pub struct Value<T>(PhantomData<fn() -> T>);
+    pub struct List<T>(PhantomData<fn() -> T>);
+    pub struct Map<K, V>(PhantomData<fn() -> (K, V)>);
+    pub struct Broadcast<T>(PhantomData<fn() -> T>);
 }
 
-impl<K, V> MapState<K, V> {
-    pub const fn new(name: &'static str) -> Self {
-        Self {
-            name,
-            custom: None,
-            ttl: None,
-            _type: PhantomData,
-        }
-    }
+/// What a kind of state contributes to its descriptor.
+pub trait Kind {
+    const KIND: StateKind;
+    /// The Rust type stored.
+    fn type_name() -> &'static str;
+    /// The structure of the stored type, or `custom` standing for it (`State::with_shape`).
+    fn shape(custom: Option<&'static str>) -> Result<Shape, Untraceable>;
+}
 
-    /// See `ValueState::with_shape`; `shape` stands for the key and value types.
-    pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
-        Self {
-            name,
-            custom: Some(shape),
-            ttl: None,
-            _type: PhantomData,
-        }
-    }
+/// A kind whose state belongs to one key, and can expire on its own (`State::with_ttl`).
+pub trait Keyed: Kind {}
 
-    /// The state expires `ttl` after the commit that last changed it: the key reads it as
-    /// absent from then on, and its next commit drops it. (`KeyedOperator::state_ttl` expires a
-    /// key's states together.)
-    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
+impl<T: DeserializeOwned> Kind for kind::Value<T> {
+    const KIND: StateKind = StateKind::Value;
+    fn type_name() -> &'static str {
+        std::any::type_name::<T>()
+    }
+    fn shape(custom: Option<&'static str>) -> Result<Shape, Untraceable> {
+        shape_of::<T>("$", custom)
     }
 }
 
-impl<K: DeserializeOwned, V: DeserializeOwned> MapState<K, V> {
-    pub fn descriptor(&self) -> StateDescriptor {
-        let shape = match self.custom {
+impl<T: DeserializeOwned> Kind for kind::List<T> {
+    const KIND: StateKind = StateKind::List;
+    fn type_name() -> &'static str {
+        std::any::type_name::<T>()
+    }
+    /// `custom` stands for the element type.
+    fn shape(custom: Option<&'static str>) -> Result<Shape, Untraceable> {
+        shape_of::<T>("$item", custom)
+    }
+}
+
+impl<K: DeserializeOwned, V: DeserializeOwned> Kind for kind::Map<K, V> {
+    const KIND: StateKind = StateKind::Map;
+    fn type_name() -> &'static str {
+        std::any::type_name::<BTreeMap<K, V>>()
+    }
+    /// `custom` stands for the key and value types.
+    fn shape(custom: Option<&'static str>) -> Result<Shape, Untraceable> {
+        match custom {
             Some(text) => Ok(Shape::custom("$entry", text)),
             None => Shape::of::<K>("$key").and_then(|k| Ok(k.merge(Shape::of::<V>("$value")?))),
-        };
+        }
+    }
+}
+
+impl<T: DeserializeOwned> Kind for kind::Broadcast<T> {
+    const KIND: StateKind = StateKind::Broadcast;
+    fn type_name() -> &'static str {
+        std::any::type_name::<T>()
+    }
+    fn shape(custom: Option<&'static str>) -> Result<Shape, Untraceable> {
+        shape_of::<T>("$", custom)
+    }
+}
+
+impl<T: DeserializeOwned> Keyed for kind::Value<T> {}
+impl<T: DeserializeOwned> Keyed for kind::List<T> {}
+impl<K: DeserializeOwned, V: DeserializeOwned> Keyed for kind::Map<K, V> {}
+
+impl<K> State<K> {
+    pub const fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            custom: None,
+            ttl: None,
+            _kind: PhantomData,
+        }
+    }
+
+    /// For a type whose structure cannot be traced: `shape` stands for it (for a list, its
+    /// element type; for a map, its key and value types), and must change whenever the
+    /// serialized form does.
+    pub const fn with_shape(name: &'static str, shape: &'static str) -> Self {
+        Self {
+            name,
+            custom: Some(shape),
+            ttl: None,
+            _kind: PhantomData,
+        }
+    }
+}
+
+impl<K: Keyed> State<K> {
+    /// The state expires `ttl` after the commit that last changed it: the key reads it as
+    /// absent from then on, and its next commit drops it. (`KeyedOperator::state_ttl` expires a
+    /// key's states together.)
+    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+}
+
+impl<K: Kind> State<K> {
+    pub fn descriptor(&self) -> StateDescriptor {
         StateDescriptor {
             name: self.name,
-            kind: StateKind::Map,
-            type_name: std::any::type_name::<BTreeMap<K, V>>(),
-            shape,
+            kind: K::KIND,
+            type_name: K::type_name(),
+            shape: K::shape(self.custom),
             ttl: self.ttl,
+        }
+    }
+}
+
+impl<T> BroadcastState<T> {
+    /// The value slot it is stored in, under `BROADCAST_KEY`.
+    pub(crate) const fn slot(&self) -> ValueState<T> {
+        State {
+            name: self.name,
+            custom: self.custom,
+            ttl: None,
+            _kind: PhantomData,
         }
     }
 }

@@ -2,11 +2,13 @@
 //! put that finds out whether a write whose response was lost landed.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use futures::future::join_all;
 
 use super::super::{Expect, ItemKey, Table, WriteRequest, BATCH_GET_MAX, BATCH_WRITE_MAX};
 use super::DynamoStateStore;
+use crate::adapters::retry::Round;
 use crate::domain::Item;
 use crate::ports::StoreError;
 
@@ -17,92 +19,98 @@ impl<T: Table> DynamoStateStore<T> {
         &self,
         keys: &[ItemKey],
     ) -> Result<HashMap<ItemKey, Item>, StoreError> {
-        let mut found = HashMap::with_capacity(keys.len());
-        let mut pending: Vec<ItemKey> = keys.to_vec();
-        let mut attempt = 0;
-        while !pending.is_empty() {
-            let calls = pending
-                .chunks(BATCH_GET_MAX)
-                .map(|chunk| async move { (chunk, self.table.batch_get(chunk).await) });
-            let mut retry = Vec::new();
-            let mut last_error = None;
-            for (chunk, result) in join_all(calls).await {
-                match result {
-                    Ok(output) => {
-                        for item in output.items {
-                            if let Some(key) = ItemKey::of(&item) {
-                                found.insert(key, item);
-                            }
-                        }
-                        retry.extend(output.unprocessed);
-                    }
-                    Err(err) if err.is_retryable() => {
-                        retry.extend_from_slice(chunk);
-                        last_error = Some(err);
-                    }
-                    Err(err) => return Err(err),
-                }
-            }
-            attempt += 1;
-            if !retry.is_empty() {
-                if attempt >= self.backoff.max_attempts {
-                    return Err(last_error.unwrap_or_else(|| {
-                        StoreError::Throttled(format!(
-                            "{} keys still unprocessed after {attempt} attempts",
-                            retry.len()
-                        ))
-                    }));
-                }
-                self.backoff.wait(attempt - 1).await;
-            }
-            pending = retry;
+        let found = Mutex::new(HashMap::with_capacity(keys.len()));
+        let failed = self
+            .backoff
+            .retry_rounds(keys.to_vec(), |pending| self.get_round(pending, &found))
+            .await;
+        match failed.into_iter().next() {
+            Some((_, err)) => Err(err),
+            None => Ok(found.into_inner().expect("items read")),
         }
-        Ok(found)
+    }
+
+    /// One round of reads; a call refused for good fails the whole read.
+    async fn get_round(
+        &self,
+        pending: Vec<ItemKey>,
+        found: &Mutex<HashMap<ItemKey, Item>>,
+    ) -> Round<ItemKey, StoreError> {
+        let calls = pending
+            .chunks(BATCH_GET_MAX)
+            .map(|chunk| async move { (chunk, self.table.batch_get(chunk).await) });
+        let mut round = Round::default();
+        for (chunk, result) in join_all(calls).await {
+            match result {
+                Ok(output) => {
+                    let mut found = found.lock().expect("items read");
+                    for item in output.items {
+                        if let Some(key) = ItemKey::of(&item) {
+                            found.insert(key, item);
+                        }
+                    }
+                    let left = StoreError::Throttled("left unprocessed by BatchGetItem".into());
+                    round
+                        .retry
+                        .extend(output.unprocessed.into_iter().map(|k| (k, left.clone())));
+                }
+                Err(err) => chunk
+                    .iter()
+                    .for_each(|k| round.add_error(k.clone(), err.clone())),
+            }
+        }
+        if !round.failed.is_empty() {
+            round.failed.append(&mut round.retry);
+        }
+        round
     }
 
     /// Writes every request, 25 a call, all calls at once, retrying unprocessed ones. Returns the
-    /// requests that could still not be written, with the last error.
+    /// requests that could still not be written, with an error that says why (one no retry can
+    /// fix if there is one).
     pub(super) async fn write_all(
         &self,
         requests: Vec<WriteRequest>,
     ) -> (Vec<WriteRequest>, Option<StoreError>) {
-        let mut pending = requests;
-        let mut attempt = 0;
-        let mut last_error = None;
-        while !pending.is_empty() {
-            let calls = pending
-                .chunks(BATCH_WRITE_MAX)
-                .map(|chunk| async move { (chunk, self.table.batch_write(chunk.to_vec()).await) });
-            let mut retry = Vec::new();
-            for (chunk, result) in join_all(calls).await {
-                match result {
-                    Ok(unprocessed) => retry.extend(unprocessed),
-                    Err(err) if err.is_retryable() => {
-                        retry.extend_from_slice(chunk);
-                        last_error = Some(err);
-                    }
-                    Err(err) => {
-                        retry.extend_from_slice(chunk);
-                        return (retry, Some(err));
-                    }
+        let failed = self
+            .backoff
+            .retry_rounds(requests, |pending| self.write_round(pending))
+            .await;
+        let err = failed
+            .iter()
+            .map(|(_, err)| err)
+            .find(|err| !err.is_retryable())
+            .or(failed.last().map(|(_, err)| err))
+            .cloned();
+        (
+            failed.into_iter().map(|(request, _)| request).collect(),
+            err,
+        )
+    }
+
+    /// One round of writes; a call refused for good ends the writing.
+    async fn write_round(&self, pending: Vec<WriteRequest>) -> Round<WriteRequest, StoreError> {
+        let calls = pending
+            .chunks(BATCH_WRITE_MAX)
+            .map(|chunk| async move { (chunk, self.table.batch_write(chunk.to_vec()).await) });
+        let mut round = Round::default();
+        for (chunk, result) in join_all(calls).await {
+            match result {
+                Ok(unprocessed) => {
+                    let left = StoreError::Throttled("left unprocessed by BatchWriteItem".into());
+                    round
+                        .retry
+                        .extend(unprocessed.into_iter().map(|r| (r, left.clone())));
                 }
+                Err(err) => chunk
+                    .iter()
+                    .for_each(|r| round.add_error(r.clone(), err.clone())),
             }
-            attempt += 1;
-            if !retry.is_empty() {
-                if attempt >= self.backoff.max_attempts {
-                    let err = last_error.unwrap_or_else(|| {
-                        StoreError::Throttled(format!(
-                            "{} writes still unprocessed after {attempt} attempts",
-                            retry.len()
-                        ))
-                    });
-                    return (retry, Some(err));
-                }
-                self.backoff.wait(attempt - 1).await;
-            }
-            pending = retry;
         }
-        (Vec::new(), None)
+        if !round.failed.is_empty() {
+            round.failed.append(&mut round.retry);
+        }
+        round
     }
 
     /// A conditional put, retried while the error is retryable. A timeout may come after the
@@ -113,7 +121,9 @@ impl<T: Table> DynamoStateStore<T> {
         item: &Item,
         expect: &Expect,
     ) -> Result<(), StoreError> {
-        self.retrying(|| self.table.put(item, expect)).await
+        self.backoff
+            .retry_call(|| self.table.put(item, expect))
+            .await
     }
 
     /// A conditional update, retried while the error is retryable (it only ever sets the same
@@ -124,26 +134,9 @@ impl<T: Table> DynamoStateStore<T> {
         attributes: &Item,
         expect: &Expect,
     ) -> Result<(), StoreError> {
-        self.retrying(|| self.table.update(key, attributes, expect))
+        self.backoff
+            .retry_call(|| self.table.update(key, attributes, expect))
             .await
-    }
-
-    /// `call`, again after a backoff while its error is retryable, up to the backoff's attempts.
-    async fn retrying<F, Fut>(&self, call: F) -> Result<(), StoreError>
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<(), StoreError>>,
-    {
-        let mut attempt = 0;
-        loop {
-            match call().await {
-                Err(err) if err.is_retryable() && attempt + 1 < self.backoff.max_attempts => {
-                    self.backoff.wait(attempt).await;
-                    attempt += 1;
-                }
-                result => return result,
-            }
-        }
     }
 }
 
