@@ -8,7 +8,7 @@ use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::adapters::sqs::SqsSink;
 use keyway::domain::{DeadLetter, SequenceNumber};
 use keyway::executor::SIGNATURE_HISTORY;
-use keyway::local::events::{kinesis_event, KinesisEventRecord};
+use keyway::local::mapping::events::{kinesis_event, KinesisEventRecord};
 use keyway::local::{LocalSqs, LocalTable, QueuedMessage};
 use keyway::ports::{ManualClock, Sink, StateStore};
 use keyway::sources::kinesis::decode_event;

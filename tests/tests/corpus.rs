@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 use keyed_counter::{KeyedCounter, COUNTS};
 use keyway::domain::SequenceNumber;
-use keyway::sources::{dynamodb, kinesis, kinesis_response};
+use keyway::lambda::kinesis_response;
+use keyway::sources::{dynamodb, kinesis};
 use keyway::BatchReport;
 use keyway::KeyedOperator as _;
 use keyway_tests::harness::World;

@@ -262,7 +262,7 @@ async fn an_outbox_that_could_not_be_sent_is_sent_again_by_the_redelivery_with_t
 #[tokio::test]
 async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
     use keyway::domain::{AttrValue, ChangeKind, Item};
-    use keyway::local::events::{dynamodb_event, DynamoDbEventRecord};
+    use keyway::local::mapping::events::{dynamodb_event, DynamoDbEventRecord};
 
     /// Counts changes per table.
     struct ChangeCounter;
@@ -308,12 +308,12 @@ async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
             ttl_deletion: false,
         }),
     );
-    let report = keyway::sources::run_dynamodb(&executor, event.clone(), None)
+    let report = keyway::lambda::run_dynamodb(&executor, event.clone(), None)
         .await
         .unwrap();
     assert!(report.batch_item_failures.is_empty());
     // Redelivered, the three changes are recognised per item and not counted again.
-    keyway::sources::run_dynamodb(&executor, event.clone(), None)
+    keyway::lambda::run_dynamodb(&executor, event.clone(), None)
         .await
         .unwrap();
     assert_eq!(stored_count(&world, &executor, "orders").await, Some(3));

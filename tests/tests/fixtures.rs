@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use keyed_counter::{KeyedCounter, COUNTS};
 use keyway::domain::{ChangeKind, Payload, SourceRecord};
-use keyway::local::events::{kinesis_event, KinesisEventRecord};
+use keyway::local::mapping::events::{kinesis_event, KinesisEventRecord};
 use keyway::sources::{dynamodb, kinesis};
 use keyway_tests::harness::{stored_count, World};
 use serde_json::Value;
@@ -42,7 +42,7 @@ async fn the_keyed_counter_batch_counts_good_records_dead_letters_bad_ones_and_a
     let world = World::new(&[COUNTS.name]);
     let executor = world.executor(KeyedCounter);
     let response =
-        keyway::sources::run_kinesis(&executor, fixture("keyed-counter/kinesis-batch.json"), None)
+        keyway::lambda::run_kinesis(&executor, fixture("keyed-counter/kinesis-batch.json"), None)
             .await
             .unwrap();
     assert_eq!(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures::FutureExt as _;
 use keyed_counter::{CountUpdate, KeyedCounter, COUNTS};
 use keyway::domain::SequenceNumber;
-use keyway::local::faults::Crash;
+use keyway::local::services::faults::Crash;
 use keyway::local::CrashBeforeCommit;
 use keyway::sources::kinesis::decode_event;
 use keyway_tests::harness::{count, redelivery, run_to_completion, stored_count, Shard, World};

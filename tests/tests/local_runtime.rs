@@ -230,8 +230,8 @@ struct Run {
     /// Segment items of the state table that no head references or lists.
     orphans: Vec<String>,
     /// The faults that fired, by service, and the configured kinds that never did.
-    faults: BTreeMap<&'static str, keyway::local::faults::FaultCounts>,
-    faults_missing: Vec<keyway::local::faults::Fault>,
+    faults: BTreeMap<&'static str, keyway::local::services::faults::FaultCounts>,
+    faults_missing: Vec<keyway::local::services::faults::Fault>,
     messages: usize,
     report: RunReport,
     /// The ids each counter derives for the records it reads.

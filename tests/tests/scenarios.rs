@@ -12,7 +12,7 @@ use keyed_counter::{CountUpdate, KeyedCounter, COUNTS};
 use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::adapters::sqs::SqsSink;
 use keyway::domain::{AttrValue, ChangeKind, Item};
-use keyway::local::events::{dynamodb_event, DynamoDbEventRecord};
+use keyway::local::mapping::events::{dynamodb_event, DynamoDbEventRecord};
 use keyway::ports::{Clock, Sink, StateStore};
 use keyway::sources::kinesis::decode_event;
 use keyway::testing::LosingResponses;

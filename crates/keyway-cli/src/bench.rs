@@ -287,15 +287,20 @@ pub fn runtime(batches: usize, seed: u64, json: bool) -> Result<(), CliError> {
         targets,
         targets_met,
     };
+    report(&result, json, print_table);
+    Ok(())
+}
+
+/// Prints a benchmark's result: as JSON with `--json`, as a table otherwise.
+pub(crate) fn report<T: Serialize>(result: &T, json: bool, table: impl FnOnce(&T)) {
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&result).expect("serializable")
+            serde_json::to_string_pretty(result).expect("serializable")
         );
     } else {
-        print_table(&result);
+        table(result);
     }
-    Ok(())
 }
 
 fn print_table(r: &RuntimeBench) {
@@ -470,12 +475,7 @@ pub fn local(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
         emulator_overhead_share_at_most: 0.2,
         target_met: share < 0.2,
     };
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&result).expect("serializable")
-        );
-    } else {
+    report(&result, json, |result| {
         println!("keyway bench local: {} events through template.yaml's stack on the embedded runtime, seed {}", events, seed);
         println!();
         println!(
@@ -499,6 +499,6 @@ pub fn local(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
             result.emulator_overhead_share_at_most * 100.0,
             if result.target_met { "met" } else { "NOT met" }
         );
-    }
+    });
     Ok(())
 }

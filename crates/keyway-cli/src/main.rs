@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod error;
 mod ids;
+mod package;
 mod signatures;
 mod stack;
 mod workload;
@@ -84,6 +85,16 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A function's Lambda zip, built with the release profile and with the lambda-release
+    /// profile in one run (minutes: two optimised builds).
+    Package {
+        /// The function crate.
+        #[arg(long, default_value = "keyed-counter")]
+        function: String,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -125,6 +136,7 @@ fn main() -> std::process::ExitCode {
                 json,
             } => bench::runtime(batches, seed, json),
             BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
+            BenchCommand::Package { function, json } => package::run(&function, json),
         },
     };
     match result {

@@ -1,10 +1,12 @@
 //! keyway: keyed stream processing as serverless Rust functions on AWS Lambda, Kinesis, DynamoDB,
 //! DynamoDB Streams and SQS.
 //!
-//! Layers, innermost first: `domain` (pure model), `ports` (traits the runtime needs), `adapters`
-//! (AWS SDK and in-memory implementations of the ports), `sources` (Lambda payloads to domain
-//! records and batch responses back), `operator` (the API applications implement) and `executor`
-//! (runs a batch through an operator with exactly-once state effects).
+//! Layers, innermost first: `domain` (the pure model: records, keys, state, outputs), `ports`
+//! (the narrow traits the runtime needs), `operator` (the API applications implement), `executor`
+//! (runs a batch through an operator with exactly-once state effects), `sources` (Lambda payloads
+//! to domain records) and `adapters` (the AWS SDK implementations of the ports), `lambda` (the
+//! handlers and the platform wiring a function's `main` calls), and, behind the `local` feature,
+//! `local` (the embedded runtime). Each layer uses only the layers before it.
 
 pub mod adapters;
 pub mod domain;
@@ -18,9 +20,8 @@ pub mod sources;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use executor::{
-    BatchReport, Executor, ExecutorConfig, Inputs, Lineage, RejectedRecord, Sinks, WiringError,
-};
+pub use domain::RejectedRecord;
+pub use executor::{BatchReport, Executor, ExecutorConfig, Inputs, Lineage, Sinks, WiringError};
 pub use operator::{
     Ctx, Delivery, Input, InvalidInput, KeyedOperator, ListState, MapState, ProcessError, Sink,
     ValueState,

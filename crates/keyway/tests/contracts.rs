@@ -7,15 +7,96 @@ use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::adapters::kinesis::KinesisSink;
 use keyway::adapters::retry::Backoff;
 use keyway::adapters::sqs::SqsSink;
-use keyway::local::faults::Fault;
+use keyway::local::services::faults::Fault;
 use keyway::local::{FaultPlan, Faults, LocalKinesis, LocalSqs, LocalTable};
 use keyway::ports::ManualClock;
 use keyway::ports::SystemClock;
-use keyway::testing::{sink_contract, state_store_contract, table_contract, Received};
+use keyway::testing::{
+    state_store_contract, table_contract, Received, SinkUnderTest, StoreUnderTest,
+};
 
-#[tokio::test]
-async fn the_memory_table_keeps_the_table_contract() {
-    table_contract(&LocalTable::new()).await;
+/// Each promise of each contract on a fresh in-memory resource, one test apiece.
+mod memory_table {
+    keyway::table_contract_tests!(async { keyway::local::LocalTable::new() });
+}
+
+mod state_store_on_the_memory_table {
+    use super::*;
+
+    keyway::state_store_contract_tests!(async {
+        let clock = ManualClock::at(1_700_000_000_000);
+        StoreUnderTest {
+            store: DynamoStateStore::new(Arc::new(LocalTable::new()), clock.clone()),
+            clock,
+        }
+    });
+}
+
+mod memory_kinesis_sink {
+    use super::*;
+
+    keyway::sink_contract_tests!(async {
+        let kinesis = Arc::new(LocalKinesis::new(Arc::new(SystemClock), Faults::none()));
+        kinesis.create_stream("out", 2);
+        let read = kinesis.clone();
+        SinkUnderTest {
+            sink: Box::new(KinesisSink::new(kinesis, "out")),
+            read_back: Box::new(move || {
+                let records = read.records("out");
+                Box::pin(async move {
+                    records
+                        .into_iter()
+                        .map(|r| Received {
+                            body: String::from_utf8(r.data).unwrap(),
+                            output_id: None,
+                            group: Some(r.partition_key),
+                        })
+                        .collect()
+                })
+            }),
+            expects_ids: false,
+            keeps_order: true,
+        }
+    });
+}
+
+/// A sink to an in-memory queue named `name` (a FIFO queue if it ends in `.fifo`).
+fn memory_queue(name: &str) -> SinkUnderTest {
+    let sqs = Arc::new(LocalSqs::default());
+    let url = sqs.create_queue(name);
+    let fifo = name.ends_with(".fifo");
+    let read = (sqs.clone(), url.clone());
+    SinkUnderTest {
+        sink: Box::new(SqsSink::new(sqs, url)),
+        read_back: Box::new(move || {
+            let messages = read.0.messages(&read.1);
+            Box::pin(async move {
+                messages
+                    .into_iter()
+                    .map(|m| Received {
+                        body: m.body,
+                        // A FIFO queue deduplicates by the output id.
+                        output_id: if fifo {
+                            m.deduplication_id
+                        } else {
+                            m.output_id
+                        },
+                        group: m.group_id,
+                    })
+                    .collect()
+            })
+        }),
+        expects_ids: true,
+        keeps_order: fifo,
+    }
+}
+
+mod memory_standard_queue_sink {
+    keyway::sink_contract_tests!(async { super::memory_queue("out") });
+}
+
+mod memory_fifo_queue_sink {
+    keyway::sink_contract_tests!(async { super::memory_queue("out.fifo") });
 }
 
 #[tokio::test]
@@ -37,13 +118,6 @@ async fn the_memory_table_keeps_the_table_contract_while_leaving_keys_unprocesse
     );
 }
 
-#[tokio::test]
-async fn the_state_store_keeps_its_contract_on_the_memory_table() {
-    let clock = ManualClock::at(1_700_000_000_000);
-    let store = DynamoStateStore::new(Arc::new(LocalTable::new()), clock.clone());
-    state_store_contract(&store, clock).await;
-}
-
 #[tokio::test(start_paused = true)]
 async fn the_state_store_keeps_its_contract_through_throttling_and_unprocessed_keys() {
     let clock = ManualClock::at(1_700_000_000_000);
@@ -56,10 +130,13 @@ async fn the_state_store_keeps_its_contract_through_throttling_and_unprocessed_k
         },
         0,
     ));
-    let store = DynamoStateStore::new(Arc::new(table), clock.clone())
-        .with_backoff(Backoff::default().seeded(5));
-    state_store_contract(&store, clock).await;
-    let fired = store.table().faults_fired();
+    let faulty = StoreUnderTest {
+        store: DynamoStateStore::new(Arc::new(table), clock.clone())
+            .with_backoff(Backoff::default().seeded(5)),
+        clock,
+    };
+    state_store_contract(&faulty).await;
+    let fired = faulty.store.table().faults_fired();
     println!("faults fired: {fired:?}");
     assert!(
         fired.get(&Fault::Throttle) > Some(&10) && fired.get(&Fault::PartialFailure) > Some(&10),
@@ -67,11 +144,14 @@ async fn the_state_store_keeps_its_contract_through_throttling_and_unprocessed_k
     );
     // The same contract without faults makes fewer calls: the faults made the store retry.
     let clean_clock = ManualClock::at(1_700_000_000_000);
-    let clean = DynamoStateStore::new(Arc::new(LocalTable::new()), clean_clock.clone());
-    state_store_contract(&clean, clean_clock).await;
+    let clean = StoreUnderTest {
+        store: DynamoStateStore::new(Arc::new(LocalTable::new()), clean_clock.clone()),
+        clock: clean_clock,
+    };
+    state_store_contract(&clean).await;
     let (faulty, clean) = (
-        store.table().meter().snapshot().calls,
-        clean.table().meter().snapshot().calls,
+        faulty.store.table().meter().snapshot().calls,
+        clean.store.table().meter().snapshot().calls,
     );
     for call in ["BatchGetItem", "BatchWriteItem", "PutItem"] {
         assert!(
@@ -79,61 +159,6 @@ async fn the_state_store_keeps_its_contract_through_throttling_and_unprocessed_k
             "{call}: {faulty:?} against {clean:?}"
         );
     }
-}
-
-#[tokio::test]
-async fn the_kinesis_sink_keeps_the_sink_contract_on_memory_kinesis() {
-    let kinesis = Arc::new(LocalKinesis::new(Arc::new(SystemClock), Faults::none()));
-    kinesis.create_stream("out", 2);
-    let sink = KinesisSink::new(kinesis.clone(), "out");
-    let read = || async {
-        kinesis
-            .records("out")
-            .into_iter()
-            .map(|r| Received {
-                body: String::from_utf8(r.data).unwrap(),
-                output_id: None,
-                group: Some(r.partition_key),
-            })
-            .collect()
-    };
-    sink_contract(&sink, read, false, true).await;
-}
-
-#[tokio::test]
-async fn the_sqs_sink_keeps_the_sink_contract_on_a_memory_standard_queue() {
-    let sqs = Arc::new(LocalSqs::default());
-    let url = sqs.create_queue("out");
-    let sink = SqsSink::new(sqs.clone(), url.clone());
-    let read = || async {
-        sqs.messages(&url)
-            .into_iter()
-            .map(|m| Received {
-                body: m.body,
-                output_id: m.output_id,
-                group: m.group_id,
-            })
-            .collect()
-    };
-    sink_contract(&sink, read, true, false).await;
-}
-
-#[tokio::test]
-async fn the_sqs_sink_keeps_the_sink_contract_on_a_memory_fifo_queue() {
-    let sqs = Arc::new(LocalSqs::default());
-    let url = sqs.create_queue("out.fifo");
-    let sink = SqsSink::new(sqs.clone(), url.clone());
-    let read = || async {
-        sqs.messages(&url)
-            .into_iter()
-            .map(|m| Received {
-                body: m.body,
-                output_id: m.deduplication_id,
-                group: m.group_id,
-            })
-            .collect()
-    };
-    sink_contract(&sink, read, true, true).await;
 }
 
 fn outputs(n: usize) -> Vec<keyway::domain::Output> {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use keyway::adapters::aws::AwsClients;
+use keyway::lambda::AwsClients;
 use keyway::lambda::{Env, Handler, Invocation};
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::value::RawValue;

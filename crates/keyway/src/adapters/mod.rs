@@ -3,7 +3,6 @@
 //! (batching, retries, item layout), so that the same logic runs on AWS and on the in-memory
 //! services of the embedded runtime (`crate::local`).
 
-pub mod aws;
 pub mod dynamodb;
 pub mod kinesis;
 pub mod retry;

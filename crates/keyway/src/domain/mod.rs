@@ -19,7 +19,7 @@ pub use item::{AttrValue, Item};
 pub use output::{Output, OutputId};
 pub use plan::{BatchPlan, KeyGroup};
 pub use record::{
-    stream_name_of, Change, ChangeKind, NotASequenceNumber, Origin, Payload, SequenceNumber,
-    SourceRecord,
+    stream_name_of, Change, ChangeKind, NotASequenceNumber, Origin, Payload, RejectedRecord,
+    SequenceNumber, SourceRecord,
 };
 pub use state::{KeyState, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark, Watermarks};

@@ -230,6 +230,18 @@ pub enum ChangeKind {
     Remove,
 }
 
+/// A record the source could not turn into a `SourceRecord` (malformed event JSON, no sequence
+/// number...). It is dead-lettered as is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RejectedRecord {
+    pub origin: Option<String>,
+    pub sequence: Option<SequenceNumber>,
+    pub field: String,
+    pub problem: String,
+    /// The record JSON as delivered.
+    pub raw: serde_json::Value,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

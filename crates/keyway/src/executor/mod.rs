@@ -70,24 +70,12 @@ pub use report::BatchReport;
 pub use timers::{TimerSweep, TIMERS_PER_BATCH};
 
 use crate::domain::StateKind;
-use crate::domain::{stream_name_of, SequenceNumber, SourceRecord, DEAD_LETTER_SINK};
+use crate::domain::{stream_name_of, RejectedRecord, SourceRecord, DEAD_LETTER_SINK};
 use crate::operator::{
     check_inputs, check_sinks, state_signature, BroadcastCache, Delivery, InputWiringError,
     KeyedOperator, Migration, SinkWiringError, StateDescriptor,
 };
 use crate::ports::{Clock, Namespace, Sink, StateStore, StoreLimits, DEFAULT_REDELIVERY_WINDOW};
-
-/// A record the source could not turn into a `SourceRecord` (malformed event JSON, no sequence
-/// number...). It is dead-lettered as is.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RejectedRecord {
-    pub origin: Option<String>,
-    pub sequence: Option<SequenceNumber>,
-    pub field: String,
-    pub problem: String,
-    /// The record JSON as delivered.
-    pub raw: serde_json::Value,
-}
 
 /// The sinks an operator emits to, by name, and the dead-letter sink.
 #[derive(Clone)]

@@ -5,7 +5,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tracing::error;
 
-use super::{Executor, RejectedRecord};
+use super::Executor;
+use crate::domain::RejectedRecord;
 use crate::domain::{BatchPlan, DeadLetter, KeyGroup, SequenceNumber, SourceRecord};
 use crate::operator::{InvalidInput, KeyedOperator};
 

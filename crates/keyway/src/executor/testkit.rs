@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use serde_json::json;
 
-use super::{Executor, RejectedRecord, Sinks};
+use super::{Executor, Sinks};
 use crate::adapters::dynamodb::DynamoStateStore;
+use crate::domain::RejectedRecord;
 use crate::domain::{Origin, Output, Payload, SequenceNumber, SourceRecord};
 use crate::local::LocalTable;
 use crate::operator::{

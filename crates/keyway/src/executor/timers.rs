@@ -211,6 +211,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_firing_leaves_no_watermark_behind_only_the_records_of_streams_do() {
+        let b = sessions();
+        b.executor.run(vec![record(1, "p", "a", 5)]).await;
+        b.clock.advance(IDLE);
+        b.executor.fire_timers(None).await.unwrap();
+        assert_eq!(sent(&b), ["5", "-5"]);
+        let store = DynamoStateStore::new(b.table.clone(), b.clock.clone());
+        let state = store
+            .load(b.executor.namespace(), &["a".to_owned()])
+            .await
+            .unwrap();
+        let lineages: Vec<String> = state["a"]
+            .watermarks
+            .iter()
+            .map(|(lineage, _)| lineage.0.clone())
+            .collect();
+        assert_eq!(lineages.len(), 1, "{lineages:?}");
+        assert!(
+            !lineages[0].starts_with(crate::domain::record::TIMER_STREAM),
+            "{lineages:?}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_timer_swept_twice_fires_once_and_its_second_firing_is_skipped() {
         let b = sessions();
         b.executor.run(vec![record(1, "p", "a", 5)]).await;

@@ -1,5 +1,7 @@
-//! The embedded runtime: Kinesis, DynamoDB (with streams and TTL) and SQS in memory, the event
-//! payloads Lambda sends, virtual time, and fault injection. `keyway demo` and most tests run on it.
+//! The embedded runtime: Kinesis, DynamoDB (with streams and TTL) and SQS in memory (`services`),
+//! the event source mapping that invokes functions as Lambda does (`mapping`), the reader of a
+//! SAM or CloudFormation stack (`template`), and `runtime`, which deploys a stack on the services
+//! and runs it. `keyway demo` and most tests run on it.
 //!
 //! The services are emulated at the level of the narrow service APIs the adapters are written
 //! against (`Table`, `KinesisApi`, `SqsApi`), not at the HTTP level of the AWS SDK. The adapters'
@@ -9,24 +11,20 @@
 //! makes each fault land exactly where a service would return it (an unprocessed key, one failed
 //! record of a PutRecords call), keeps a run deterministic under a seed, and costs microseconds.
 
-pub mod clock;
-pub mod dynamodb;
-pub mod esm;
-pub mod events;
-pub mod faults;
-pub mod kinesis;
-pub mod meter;
+pub mod mapping;
 pub mod runtime;
-pub mod sqs;
+pub mod services;
 pub mod template;
 
-pub use clock::VirtualClock;
-pub use dynamodb::{KeySchema, LocalDynamoDb, LocalTable, StreamRecord};
-pub use esm::{EventSourceMapping, MappingSettings, MappingSource, MappingStats, StartingPosition};
-pub use faults::{FaultPlan, Faults};
-pub use kinesis::{LocalKinesis, StoredRecord};
-pub use meter::{thread_cpu_time, Meter, MeterSnapshot};
+pub use mapping::{
+    EventSourceMapping, MappingSettings, MappingSource, MappingStats, StartingPosition,
+};
 pub use runtime::{
     CrashBeforeCommit, Factory, LocalError, LocalRuntime, LocalServices, RunReport, ScheduleStats,
 };
-pub use sqs::{LocalSqs, QueuedMessage};
+pub use services::clock::VirtualClock;
+pub use services::dynamodb::{KeySchema, LocalDynamoDb, LocalTable, StreamRecord};
+pub use services::faults::{FaultPlan, Faults};
+pub use services::kinesis::{LocalKinesis, StoredRecord};
+pub use services::meter::{thread_cpu_time, Meter, MeterSnapshot};
+pub use services::sqs::{LocalSqs, QueuedMessage};

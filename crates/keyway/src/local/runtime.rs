@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::clock::VirtualClock;
-use super::dynamodb::{KeySchema, LocalDynamoDb};
-use super::esm::{invoke, EventSourceMapping, MappingSettings, MappingSource, MappingStats};
-use super::faults::{add_counts, crash, Fault, FaultCounts, FaultPlan, Faults};
-use super::kinesis::LocalKinesis;
-use super::sqs::LocalSqs;
+use super::mapping::{invoke, EventSourceMapping, MappingSettings, MappingSource, MappingStats};
+use super::services::clock::VirtualClock;
+use super::services::dynamodb::{KeySchema, LocalDynamoDb};
+use super::services::faults::{add_counts, crash, Fault, FaultCounts, FaultPlan, Faults};
+use super::services::kinesis::LocalKinesis;
+use super::services::sqs::LocalSqs;
 use super::template::{self, Resolver, Resource, SourceRef, TemplateError, Wiring};
 use crate::adapters::dynamodb::DynamoStateStore;
 use crate::adapters::kinesis::KinesisSink;
@@ -140,7 +140,7 @@ impl LocalServices {
 }
 
 /// A state store whose process may die between emitting and committing: the commit never
-/// happens, and the invocation crashes (`local::faults::crash`).
+/// happens, and the invocation crashes (`local::services::faults::crash`).
 pub struct CrashBeforeCommit {
     inner: Arc<dyn StateStore>,
     faults: Arc<Faults>,

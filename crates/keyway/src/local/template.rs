@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_yaml::Value;
 
-use super::esm::{MappingSettings, StartingPosition};
+use super::mapping::{MappingSettings, StartingPosition};
 use crate::lambda::Env;
 
 /// A resource the embedded runtime creates.

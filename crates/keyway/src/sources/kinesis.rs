@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use super::{decode_all, epoch_seconds_to_millis, rejected, DecodedBatch, Problem, StreamNames};
 use crate::domain::hash::xxh3_128_hex;
+use crate::domain::RejectedRecord;
 use crate::domain::{InvalidInput, Origin, Payload, SequenceNumber, SourceRecord};
-use crate::executor::RejectedRecord;
 
 /// Decodes every record of a Kinesis event; a record that does not decode is returned as rejected,
 /// naming the field. Fails only when the event has no `Records` array at all.

@@ -1,4 +1,4 @@
-//! Lambda payloads to domain records, and batch responses back.
+//! Lambda payloads to domain records (the responses back are `lambda`'s).
 //!
 //! Records are decoded one by one from the event's JSON, not through one typed event struct: a
 //! single malformed record must be dead-lettered on its own, not fail the whole invocation. The
@@ -10,14 +10,9 @@ pub mod kinesis;
 
 use std::sync::Arc;
 
-use aws_lambda_events::event::streams::{
-    DynamoDbBatchItemFailure, DynamoDbEventResponse, KinesisEventResponse,
-};
 use serde_json::Value;
 
-use crate::domain::{InvalidInput, Origin, SequenceNumber, SourceRecord};
-use crate::executor::{BatchReport, Executor, RejectedRecord};
-use crate::operator::KeyedOperator;
+use crate::domain::{InvalidInput, Origin, RejectedRecord, SequenceNumber, SourceRecord};
 
 /// One decoded batch: per record, the record or why it was rejected.
 pub type DecodedBatch = Vec<Result<SourceRecord, RejectedRecord>>;
@@ -37,18 +32,6 @@ pub fn records_of(event: Value) -> Result<Vec<Value>, InvalidInput> {
             "the event is not a JSON object",
         )),
     }
-}
-
-/// A stream event that could not be run: Lambda retries the whole batch.
-#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
-pub enum SourceError {
-    /// The event is not a stream batch.
-    #[error("the event's {0}")]
-    Event(#[from] InvalidInput),
-    /// A record without a sequence number could not be dead-lettered: failing the invocation is
-    /// the only way to keep it.
-    #[error("{0}")]
-    Unreportable(String),
 }
 
 /// Every record of `event` through `decode`, with the stream names they share.
@@ -89,60 +72,6 @@ pub(crate) struct Problem {
     pub invalid: InvalidInput,
 }
 
-/// The partial batch response for a Kinesis batch: the lowest sequence number not applied, or no
-/// failure at all. Lambda retries from that record; an empty identifier would fail the batch, so
-/// one is never sent.
-pub fn kinesis_response(report: &BatchReport) -> KinesisEventResponse {
-    let mut response = KinesisEventResponse::default();
-    if let Some(seq) = &report.failed_from {
-        response.add_failure(seq.as_str());
-    }
-    response
-}
-
-/// The partial batch response for a DynamoDB Streams batch (same rules as Kinesis).
-pub fn dynamodb_response(report: &BatchReport) -> DynamoDbEventResponse {
-    let mut response = DynamoDbEventResponse::default();
-    if let Some(seq) = &report.failed_from {
-        let mut failure = DynamoDbBatchItemFailure::default();
-        failure.item_identifier = Some(seq.to_string());
-        response.batch_item_failures.push(failure);
-    }
-    response
-}
-
-/// Runs a Kinesis event through `executor` and answers the partial batch response. An error
-/// (the event has no records array, or a record without a sequence number could not be
-/// dead-lettered) fails the invocation, so that Lambda retries the whole batch.
-pub async fn run_kinesis<O: KeyedOperator>(
-    executor: &Executor<O>,
-    event: Value,
-    deadline_millis: Option<i64>,
-) -> Result<KinesisEventResponse, SourceError> {
-    let report = executor
-        .run_until(kinesis::decode_event(event)?, deadline_millis)
-        .await;
-    match report.unreportable_failure {
-        Some(reason) => Err(SourceError::Unreportable(reason)),
-        None => Ok(kinesis_response(&report)),
-    }
-}
-
-/// Runs a DynamoDB Streams event through `executor`; see `run_kinesis`.
-pub async fn run_dynamodb<O: KeyedOperator>(
-    executor: &Executor<O>,
-    event: Value,
-    deadline_millis: Option<i64>,
-) -> Result<DynamoDbEventResponse, SourceError> {
-    let report = executor
-        .run_until(dynamodb::decode_event(event)?, deadline_millis)
-        .await;
-    match report.unreportable_failure {
-        Some(reason) => Err(SourceError::Unreportable(reason)),
-        None => Ok(dynamodb_response(&report)),
-    }
-}
-
 /// Reads a timestamp in epoch seconds given as a number or a numeric string, with any number of
 /// decimals, to milliseconds.
 pub(crate) fn epoch_seconds_to_millis(value: &Value, field: &str) -> Result<i64, InvalidInput> {
@@ -169,7 +98,6 @@ pub(crate) fn rejected(raw: Value, problem: Problem) -> RejectedRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::SequenceNumber;
 
     #[test]
     fn timestamps_with_many_decimals_keep_millisecond_precision() {
@@ -183,30 +111,5 @@ mod tests {
         );
         let err = epoch_seconds_to_millis(&Value::Bool(true), "t").unwrap_err();
         assert_eq!(err.field, "t");
-    }
-
-    #[test]
-    fn a_batch_without_failures_answers_an_empty_failure_list() {
-        let response = kinesis_response(&BatchReport::default());
-        assert_eq!(
-            serde_json::to_value(&response).unwrap(),
-            serde_json::json!({"batchItemFailures": []})
-        );
-    }
-
-    #[test]
-    fn a_failed_batch_names_exactly_the_lowest_unapplied_sequence_number() {
-        let report = BatchReport {
-            failed_from: Some(SequenceNumber::parse("4959").unwrap()),
-            ..Default::default()
-        };
-        assert_eq!(
-            serde_json::to_value(kinesis_response(&report)).unwrap(),
-            serde_json::json!({"batchItemFailures": [{"itemIdentifier": "4959"}]})
-        );
-        assert_eq!(
-            serde_json::to_value(dynamodb_response(&report)).unwrap(),
-            serde_json::json!({"batchItemFailures": [{"itemIdentifier": "4959"}]})
-        );
     }
 }

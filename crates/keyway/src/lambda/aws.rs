@@ -7,10 +7,10 @@ use std::time::Duration;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 
-use super::dynamodb::{DynamoStateStore, SdkTable};
-use super::kinesis::{KinesisSink, SdkKinesis};
-use super::sqs::{SdkSqs, SqsSink};
-use crate::lambda::{Platform, PortError, SinkTarget};
+use super::platform::{Platform, PortError, SinkTarget};
+use crate::adapters::dynamodb::{DynamoStateStore, SdkTable};
+use crate::adapters::kinesis::{KinesisSink, SdkKinesis};
+use crate::adapters::sqs::{SdkSqs, SqsSink};
 use crate::ports::{Clock, Sink, StateStore, SystemClock};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -1,38 +1,13 @@
-//! What a function needs to run on Lambda and on the embedded runtime alike: the platform its
-//! wiring asks for ports, its environment, and a handler the event source mapping invokes.
-//!
-//! A function crate exposes `handler(platform, env)`; its `main` calls it with the AWS platform
-//! and the process environment, the embedded runtime with its in-memory services and the
-//! environment template.yaml gives the function.
+//! A function's environment: the variables it reads, each error naming the variable, and the
+//! executor settings and ports they give.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use serde_json::Value;
-
-use crate::executor::{Executor, ExecutorConfig, Lineage, WiringError};
-use crate::operator::KeyedOperator;
-use crate::ports::{Clock, Sink, StateStore};
-
-/// Where a function runs: it builds the ports the function's configuration names.
-pub trait Platform: Send + Sync {
-    /// The state store on the DynamoDB table `table`.
-    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError>;
-    /// A sink for `target`: `kinesis:<stream name>` or `sqs:<queue URL>`.
-    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError>;
-    fn clock(&self) -> Arc<dyn Clock>;
-}
-
-/// A platform cannot build the port a configuration value names.
-#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PortError {
-    #[error("sink target {target:?}: expected kinesis:<stream name> or sqs:<queue URL>")]
-    SinkTarget { target: String },
-    #[error("no DynamoDB table named {table:?}")]
-    NoTable { table: String },
-}
+use super::platform::{Platform, PortError};
+use crate::executor::{ExecutorConfig, Lineage, WiringError};
+use crate::ports::{Sink, StateStore};
 
 /// A function's environment variables.
 pub type Env = BTreeMap<String, String>;
@@ -165,129 +140,11 @@ pub fn check_mapping(
     Ok(())
 }
 
-/// An invocation failed: Lambda retries the batch (or bisects it).
-#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct FunctionError(pub String);
-
-/// What Lambda says of one invocation besides its event.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Invocation {
-    pub request_id: String,
-    /// When the invocation times out (epoch milliseconds), if it does.
-    pub deadline_millis: Option<i64>,
-}
-
-/// A Lambda function as the event source mapping sees it: an event's JSON text in, a response
-/// out. Text, as Lambda hands the payload to the function's runtime, which parses it.
-#[async_trait]
-pub trait Handler: Send + Sync {
-    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError>;
-}
-
-/// Runs Kinesis and DynamoDB Streams events through an executor and answers partial batch
-/// responses (the source is told by the records' `eventSource`); a scheduled event sweeps the
-/// operator's due timers.
-pub struct StreamHandler<O: KeyedOperator> {
-    executor: Executor<O>,
-}
-
-impl<O: KeyedOperator> StreamHandler<O> {
-    pub fn new(executor: Executor<O>) -> Self {
-        Self { executor }
-    }
-
-    pub fn executor(&self) -> &Executor<O> {
-        &self.executor
-    }
-}
-
-#[async_trait]
-impl<O: KeyedOperator> Handler for StreamHandler<O> {
-    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
-        let event: Value = serde_json::from_str(event)
-            .map_err(|e| FunctionError(format!("the event is not JSON: {e}")))?;
-        if is_scheduled(&event) {
-            // The function's schedule (a `Schedule` event in its template) sweeps due timers.
-            let sweep = self
-                .executor
-                .fire_timers(invocation.deadline_millis)
-                .await
-                .map_err(|e| FunctionError(format!("the timer sweep failed: {e}")))?;
-            return Ok(serde_json::to_value(sweep).expect("a sweep serializes"));
-        }
-        let source = event["Records"][0]["eventSource"]
-            .as_str()
-            .unwrap_or("aws:kinesis")
-            .to_owned();
-        let response = match source.as_str() {
-            "aws:dynamodb" => {
-                crate::sources::run_dynamodb(&self.executor, event, invocation.deadline_millis)
-                    .await
-            }
-            .map(|r| serde_json::to_value(r).expect("a response serializes")),
-            _ => crate::sources::run_kinesis(&self.executor, event, invocation.deadline_millis)
-                .await
-                .map(|r| serde_json::to_value(r).expect("a response serializes")),
-        };
-        response.map_err(|e| FunctionError(e.to_string()))
-    }
-}
-
-/// Whether `event` is a schedule's (an EventBridge rule's "Scheduled Event", or EventBridge
-/// Scheduler's) rather than a stream batch.
-fn is_scheduled(event: &Value) -> bool {
-    event.get("Records").is_none()
-        && (event["detail-type"] == "Scheduled Event"
-            || matches!(
-                event["source"].as_str(),
-                Some("aws.events" | "aws.scheduler")
-            ))
-}
-
-/// Where a sink sends to, as configuration names it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SinkTarget {
-    /// `kinesis:<stream name>`
-    Kinesis(String),
-    /// `sqs:<queue URL>`
-    Sqs(String),
-}
-
-impl SinkTarget {
-    pub fn parse(target: &str) -> Result<Self, PortError> {
-        match target.split_once(':') {
-            Some(("kinesis", stream)) if !stream.is_empty() => Ok(Self::Kinesis(stream.to_owned())),
-            Some(("sqs", url)) if url.starts_with("http") => Ok(Self::Sqs(url.to_owned())),
-            _ => Err(PortError::SinkTarget {
-                target: target.to_owned(),
-            }),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sink_targets_name_a_stream_or_a_queue_url() {
-        assert_eq!(
-            SinkTarget::parse("kinesis:counts"),
-            Ok(SinkTarget::Kinesis("counts".into()))
-        );
-        let url = "https://sqs.eu-west-1.amazonaws.com/123456789012/out";
-        assert_eq!(
-            SinkTarget::parse(&format!("sqs:{url}")),
-            Ok(SinkTarget::Sqs(url.into()))
-        );
-        let err = SinkTarget::parse("sns:topic").unwrap_err().to_string();
-        assert!(
-            err.contains("\"sns:topic\"") && err.contains("kinesis:<stream name>"),
-            "{err}"
-        );
-        assert!(SinkTarget::parse("kinesis:").is_err());
-    }
+    use crate::lambda::SinkTarget;
+    use crate::ports::Clock;
 
     #[test]
     fn the_environment_sets_the_lineage_and_the_redelivery_window_and_names_a_bad_value() {
@@ -369,30 +226,5 @@ mod tests {
             (err.name.as_str(), err.problem.as_str()),
             ("ALERTS_SINK", "is not set")
         );
-    }
-
-    #[test]
-    fn a_scheduled_event_is_told_from_a_stream_batch() {
-        // The documented EventBridge "Scheduled Event".
-        let scheduled = serde_json::json!({
-            "version": "0",
-            "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
-            "detail-type": "Scheduled Event",
-            "source": "aws.events",
-            "account": "123456789012",
-            "time": "2015-10-08T16:53:06Z",
-            "region": "us-east-1",
-            "resources": ["arn:aws:events:us-east-1:123456789012:rule/my-scheduled-rule"],
-            "detail": {}
-        });
-        assert!(is_scheduled(&scheduled));
-        assert!(is_scheduled(
-            &serde_json::json!({"source": "aws.scheduler"})
-        ));
-        let batch = serde_json::json!({"Records": [{"eventSource": "aws:kinesis"}]});
-        assert!(!is_scheduled(&batch));
-        assert!(!is_scheduled(
-            &serde_json::json!({"detail-type": "Object Created"})
-        ));
     }
 }

@@ -16,6 +16,8 @@
 //!   described to the OnFailure destination (an SQS queue) as Lambda describes them;
 //! - function errors and timeouts fail the batch.
 
+pub mod events;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,16 +25,14 @@ use std::time::Duration;
 use futures::FutureExt as _;
 use serde_json::{json, Value};
 
-use super::dynamodb::{LocalTable, StreamRecord};
-use super::events::{
-    dynamodb_event_json, kinesis_event_json, DynamoDbEventRecord, KinesisEventRecord,
-};
-use super::faults::{Crash, Fault, Faults};
-use super::kinesis::{LocalKinesis, StoredRecord};
-use super::sqs::LocalSqs;
+use super::services::dynamodb::{LocalTable, StreamRecord};
+use super::services::faults::{Crash, Fault, Faults};
+use super::services::kinesis::{LocalKinesis, StoredRecord};
+use super::services::sqs::LocalSqs;
 use crate::domain::item::item_to_dynamodb_json;
 use crate::lambda::{FunctionError, Handler, Invocation};
 use crate::ports::Clock;
+use events::{dynamodb_event_json, kinesis_event_json, DynamoDbEventRecord, KinesisEventRecord};
 
 /// Lambda's limit on the payload of one invocation.
 pub const PAYLOAD_MAX_BYTES: usize = 6 * 1024 * 1024;
@@ -205,7 +205,7 @@ pub(crate) enum Failed {
     Error,
     /// Stopped by the function's timeout.
     TimedOut,
-    /// The runtime process died (`local::faults::crash`).
+    /// The runtime process died (`local::services::faults::crash`).
     Crashed,
 }
 

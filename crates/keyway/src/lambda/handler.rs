@@ -1,0 +1,215 @@
+//! A function as the event source mapping sees it: an event in, a partial batch response out.
+//! `StreamHandler` decodes a Kinesis or DynamoDB Streams batch (`sources`), runs it through the
+//! executor and answers which records to retry; a scheduled event sweeps due timers.
+
+use async_trait::async_trait;
+use aws_lambda_events::event::streams::{
+    DynamoDbBatchItemFailure, DynamoDbEventResponse, KinesisEventResponse,
+};
+use serde_json::Value;
+
+use crate::domain::InvalidInput;
+use crate::executor::{BatchReport, Executor};
+use crate::operator::KeyedOperator;
+use crate::sources::{dynamodb, kinesis};
+
+/// An invocation failed: Lambda retries the batch (or bisects it).
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct FunctionError(pub String);
+
+/// What Lambda says of one invocation besides its event.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Invocation {
+    pub request_id: String,
+    /// When the invocation times out (epoch milliseconds), if it does.
+    pub deadline_millis: Option<i64>,
+}
+
+/// A Lambda function as the event source mapping sees it: an event's JSON text in, a response
+/// out. Text, as Lambda hands the payload to the function's runtime, which parses it.
+#[async_trait]
+pub trait Handler: Send + Sync {
+    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError>;
+}
+
+/// Runs Kinesis and DynamoDB Streams events through an executor and answers partial batch
+/// responses (the source is told by the records' `eventSource`); a scheduled event sweeps the
+/// operator's due timers.
+pub struct StreamHandler<O: KeyedOperator> {
+    executor: Executor<O>,
+}
+
+impl<O: KeyedOperator> StreamHandler<O> {
+    pub fn new(executor: Executor<O>) -> Self {
+        Self { executor }
+    }
+
+    pub fn executor(&self) -> &Executor<O> {
+        &self.executor
+    }
+}
+
+#[async_trait]
+impl<O: KeyedOperator> Handler for StreamHandler<O> {
+    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
+        let event: Value = serde_json::from_str(event)
+            .map_err(|e| FunctionError(format!("the event is not JSON: {e}")))?;
+        if is_scheduled(&event) {
+            // The function's schedule (a `Schedule` event in its template) sweeps due timers.
+            let sweep = self
+                .executor
+                .fire_timers(invocation.deadline_millis)
+                .await
+                .map_err(|e| FunctionError(format!("the timer sweep failed: {e}")))?;
+            return Ok(serde_json::to_value(sweep).expect("a sweep serializes"));
+        }
+        let source = event["Records"][0]["eventSource"]
+            .as_str()
+            .unwrap_or("aws:kinesis")
+            .to_owned();
+        let response = match source.as_str() {
+            "aws:dynamodb" => {
+                { run_dynamodb(&self.executor, event, invocation.deadline_millis).await }
+                    .map(|r| serde_json::to_value(r).expect("a response serializes"))
+            }
+            _ => run_kinesis(&self.executor, event, invocation.deadline_millis)
+                .await
+                .map(|r| serde_json::to_value(r).expect("a response serializes")),
+        };
+        response.map_err(|e| FunctionError(e.to_string()))
+    }
+}
+
+/// Whether `event` is a schedule's (an EventBridge rule's "Scheduled Event", or EventBridge
+/// Scheduler's) rather than a stream batch.
+fn is_scheduled(event: &Value) -> bool {
+    event.get("Records").is_none()
+        && (event["detail-type"] == "Scheduled Event"
+            || matches!(
+                event["source"].as_str(),
+                Some("aws.events" | "aws.scheduler")
+            ))
+}
+
+/// A stream event that could not be run: Lambda retries the whole batch.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SourceError {
+    /// The event is not a stream batch.
+    #[error("the event's {0}")]
+    Event(#[from] InvalidInput),
+    /// A record without a sequence number could not be dead-lettered: failing the invocation is
+    /// the only way to keep it.
+    #[error("{0}")]
+    Unreportable(String),
+}
+
+/// The partial batch response for a Kinesis batch: the lowest sequence number not applied, or no
+/// failure at all. Lambda retries from that record; an empty identifier would fail the batch, so
+/// one is never sent.
+pub fn kinesis_response(report: &BatchReport) -> KinesisEventResponse {
+    let mut response = KinesisEventResponse::default();
+    if let Some(seq) = &report.failed_from {
+        response.add_failure(seq.as_str());
+    }
+    response
+}
+
+/// The partial batch response for a DynamoDB Streams batch (same rules as Kinesis).
+pub fn dynamodb_response(report: &BatchReport) -> DynamoDbEventResponse {
+    let mut response = DynamoDbEventResponse::default();
+    if let Some(seq) = &report.failed_from {
+        let mut failure = DynamoDbBatchItemFailure::default();
+        failure.item_identifier = Some(seq.to_string());
+        response.batch_item_failures.push(failure);
+    }
+    response
+}
+
+/// Runs a Kinesis event through `executor` and answers the partial batch response. An error
+/// (the event has no records array, or a record without a sequence number could not be
+/// dead-lettered) fails the invocation, so that Lambda retries the whole batch.
+pub async fn run_kinesis<O: KeyedOperator>(
+    executor: &Executor<O>,
+    event: Value,
+    deadline_millis: Option<i64>,
+) -> Result<KinesisEventResponse, SourceError> {
+    let report = executor
+        .run_until(kinesis::decode_event(event)?, deadline_millis)
+        .await;
+    match report.unreportable_failure {
+        Some(reason) => Err(SourceError::Unreportable(reason)),
+        None => Ok(kinesis_response(&report)),
+    }
+}
+
+/// Runs a DynamoDB Streams event through `executor`; see `run_kinesis`.
+pub async fn run_dynamodb<O: KeyedOperator>(
+    executor: &Executor<O>,
+    event: Value,
+    deadline_millis: Option<i64>,
+) -> Result<DynamoDbEventResponse, SourceError> {
+    let report = executor
+        .run_until(dynamodb::decode_event(event)?, deadline_millis)
+        .await;
+    match report.unreportable_failure {
+        Some(reason) => Err(SourceError::Unreportable(reason)),
+        None => Ok(dynamodb_response(&report)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::SequenceNumber;
+
+    #[test]
+    fn a_scheduled_event_is_told_from_a_stream_batch() {
+        // The documented EventBridge "Scheduled Event".
+        let scheduled = serde_json::json!({
+            "version": "0",
+            "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
+            "detail-type": "Scheduled Event",
+            "source": "aws.events",
+            "account": "123456789012",
+            "time": "2015-10-08T16:53:06Z",
+            "region": "us-east-1",
+            "resources": ["arn:aws:events:us-east-1:123456789012:rule/my-scheduled-rule"],
+            "detail": {}
+        });
+        assert!(is_scheduled(&scheduled));
+        assert!(is_scheduled(
+            &serde_json::json!({"source": "aws.scheduler"})
+        ));
+        let batch = serde_json::json!({"Records": [{"eventSource": "aws:kinesis"}]});
+        assert!(!is_scheduled(&batch));
+        assert!(!is_scheduled(
+            &serde_json::json!({"detail-type": "Object Created"})
+        ));
+    }
+
+    #[test]
+    fn a_batch_without_failures_answers_an_empty_failure_list() {
+        let response = kinesis_response(&BatchReport::default());
+        assert_eq!(
+            serde_json::to_value(&response).unwrap(),
+            serde_json::json!({"batchItemFailures": []})
+        );
+    }
+
+    #[test]
+    fn a_failed_batch_names_exactly_the_lowest_unapplied_sequence_number() {
+        let report = BatchReport {
+            failed_from: Some(SequenceNumber::parse("4959").unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(kinesis_response(&report)).unwrap(),
+            serde_json::json!({"batchItemFailures": [{"itemIdentifier": "4959"}]})
+        );
+        assert_eq!(
+            serde_json::to_value(dynamodb_response(&report)).unwrap(),
+            serde_json::json!({"batchItemFailures": [{"itemIdentifier": "4959"}]})
+        );
+    }
+}

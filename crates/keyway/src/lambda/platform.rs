@@ -1,0 +1,69 @@
+//! Where a function runs: the ports its configuration names, built by the AWS platform
+//! (`lambda::aws`) on Lambda and by the embedded runtime's services on a laptop.
+
+use std::sync::Arc;
+
+use crate::ports::{Clock, Sink, StateStore};
+
+/// Where a function runs: it builds the ports the function's configuration names.
+pub trait Platform: Send + Sync {
+    /// The state store on the DynamoDB table `table`.
+    fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError>;
+    /// A sink for `target`: `kinesis:<stream name>` or `sqs:<queue URL>`.
+    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError>;
+    fn clock(&self) -> Arc<dyn Clock>;
+}
+
+/// A platform cannot build the port a configuration value names.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PortError {
+    #[error("sink target {target:?}: expected kinesis:<stream name> or sqs:<queue URL>")]
+    SinkTarget { target: String },
+    #[error("no DynamoDB table named {table:?}")]
+    NoTable { table: String },
+}
+
+/// Where a sink sends to, as configuration names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SinkTarget {
+    /// `kinesis:<stream name>`
+    Kinesis(String),
+    /// `sqs:<queue URL>`
+    Sqs(String),
+}
+
+impl SinkTarget {
+    pub fn parse(target: &str) -> Result<Self, PortError> {
+        match target.split_once(':') {
+            Some(("kinesis", stream)) if !stream.is_empty() => Ok(Self::Kinesis(stream.to_owned())),
+            Some(("sqs", url)) if url.starts_with("http") => Ok(Self::Sqs(url.to_owned())),
+            _ => Err(PortError::SinkTarget {
+                target: target.to_owned(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sink_targets_name_a_stream_or_a_queue_url() {
+        assert_eq!(
+            SinkTarget::parse("kinesis:counts"),
+            Ok(SinkTarget::Kinesis("counts".into()))
+        );
+        let url = "https://sqs.eu-west-1.amazonaws.com/123456789012/out";
+        assert_eq!(
+            SinkTarget::parse(&format!("sqs:{url}")),
+            Ok(SinkTarget::Sqs(url.into()))
+        );
+        let err = SinkTarget::parse("sns:topic").unwrap_err().to_string();
+        assert!(
+            err.contains("\"sns:topic\"") && err.contains("kinesis:<stream name>"),
+            "{err}"
+        );
+        assert!(SinkTarget::parse("kinesis:").is_err());
+    }
+}
