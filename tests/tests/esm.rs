@@ -136,6 +136,28 @@ async fn a_batch_stops_short_of_the_six_megabyte_invocation_payload() {
     assert_eq!(report.mappings[0].1.records_done, 10);
 }
 
+/// Small records with the longest partition keys still fill a batch up to the payload limit:
+/// each adds its base64 data, its key and the fields every record carries (some 400 bytes).
+#[tokio::test(start_paused = true)]
+async fn small_records_with_long_keys_fill_a_batch_up_to_the_payload_limit() {
+    let f = Scripted::succeeding();
+    let settings = MappingSettings {
+        batch_size: 10_000,
+        ..Default::default()
+    };
+    let mut s = setup(1, f.clone(), settings);
+    let data = vec![b'x'; 10_000];
+    let key = "k".repeat(256);
+    for _ in 0..1_000 {
+        s.write(&key, &data);
+    }
+    s.run().await;
+    let sizes = f.sizes();
+    // 6 MiB over some 13,333 bytes of base64, 256 of key and 400 of the rest: 449 records.
+    assert!((440..=460).contains(&sizes[0]), "{sizes:?}");
+    assert_eq!(sizes.iter().sum::<usize>(), 1_000);
+}
+
 /// The same limit for DynamoDB Streams, whose records carry an item's old and new images.
 #[tokio::test(start_paused = true)]
 async fn a_dynamodb_batch_stops_short_of_the_six_megabytes_of_its_images() {

@@ -108,7 +108,7 @@ fn package(root: &Path, function: &str, profile: &str) -> Result<Package, CliErr
     eprintln!("building {function} with the {profile} profile");
     let status = cargo()
         .current_dir(root)
-        .args(["build", "--locked", "--profile", profile, "-p", function])
+        .args(["build", "--profile", profile, "-p", function])
         .status()
         .map_err(|e| format!("cargo build: {e}"))?;
     if !status.success() {
@@ -143,9 +143,7 @@ fn package(root: &Path, function: &str, profile: &str) -> Result<Package, CliErr
 fn embedded_runtime_left_out(root: &Path, function: &str) -> Result<bool, CliError> {
     let out = cargo()
         .current_dir(root)
-        .args([
-            "tree", "--locked", "-p", function, "-e", "features", "-i", "keyway",
-        ])
+        .args(["tree", "-p", function, "-e", "features", "-i", "keyway"])
         .output()
         .map_err(|e| format!("cargo tree: {e}"))?;
     if !out.status.success() {

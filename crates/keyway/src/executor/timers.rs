@@ -344,6 +344,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn one_sweep_fires_every_timer_due_however_many_batches_they_take() {
+        let b = sessions();
+        let keys = TIMERS_PER_BATCH + 1;
+        let mut batch = Vec::new();
+        for i in 0..keys {
+            batch.push(record(1 + i as u64, "p", &format!("k{i:03}"), 1));
+        }
+        b.executor.run(batch).await;
+        b.clock.advance(IDLE);
+        let sweep = b.executor.fire_timers(None).await.unwrap();
+        assert_eq!((sweep.due, sweep.fired, sweep.left), (keys, keys, 0));
+    }
+
+    #[tokio::test]
     async fn a_timer_that_keeps_failing_does_not_hold_back_the_timers_due_after_it() {
         let b = sessions();
         // Key a's timer fails whenever it fires (a sum of 13); more keys than a sweep batch

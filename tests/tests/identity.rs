@@ -1,0 +1,242 @@
+//! The identity enricher on the executor, its feedback stream looped back by hand: the article's
+//! four records (Alice assumes role-1 and gets ASIA1; role-1 assumes role-2 and gets ASIA2; an
+//! action with each key) come out enriched with Alice as their original actor in every one of
+//! their 24 arrival orders, and a record whose resolution never comes goes out unresolved when
+//! its timer fires.
+
+use identity_enricher::enricher::{
+    reason, EnricherConfig, IdentityEnricher, ENRICHED, EVENTS, FEEDBACK, RESOLUTIONS,
+};
+use keyway::sources::kinesis::decode_event;
+use keyway::{Executor, Inputs};
+use keyway_tests::harness::{Shard, World};
+use serde_json::{json, Value};
+
+const ACCOUNT: &str = "111111111111";
+
+fn session(key: &str, role: &str) -> Value {
+    json!({
+        "type": "AssumedRole",
+        "principalId": format!("AROA{role}:{role}-session"),
+        "arn": format!("arn:aws:sts::{ACCOUNT}:assumed-role/{role}/{role}-session"),
+        "accountId": ACCOUNT,
+        "accessKeyId": key,
+        "sessionContext": {
+            "sessionIssuer": {
+                "type": "Role",
+                "arn": format!("arn:aws:iam::{ACCOUNT}:role/{role}"),
+                "accountId": ACCOUNT,
+                "userName": role
+            }
+        }
+    })
+}
+
+fn alice() -> Value {
+    json!({
+        "type": "IAMUser",
+        "principalId": "AIDAALICE",
+        "arn": format!("arn:aws:iam::{ACCOUNT}:user/alice"),
+        "accountId": ACCOUNT,
+        "accessKeyId": "AKIAALICE",
+        "userName": "alice"
+    })
+}
+
+fn record(id: &str, caller: Value, event_name: &str, issues: Option<(&str, &str)>) -> Value {
+    let mut record = json!({
+        "eventVersion": "1.08",
+        "userIdentity": caller,
+        "eventTime": "2026-01-01T00:00:00Z",
+        "eventSource": "sts.amazonaws.com",
+        "eventName": event_name,
+        "awsRegion": "eu-west-1",
+        "eventID": id,
+        "recipientAccountId": ACCOUNT
+    });
+    if let Some((role, key)) = issues {
+        record["requestParameters"] = json!({
+            "roleArn": format!("arn:aws:iam::{ACCOUNT}:role/{role}"),
+            "roleSessionName": format!("{role}-session")
+        });
+        record["responseElements"] = json!({
+            "credentials": {
+                "accessKeyId": key,
+                "expiration": "Jan 1, 2099, 1:00:00 AM",
+                "sessionToken": "token"
+            }
+        });
+    }
+    record
+}
+
+/// The article's example: Alice's AssumeRole, an action with ASIA1, role-1's AssumeRole of
+/// role-2, and CreateDBSnapshot with ASIA2.
+fn article() -> Vec<Value> {
+    vec![
+        record(
+            "1-alice-assumes-role-1",
+            alice(),
+            "AssumeRole",
+            Some(("role-1", "ASIA1")),
+        ),
+        record(
+            "2-action-with-asia1",
+            session("ASIA1", "role-1"),
+            "ListBuckets",
+            None,
+        ),
+        record(
+            "3-role-1-assumes-role-2",
+            session("ASIA1", "role-1"),
+            "AssumeRole",
+            Some(("role-2", "ASIA2")),
+        ),
+        record(
+            "4-snapshot-with-asia2",
+            session("ASIA2", "role-2"),
+            "CreateDBSnapshot",
+            None,
+        ),
+    ]
+}
+
+/// The enricher on `world`, its events and feedback streams wired.
+fn enricher(world: &World, config: EnricherConfig) -> Executor<IdentityEnricher> {
+    let inputs = Inputs::new()
+        .with(&EVENTS, "cloudtrail")
+        .with(&FEEDBACK, "feedback");
+    Executor::with_inputs(
+        IdentityEnricher::new(config),
+        inputs,
+        world.store.clone(),
+        world.sinks(),
+        world.clock.clone(),
+    )
+    .expect("the world wires every sink and input")
+}
+
+/// Runs `records` one batch each, in order, looping every resolution published back through
+/// the feedback stream until none is left; returns the enriched records by event id.
+async fn run(records: &[Value]) -> std::collections::BTreeMap<String, Value> {
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let executor = enricher(&world, EnricherConfig::default());
+    let mut events = Shard::new("cloudtrail", 0);
+    let mut feedback = Shard::new("feedback", 0);
+    let mut looped = 0;
+    for record in records {
+        let key = format!(
+            "{ACCOUNT}#{}",
+            record["userIdentity"]["accessKeyId"].as_str().unwrap()
+        );
+        let batch = events.batch(&[(key.as_str(), serde_json::to_vec(record).unwrap())]);
+        let report = executor.run(decode_event(batch).unwrap()).await;
+        assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
+        loop {
+            let published = world.outputs(RESOLUTIONS.name);
+            if published.len() == looped {
+                break;
+            }
+            for message in &published[looped..] {
+                let resolution: Value = serde_json::from_str(&message.body).unwrap();
+                let key = format!(
+                    "{}#{}",
+                    resolution["customer"].as_str().unwrap(),
+                    resolution["accessKeyId"].as_str().unwrap()
+                );
+                let batch = feedback.batch(&[(key.as_str(), message.body.clone().into_bytes())]);
+                let report = executor.run(decode_event(batch).unwrap()).await;
+                assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
+            }
+            looped = published.len();
+        }
+    }
+    world
+        .outputs(ENRICHED.name)
+        .iter()
+        .map(|m| {
+            let enriched: Value = serde_json::from_str(&m.body).unwrap();
+            (enriched["eventID"].as_str().unwrap().to_owned(), enriched)
+        })
+        .collect()
+}
+
+/// Every permutation of `0..n`.
+fn orders(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut all = Vec::new();
+    for rest in orders(n - 1) {
+        for at in 0..=rest.len() {
+            let mut order = rest.clone();
+            order.insert(at, n - 1);
+            all.push(order);
+        }
+    }
+    all
+}
+
+#[tokio::test]
+async fn the_articles_four_records_trace_to_alice_in_all_24_arrival_orders() {
+    let records = article();
+    let all = orders(records.len());
+    assert_eq!(all.len(), 24);
+    for order in all {
+        let arrived: Vec<Value> = order.iter().map(|&i| records[i].clone()).collect();
+        let enriched = run(&arrived).await;
+        assert_eq!(enriched.len(), 4, "{order:?}: {enriched:#?}");
+        let chain = |id: &str| -> Vec<String> {
+            let e = &enriched[id]["enrichment"];
+            assert_eq!(e["status"], "resolved", "{order:?} {id}: {e}");
+            assert_eq!(
+                e["originalActor"]["arn"],
+                format!("arn:aws:iam::{ACCOUNT}:user/alice"),
+                "{order:?} {id}"
+            );
+            e["roleChain"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|link| link["accessKeyId"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(chain("1-alice-assumes-role-1"), Vec::<String>::new());
+        assert_eq!(chain("2-action-with-asia1"), ["ASIA1"], "{order:?}");
+        assert_eq!(chain("3-role-1-assumes-role-2"), ["ASIA1"], "{order:?}");
+        assert_eq!(
+            chain("4-snapshot-with-asia2"),
+            ["ASIA1", "ASIA2"],
+            "{order:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_record_whose_resolution_never_comes_goes_out_unresolved_when_its_timer_fires() {
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let config = EnricherConfig::default();
+    let ttl = config.buffer_ttl.as_millis() as i64;
+    let executor = enricher(&world, config);
+    let mut events = Shard::new("cloudtrail", 0);
+    let orphan = record("orphan", session("ASIA9", "role-9"), "ListBuckets", None);
+    let key = format!("{ACCOUNT}#ASIA9");
+    let batch = events.batch(&[(key.as_str(), serde_json::to_vec(&orphan).unwrap())]);
+    executor.run(decode_event(batch).unwrap()).await;
+    assert!(world.outputs(ENRICHED.name).is_empty(), "it waits");
+    world.clock.advance(ttl - 1);
+    executor.fire_timers(None).await.unwrap();
+    assert!(
+        world.outputs(ENRICHED.name).is_empty(),
+        "not before the TTL"
+    );
+    world.clock.advance(1);
+    let sweep = executor.fire_timers(None).await.unwrap();
+    assert_eq!(sweep.fired, 1);
+    let out = world.outputs(ENRICHED.name);
+    assert_eq!(out.len(), 1);
+    let enriched: Value = serde_json::from_str(&out[0].body).unwrap();
+    assert_eq!(enriched["enrichment"]["status"], "unresolved");
+    assert_eq!(enriched["enrichment"]["reason"], reason::BUFFER_TTL);
+    assert_eq!(enriched["eventID"], "orphan");
+}
