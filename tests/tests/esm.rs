@@ -302,6 +302,10 @@ async fn a_partial_batch_response_redelivers_from_the_lowest_failed_record() {
     assert_eq!(sequences(&batches[2]), written[6..]);
     assert_eq!(batches.len(), 3);
     assert_eq!(report.mappings[0].1.partial_failures, 1);
+    assert_eq!(
+        report.mappings[0].1.records_done, 10,
+        "the records a partial failure applied count as done"
+    );
 }
 
 /// "Configuring partial batch response with Kinesis" with MaximumRetryAttempts: a retry after a
@@ -673,6 +677,7 @@ async fn an_invocation_past_the_function_timeout_fails_and_is_retried() {
         stats.timeouts, 2,
         "the first try and its one retry time out"
     );
+    assert_eq!(stats.crashes, 0, "a timeout is no crash");
     assert_eq!(stats.discarded_for_retries, 2);
     assert_eq!(
         calls.load(std::sync::atomic::Ordering::SeqCst),
