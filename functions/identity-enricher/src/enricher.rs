@@ -76,7 +76,8 @@ pub struct EnricherConfig {
     pub buffer_ttl: Duration,
     /// How long an identity outlives its credentials' expiration: records are delivered late.
     pub grace: Duration,
-    /// The longest role chain followed; a longer one is reported, not followed.
+    /// The longest role chain followed: a key issued beyond it gets no resolution, and its records
+    /// go out unresolved after the buffer TTL.
     pub max_chain_depth: usize,
 }
 

@@ -229,11 +229,22 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn rounds_retry_only_what_failed_for_now_until_it_succeeds() {
-        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 8);
+        let backoff = || Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 8);
+        let twin = backoff().seeded(3);
+        let waits = twin.delay(0) + twin.delay(1);
+        assert!(waits > Duration::ZERO);
         let given = Mutex::new(Vec::new());
-        let failed = backoff
+        let start = tokio::time::Instant::now();
+        let failed = backoff()
+            .seeded(3)
             .retry_rounds(vec![0, 1, 2, 3], round(&given, 2))
             .await;
+        // A backoff wait before each retry (tokio's timer counts whole milliseconds).
+        let waited = start.elapsed();
+        assert!(
+            waited >= waits && waited <= waits + Duration::from_millis(2),
+            "waited {waited:?} for {waits:?}"
+        );
         assert_eq!(
             failed,
             vec![(2, StoreError::Invalid("no such item".into()))]
@@ -274,6 +285,22 @@ mod tests {
             .await;
         assert_eq!(refused, Err(StoreError::Conflict));
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
+    }
+
+    #[test]
+    fn an_error_is_retried_only_if_it_says_a_retry_can_help() {
+        let mut round = Round::default();
+        round.add_error(0, SinkError::Throttled("slow down".into()));
+        round.add_error(1, SinkError::Rejected("too large".into()));
+        round.add_error(2, SinkError::Unavailable("try later".into()));
+        let items = |v: &[(u32, SinkError)]| v.iter().map(|(i, _)| *i).collect::<Vec<_>>();
+        assert_eq!(items(&round.retry), [0, 2]);
+        assert_eq!(items(&round.failed), [1]);
+        let mut round = Round::default();
+        round.add_error(0, StoreError::Conflict);
+        round.add_error(1, StoreError::Unavailable("try later".into()));
+        assert_eq!((round.retry.len(), round.failed.len()), (1, 1));
+        assert_eq!(round.failed[0].1, StoreError::Conflict);
     }
 
     #[test]
