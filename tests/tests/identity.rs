@@ -240,3 +240,41 @@ async fn a_record_whose_resolution_never_comes_goes_out_unresolved_when_its_time
     assert_eq!(enriched["enrichment"]["reason"], reason::BUFFER_TTL);
     assert_eq!(enriched["eventID"], "orphan");
 }
+
+#[tokio::test]
+async fn a_key_fed_far_more_records_than_its_buffer_holds_sends_the_overflow_out_at_once_saying_why(
+) {
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let config = EnricherConfig {
+        max_buffered: 3,
+        ..EnricherConfig::default()
+    };
+    let executor = enricher(&world, config);
+    let mut events = Shard::new("cloudtrail", 0);
+    let key = format!("{ACCOUNT}#ASIA9");
+    let records: Vec<(&str, Vec<u8>)> = (0..10)
+        .map(|i| {
+            let r = record(
+                &format!("r{i}"),
+                session("ASIA9", "role-9"),
+                "ListBuckets",
+                None,
+            );
+            (key.as_str(), serde_json::to_vec(&r).unwrap())
+        })
+        .collect();
+    let report = executor
+        .run(decode_event(events.batch(&records)).unwrap())
+        .await;
+    assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
+    let out: Vec<Value> = world
+        .outputs(ENRICHED.name)
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    assert_eq!(out.len(), 7, "all but the three the buffer holds go out");
+    assert!(out
+        .iter()
+        .all(|e| e["enrichment"]["reason"] == reason::BUFFER_FULL));
+    assert_eq!(out[0]["eventID"], "r3", "the first three wait");
+}

@@ -79,6 +79,10 @@ pub struct EnricherConfig {
     /// The longest role chain followed: a key issued beyond it gets no resolution, and its records
     /// go out unresolved after the buffer TTL.
     pub max_chain_depth: usize,
+    /// The most records a key keeps waiting: a key whose resolution never comes must not grow
+    /// its state (and the release that would follow) without bound. Records beyond it go out
+    /// unresolved at once.
+    pub max_buffered: usize,
 }
 
 impl Default for EnricherConfig {
@@ -88,6 +92,7 @@ impl Default for EnricherConfig {
             buffer_ttl: Duration::from_secs(15 * 60),
             grace: Duration::from_secs(15 * 60),
             max_chain_depth: 10,
+            max_buffered: 10_000,
         }
     }
 }
@@ -96,6 +101,8 @@ impl Default for EnricherConfig {
 pub mod reason {
     pub const BUFFER_TTL: &str =
         "no resolution of the caller's access key arrived within the buffer TTL";
+    pub const BUFFER_FULL: &str =
+        "the caller's access key already has the most records a key keeps waiting";
 }
 
 pub struct IdentityEnricher {
@@ -207,6 +214,9 @@ impl IdentityEnricher {
     fn wait(&self, ctx: &mut Ctx<'_>, record: CloudTrailRecord) -> Result<(), ProcessError> {
         let since = ctx.now_millis();
         let mut buffer = ctx.list(&BUFFER)?;
+        if buffer.len() >= self.config.max_buffered {
+            return self.emit(ctx, record.record, unresolved(reason::BUFFER_FULL));
+        }
         let first = buffer.is_empty();
         buffer.push(Waiting {
             record: record.record,
