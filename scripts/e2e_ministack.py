@@ -1,14 +1,21 @@
 """The stack deployed on the AWS emulator, end to end, twice: from template.yaml and from the CDK app.
 
 Deploys template.yaml through the emulator's CloudFormation (SAM transform) with the real
-keyed-counter bootstrap binary, then the CDK app's synthesized template with its assets published
-as `cdk deploy` publishes them. For each stack it puts clicks on the stack's Kinesis stream and
-checks what comes out: one running count per click in the counts queue, one dead letter per
-malformed click, and the counts in the state table under the operator's locked signature. Failure
-semantics (partial batch responses, bisection, retries) are the embedded runtime's tests: the
-emulator does not implement them.
+bootstrap binaries of its functions, then the CDK app's synthesized template with its assets
+published as `cdk deploy` publishes them. For each stack:
+- the keyed counter: clicks on its Kinesis stream give one running count per click in the counts
+  queue, one dead letter per malformed click, and the counts in the state table under the
+  operator's locked signature;
+- the identity enricher: a role chain put on the CloudTrail stream in reverse order comes out on
+  the enriched stream traced to its original actor, through the feedback stream; a record whose
+  resolution never comes goes out unresolved once the buffer TTL (a stack parameter, 5 seconds
+  here) has passed and the schedule has swept the timers.
+Failure semantics (partial batch responses, bisection, retries) are the embedded runtime's tests:
+the emulator does not implement them.
 
-Usage: e2e_ministack.py --endpoint URL --bootstrap PATH --template PATH --cdk-out DIR --lock PATH
+Usage: e2e_ministack.py --endpoint URL --functions DIR --template PATH --cdk-out DIR --lock PATH
+       --keyway PATH
+(DIR holds one folder per function with its bootstrap, as `cargo lambda build` lays them out.)
 """
 
 import argparse
@@ -16,6 +23,7 @@ import base64
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -68,9 +76,19 @@ def zipped(files):
     return code.getvalue()
 
 
+# The identity enricher's buffer TTL on the deployed stacks: short, so that a record that waits
+# for a resolution that never comes goes out within the test.
+BUFFER_TTL_SECONDS = 5
+
+
 def create_stack(cfn, stack, template):
     """Creates the stack and waits for it; returns its outputs."""
-    cfn.create_stack(StackName=stack, TemplateBody=template, Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"])
+    cfn.create_stack(
+        StackName=stack,
+        TemplateBody=template,
+        Parameters=[{"ParameterKey": "BufferTtlSeconds", "ParameterValue": str(BUFFER_TTL_SECONDS)}],
+        Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
+    )
 
     def created():
         status = cfn.describe_stacks(StackName=stack)["Stacks"][0]
@@ -85,17 +103,24 @@ def create_stack(cfn, stack, template):
     return outputs
 
 
-def deploy_sam(endpoint, template_path, bootstrap, stack):
-    """template.yaml through the emulator's SAM transform, its CodeUri pointing at the binary."""
+def deploy_sam(endpoint, template_path, functions, stack):
+    """template.yaml through the emulator's SAM transform, each function's CodeUri pointing at its
+    binary (the one its Metadata names, as `sam build` picks it)."""
     s3 = client("s3", endpoint)
     bucket = f"{stack}-code"
     s3.create_bucket(Bucket=bucket)
-    s3.put_object(Bucket=bucket, Key="keyed-counter.zip", Body=zipped([("bootstrap", bootstrap, True)]))
     with open(template_path) as f:
         template = f.read()
-    if "CodeUri: .\n" not in template:
-        sys.exit("e2e: template.yaml no longer has 'CodeUri: .'; update this script")
-    template = template.replace("CodeUri: .\n", f"CodeUri: s3://{bucket}/keyed-counter.zip\n")
+
+    def code_of(match):
+        binary = match.group(1)
+        bootstrap = os.path.join(functions, binary, "bootstrap")
+        s3.put_object(Bucket=bucket, Key=f"{binary}.zip", Body=zipped([("bootstrap", bootstrap, True)]))
+        return f"Binary: {binary}\n{match.group(2)}CodeUri: s3://{bucket}/{binary}.zip\n"
+
+    template, functions_found = re.subn(r"Binary: (\S+)\n(\s+Properties:\n\s+)CodeUri: \.\n", code_of, template)
+    if functions_found < 2:
+        sys.exit("e2e: template.yaml's functions no longer read 'Binary: ... Properties: CodeUri: .'; update this script")
     return create_stack(client("cloudformation", endpoint), stack, template)
 
 
@@ -129,7 +154,7 @@ def deploy_cdk(endpoint, cdk_out, stack):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--functions", required=True, help="one folder per function with its bootstrap")
     parser.add_argument("--template", required=True)
     parser.add_argument("--cdk-out", required=True)
     parser.add_argument("--lock", required=True)
@@ -139,9 +164,19 @@ def main():
     signature = locked_signature(args.lock, "keyed-counter")
 
     stack = f"keyway-e2e-sam-{run}"
-    check(args.endpoint, stack, deploy_sam(args.endpoint, args.template, args.bootstrap, stack), signature, args.keyway)
+    outputs = deploy_sam(args.endpoint, args.template, args.functions, stack)
+    check(args.endpoint, stack, outputs, signature, args.keyway)
+    check_identity(args.endpoint, stack, outputs)
+    delete(args.endpoint, stack)
     stack = f"keyway-e2e-cdk-{run}"
-    check(args.endpoint, stack, deploy_cdk(args.endpoint, args.cdk_out, stack), signature, args.keyway)
+    outputs = deploy_cdk(args.endpoint, args.cdk_out, stack)
+    check(args.endpoint, stack, outputs, signature, args.keyway)
+    check_identity(args.endpoint, stack, outputs)
+    delete(args.endpoint, stack)
+
+
+def delete(endpoint, stack):
+    client("cloudformation", endpoint).delete_stack(StackName=stack)
 
 
 def output_ids(keyway, stream, positions):
@@ -227,8 +262,88 @@ def check(endpoint, stack, outputs, signature, keyway):
     if others:
         sys.exit(f"e2e: unexpected keys in the state table: {others}")
 
-    client("cloudformation", endpoint).delete_stack(StackName=stack)
     print(f"e2e: {stack}: {len(clicks)} clicks counted, each output under its derived id, 20 stored for each user, the 2 malformed records dead-lettered, no batch given up: ok")
+
+
+
+def cloudtrail(event_id, caller, event_name, issues=None):
+    """A CloudTrail record of account 111111111111; `issues` (role, key) for an AssumeRole."""
+    record = {
+        "eventVersion": "1.08",
+        "userIdentity": caller,
+        "eventTime": "2026-01-01T00:00:00Z",
+        "eventSource": "sts.amazonaws.com",
+        "eventName": event_name,
+        "awsRegion": "us-east-1",
+        "eventID": event_id,
+        "recipientAccountId": "111111111111",
+    }
+    if issues:
+        role, key = issues
+        record["requestParameters"] = {"roleArn": f"arn:aws:iam::111111111111:role/{role}", "roleSessionName": f"{role}-session"}
+        record["responseElements"] = {"credentials": {"accessKeyId": key, "expiration": "Jan 1, 2099, 1:00:00 AM", "sessionToken": "token"}}
+    return record
+
+
+def role_session(key, role):
+    return {
+        "type": "AssumedRole",
+        "principalId": f"AROA{role.upper()}:{role}-session",
+        "arn": f"arn:aws:sts::111111111111:assumed-role/{role}/{role}-session",
+        "accountId": "111111111111",
+        "accessKeyId": key,
+        "sessionContext": {"sessionIssuer": {"type": "Role", "arn": f"arn:aws:iam::111111111111:role/{role}", "accountId": "111111111111", "userName": role}},
+    }
+
+
+def read_stream(kinesis, stream):
+    """Every record of `stream` so far, as JSON."""
+    records = []
+    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+        iterator = kinesis.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        while iterator:
+            response = kinesis.get_records(ShardIterator=iterator, Limit=1000)
+            records += [json.loads(r["Data"]) for r in response["Records"]]
+            if not response["Records"]:
+                break
+            iterator = response.get("NextShardIterator")
+    return records
+
+
+def check_identity(endpoint, stack, outputs):
+    """The article's role chain put in reverse order, and a record whose key nobody issued: the
+    chain comes out traced to Alice through the feedback stream, the orphan unresolved once its
+    timer is swept."""
+    kinesis = client("kinesis", endpoint)
+    alice = {"type": "IAMUser", "principalId": "AIDAALICE", "arn": "arn:aws:iam::111111111111:user/alice", "accountId": "111111111111", "accessKeyId": "AKIAALICE", "userName": "alice"}
+    chain = [
+        cloudtrail("1-alice-assumes-role-1", alice, "AssumeRole", ("role-1", "ASIA1")),
+        cloudtrail("2-action-with-asia1", role_session("ASIA1", "role-1"), "ListBuckets"),
+        cloudtrail("3-role-1-assumes-role-2", role_session("ASIA1", "role-1"), "AssumeRole", ("role-2", "ASIA2")),
+        cloudtrail("4-snapshot-with-asia2", role_session("ASIA2", "role-2"), "CreateDBSnapshot"),
+    ]
+    orphan = cloudtrail("5-orphan", role_session("ASIA9", "role-9"), "ListBuckets")
+    put = time.time()
+    for record in list(reversed(chain)) + [orphan]:
+        key = f"111111111111#{record['userIdentity']['accessKeyId']}"
+        kinesis.put_record(StreamName=outputs["CloudTrailStreamName"], PartitionKey=key, Data=json.dumps(record).encode())
+
+    def enriched():
+        by_event = {r["eventID"]: r for r in read_stream(kinesis, outputs["EnrichedStreamName"])}
+        return by_event if len(by_event) >= 5 else None
+
+    # The orphan waits the buffer TTL, then up to a minute for the schedule's next sweep.
+    out = wait("every record enriched, the orphan swept out", enriched, timeout=BUFFER_TTL_SECONDS + 150, every=2)
+    for record in chain:
+        enrichment = out[record["eventID"]]["enrichment"]
+        if enrichment["status"] != "resolved" or enrichment["originalActor"]["arn"] != alice["arn"]:
+            sys.exit(f"e2e: {record['eventID']} is not traced to Alice: {enrichment}")
+    keys = [link["accessKeyId"] for link in out["4-snapshot-with-asia2"]["enrichment"]["roleChain"]]
+    if keys != ["ASIA1", "ASIA2"]:
+        sys.exit(f"e2e: the snapshot's role chain is {keys}, expected ASIA1 then ASIA2")
+    if out["5-orphan"]["enrichment"]["status"] != "unresolved":
+        sys.exit(f"e2e: the orphan should go out unresolved: {out['5-orphan']['enrichment']}")
+    print(f"e2e: {stack}: a role chain put in reverse order traced to Alice, the orphan unresolved after {time.time() - put:.0f} s: ok")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,18 @@
 // so choosing CDK over SAM never changes what is deployed.
 import * as fs from 'fs';
 import * as path from 'path';
-import { CfnOutput, CfnResource, Duration, RemovalPolicy, Stack, StackProps } from 'aws-cdk-lib';
+import {
+  CfnOutput,
+  CfnParameter,
+  CfnResource,
+  Duration,
+  RemovalPolicy,
+  Stack,
+  StackProps,
+} from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
+import * as events from 'aws-cdk-lib/aws-events';
+import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as kinesis from 'aws-cdk-lib/aws-kinesis';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import { KinesisEventSource, SqsDlq } from 'aws-cdk-lib/aws-lambda-event-sources';
@@ -34,6 +44,47 @@ function functionCode(functionsDir: string, binary: string): lambda.Code {
   return lambda.Code.fromAsset(dir);
 }
 
+/** The settings of every stream trigger, as template.yaml gives them: partial batch responses
+ * checkpoint at the lowest unapplied record, bisection isolates a record that fails the whole
+ * function, and what still fails after its retries is described on the failed-batches queue. */
+function streamTrigger(stream: kinesis.IStream, failedBatches: sqs.IQueue): KinesisEventSource {
+  return new KinesisEventSource(stream, {
+    startingPosition: lambda.StartingPosition.TRIM_HORIZON,
+    batchSize: 500,
+    maxBatchingWindow: Duration.seconds(1),
+    reportBatchItemFailures: true,
+    bisectBatchOnError: true,
+    retryAttempts: 10,
+    maxRecordAge: Duration.seconds(86400),
+    parallelizationFactor: 2,
+    onFailure: new SqsDlq(failedBatches),
+  });
+}
+
+/** Adds `source` to `fn` under the logical id SAM gives it: <function><event>. */
+function addTrigger(fn: lambda.Function, fnId: string, event: string, source: KinesisEventSource): void {
+  const before = new Set(fn.node.children);
+  fn.addEventSource(source);
+  const mapping = fn.node.children.find((c) => !before.has(c) && c instanceof lambda.EventSourceMapping);
+  if (mapping === undefined) {
+    throw new Error(`${fnId}: the Kinesis event source ${event} made no event source mapping`);
+  }
+  logicalId(mapping, `${fnId}${event}`);
+}
+
+/** A Kinesis stream as template.yaml declares them: provisioned, encrypted with the AWS key. */
+function stream(scope: Construct, id: string, shardCount: number): kinesis.Stream {
+  const made = new kinesis.Stream(scope, id, {
+    shardCount,
+    streamMode: kinesis.StreamMode.PROVISIONED,
+    encryption: kinesis.StreamEncryption.MANAGED,
+    // Records live 24 hours and a shard costs by the hour: the stream goes with the stack.
+    removalPolicy: RemovalPolicy.DESTROY,
+  });
+  logicalId(made, id);
+  return made;
+}
+
 export class KeywayStack extends Stack {
   constructor(scope: Construct, id: string, props: KeywayStackProps) {
     super(scope, id, props);
@@ -51,14 +102,39 @@ export class KeywayStack extends Stack {
     });
     logicalId(stateTable, 'StateTable');
 
-    const clicks = new kinesis.Stream(this, 'ClicksStream', {
-      shardCount: 2,
-      streamMode: kinesis.StreamMode.PROVISIONED,
-      encryption: kinesis.StreamEncryption.MANAGED,
-      // Records live 24 hours and a shard costs by the hour: the stream goes with the stack.
-      removalPolicy: RemovalPolicy.DESTROY,
+    const customerMap = new CfnParameter(this, 'CustomerMap', {
+      type: 'String',
+      default: '{}',
+      description:
+        "The identity enricher's customers: a JSON object of account id to customer id. Accounts " +
+        'of one customer share its partitions, so role chains across them resolve; an account ' +
+        'left out is its own customer.',
     });
-    logicalId(clicks, 'ClicksStream');
+    const bufferTtl = new CfnParameter(this, 'BufferTtlSeconds', {
+      type: 'Number',
+      default: 900,
+      description:
+        "How long a CloudTrail record waits for the resolution of its caller's access key before " +
+        'the identity enricher sends it out unresolved.',
+    });
+
+    const cloudTrailShards = new CfnParameter(this, 'CloudTrailShards', {
+      type: 'Number',
+      default: 4,
+      description: 'Shards of the CloudTrail stream, which the enricher reads in parallel.',
+    });
+    const feedbackShards = new CfnParameter(this, 'FeedbackShards', {
+      type: 'Number',
+      default: 2,
+      description: 'Shards of the feedback stream, which carries one resolution per issued key.',
+    });
+
+    const clicks = stream(this, 'ClicksStream', 2);
+    // CloudTrail records, partitioned by customer#accessKeyId of their caller; resolutions of
+    // issued keys, partitioned by customer#issuedAccessKeyId; the enriched records.
+    const cloudTrail = stream(this, 'CloudTrailStream', cloudTrailShards.valueAsNumber);
+    const feedback = stream(this, 'FeedbackStream', feedbackShards.valueAsNumber);
+    const enriched = stream(this, 'EnrichedStream', 2);
 
     const counts = new sqs.Queue(this, 'CountsQueue');
     logicalId(counts, 'CountsQueue');
@@ -93,29 +169,47 @@ export class KeywayStack extends Stack {
     counts.grantSendMessages(keyedCounter);
     deadLetters.grantSendMessages(keyedCounter);
 
-    // The settings the executor is built for: partial batch responses checkpoint at the lowest
-    // unapplied record, bisection isolates a record that fails the whole function, and what still
-    // fails after its retries is described on the failed-batches queue.
-    const source = new KinesisEventSource(clicks, {
-      startingPosition: lambda.StartingPosition.TRIM_HORIZON,
-      batchSize: 500,
-      maxBatchingWindow: Duration.seconds(1),
-      reportBatchItemFailures: true,
-      bisectBatchOnError: true,
-      retryAttempts: 10,
-      maxRecordAge: Duration.seconds(86400),
-      parallelizationFactor: 2,
-      onFailure: new SqsDlq(failedBatches),
+    addTrigger(keyedCounter, 'KeyedCounterFunction', 'Clicks', streamTrigger(clicks, failedBatches));
+
+    const enricher = new lambda.Function(this, 'IdentityEnricherFunction', {
+      description: 'Traces every CloudTrail action through role chains to its original actor.',
+      runtime: lambda.Runtime.PROVIDED_AL2023,
+      handler: 'bootstrap',
+      architecture: lambda.Architecture.X86_64,
+      memorySize: 256,
+      timeout: Duration.seconds(30),
+      code: functionCode(props.functionsDir, 'identity-enricher'),
+      environment: {
+        STATE_TABLE: stateTable.tableName,
+        EVENTS_STREAM: cloudTrail.streamName,
+        FEEDBACK_STREAM: feedback.streamName,
+        ENRICHED_SINK: `kinesis:${enriched.streamName}`,
+        DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
+        CUSTOMER_MAP: customerMap.valueAsString,
+        BUFFER_TTL_SECONDS: bufferTtl.valueAsString,
+        // As the keyed counter's: both streams keep records 24 hours, the mappings a day.
+        KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
+      },
     });
-    keyedCounter.addEventSource(source);
-    // SAM names a function's event source mapping <function><event>: the event is `Clicks`.
-    const mapping = keyedCounter.node.children.find((c) => c instanceof lambda.EventSourceMapping);
-    if (mapping === undefined) {
-      throw new Error('KeyedCounterFunction: the Kinesis event source made no event source mapping');
-    }
-    logicalId(mapping, 'KeyedCounterFunctionClicks');
+    logicalId(enricher, 'IdentityEnricherFunction');
+    stateTable.grantReadWriteData(enricher);
+    feedback.grantReadWrite(enricher);
+    enriched.grantWrite(enricher);
+    deadLetters.grantSendMessages(enricher);
+    addTrigger(enricher, 'IdentityEnricherFunction', 'CloudTrail', streamTrigger(cloudTrail, failedBatches));
+    addTrigger(enricher, 'IdentityEnricherFunction', 'Feedback', streamTrigger(feedback, failedBatches));
+    // Keyed timers fire from a due-time index this schedule sweeps: a buffered record goes out
+    // unresolved within the buffer TTL and a minute, even when its key hears nothing more.
+    const sweep = new events.Rule(this, 'IdentityEnricherFunctionSweepTimers', {
+      schedule: events.Schedule.rate(Duration.minutes(1)),
+      targets: [new targets.LambdaFunction(enricher)],
+    });
+    logicalId(sweep, 'IdentityEnricherFunctionSweepTimers');
 
     new CfnOutput(this, 'ClicksStreamName', { value: clicks.streamName });
+    new CfnOutput(this, 'CloudTrailStreamName', { value: cloudTrail.streamName });
+    new CfnOutput(this, 'FeedbackStreamName', { value: feedback.streamName });
+    new CfnOutput(this, 'EnrichedStreamName', { value: enriched.streamName });
     new CfnOutput(this, 'CountsQueueUrl', { value: counts.queueUrl });
     new CfnOutput(this, 'DeadLetterQueueUrl', { value: deadLetters.queueUrl });
     new CfnOutput(this, 'FailedBatchesQueueUrl', { value: failedBatches.queueUrl });

@@ -6,3 +6,4 @@ pub mod harness;
 pub mod operators;
 pub mod samples;
 pub mod scripted;
+pub mod trails;

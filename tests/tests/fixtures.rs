@@ -200,3 +200,90 @@ fn a_ttl_deletion_and_an_emulator_record_decode() {
     );
     assert_eq!(emulator[0].arrival_millis, Some(1_767_225_600_000));
 }
+
+/// The identity enricher on a world of queues, its inputs wired to the fixtures' streams.
+fn identity_enricher(
+    world: &World,
+) -> keyway::lambda::StreamHandler<identity_enricher::enricher::IdentityEnricher> {
+    use identity_enricher::enricher::{EnricherConfig, IdentityEnricher, EVENTS, FEEDBACK};
+    let inputs = keyway::Inputs::new()
+        .with(
+            &EVENTS,
+            "arn:aws:kinesis:eu-west-1:111111111111:stream/cloudtrail",
+        )
+        .with(&FEEDBACK, "feedback");
+    let executor = keyway::Executor::with_inputs(
+        IdentityEnricher::new(EnricherConfig::default()),
+        inputs,
+        world.store.clone(),
+        world.sinks(),
+        world.clock.clone(),
+    )
+    .unwrap();
+    keyway::lambda::StreamHandler::new(executor)
+}
+
+#[tokio::test]
+async fn the_identity_enricher_batches_resolve_alice_wait_for_her_session_and_dead_letter_a_cut_record(
+) {
+    use identity_enricher::enricher::{ENRICHED, RESOLUTIONS};
+    use keyway::lambda::{Handler, Invocation};
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let handler = identity_enricher(&world);
+    let invoke = |path: &str| {
+        let handler = &handler;
+        let event = fixture(path).to_string();
+        async move {
+            handler
+                .handle(&event, &Invocation::default())
+                .await
+                .unwrap()
+        }
+    };
+    let enriched = |world: &World| -> Vec<Value> {
+        world
+            .outputs(ENRICHED.name)
+            .iter()
+            .map(|m| serde_json::from_str(&m.body).unwrap())
+            .collect()
+    };
+    let response = invoke("identity-enricher/cloudtrail-batch.json").await;
+    assert_eq!(response, fixture("identity-enricher/batch.response.json"));
+    // Alice's AssumeRole and her denied one go out; the snapshot with her session's key waits.
+    let out = enriched(&world);
+    assert_eq!(out.len(), 2, "{out:#?}");
+    assert!(out.iter().all(|e| e["enrichment"]["status"] == "resolved"
+        && e["enrichment"]["originalActor"]["userName"] == "alice"));
+    let resolutions = world.outputs(RESOLUTIONS.name);
+    assert_eq!(resolutions.len(), 1, "the denied call issued nothing");
+    let published: Value = serde_json::from_str(&resolutions[0].body).unwrap();
+    let resolution = fixture("identity-enricher/feedback-batch.json")["Records"][0]["kinesis"]
+        ["data"]
+        .as_str()
+        .map(|d| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, d).unwrap())
+        .unwrap();
+    let recorded: Value = serde_json::from_slice(&resolution).unwrap();
+    assert_eq!(
+        published, recorded,
+        "the feedback fixture is what the enricher publishes"
+    );
+    let letters = world.dead_letters();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].field, "data", "{letters:?}");
+
+    let response = invoke("identity-enricher/feedback-batch.json").await;
+    assert_eq!(response, fixture("identity-enricher/batch.response.json"));
+    let out = enriched(&world);
+    assert_eq!(out.len(), 3, "the snapshot is released");
+    let snapshot = &out[2];
+    assert_eq!(snapshot["eventName"], "CreateDBSnapshot");
+    assert_eq!(snapshot["enrichment"]["originalActor"]["userName"], "alice");
+    assert_eq!(
+        snapshot["enrichment"]["roleChain"][0]["roleArn"],
+        "arn:aws:iam::111111111111:role/deploy"
+    );
+
+    // The schedule's event sweeps timers: none is left, the snapshot's was cancelled.
+    let sweep = invoke("identity-enricher/scheduled-event.json").await;
+    assert_eq!(sweep["fired"], 0, "{sweep}");
+}

@@ -10,96 +10,8 @@ use identity_enricher::enricher::{
 use keyway::sources::kinesis::decode_event;
 use keyway::{Executor, Inputs};
 use keyway_tests::harness::{Shard, World};
-use serde_json::{json, Value};
-
-const ACCOUNT: &str = "111111111111";
-
-fn session(key: &str, role: &str) -> Value {
-    json!({
-        "type": "AssumedRole",
-        "principalId": format!("AROA{role}:{role}-session"),
-        "arn": format!("arn:aws:sts::{ACCOUNT}:assumed-role/{role}/{role}-session"),
-        "accountId": ACCOUNT,
-        "accessKeyId": key,
-        "sessionContext": {
-            "sessionIssuer": {
-                "type": "Role",
-                "arn": format!("arn:aws:iam::{ACCOUNT}:role/{role}"),
-                "accountId": ACCOUNT,
-                "userName": role
-            }
-        }
-    })
-}
-
-fn alice() -> Value {
-    json!({
-        "type": "IAMUser",
-        "principalId": "AIDAALICE",
-        "arn": format!("arn:aws:iam::{ACCOUNT}:user/alice"),
-        "accountId": ACCOUNT,
-        "accessKeyId": "AKIAALICE",
-        "userName": "alice"
-    })
-}
-
-fn record(id: &str, caller: Value, event_name: &str, issues: Option<(&str, &str)>) -> Value {
-    let mut record = json!({
-        "eventVersion": "1.08",
-        "userIdentity": caller,
-        "eventTime": "2026-01-01T00:00:00Z",
-        "eventSource": "sts.amazonaws.com",
-        "eventName": event_name,
-        "awsRegion": "eu-west-1",
-        "eventID": id,
-        "recipientAccountId": ACCOUNT
-    });
-    if let Some((role, key)) = issues {
-        record["requestParameters"] = json!({
-            "roleArn": format!("arn:aws:iam::{ACCOUNT}:role/{role}"),
-            "roleSessionName": format!("{role}-session")
-        });
-        record["responseElements"] = json!({
-            "credentials": {
-                "accessKeyId": key,
-                "expiration": "Jan 1, 2099, 1:00:00 AM",
-                "sessionToken": "token"
-            }
-        });
-    }
-    record
-}
-
-/// The article's example: Alice's AssumeRole, an action with ASIA1, role-1's AssumeRole of
-/// role-2, and CreateDBSnapshot with ASIA2.
-fn article() -> Vec<Value> {
-    vec![
-        record(
-            "1-alice-assumes-role-1",
-            alice(),
-            "AssumeRole",
-            Some(("role-1", "ASIA1")),
-        ),
-        record(
-            "2-action-with-asia1",
-            session("ASIA1", "role-1"),
-            "ListBuckets",
-            None,
-        ),
-        record(
-            "3-role-1-assumes-role-2",
-            session("ASIA1", "role-1"),
-            "AssumeRole",
-            Some(("role-2", "ASIA2")),
-        ),
-        record(
-            "4-snapshot-with-asia2",
-            session("ASIA2", "role-2"),
-            "CreateDBSnapshot",
-            None,
-        ),
-    ]
-}
+use keyway_tests::trails::{article, record, session, ACCOUNT};
+use serde_json::Value;
 
 /// The enricher on `world`, its events and feedback streams wired.
 fn enricher(world: &World, config: EnricherConfig) -> Executor<IdentityEnricher> {
@@ -239,6 +151,15 @@ async fn a_record_whose_resolution_never_comes_goes_out_unresolved_when_its_time
     assert_eq!(enriched["enrichment"]["status"], "unresolved");
     assert_eq!(enriched["enrichment"]["reason"], reason::BUFFER_TTL);
     assert_eq!(enriched["eventID"], "orphan");
+    // As far as the trail leads: the session and the role that issued it.
+    assert_eq!(
+        enriched["enrichment"]["sessionArn"],
+        format!("arn:aws:sts::{ACCOUNT}:assumed-role/role-9/role-9-session")
+    );
+    assert_eq!(
+        enriched["enrichment"]["sessionIssuerArn"],
+        format!("arn:aws:iam::{ACCOUNT}:role/role-9")
+    );
 }
 
 #[tokio::test]

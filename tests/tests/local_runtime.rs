@@ -32,14 +32,7 @@ fn template() -> String {
 }
 
 fn factories() -> BTreeMap<String, Factory> {
-    let mut factories: BTreeMap<String, Factory> = BTreeMap::new();
-    factories.insert(
-        "KeyedCounterFunction".into(),
-        Box::new(|platform, env| {
-            Ok(Arc::new(keyed_counter::handler(platform, env)?) as Arc<dyn Handler>)
-        }),
-    );
-    factories
+    keyway_stack::functions()
 }
 
 /// Puts `events` (key, amount) on the clicks stream; returns each one's (shard, sequence number).
@@ -163,9 +156,9 @@ async fn the_cdk_app_builds_the_stack_that_template_yaml_describes() {
     assert_eq!(cdk.functions.len(), sam.functions.len());
     for (c, s) in cdk.functions.iter().zip(&sam.functions) {
         assert_eq!(
-            (&c.logical_id, &c.name, c.timeout, &c.events),
-            (&s.logical_id, &s.name, s.timeout, &s.events),
-            "{}: name, timeout and event source mappings",
+            (&c.logical_id, &c.name, c.timeout, &c.events, &c.schedules),
+            (&s.logical_id, &s.name, s.timeout, &s.events, &s.schedules),
+            "{}: name, timeout, event source mappings and schedules",
             s.logical_id
         );
         assert_eq!(

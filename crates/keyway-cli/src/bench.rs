@@ -412,7 +412,7 @@ fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliE
                 1_767_225_600_000,
                 keyway::local::FaultPlan::default(),
             );
-            let mut functions = crate::stack::functions();
+            let mut functions = keyway_stack::functions();
             if noop {
                 functions.insert(
                     "KeyedCounterFunction".into(),
@@ -420,7 +420,7 @@ fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliE
                 );
             }
             let mut runtime = keyway::local::LocalRuntime::from_template(
-                crate::stack::TEMPLATE,
+                keyway_stack::TEMPLATE,
                 services.clone(),
                 &functions,
             )

@@ -1,7 +1,8 @@
 //! `keyway demo`: the stack of template.yaml on the embedded runtime. Generated clicks go into the
 //! stack's Kinesis stream — a few malformed, every fault of the runtime injected at a low rate —
 //! and the functions run as Lambda would run them; then every stored count is checked against the
-//! input, and what each function did is printed.
+//! input, and what each function did is printed. A second section runs generated CloudTrail
+//! traffic through the identity enricher (`demo_identity`).
 
 use crate::error::CliError;
 use std::collections::{BTreeMap, HashSet};
@@ -16,8 +17,8 @@ use keyway::local::{FaultPlan, LocalRuntime, LocalServices, MappingStats};
 use keyway::ports::Namespace;
 use keyway::KeyedOperator;
 
-use crate::stack;
 use crate::workload::zipf_keys;
+use keyway_stack as stack;
 
 const EPOCH: i64 = 1_767_225_600_000;
 
@@ -25,6 +26,8 @@ pub struct DemoOptions {
     pub events: usize,
     pub faults: f64,
     pub seed: u64,
+    /// CloudTrail records of the identity section.
+    pub identity_records: usize,
 }
 
 pub fn run(options: DemoOptions) -> Result<(), CliError> {
@@ -37,7 +40,15 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
         .start_paused(true)
         .build()
         .map_err(|e| e.to_string())?;
-    runtime.block_on(demo(options))
+    let identity_records = options.identity_records;
+    let seed = options.seed;
+    runtime.block_on(async {
+        demo(options).await?;
+        if identity_records > 0 {
+            crate::demo_identity::run(identity_records, seed).await?;
+        }
+        Ok(())
+    })
 }
 
 async fn demo(options: DemoOptions) -> Result<(), CliError> {

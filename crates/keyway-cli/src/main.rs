@@ -1,12 +1,15 @@
 //! The `keyway` command. `main` only parses arguments and hands over to the subcommands.
 
 mod bench;
+mod bench_identity;
 mod demo;
+mod demo_identity;
+mod enrich;
 mod error;
 mod ids;
 mod package;
 mod signatures;
-mod stack;
+mod trail;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +42,31 @@ enum Command {
         faults: f64,
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// CloudTrail records through the identity enricher (0 leaves the section out).
+        #[arg(long, default_value_t = 20_000)]
+        identity_records: usize,
+    },
+    /// Traces CloudTrail records to their original actors: the identity enricher of
+    /// template.yaml on the embedded runtime. Enriched records go to standard output as JSON
+    /// Lines, each input record exactly once; a summary goes to standard error.
+    Enrich {
+        /// A JSON object of account id to customer id (each account is its own customer if
+        /// left out).
+        #[arg(long)]
+        customer_map: Option<std::path::PathBuf>,
+        /// Shards of the events stream and of the feedback stream.
+        #[arg(long, default_value_t = 4)]
+        shards: usize,
+        /// Randomises the arrival order (within windows of 10,000 records) with this seed.
+        #[arg(long)]
+        shuffle: Option<u64>,
+        /// Seconds a record waits for its caller's identity before it goes out unresolved.
+        #[arg(long, default_value_t = 900)]
+        buffer_ttl: u64,
+        /// CloudTrail log files (gzipped or not), JSON Lines of records, single records, or
+        /// directories of them.
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
     },
     /// The operators' state signatures: print them, check them against the lock file, or update it.
     Signatures {
@@ -85,6 +113,22 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The identity enricher against partitioning by customer (skew on 8 shards) and against a
+    /// naive lookup-and-write per record (DynamoDB capacity, CPU), and `keyway enrich` over a
+    /// million records, in one run.
+    Identity {
+        /// Generated CloudTrail records for the skew and cost comparisons.
+        #[arg(long, default_value_t = 100_000)]
+        records: usize,
+        /// Generated records for the `keyway enrich` throughput.
+        #[arg(long, default_value_t = 1_000_000)]
+        enrich_records: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// A function's Lambda zip, built with the release profile and with the lambda-release
     /// profile in one run (minutes: two optimised builds).
     Package {
@@ -111,10 +155,12 @@ fn main() -> std::process::ExitCode {
             events,
             faults,
             seed,
+            identity_records,
         } => demo::run(demo::DemoOptions {
             events,
             faults,
             seed,
+            identity_records,
         }),
         Command::Signatures {
             check,
@@ -128,6 +174,19 @@ fn main() -> std::process::ExitCode {
             };
             signatures::run(mode, &lock)
         }
+        Command::Enrich {
+            customer_map,
+            shards,
+            shuffle,
+            buffer_ttl,
+            paths,
+        } => enrich::run(enrich::EnrichOptions {
+            customer_map,
+            shards,
+            shuffle,
+            buffer_ttl: std::time::Duration::from_secs(buffer_ttl),
+            paths,
+        }),
         Command::Ids => ids::run(),
         Command::Bench { which } => match which {
             BenchCommand::Runtime {
@@ -137,6 +196,12 @@ fn main() -> std::process::ExitCode {
             } => bench::runtime(batches, seed, json),
             BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
             BenchCommand::Package { function, json } => package::run(&function, json),
+            BenchCommand::Identity {
+                records,
+                enrich_records,
+                seed,
+                json,
+            } => bench_identity::run(records, enrich_records, seed, json),
         },
     };
     match result {

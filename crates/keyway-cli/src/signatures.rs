@@ -7,7 +7,7 @@ use std::path::Path;
 
 use keyway::operator::lock;
 
-use crate::stack;
+use keyway_stack as stack;
 
 pub enum Mode {
     Print,

@@ -18,7 +18,7 @@
 use keyway::InvalidInput;
 use serde_json::Value;
 
-use crate::identity::{Actor, ChainLink};
+use crate::identity::{partition_key, Actor, ChainLink, CustomerMap};
 
 /// The calls that issue credentials, and whether the key they issue starts a role session.
 const ISSUING_CALLS: [&str; 5] = [
@@ -37,6 +37,8 @@ pub struct CloudTrailRecord {
     /// `eventID`; documentation examples leave it out.
     pub event_id: Option<String>,
     pub event_name: String,
+    /// `eventTime` (epoch milliseconds), when the record has one that reads.
+    pub event_time: Option<i64>,
     /// The account the record was delivered to (`recipientAccountId`, or the caller's account).
     pub account: String,
     pub caller: Caller,
@@ -82,6 +84,9 @@ impl CloudTrailRecord {
             .ok_or_else(|| InvalidInput::new("eventName", "missing, or not a string"))?
             .to_owned();
         let event_id = text("eventID").map(str::to_owned);
+        let event_time = text("eventTime")
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.timestamp_millis());
         let account = text("recipientAccountId")
             .or_else(|| identity.get("accountId").and_then(Value::as_str))
             .ok_or_else(|| {
@@ -96,11 +101,18 @@ impl CloudTrailRecord {
         Ok(Self {
             event_id,
             event_name,
+            event_time,
             account,
             caller,
             issued,
             record,
         })
+    }
+
+    /// The partition key of the event stream for this record, `customer#accessKeyId` of its
+    /// caller: what a producer puts the record under.
+    pub fn partition_key(&self, customers: &CustomerMap) -> String {
+        partition_key(customers.customer_of(&self.account), self.caller_key())
     }
 
     /// The key the event stream is partitioned by, after the customer: the caller's access key,

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use keyway::domain::SourceRecord;
+use keyway::domain::{Origin, SequenceNumber, SourceRecord};
 use keyway::operator::{timers, InputDescriptor, SinkDescriptor, StateDescriptor};
 use keyway::{
     Ctx, Delivery, Input, InvalidInput, KeyedOperator, ListState, ProcessError, Sink, ValueState,
@@ -24,7 +24,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cloudtrail::{Caller, CloudTrailRecord, Issued};
-use crate::identity::{partition_key, CustomerMap, Identity, Resolution};
+use crate::identity::{CustomerMap, Identity, Resolution};
+
+/// The operator's name: part of its state keys and output ids.
+pub const NAME: &str = "identity-enricher";
 
 /// CloudTrail records, in either shape.
 pub const EVENTS: Input<CloudTrailRecord> = Input::new("events", decode_record);
@@ -36,13 +39,16 @@ pub const ENRICHED: Sink<Value> = Sink::new("enriched");
 /// Resolutions of issued keys: the feedback stream.
 pub const RESOLUTIONS: Sink<Resolution> = Sink::new("resolutions");
 
-/// The identity behind the key, and until when it holds.
-pub const IDENTITY: ValueState<Known> = ValueState::new("identity");
+/// The identity behind the key, and until when it holds. Whether it applies to a record is the
+/// record's own time's to say (a trail replayed later still resolves); the state itself goes
+/// after two days, longer than any credentials STS issues last (36 hours, GetFederationToken).
+pub const IDENTITY: ValueState<Known> =
+    ValueState::new("identity").with_ttl(Duration::from_secs(48 * 3600));
 /// Records waiting for the key's identity, oldest first. A record is JSON of any shape, which no
 /// type describes: the shape stands for it, and changes with `Waiting`.
 pub const BUFFER: ListState<Waiting> = ListState::with_shape(
     "buffer",
-    "Waiting { record: CloudTrail record as JSON, since: i64 }",
+    "Waiting { record: CloudTrail record as JSON, since: i64, at: Position { origin: Origin, sequence: SequenceNumber } }",
 );
 
 /// A key's identity, as long as its credentials last.
@@ -55,11 +61,34 @@ pub struct Known {
 }
 
 /// A record waiting for its caller's identity.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Waiting {
     pub record: Value,
     /// When it started waiting (epoch milliseconds).
     pub since: i64,
+    /// Where it was read.
+    pub at: Position,
+}
+
+/// Where a record was read, which its outputs' ids derive from: a record goes out under one id
+/// whether it goes out at once, released by a resolution, or unresolved by its timer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Position {
+    pub origin: Origin,
+    pub sequence: SequenceNumber,
+}
+
+impl Position {
+    fn of(record: &SourceRecord) -> Self {
+        Self {
+            origin: record.origin.clone(),
+            sequence: record.sequence.clone(),
+        }
+    }
+
+    fn parts(&self) -> (&Origin, &SequenceNumber) {
+        (&self.origin, &self.sequence)
+    }
 }
 
 /// What the enricher takes in.
@@ -114,21 +143,19 @@ impl IdentityEnricher {
         Self { config }
     }
 
-    fn customer_of<'a>(&'a self, record: &'a CloudTrailRecord) -> &'a str {
-        self.config.customers.customer_of(&record.account)
-    }
-
-    /// Emits `record` enriched with `identity`, and publishes the resolution of what it issued.
+    /// Emits `record` (read at `at`) enriched with `identity`, and publishes the resolution of
+    /// what it issued.
     fn resolved(
         &self,
         ctx: &mut Ctx<'_>,
-        record: &CloudTrailRecord,
+        record: CloudTrailRecord,
+        at: &Position,
         identity: &Identity,
     ) -> Result<(), ProcessError> {
         if let Some(issued) = &record.issued {
-            self.publish(ctx, record, identity, issued)?;
+            self.publish(ctx, &record, at, identity, issued)?;
         }
-        self.emit(ctx, record.record.clone(), enrichment(identity))
+        self.emit(ctx, at, record.record, enrichment(identity))
     }
 
     /// The resolution of a key `record` issued, unless it would close a cycle, make the chain
@@ -139,6 +166,7 @@ impl IdentityEnricher {
         &self,
         ctx: &mut Ctx<'_>,
         record: &CloudTrailRecord,
+        at: &Position,
         identity: &Identity,
         issued: &Issued,
     ) -> Result<(), ProcessError> {
@@ -166,61 +194,70 @@ impl IdentityEnricher {
             expiration: issued.expiration,
         };
         let key = resolution.partition_key();
-        ctx.emit(&RESOLUTIONS, key, &resolution)
+        ctx.emit_for(&RESOLUTIONS, at.parts(), 0, key, &resolution)
     }
 
+    /// Emits `record` (read at `at`) with its enrichment, which carries the output's id: a
+    /// Kinesis consumer has nowhere else to find it.
     fn emit(
         &self,
         ctx: &mut Ctx<'_>,
+        at: &Position,
         mut record: Value,
-        enrichment: Value,
+        mut enrichment: Value,
     ) -> Result<(), ProcessError> {
         let key = ctx.key().to_owned();
+        let (origin, sequence) = at.parts();
+        enrichment["outputId"] = ctx
+            .output_id_for(&ENRICHED, origin, sequence, 0)
+            .as_str()
+            .into();
         record["enrichment"] = enrichment;
-        ctx.emit(&ENRICHED, key, &record)
+        ctx.emit_for(&ENRICHED, at.parts(), 0, key, &record)
     }
 
-    /// The key's identity, if known and not expired.
-    fn known(&self, ctx: &mut Ctx<'_>) -> Result<Option<Identity>, ProcessError> {
-        let now = ctx.now_millis();
-        let mut state = ctx.value(&IDENTITY)?;
-        match state.get() {
-            Some(known) if known.until.is_none_or(|until| now <= until) => {
-                Ok(Some(known.identity.clone()))
-            }
-            Some(_) => {
-                state.clear();
-                Ok(None)
-            }
-            None => Ok(None),
-        }
+    /// The key's identity, if known and not expired at `at` (a record's time).
+    fn known(&self, ctx: &mut Ctx<'_>, at: i64) -> Result<Option<Identity>, ProcessError> {
+        Ok(ctx
+            .value(&IDENTITY)?
+            .get()
+            .filter(|known| known.until.is_none_or(|until| at <= until))
+            .map(|known| known.identity.clone()))
     }
 
     fn event(&self, ctx: &mut Ctx<'_>, record: CloudTrailRecord) -> Result<(), ProcessError> {
+        let at = Position::of(ctx.record());
         let identity = match &record.caller {
             Caller::Identified(actor) => Identity::of(actor.clone()),
             Caller::Untraceable { reason } => {
-                return self.emit(ctx, record.record, unresolved(reason))
+                return self.emit(ctx, &at, record.record, unresolved(reason))
             }
-            Caller::Session { .. } => match self.known(ctx)? {
+            Caller::Session { .. } => match self.known(ctx, record_time(ctx, &record))? {
                 Some(identity) => identity,
-                None => return self.wait(ctx, record),
+                None => return self.wait(ctx, record, at),
             },
         };
-        self.resolved(ctx, &record, &identity)
+        self.resolved(ctx, record, &at, &identity)
     }
 
     /// Buffers `record` until its key's identity comes, and makes sure a timer will release it.
-    fn wait(&self, ctx: &mut Ctx<'_>, record: CloudTrailRecord) -> Result<(), ProcessError> {
+    fn wait(
+        &self,
+        ctx: &mut Ctx<'_>,
+        record: CloudTrailRecord,
+        at: Position,
+    ) -> Result<(), ProcessError> {
         let since = ctx.now_millis();
         let mut buffer = ctx.list(&BUFFER)?;
         if buffer.len() >= self.config.max_buffered {
-            return self.emit(ctx, record.record, unresolved(reason::BUFFER_FULL));
+            let enrichment = unresolved_session(reason::BUFFER_FULL, &record.record);
+            return self.emit(ctx, &at, record.record, enrichment);
         }
         let first = buffer.is_empty();
         buffer.push(Waiting {
             record: record.record,
             since,
+            at,
         });
         if first {
             ctx.timer_at(since + self.config.buffer_ttl.as_millis() as i64)?;
@@ -239,10 +276,10 @@ impl IdentityEnricher {
         for at in ctx.pending_timers()? {
             ctx.cancel_timer(at)?;
         }
-        for Waiting { record, .. } in waiting {
+        for Waiting { record, at, .. } in waiting {
             // Buffered records read before: they read again.
             let record = CloudTrailRecord::parse(record).map_err(ProcessError::from)?;
-            self.resolved(ctx, &record, &identity)?;
+            self.resolved(ctx, record, &at, &identity)?;
         }
         Ok(())
     }
@@ -252,7 +289,7 @@ impl KeyedOperator for IdentityEnricher {
     type Input = Enrich;
 
     fn name(&self) -> &str {
-        "identity-enricher"
+        NAME
     }
 
     fn states(&self) -> Vec<StateDescriptor> {
@@ -281,7 +318,7 @@ impl KeyedOperator for IdentityEnricher {
 
     fn key(&self, input: &Enrich) -> String {
         match input {
-            Enrich::Event(record) => partition_key(self.customer_of(record), record.caller_key()),
+            Enrich::Event(record) => record.partition_key(&self.config.customers),
             Enrich::Resolved(resolution) => resolution.partition_key(),
         }
     }
@@ -306,11 +343,17 @@ impl KeyedOperator for IdentityEnricher {
         }
         let mut buffer = ctx.list(&BUFFER)?;
         left.into_iter().for_each(|w| buffer.push(w));
-        for Waiting { record, .. } in due {
-            self.emit(ctx, record, unresolved(reason::BUFFER_TTL))?;
+        for Waiting { record, at, .. } in due {
+            let enrichment = unresolved_session(reason::BUFFER_TTL, &record);
+            self.emit(ctx, &at, record, enrichment)?;
         }
         Ok(())
     }
+}
+
+/// When `record` happened: its event time, or now for a record without one.
+fn record_time(ctx: &Ctx<'_>, record: &CloudTrailRecord) -> i64 {
+    record.event_time.unwrap_or_else(|| ctx.now_millis())
 }
 
 /// Reads an events record: its data is a CloudTrail record, in either shape.
@@ -328,4 +371,20 @@ fn enrichment(identity: &Identity) -> Value {
 
 fn unresolved(reason: &str) -> Value {
     serde_json::json!({ "status": "unresolved", "reason": reason })
+}
+
+/// An unresolved session's enrichment, with the fallback the record itself gives: the session
+/// (`userIdentity.arn`) and the role or user that issued it (`sessionContext.sessionIssuer`).
+/// Console sessions and credentials from Identity Center's portal carry keys that no logged
+/// response issued: for them this is as far as the trail leads.
+fn unresolved_session(reason: &str, record: &Value) -> Value {
+    let mut enrichment = unresolved(reason);
+    let identity = &record["userIdentity"];
+    if let Some(arn) = identity["arn"].as_str() {
+        enrichment["sessionArn"] = arn.into();
+    }
+    if let Some(issuer) = identity["sessionContext"]["sessionIssuer"]["arn"].as_str() {
+        enrichment["sessionIssuerArn"] = issuer.into();
+    }
+    enrichment
 }

@@ -37,9 +37,9 @@ pub struct TimerSweep {
 
 impl<O: KeyedOperator> Executor<O> {
     /// Fires every timer of the operator due by the executor's clock, a batch at a time, until
-    /// none is due, one batch leaves some for later, or `deadline_millis` (the invocation's) is
-    /// near. Fails only when the index cannot be read or its entries removed; the next sweep
-    /// starts over.
+    /// none is due or `deadline_millis` (the invocation's) is near; what a batch leaves comes due
+    /// again a minute later. Fails only when the index cannot be read or its entries removed;
+    /// the next sweep starts over.
     pub async fn fire_timers(
         &self,
         deadline_millis: Option<i64>,
@@ -83,7 +83,9 @@ impl<O: KeyedOperator> Executor<O> {
             sweep.skipped += report.replayed;
             sweep.dead_lettered += report.dead_lettered;
             sweep.left += left.len();
-            if !left.is_empty() || !full {
+            // The entries left are due again only later: the next batch holds others, so one
+            // key that failed does not hold back the timers of every key due after it.
+            if !full {
                 return Ok(sweep);
             }
         }
@@ -355,6 +357,26 @@ mod tests {
         b.clock.advance(IDLE);
         let sweep = b.executor.fire_timers(None).await.unwrap();
         assert_eq!((sweep.due, sweep.fired, sweep.left), (keys, keys, 0));
+    }
+
+    #[tokio::test]
+    async fn one_sweep_goes_on_past_a_batch_that_left_a_failed_timer() {
+        let b = sessions();
+        // Key a's timer fails; more keys than one sweep batch holds are due with it.
+        let mut batch = vec![record(1, "p", "a", 6), record(2, "p", "a", 7)];
+        let others = TIMERS_PER_BATCH + 10;
+        for i in 0..others {
+            batch.push(record(3 + i as u64, "p", &format!("k{i:03}"), 1));
+        }
+        b.executor.run(batch).await;
+        b.clock.advance(IDLE);
+        let sweep = b.executor.fire_timers(None).await.unwrap();
+        let notices = sent(&b).iter().filter(|body| *body == "-1").count();
+        assert_eq!(
+            notices, others,
+            "every other key's timer fired in this sweep"
+        );
+        assert!(sweep.left >= 1, "{sweep:?}");
     }
 
     #[tokio::test]

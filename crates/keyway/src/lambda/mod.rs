@@ -3,7 +3,7 @@
 //! event source mapping invokes (`handler`).
 //!
 //! A function crate exposes `handler(platform, env)`; its `main` calls it with the AWS platform
-//! and the process environment, the embedded runtime with its in-memory services and the
+//! and the process environment and hands it to `serve`, the embedded runtime with its in-memory services and the
 //! environment template.yaml gives the function. One invocation, followed through: `main` hands
 //! the event to `StreamHandler::handle` (here), which decodes it (`sources`), runs the batch
 //! (`executor`) and answers the partial batch response (here).
@@ -12,6 +12,7 @@ pub mod aws;
 mod env;
 mod handler;
 mod platform;
+mod serve;
 
 pub use aws::AwsClients;
 pub use env::{
@@ -23,3 +24,4 @@ pub use handler::{
     Invocation, SourceError, StreamHandler,
 };
 pub use platform::{Platform, PortError, SinkTarget};
+pub use serve::serve;

@@ -383,7 +383,17 @@ impl LocalRuntime {
         services: Arc<LocalServices>,
         factories: &BTreeMap<String, Factory>,
     ) -> Result<Self, LocalError> {
-        let (wiring, template) = template::parse(text)?;
+        Self::from_template_with(text, &BTreeMap::new(), services, factories)
+    }
+
+    /// Deploys the template as `from_template` does, with `parameters` given values.
+    pub fn from_template_with(
+        text: &str,
+        parameters: &BTreeMap<String, String>,
+        services: Arc<LocalServices>,
+        factories: &BTreeMap<String, Factory>,
+    ) -> Result<Self, LocalError> {
+        let (wiring, template) = template::parse_with(text, parameters)?;
         let mut names = Names::default();
         for (id, resource) in &wiring.resources {
             let mut attr =

@@ -123,10 +123,27 @@ fn get<'a>(value: &'a Value, key: &str) -> Option<&'a Value> {
 }
 
 /// Parses a template's text into its wiring; references are resolved later, once the resources
-/// exist, by `resolve`.
+/// exist, by `resolve`. Parameters take their defaults.
 pub fn parse(text: &str) -> Result<(Wiring, Value), TemplateError> {
-    let template: Value =
+    parse_with(text, &BTreeMap::new())
+}
+
+/// Parses a template as `parse` does, with `parameters` given values, as a deployment would give
+/// them; each must be one the template declares.
+pub fn parse_with(
+    text: &str,
+    parameters: &BTreeMap<String, String>,
+) -> Result<(Wiring, Value), TemplateError> {
+    let mut template: Value =
         serde_yaml::from_str(text).map_err(|e| TemplateError(format!("not YAML: {e}")))?;
+    for (name, value) in parameters {
+        let declared = template
+            .get_mut("Parameters")
+            .and_then(|p| p.get_mut(name.as_str()))
+            .and_then(Value::as_mapping_mut)
+            .ok_or_else(|| TemplateError(format!("parameter {name}: not in the template")))?;
+        declared.insert("Default".into(), Value::String(value.clone()));
+    }
     let resources = get(&template, "Resources")
         .and_then(Value::as_mapping)
         .ok_or_else(|| TemplateError("no Resources".into()))?;
@@ -177,9 +194,11 @@ pub fn parse(text: &str) -> Result<(Wiring, Value), TemplateError> {
                 );
             }
             "AWS::Kinesis::Stream" => {
-                let shards = get(&props, "ShardCount")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(1) as usize;
+                let shards = match get(&props, "ShardCount") {
+                    Some(count) => whole_number(count, &template)
+                        .ok_or_else(|| TemplateError(format!("{id}.ShardCount: not a number")))?,
+                    None => 1,
+                } as usize;
                 let name = literal("Name").unwrap_or_else(|| id.clone());
                 let hours = get(&props, "RetentionPeriodHours")
                     .and_then(Value::as_u64)
@@ -674,6 +693,21 @@ pub fn resolve(
     }
 }
 
+/// A whole number written in the template: literally, as text, or as `!Ref` of a parameter.
+fn whole_number(value: &Value, template: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => {
+            let parameter = logical_id(value)?;
+            let default = get(template, "Parameters")
+                .and_then(|p| get(p, &parameter))
+                .and_then(|p| get(p, "Default"))?;
+            scalar(default).parse().ok()
+        }
+    }
+}
+
 fn scalar(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
@@ -765,6 +799,45 @@ Resources:
         fn attribute(&self, id: &str, attr: &str) -> Option<String> {
             Some(format!("{attr}-of-{id}"))
         }
+    }
+
+    #[test]
+    fn parameters_given_at_deployment_replace_their_defaults_and_an_unknown_one_is_named() {
+        let text = TEMPLATE
+            .replace(
+                "    Default: dev\n",
+                "    Default: dev\n  Shards:\n    Type: Number\n    Default: 2\n",
+            )
+            .replace("{ ShardCount: 2 }", "{ ShardCount: !Ref Shards }");
+        let (wiring, _) = parse(&text).unwrap();
+        let shards = |wiring: &Wiring| match &wiring.resources["Clicks"] {
+            Resource::Stream { shards, .. } => *shards,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(shards(&wiring), 2, "the default");
+        let given: BTreeMap<String, String> = [
+            ("Shards".to_owned(), "16".to_owned()),
+            ("Stage".to_owned(), "prod".to_owned()),
+        ]
+        .into();
+        let (wiring, template) = parse_with(&text, &given).unwrap();
+        assert_eq!(shards(&wiring), 16);
+        let value: Value = serde_yaml::from_str("!Ref Stage").unwrap();
+        struct Nothing;
+        impl Resolver for Nothing {
+            fn reference(&self, _: &str) -> Option<String> {
+                None
+            }
+            fn attribute(&self, _: &str, _: &str) -> Option<String> {
+                None
+            }
+        }
+        assert_eq!(resolve(&value, &template, &Nothing).unwrap(), "prod");
+        let unknown: BTreeMap<String, String> = [("Region".to_owned(), "x".to_owned())].into();
+        assert_eq!(
+            parse_with(&text, &unknown).unwrap_err().0,
+            "parameter Region: not in the template"
+        );
     }
 
     #[test]

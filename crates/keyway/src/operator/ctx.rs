@@ -14,7 +14,7 @@ use super::{
     InvalidInput, ListHandle, ListState, MapHandle, MapState, ProcessError, Sink, StateDescriptor,
     StateError, ValueHandle, ValueState,
 };
-use crate::domain::{KeyState, Output, OutputId, SlotData, SourceRecord};
+use crate::domain::{KeyState, Origin, Output, OutputId, SequenceNumber, SlotData, SourceRecord};
 
 static EMPTY_SLOT: SlotData = SlotData {
     entries: Vec::new(),
@@ -190,12 +190,7 @@ impl<'a> Ctx<'a> {
         partition_key: impl Into<String>,
         body: &T,
     ) -> Result<(), ProcessError> {
-        let text = serde_json::to_string(body).map_err(|e| {
-            ProcessError::Invalid(InvalidInput::new(
-                format!("output.{}", sink.name),
-                e.to_string(),
-            ))
-        })?;
+        let text = self.encode(sink, body)?;
         self.push(sink.name, partition_key.into(), text)
     }
 
@@ -210,9 +205,67 @@ impl<'a> Ctx<'a> {
         self.push(sink.name, partition_key.into(), json)
     }
 
+    /// The id of the `index`-th output to `sink` answering the record at `sequence` of `origin`:
+    /// what `emit_for` sends it under, for a body that carries its own id (a Kinesis record has no
+    /// attributes to carry it in).
+    pub fn output_id_for<T>(
+        &self,
+        sink: &Sink<T>,
+        origin: &Origin,
+        sequence: &SequenceNumber,
+        index: u32,
+    ) -> OutputId {
+        OutputId::derive(self.operator, sink.name, origin, sequence, index)
+    }
+
+    /// Emits `body` to `sink` as the `index`-th output answering an earlier record of the key (at
+    /// `sequence` of `origin`) rather than the one being processed. A record that waited in state
+    /// until another record or a timer released it keeps the id it would have had going out at
+    /// once: one id per input record, whatever the arrival order, retry or replay. An operator
+    /// sends a sink's outputs either all with `emit_for` or all with `emit`, so ids never meet.
+    pub fn emit_for<T: Serialize>(
+        &mut self,
+        sink: &Sink<T>,
+        (origin, sequence): (&Origin, &SequenceNumber),
+        index: u32,
+        partition_key: impl Into<String>,
+        body: &T,
+    ) -> Result<(), ProcessError> {
+        let text = self.encode(sink, body)?;
+        let id = self.output_id_for(sink, origin, sequence, index);
+        self.push_with_id(sink.name, id, partition_key.into(), text)
+    }
+
+    fn encode<T: Serialize>(&self, sink: &Sink<T>, body: &T) -> Result<String, ProcessError> {
+        serde_json::to_string(body).map_err(|e| {
+            ProcessError::Invalid(InvalidInput::new(
+                format!("output.{}", sink.name),
+                e.to_string(),
+            ))
+        })
+    }
+
     fn push(
         &mut self,
         sink: &str,
+        partition_key: String,
+        body: String,
+    ) -> Result<(), ProcessError> {
+        let index = u32::try_from(self.outputs.len()).expect("fewer than 2^32 outputs per record");
+        let id = OutputId::derive(
+            self.operator,
+            sink,
+            &self.record.origin,
+            &self.record.sequence,
+            index,
+        );
+        self.push_with_id(sink, id, partition_key, body)
+    }
+
+    fn push_with_id(
+        &mut self,
+        sink: &str,
+        id: OutputId,
         partition_key: String,
         body: String,
     ) -> Result<(), ProcessError> {
@@ -233,15 +286,8 @@ impl<'a> Ctx<'a> {
                 ),
             )));
         }
-        let index = u32::try_from(self.outputs.len()).expect("fewer than 2^32 outputs per record");
         self.outputs.push(Output {
-            id: OutputId::derive(
-                self.operator,
-                sink,
-                &self.record.origin,
-                &self.record.sequence,
-                index,
-            ),
+            id,
             sink: sink.to_owned(),
             partition_key,
             body,

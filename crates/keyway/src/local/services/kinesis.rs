@@ -34,6 +34,8 @@ struct Shard {
     id: String,
     /// Shared with the readers: a record is never copied once written.
     records: Vec<Arc<StoredRecord>>,
+    /// How many records were trimmed from the front: positions stay where they were.
+    trimmed: usize,
     /// The second the write counters below are for, and what was written in it.
     second: i64,
     written_records: u32,
@@ -80,6 +82,7 @@ impl LocalKinesis {
             .map(|i| Shard {
                 id: format!("shardId-{i:012}"),
                 records: Vec::new(),
+                trimmed: 0,
                 second: 0,
                 written_records: 0,
                 written_bytes: 0,
@@ -135,8 +138,29 @@ impl LocalKinesis {
             .unwrap_or_default()
     }
 
+    /// Drops every record `stream` holds now, as its retention would later; positions stay where
+    /// they were. For a driver that has read what it needs of the stream and knows no mapping
+    /// will read these records again (every mapping idle): a long run's memory then stays
+    /// bounded. Returns how many records it dropped.
+    pub fn trim(&self, stream: &str) -> usize {
+        let mut streams = self.streams.lock().expect("streams lock");
+        let Some(stream) = streams.get_mut(stream) else {
+            return 0;
+        };
+        stream
+            .shards
+            .iter_mut()
+            .map(|shard| {
+                let dropped = shard.records.len();
+                shard.trimmed += dropped;
+                shard.records = Vec::new();
+                dropped
+            })
+            .sum()
+    }
+
     /// Up to `max` records of one shard from position `from` (an index into the shard), as a
-    /// shard iterator would return them.
+    /// shard iterator would return them; from the oldest kept when `from` was trimmed.
     pub fn read(
         &self,
         stream: &str,
@@ -144,35 +168,36 @@ impl LocalKinesis {
         from: usize,
         max: usize,
     ) -> Vec<Arc<StoredRecord>> {
-        self.with_shard(stream, shard, |records| {
+        self.with_shard(stream, shard, |trimmed, records| {
+            let from = from.saturating_sub(trimmed);
             records.iter().skip(from).take(max).cloned().collect()
         })
     }
 
-    /// How many records one shard holds.
+    /// The position after one shard's last record: how many it ever held.
     pub fn shard_len(&self, stream: &str, shard: usize) -> usize {
-        self.with_shard(stream, shard, |records| records.len())
+        self.with_shard(stream, shard, |trimmed, records| trimmed + records.len())
     }
 
     /// The position of the first record that arrived at or after `millis` (AT_TIMESTAMP).
     pub fn position_at(&self, stream: &str, shard: usize, millis: i64) -> usize {
-        self.with_shard(stream, shard, |records| {
-            records.partition_point(|r| r.arrival_millis < millis)
+        self.with_shard(stream, shard, |trimmed, records| {
+            trimmed + records.partition_point(|r| r.arrival_millis < millis)
         })
     }
 
-    /// `f` of one shard's records; of no records when there is no such shard.
+    /// `f` of one shard's trimmed count and kept records; of none when there is no such shard.
     fn with_shard<T>(
         &self,
         stream: &str,
         shard: usize,
-        f: impl FnOnce(&[Arc<StoredRecord>]) -> T,
+        f: impl FnOnce(usize, &[Arc<StoredRecord>]) -> T,
     ) -> T {
         let streams = self.streams.lock().expect("streams lock");
-        f(streams
-            .get(stream)
-            .and_then(|s| s.shards.get(shard))
-            .map_or(&[], |sh| sh.records.as_slice()))
+        match streams.get(stream).and_then(|s| s.shards.get(shard)) {
+            Some(shard) => f(shard.trimmed, &shard.records),
+            None => f(0, &[]),
+        }
     }
 
     /// Puts records as a careful producer does: one at a time, each retried until the stream takes
@@ -327,5 +352,33 @@ impl KinesisApi for LocalKinesis {
         let outcome = self.put(stream, entries);
         self.meter.call("PutRecords", 0.0, 0.0).await;
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::services::clock::VirtualClock;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trimmed_stream_keeps_its_positions_and_reads_on_from_them() {
+        let kinesis = LocalKinesis::new(VirtualClock::starting_at(0), Faults::none());
+        kinesis.create_stream("s", 1);
+        for i in 0..3 {
+            kinesis.put_record("s", "k", &[i]).unwrap();
+        }
+        assert_eq!(kinesis.trim("s"), 3);
+        assert!(kinesis.records("s").is_empty());
+        assert_eq!(kinesis.shard_len("s", 0), 3, "positions stay");
+        kinesis.put_record("s", "k", &[3]).unwrap();
+        let read = kinesis.read("s", 0, 3, 10);
+        assert_eq!(read.len(), 1);
+        assert_eq!(read[0].data, [3]);
+        assert_eq!(
+            kinesis.read("s", 0, 0, 10).len(),
+            1,
+            "a trimmed position reads on from the oldest kept"
+        );
+        assert_eq!(kinesis.position_at("s", 0, 0), 3);
     }
 }

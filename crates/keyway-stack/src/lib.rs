@@ -1,4 +1,5 @@
-//! The stack the embedded runtime runs: template.yaml, compiled in, and the functions it names.
+//! The stack the embedded runtime runs: template.yaml, compiled in, and the functions it names,
+//! for the `keyway` command and the tests alike.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,11 +21,21 @@ pub fn functions() -> BTreeMap<String, Factory> {
             Ok(Arc::new(keyed_counter::handler(platform, env)?) as Arc<dyn Handler>)
         }),
     );
+    functions.insert(
+        "IdentityEnricherFunction".into(),
+        Box::new(|platform, env| {
+            Ok(Arc::new(identity_enricher::handler(platform, env)?) as Arc<dyn Handler>)
+        }),
+    );
     functions
 }
 
 /// Every operator of the stack's functions, with its states: what the signature lock lists.
 pub fn operators() -> Vec<(String, Vec<StateDescriptor>)> {
     let counter = keyed_counter::KeyedCounter;
-    vec![(counter.name().to_owned(), counter.states())]
+    let enricher = identity_enricher::enricher::IdentityEnricher::new(Default::default());
+    vec![
+        (counter.name().to_owned(), counter.states()),
+        (enricher.name().to_owned(), enricher.states()),
+    ]
 }

@@ -1,0 +1,580 @@
+//! `keyway enrich`: CloudTrail records through the identity enricher of template.yaml on the
+//! embedded runtime, its events and feedback streams of N shards each, its timers swept on the
+//! template's schedule. Records go in by slices, as a live stream would bring them; after each
+//! slice the stack runs until idle, and what came out is written and dropped, so memory follows
+//! the access keys in flight, not the length of the trail.
+//!
+//! Every input record comes out exactly once: the driver derives the output id each record will
+//! go out under (the enricher sends a record under the id of where it was read, whichever record
+//! or timer releases it), waits for it, and drops a repeat. A record the enricher dead-letters
+//! (it is no CloudTrail record) is reported with why instead.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::time::Duration;
+
+use identity_enricher::enricher::{ENRICHED, NAME};
+use identity_enricher::identity::CustomerMap;
+use keyway::domain::{DeadLetter, Origin, OutputId, SequenceNumber};
+use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+use serde_json::Value;
+
+use crate::error::CliError;
+use crate::trail::Entry;
+use keyway_stack as stack;
+
+/// Records put on the stream between two runs of the stack.
+const SLICE: usize = 2_000;
+/// Where the virtual clock starts.
+const EPOCH: i64 = 1_767_225_600_000;
+
+/// How the enricher is deployed for a run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Shards of the events stream and of the feedback stream.
+    pub shards: usize,
+    /// The customer map, a JSON object of account id to customer id.
+    pub customer_map: String,
+    pub buffer_ttl: Duration,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    pub records: u64,
+    pub resolved: u64,
+    /// Unresolved records by reason.
+    pub unresolved: BTreeMap<String, u64>,
+    /// Records the enricher could not read, with the first few reasons.
+    pub dead_letters: u64,
+    pub dead_letter_reasons: Vec<String>,
+    /// Repeats of an output already written (none without faults).
+    pub repeats: u64,
+    /// The most records one key had waiting at once, as seen between slices.
+    pub largest_buffer: usize,
+    pub resolutions: u64,
+    /// Records per shard of the events stream.
+    pub shard_load: Vec<u64>,
+    /// Stream time from a record's arrival on the events stream to its enriched output's.
+    pub resolved_latency: Latency,
+    pub unresolved_latency: Latency,
+    pub virtual_time: Duration,
+    /// What the state table was asked, as DynamoDB would bill it: reads, writes and calls.
+    pub state_table: keyway::local::MeterSnapshot,
+}
+
+impl Summary {
+    /// The largest shard's load over the mean.
+    pub fn skew(&self) -> f64 {
+        let total: u64 = self.shard_load.iter().sum();
+        let max = self.shard_load.iter().copied().max().unwrap_or(0);
+        if total == 0 {
+            return 1.0;
+        }
+        max as f64 * self.shard_load.len() as f64 / total as f64
+    }
+}
+
+/// Latencies in buckets of 100 ms: percentiles in bounded memory, however many records.
+#[derive(Clone, Debug, Default)]
+pub struct Latency {
+    buckets: BTreeMap<i64, u64>,
+    count: u64,
+}
+
+impl Latency {
+    const BUCKET_MILLIS: i64 = 100;
+
+    pub fn add(&mut self, millis: i64) {
+        *self
+            .buckets
+            .entry(millis.max(0) / Self::BUCKET_MILLIS)
+            .or_default() += 1;
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The `p`-th percentile in seconds (the upper edge of its bucket), if any was added.
+    pub fn percentile(&self, p: f64) -> Option<f64> {
+        let rank = ((self.count as f64) * p / 100.0).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (bucket, n) in &self.buckets {
+            seen += n;
+            if seen >= rank {
+                return Some(((bucket + 1) * Self::BUCKET_MILLIS) as f64 / 1000.0);
+            }
+        }
+        None
+    }
+}
+
+/// A record put on the stream and not yet out.
+struct Pending {
+    key: String,
+    since: i64,
+    /// Where it was read from.
+    place: String,
+}
+
+/// The stack and the bookkeeping of one run.
+pub struct Run {
+    runtime: LocalRuntime,
+    services: std::sync::Arc<LocalServices>,
+    events: String,
+    feedback: String,
+    state_table: String,
+    enriched: String,
+    dead_letters: String,
+    pending: HashMap<OutputId, Pending>,
+    /// Records waiting, by key.
+    waiting: HashMap<String, usize>,
+    shards: BTreeMap<String, u64>,
+    summary: Summary,
+    customers: CustomerMap,
+    buffer_ttl: Duration,
+}
+
+impl Run {
+    /// Deploys template.yaml with `settings` on a fresh embedded runtime (no faults).
+    pub fn deploy(settings: &Settings) -> Result<Self, CliError> {
+        let customers = CustomerMap::from_json(&settings.customer_map).map_err(|e| {
+            format!("the customer map: expected a JSON object of account id to customer id: {e}")
+        })?;
+        let parameters: BTreeMap<String, String> = [
+            ("CloudTrailShards", settings.shards.to_string()),
+            ("FeedbackShards", settings.shards.to_string()),
+            ("CustomerMap", settings.customer_map.clone()),
+            (
+                "BufferTtlSeconds",
+                settings.buffer_ttl.as_secs().to_string(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let services = LocalServices::new(EPOCH, FaultPlan::default());
+        let runtime = LocalRuntime::from_template_with(
+            stack::TEMPLATE,
+            &parameters,
+            services.clone(),
+            &stack::functions(),
+        )?;
+        let resource = |id: &str| {
+            runtime
+                .resource(id)
+                .ok_or_else(|| CliError::from(format!("template.yaml has no {id}")))
+        };
+        Ok(Self {
+            events: resource("CloudTrailStream")?,
+            state_table: resource("StateTable")?,
+            feedback: resource("FeedbackStream")?,
+            enriched: resource("EnrichedStream")?,
+            dead_letters: resource("DeadLetterQueue")?,
+            runtime,
+            services,
+            pending: HashMap::new(),
+            waiting: HashMap::new(),
+            shards: BTreeMap::new(),
+            summary: Summary::default(),
+            customers,
+            buffer_ttl: settings.buffer_ttl,
+        })
+    }
+
+    /// Runs every entry of `entries` through the stack, writing each enriched record as a line
+    /// of `out`; `progress` hears how many records went in so far.
+    pub async fn enrich(
+        mut self,
+        entries: impl Iterator<Item = Result<Entry, CliError>>,
+        out: &mut dyn Write,
+        progress: &dyn Fn(u64),
+    ) -> Result<Summary, CliError> {
+        let mut slice = Vec::with_capacity(SLICE);
+        for entry in entries {
+            slice.push(entry?);
+            if slice.len() == SLICE {
+                self.slice(std::mem::take(&mut slice), out).await?;
+                progress(self.summary.records);
+            }
+        }
+        self.slice(slice, out).await?;
+        progress(self.summary.records);
+        self.drain_timers(out).await?;
+        let now = keyway::ports::Clock::now_millis(self.services.clock.as_ref());
+        self.summary.virtual_time = Duration::from_millis((now - EPOCH) as u64);
+        self.summary.shard_load = self.shards.values().copied().collect();
+        if let Some(table) = self.services.dynamodb.table(&self.state_table) {
+            self.summary.state_table = table.meter().snapshot();
+        }
+        Ok(self.summary)
+    }
+
+    /// Puts one slice on the events stream, runs the stack until idle, and writes what came out.
+    async fn slice(&mut self, entries: Vec<Entry>, out: &mut dyn Write) -> Result<(), CliError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let places: Vec<String> = entries.iter().map(|e| e.place().to_owned()).collect();
+        let records: Vec<(String, Vec<u8>)> = entries
+            .into_iter()
+            .map(|entry| partitioned(entry, &self.customers))
+            .collect();
+        let positions = self
+            .services
+            .kinesis
+            .put_in_order(&self.events, &records)
+            .await
+            .map_err(|e| e.to_string())?;
+        let now = keyway::ports::Clock::now_millis(self.services.clock.as_ref());
+        for (((key, _), (shard, sequence)), place) in records.into_iter().zip(positions).zip(places)
+        {
+            let id = self.output_id(format!("{}/{shard}", self.events), &sequence)?;
+            *self.shards.entry(shard).or_default() += 1;
+            *self.waiting.entry(key.clone()).or_default() += 1;
+            let pending = Pending {
+                key,
+                since: now,
+                place,
+            };
+            self.pending.insert(id, pending);
+            self.summary.records += 1;
+        }
+        self.runtime
+            .run_until_idle(Duration::from_secs(24 * 3600))
+            .await?;
+        self.collect(out)?;
+        if let Some(most) = self.waiting.values().copied().max() {
+            self.summary.largest_buffer = self.summary.largest_buffer.max(most);
+        }
+        Ok(())
+    }
+
+    /// After the last slice: the stack runs on, a minute at a time, until the timers of the
+    /// records still waiting have sent them out.
+    async fn drain_timers(&mut self, out: &mut dyn Write) -> Result<(), CliError> {
+        let give_up = self.buffer_ttl + Duration::from_secs(15 * 60);
+        let mut waited = Duration::ZERO;
+        while !self.pending.is_empty() {
+            if waited > give_up {
+                return Err(format!(
+                    "{} records still wait {} s after the last one went in: the enricher's timers did not send them out",
+                    self.pending.len(),
+                    waited.as_secs()
+                )
+                .into());
+            }
+            self.runtime.run_for(Duration::from_secs(60)).await;
+            waited += Duration::from_secs(60);
+            self.collect(out)?;
+        }
+        Ok(())
+    }
+
+    /// The id the record at `sequence` of `origin` (`stream/shard`) goes out under.
+    fn output_id(&self, origin: String, sequence: &str) -> Result<OutputId, CliError> {
+        let sequence = SequenceNumber::parse(sequence).map_err(|e| e.to_string())?;
+        Ok(OutputId::derive(
+            NAME,
+            ENRICHED.name,
+            &Origin(origin),
+            &sequence,
+            0,
+        ))
+    }
+
+    /// Writes the enriched records that came out, accounts the dead letters and resolutions,
+    /// and drops what the streams hold (every mapping is idle: nothing reads them again).
+    fn collect(&mut self, out: &mut dyn Write) -> Result<(), CliError> {
+        let services = self.services.clone();
+        let kinesis = &services.kinesis;
+        for record in kinesis.records(&self.enriched) {
+            let body: Value = serde_json::from_slice(&record.data).map_err(|e| e.to_string())?;
+            let id = OutputId(
+                body["enrichment"]["outputId"]
+                    .as_str()
+                    .ok_or("an enriched record without enrichment.outputId")?
+                    .to_owned(),
+            );
+            let Some(pending) = self.done(&id) else {
+                self.summary.repeats += 1;
+                continue;
+            };
+            let enrichment = &body["enrichment"];
+            let latency = record.arrival_millis - pending.since;
+            match enrichment["status"].as_str() {
+                Some("resolved") => {
+                    self.summary.resolved += 1;
+                    self.summary.resolved_latency.add(latency);
+                }
+                _ => {
+                    let reason = enrichment["reason"].as_str().unwrap_or("").to_owned();
+                    *self.summary.unresolved.entry(reason).or_default() += 1;
+                    self.summary.unresolved_latency.add(latency);
+                }
+            }
+            out.write_all(&record.data)
+                .and_then(|()| out.write_all(b"\n"))
+                .map_err(|e| format!("writing the enriched records: {e}"))?;
+        }
+        kinesis.trim(&self.enriched);
+        kinesis.trim(&self.events);
+        self.summary.resolutions += kinesis.trim(&self.feedback) as u64;
+        for message in services.sqs.receive(&self.dead_letters, usize::MAX) {
+            let letter: DeadLetter =
+                serde_json::from_str(&message.body).map_err(|e| e.to_string())?;
+            let (Some(origin), Some(sequence)) = (&letter.origin, &letter.sequence_number) else {
+                return Err(format!(
+                    "a dead letter without its record's position: {}",
+                    message.body
+                )
+                .into());
+            };
+            let id = self.output_id(origin.clone(), sequence)?;
+            if let Some(pending) = self.done(&id) {
+                self.summary.dead_letters += 1;
+                if self.summary.dead_letter_reasons.len() < 5 {
+                    let reason = format!("{}: {}: {}", pending.place, letter.field, letter.problem);
+                    self.summary.dead_letter_reasons.push(reason);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pending record `id` stands for, now out; `None` for a repeat.
+    fn done(&mut self, id: &OutputId) -> Option<Pending> {
+        let pending = self.pending.remove(id)?;
+        if let Some(count) = self.waiting.get_mut(&pending.key) {
+            *count -= 1;
+            if *count == 0 {
+                self.waiting.remove(&pending.key);
+            }
+        }
+        Some(pending)
+    }
+}
+
+/// An entry as a producer puts it on the events stream: under its caller's partition key, or,
+/// for what is no CloudTrail record, under a key of its own (the enricher dead-letters it).
+fn partitioned(entry: Entry, customers: &CustomerMap) -> (String, Vec<u8>) {
+    match entry {
+        Entry::Record { value, .. } => {
+            let data = serde_json::to_vec(&value).expect("a JSON value serializes");
+            let key = identity_enricher::cloudtrail::CloudTrailRecord::parse(value)
+                .map(|r| r.partition_key(customers))
+                .unwrap_or_else(|_| "unreadable".to_owned());
+            (key, data)
+        }
+        Entry::Unreadable { text, .. } => ("unreadable".to_owned(), text.into_bytes()),
+    }
+}
+
+/// The options of `keyway enrich`.
+pub struct EnrichOptions {
+    pub customer_map: Option<std::path::PathBuf>,
+    pub shards: usize,
+    pub shuffle: Option<u64>,
+    pub buffer_ttl: Duration,
+    pub paths: Vec<std::path::PathBuf>,
+}
+
+/// Enriches the records under `options.paths` to standard output, a progress bar and the summary
+/// to standard error.
+pub fn run(options: EnrichOptions) -> Result<(), CliError> {
+    if options.shards == 0 {
+        return Err("--shards must be at least 1".into());
+    }
+    let customer_map = match &options.customer_map {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("--customer-map {}: {e}", path.display()))?,
+        None => "{}".to_owned(),
+    };
+    let settings = Settings {
+        shards: options.shards,
+        customer_map,
+        buffer_ttl: options.buffer_ttl,
+    };
+    let trail = crate::trail::Trail::open(&options.paths)?;
+    let entries: Box<dyn Iterator<Item = Result<Entry, CliError>>> = match options.shuffle {
+        Some(seed) => Box::new(crate::trail::Shuffled::new(trail, seed, 10_000)),
+        None => Box::new(trail),
+    };
+    let progress = indicatif::ProgressBar::new_spinner();
+    progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("  {spinner} {pos} records enriched, {per_sec}")
+            .map_err(|e| e.to_string())?,
+    );
+    // Virtual time: batching windows and the buffer TTL pass instantly.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let summary = runtime.block_on(async {
+        let run = Run::deploy(&settings)?;
+        run.enrich(entries, &mut out, &|n| progress.set_position(n))
+            .await
+    })?;
+    out.flush()
+        .map_err(|e| format!("writing the enriched records: {e}"))?;
+    progress.finish_and_clear();
+    eprint!("{}", report(&summary, &settings, started.elapsed()));
+    Ok(())
+}
+
+/// The summary as `keyway enrich` prints it.
+pub fn report(summary: &Summary, settings: &Settings, wall: Duration) -> String {
+    let percent = |n: u64| 100.0 * n as f64 / summary.records.max(1) as f64;
+    let mut text = format!(
+        "keyway enrich: {} records in {:.1} s ({:.0} records/s), {} shards, buffer TTL {} s\n",
+        summary.records,
+        wall.as_secs_f64(),
+        summary.records as f64 / wall.as_secs_f64().max(1e-9),
+        settings.shards,
+        settings.buffer_ttl.as_secs()
+    );
+    text += &format!(
+        "  resolved             {:>10}  {:.2}%\n",
+        summary.resolved,
+        percent(summary.resolved)
+    );
+    for (reason, n) in &summary.unresolved {
+        text += &format!(
+            "  unresolved           {n:>10}  {:.2}%  {reason}\n",
+            percent(*n)
+        );
+    }
+    text += &format!("  dead letters         {:>10}\n", summary.dead_letters);
+    for reason in &summary.dead_letter_reasons {
+        text += &format!("                                   {reason}\n");
+    }
+    text += &format!(
+        "  resolutions published{:>10}\n  largest buffer       {:>10}  records of one key waiting at once\n",
+        summary.resolutions, summary.largest_buffer
+    );
+    let loads: Vec<String> = summary.shard_load.iter().map(u64::to_string).collect();
+    text += &format!(
+        "  per-shard load       {}  (max/mean {:.2})\n",
+        loads.join(" "),
+        summary.skew()
+    );
+    for (what, latency) in [
+        ("resolved", &summary.resolved_latency),
+        ("unresolved", &summary.unresolved_latency),
+    ] {
+        if let (Some(p50), Some(p99), Some(max)) = (
+            latency.percentile(50.0),
+            latency.percentile(99.0),
+            latency.percentile(100.0),
+        ) {
+            text += &format!(
+                "  latency, {what:<10}   {:>10}  p50 {p50:.1} s, p99 {p99:.1} s, max {max:.1} s (stream time, arrival to output)\n",
+                latency.count()
+            );
+        }
+    }
+    let per_1000 = |x: f64| x * 1000.0 / summary.records.max(1) as f64;
+    text += &format!(
+        "  DynamoDB             {:>10.1}  capacity units per 1,000 records ({:.1} read, {:.1} write)\n",
+        per_1000(summary.state_table.capacity_units()),
+        per_1000(summary.state_table.read_units),
+        per_1000(summary.state_table.write_units)
+    );
+    if summary.repeats > 0 {
+        text += &format!("  repeats dropped      {:>10}\n", summary.repeats);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use identity_enricher::traffic::{Traffic, TrafficConfig};
+
+    fn entries(values: Vec<Value>) -> impl Iterator<Item = Result<Entry, CliError>> {
+        values.into_iter().enumerate().map(|(i, value)| {
+            Ok(Entry::Record {
+                place: format!("generated#{i}"),
+                value,
+            })
+        })
+    }
+
+    #[test]
+    fn latency_percentiles_are_the_upper_edges_of_their_tenth_of_a_second() {
+        let mut latency = Latency::default();
+        assert_eq!(latency.percentile(50.0), None);
+        for millis in [50, 120, 130, 990, 61_000] {
+            latency.add(millis);
+        }
+        assert_eq!(latency.count(), 5);
+        assert_eq!(latency.percentile(0.0), Some(0.1));
+        assert_eq!(latency.percentile(50.0), Some(0.2));
+        assert_eq!(latency.percentile(80.0), Some(1.0));
+        assert_eq!(latency.percentile(100.0), Some(61.1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_record_comes_out_once_and_the_summary_accounts_for_each() {
+        let config = TrafficConfig {
+            orphan_share: 0.05,
+            ..TrafficConfig::default()
+        };
+        let settings = Settings {
+            shards: 3,
+            customer_map: Traffic::customer_map_json(&config),
+            buffer_ttl: Duration::from_secs(300),
+        };
+        let records: Vec<Value> = Traffic::new(config, 6_000).collect();
+        let mut input: Vec<Result<Entry, CliError>> = entries(records.clone()).collect();
+        input.push(Ok(Entry::Unreadable {
+            place: "trail.jsonl:7".into(),
+            text: "{not json".into(),
+        }));
+        let mut out = Vec::new();
+        let summary = Run::deploy(&settings)
+            .unwrap()
+            .enrich(input.into_iter(), &mut out, &|_| {})
+            .await
+            .unwrap();
+        let lines: Vec<Value> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let mut ids: Vec<&str> = lines
+            .iter()
+            .map(|l| l["eventID"].as_str().unwrap())
+            .collect();
+        ids.sort_unstable();
+        let mut expected: Vec<&str> = records
+            .iter()
+            .map(|r| r["eventID"].as_str().unwrap())
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(ids, expected, "every record once");
+        assert_eq!(summary.records, 6_001);
+        let unresolved: u64 = summary.unresolved.values().sum();
+        assert_eq!(summary.resolved + unresolved, 6_000);
+        assert!(unresolved > 0 && summary.largest_buffer > 0, "{summary:?}");
+        assert_eq!(summary.resolved_latency.count(), summary.resolved);
+        assert!(summary.resolved_latency.percentile(50.0).unwrap() < 10.0);
+        let waited = summary.unresolved_latency.percentile(50.0).unwrap();
+        assert!(
+            (300.0..=361.0).contains(&waited),
+            "TTL and a sweep: {waited}"
+        );
+        assert_eq!(summary.dead_letters, 1);
+        assert!(summary.dead_letter_reasons[0].starts_with("trail.jsonl:7: data: "));
+        assert_eq!(summary.shard_load.iter().sum::<u64>(), 6_001);
+        assert!(summary.resolutions > 0);
+        assert_eq!(summary.repeats, 0);
+    }
+}

@@ -1,0 +1,27 @@
+//! The Lambda runtime loop a function's `main` ends with: each invocation's event, kept as text
+//! until the handler parses it once, goes to the handler with its request id and deadline.
+
+use std::sync::Arc;
+
+use lambda_runtime::{service_fn, Error, LambdaEvent};
+use serde_json::value::RawValue;
+
+use super::handler::{Handler, Invocation};
+
+/// Serves `handler` to the Lambda runtime API until the execution environment ends.
+pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), Error> {
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| {
+        let handler = handler.clone();
+        async move {
+            let invocation = Invocation {
+                request_id: event.context.request_id.clone(),
+                deadline_millis: i64::try_from(event.context.deadline).ok(),
+            };
+            handler
+                .handle(event.payload.get(), &invocation)
+                .await
+                .map_err(Error::from)
+        }
+    }))
+    .await
+}
