@@ -630,6 +630,7 @@ fn output(i: usize, body: String) -> keyway::domain::Output {
         sink: COUNTS.name.into(),
         partition_key: "k".into(),
         body,
+        settled: false,
     }
 }
 

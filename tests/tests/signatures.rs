@@ -334,6 +334,7 @@ async fn a_migrated_key_keeps_the_outbox_its_old_state_had_not_sent() {
         sink: COUNTS.name.into(),
         partition_key: "o".into(),
         body: "{\"key\":\"o\",\"count\":4}".into(),
+        settled: false,
     });
     commit_under_v1(&world, "o", state).await;
 

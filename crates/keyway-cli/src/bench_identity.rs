@@ -64,6 +64,8 @@ pub struct IdentityBench {
     pub capacity_units_vs_naive: f64,
     pub enrich_records: usize,
     pub enrich_records_per_second_one_core: f64,
+    /// The process's peak memory after `keyway enrich` ran alone.
+    pub enrich_peak_memory_mib: f64,
     pub targets: Targets,
     pub targets_met: bool,
 }
@@ -133,7 +135,7 @@ fn skew(records: &[CloudTrailRecord], customers: &CustomerMap) -> Skew {
 /// The naive design: for every record, GetItem the caller's identity (strongly consistent) and
 /// PutItem it back with the record's time; for a call that issues a key, PutItem the issued key's
 /// identity too. A caller whose identity was not written yet (its chain arrived out of order)
-/// stays unresolved: the naive design has no buffer.
+/// stays unresolved: the naive design has no buffer, and no feedback loop.
 async fn naive(values: &[Value], customers: &CustomerMap) -> (LocalTable, u64) {
     let table = LocalTable::new();
     let mut resolved = 0;
@@ -153,17 +155,19 @@ async fn naive(values: &[Value], customers: &CustomerMap) -> (LocalTable, u64) {
             (Caller::Identified(actor), _) => Some(serde_json::to_string(actor).expect("json")),
             (_, known) => known,
         };
+        // The caller's item is written back whether its identity is known or not: when it was
+        // last seen, and the identity once known.
+        let mut item = caller.to_item();
+        if let Some(identity) = &identity {
+            item.insert("identity".into(), AttrValue::S(identity.clone()));
+        }
+        let seen = record.record["eventTime"].to_string();
+        item.insert("seen".into(), AttrValue::S(seen));
+        table.put(&item, &Expect::Anything).await.expect("put");
         let Some(identity) = identity else {
             continue;
         };
         resolved += 1;
-        let mut item = caller.to_item();
-        item.insert("identity".into(), AttrValue::S(identity.clone()));
-        item.insert(
-            "seen".into(),
-            AttrValue::S(record.record["eventTime"].to_string()),
-        );
-        table.put(&item, &Expect::Anything).await.expect("put");
         if let Some(issued) = &record.issued {
             let mut item = key(&issued.access_key_id).to_item();
             item.insert("identity".into(), AttrValue::S(identity));
@@ -177,9 +181,22 @@ fn per_1000(x: f64, records: usize) -> f64 {
     x * 1000.0 / records.max(1) as f64
 }
 
-/// The enricher over `values` on the embedded runtime: its summary and the CPU time it took.
+/// Generated records as `keyway enrich` reads entries, streamed: shuffled within windows of
+/// 2,000 as they are generated, none kept beyond the window.
+fn entries(config: TrafficConfig, records: usize) -> impl Iterator<Item = Result<Entry, CliError>> {
+    let seed = config.seed;
+    let generated = Traffic::new(config, records).enumerate().map(|(i, value)| {
+        Ok(Entry::Record {
+            place: format!("generated#{i}"),
+            value,
+        })
+    });
+    crate::trail::Shuffled::new(generated, seed, 2_000)
+}
+
+/// The enricher over `entries` on the embedded runtime: its summary and the CPU time it took.
 async fn run_enricher(
-    values: Vec<Value>,
+    entries: impl Iterator<Item = Result<Entry, CliError>>,
     customer_map: String,
 ) -> Result<(crate::enrich::Summary, Duration), CliError> {
     let settings = Settings {
@@ -187,12 +204,6 @@ async fn run_enricher(
         customer_map,
         buffer_ttl: Duration::from_secs(900),
     };
-    let entries = values.into_iter().enumerate().map(|(i, value)| {
-        Ok(Entry::Record {
-            place: format!("generated#{i}"),
-            value,
-        })
-    });
     let start = thread_cpu_time();
     let summary = Run::deploy(&settings)?
         .enrich(entries, &mut std::io::sink(), &|_| {})
@@ -200,54 +211,92 @@ async fn run_enricher(
     Ok((summary, thread_cpu_time() - start))
 }
 
+/// `keyway enrich` over `records` generated records on this one-threaded runtime: records per
+/// second of wall time, and the process's peak memory in MiB (measured first, so nothing else
+/// this run keeps counts in it).
+fn throughput(
+    runtime: &tokio::runtime::Runtime,
+    records: usize,
+    seed: u64,
+) -> Result<(f64, f64), CliError> {
+    let config = TrafficConfig {
+        seed,
+        ..TrafficConfig::default()
+    };
+    let map = Traffic::customer_map_json(&config);
+    let started = Instant::now();
+    let (summary, _) = runtime.block_on(run_enricher(entries(config, records), map))?;
+    let wall = started.elapsed();
+    if summary.records != records as u64 {
+        return Err(format!("{} of {records} records went through", summary.records).into());
+    }
+    Ok((records as f64 / wall.as_secs_f64(), peak_memory_mib()))
+}
+
+/// The process's peak resident memory, in MiB.
+fn peak_memory_mib() -> f64 {
+    // SAFETY: getrusage writes into the struct it is given and reads nothing else.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    // Linux reports kilobytes.
+    usage.ru_maxrss as f64 / 1024.0
+}
+
+/// The enricher and the naive design over the same `values`.
+fn designs(
+    runtime: &tokio::runtime::Runtime,
+    values: Vec<Value>,
+    config: &TrafficConfig,
+) -> Result<(Design, Design), CliError> {
+    let records = values.len();
+    let customers = Traffic::customer_map(config);
+    let naive_start = thread_cpu_time();
+    let (table, naive_resolved) = runtime.block_on(naive(&values, &customers));
+    let naive_cpu = thread_cpu_time() - naive_start;
+    let entries = values.into_iter().enumerate().map(|(i, value)| {
+        Ok(Entry::Record {
+            place: format!("generated#{i}"),
+            value,
+        })
+    });
+    let map = Traffic::customer_map_json(config);
+    let (summary, enricher_cpu) = runtime.block_on(run_enricher(entries, map))?;
+    let rate = |cpu: Duration| records as f64 / cpu.as_secs_f64().max(1e-9);
+    let design = |meter: &keyway::local::MeterSnapshot, cpu, resolved: u64| Design {
+        capacity_units_per_1000_records: per_1000(meter.capacity_units(), records),
+        read_units_per_1000_records: per_1000(meter.read_units, records),
+        write_units_per_1000_records: per_1000(meter.write_units, records),
+        records_per_second_per_core: rate(cpu),
+        resolved_share: resolved as f64 / records as f64,
+    };
+    Ok((
+        design(&summary.state_table, enricher_cpu, summary.resolved),
+        design(&table.meter().snapshot(), naive_cpu, naive_resolved),
+    ))
+}
+
 pub fn run(records: usize, enrich_records: usize, seed: u64, json: bool) -> Result<(), CliError> {
     if records == 0 || enrich_records == 0 {
         return Err("--records and --enrich-records must be at least 1".into());
     }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (enrich_rate, enrich_peak) = throughput(&runtime, enrich_records, seed + 1)?;
     let (config, values) = traffic(records, seed);
-    let customer_map = Traffic::customer_map_json(&config);
     let customers = Traffic::customer_map(&config);
     let parsed: Vec<CloudTrailRecord> = values
         .iter()
         .map(|v| CloudTrailRecord::parse(v.clone()).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
     let skew = skew(&parsed, &customers);
-
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let naive_start = thread_cpu_time();
-    let (table, naive_resolved) = runtime.block_on(naive(&values, &customers));
-    let naive_cpu = thread_cpu_time() - naive_start;
-    let (summary, enricher_cpu) = runtime.block_on(run_enricher(values, customer_map.clone()))?;
-    let naive_meter = table.meter().snapshot();
-    let enricher_meter = &summary.state_table;
-    let rate = |cpu: Duration| records as f64 / cpu.as_secs_f64().max(1e-9);
-    let enricher = Design {
-        capacity_units_per_1000_records: per_1000(enricher_meter.capacity_units(), records),
-        read_units_per_1000_records: per_1000(enricher_meter.read_units, records),
-        write_units_per_1000_records: per_1000(enricher_meter.write_units, records),
-        records_per_second_per_core: rate(enricher_cpu),
-        resolved_share: summary.resolved as f64 / records as f64,
-    };
-    let naive = Design {
-        capacity_units_per_1000_records: per_1000(naive_meter.capacity_units(), records),
-        read_units_per_1000_records: per_1000(naive_meter.read_units, records),
-        write_units_per_1000_records: per_1000(naive_meter.write_units, records),
-        records_per_second_per_core: rate(naive_cpu),
-        resolved_share: naive_resolved as f64 / records as f64,
-    };
-
-    // `keyway enrich` over a million records: wall time on this one-threaded runtime.
-    let (_, million) = traffic(enrich_records, seed + 1);
-    let started = Instant::now();
-    let (big, _) = runtime.block_on(run_enricher(million, customer_map))?;
-    let wall = started.elapsed();
-    if big.records != enrich_records as u64 {
-        return Err(format!("{} of {enrich_records} records went through", big.records).into());
-    }
+    drop(parsed);
+    let (enricher, naive) = designs(&runtime, values, &config)?;
 
     let targets = Targets {
         by_customer_and_key_max_over_mean_at_most: 1.3,
@@ -266,7 +315,8 @@ pub fn run(records: usize, enrich_records: usize, seed: u64, json: bool) -> Resu
         naive,
         capacity_units_vs_naive,
         enrich_records,
-        enrich_records_per_second_one_core: enrich_records as f64 / wall.as_secs_f64(),
+        enrich_records_per_second_one_core: enrich_rate,
+        enrich_peak_memory_mib: enrich_peak,
         targets,
         targets_met,
     };
@@ -315,10 +365,11 @@ fn report(b: &IdentityBench) -> String {
     text += &design("enricher", &b.enricher);
     text += &design("naive (lookup + write/record)", &b.naive);
     text += &format!(
-        "  ratio                        {:.2}x\n\nkeyway enrich: {} records at {:.0} records/s on one core\n\ntargets {}\n",
+        "  ratio                        {:.2}x\n\nkeyway enrich: {} records at {:.0} records/s on one core, peak memory {:.0} MiB\n\ntargets {}\n",
         b.capacity_units_vs_naive,
         b.enrich_records,
         b.enrich_records_per_second_one_core,
+        b.enrich_peak_memory_mib,
         if b.targets_met { "met" } else { "missed" }
     );
     text

@@ -9,7 +9,7 @@ use std::time::Duration;
 use identity_enricher::enricher::reason;
 use identity_enricher::traffic::{Traffic, TrafficConfig};
 
-use crate::enrich::{Run, Settings};
+use crate::enrich::{Run, Settings, Summary};
 use crate::error::CliError;
 use crate::trail::{Entry, Shuffled};
 
@@ -47,6 +47,27 @@ pub async fn run(records: usize, seed: u64) -> Result<(), CliError> {
         .enrich(shuffled.into_iter(), &mut std::io::sink(), &|_| {})
         .await?;
 
+    let cut = print(&summary);
+    let unresolved: u64 = summary.unresolved.values().sum();
+    if summary.records == records as u64
+        && summary.resolved + unresolved == summary.records
+        && cut == orphaned
+        && unresolved == orphaned
+        && summary.repeats == 0
+    {
+        println!("\n  every record came out once, traced to its original actor unless its chain was cut ({orphaned} records)");
+        Ok(())
+    } else {
+        Err(format!(
+            "identity: {} records in, {} resolved, {unresolved} unresolved ({cut} for the TTL), {orphaned} in cut chains, {} repeats",
+            summary.records, summary.resolved, summary.repeats
+        )
+        .into())
+    }
+}
+
+/// Prints what the run did; returns how many records went out unresolved for the buffer TTL.
+fn print(summary: &Summary) -> u64 {
     let percent = |n: u64| 100.0 * n as f64 / summary.records.max(1) as f64;
     let cut = summary
         .unresolved
@@ -77,20 +98,5 @@ pub async fn run(records: usize, seed: u64) -> Result<(), CliError> {
         summary.largest_buffer,
         summary.skew()
     );
-    let unresolved: u64 = summary.unresolved.values().sum();
-    if summary.records == records as u64
-        && summary.resolved + unresolved == summary.records
-        && cut == orphaned
-        && unresolved == orphaned
-        && summary.repeats == 0
-    {
-        println!("\n  every record came out once, traced to its original actor unless its chain was cut ({orphaned} records)");
-        Ok(())
-    } else {
-        Err(format!(
-            "identity: {} records in, {} resolved, {unresolved} unresolved ({cut} for the TTL), {orphaned} in cut chains, {} repeats",
-            summary.records, summary.resolved, summary.repeats
-        )
-        .into())
-    }
+    cut
 }

@@ -168,6 +168,7 @@ fn outputs(n: usize) -> Vec<keyway::domain::Output> {
             sink: "out".into(),
             partition_key: format!("key-{}", i % 7),
             body: format!("{{\"n\":{i}}}"),
+            settled: false,
         })
         .collect()
 }
@@ -266,6 +267,7 @@ async fn keys_the_services_would_refuse_as_group_or_partition_keys_are_sent_unde
             sink: "out".into(),
             partition_key: key.to_string(),
             body: format!("{i}"),
+            settled: false,
         })
         .collect();
     let sqs = Arc::new(LocalSqs::default());

@@ -10,8 +10,12 @@
 //! arrival order. A record that waits longer than the buffer TTL goes out unresolved, with why,
 //! when its key's timer fires, even if the key receives nothing more.
 //!
-//! Two streams write a key, and what a key emits depends on its buffer, which both change: the
-//! outputs go out through the outbox, after the commit that decided them (DESIGN §3).
+//! Two streams write a key, and what a key emits for a record that waited depends on its buffer,
+//! which both change, and on whether its resolution or its timer came first: those outputs go out
+//! through the outbox, after the commit that decided them (DESIGN §3). A record that goes out at
+//! once is decided by itself and its key's identity, which never changes once written: its
+//! outputs are settled, sent before the commit and never stored, which saves a write of every
+//! output.
 
 use std::time::Duration;
 
@@ -40,10 +44,12 @@ pub const ENRICHED: Sink<Value> = Sink::new("enriched");
 pub const RESOLUTIONS: Sink<Resolution> = Sink::new("resolutions");
 
 /// The identity behind the key, and until when it holds. Whether it applies to a record is the
-/// record's own time's to say (a trail replayed later still resolves); the state itself goes
-/// after two days, longer than any credentials STS issues last (36 hours, GetFederationToken).
+/// record's own time's to say (a trail replayed later still resolves). The state goes after
+/// three days: longer than any credentials last (36 hours, GetFederationToken) plus the grace
+/// and the oldest record the stream redelivers (a day), so that no retry of a record that found
+/// the identity finds it gone (what it sent at once, settled, could not change).
 pub const IDENTITY: ValueState<Known> =
-    ValueState::new("identity").with_ttl(Duration::from_secs(48 * 3600));
+    ValueState::new("identity").with_ttl(Duration::from_secs(72 * 3600));
 /// Records waiting for the key's identity, oldest first. A record is JSON of any shape, which no
 /// type describes: the shape stands for it, and changes with `Waiting`.
 pub const BUFFER: ListState<Waiting> = ListState::with_shape(
@@ -126,6 +132,17 @@ impl Default for EnricherConfig {
     }
 }
 
+/// What decided a record's outputs, and so how they go out. `ByFacts`: the record itself and its
+/// key's identity, which never changes once written; any retry, on any state, sends the same
+/// body or nothing, so they are sent settled, before the commit, and never stored. `ByState`:
+/// what waits in the buffer and whether a resolution or the timer came first, which a commit race
+/// can change; they go through the outbox, sent only once committed (DESIGN §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decided {
+    ByFacts,
+    ByState,
+}
+
 /// Why a record went out unresolved.
 pub mod reason {
     pub const BUFFER_TTL: &str =
@@ -151,11 +168,12 @@ impl IdentityEnricher {
         record: CloudTrailRecord,
         at: &Position,
         identity: &Identity,
+        decided: Decided,
     ) -> Result<(), ProcessError> {
         if let Some(issued) = &record.issued {
-            self.publish(ctx, &record, at, identity, issued)?;
+            self.publish(ctx, &record, at, identity, issued, decided)?;
         }
-        self.emit(ctx, at, record.record, enrichment(identity))
+        self.emit(ctx, at, record.record, enrichment(identity), decided)
     }
 
     /// The resolution of a key `record` issued, unless it would close a cycle, make the chain
@@ -169,6 +187,7 @@ impl IdentityEnricher {
         at: &Position,
         identity: &Identity,
         issued: &Issued,
+        decided: Decided,
     ) -> Result<(), ProcessError> {
         let copy = matches!(&record.caller, Caller::Identified(a) if a.kind == "AWSAccount");
         let caller_key = record.record["userIdentity"]["accessKeyId"].as_str();
@@ -194,7 +213,10 @@ impl IdentityEnricher {
             expiration: issued.expiration,
         };
         let key = resolution.partition_key();
-        ctx.emit_for(&RESOLUTIONS, at.parts(), 0, key, &resolution)
+        match decided {
+            Decided::ByFacts => ctx.emit_settled_for(&RESOLUTIONS, at.parts(), 0, key, &resolution),
+            Decided::ByState => ctx.emit_for(&RESOLUTIONS, at.parts(), 0, key, &resolution),
+        }
     }
 
     /// Emits `record` (read at `at`) with its enrichment, which carries the output's id: a
@@ -205,6 +227,7 @@ impl IdentityEnricher {
         at: &Position,
         mut record: Value,
         mut enrichment: Value,
+        decided: Decided,
     ) -> Result<(), ProcessError> {
         let key = ctx.key().to_owned();
         let (origin, sequence) = at.parts();
@@ -213,7 +236,10 @@ impl IdentityEnricher {
             .as_str()
             .into();
         record["enrichment"] = enrichment;
-        ctx.emit_for(&ENRICHED, at.parts(), 0, key, &record)
+        match decided {
+            Decided::ByFacts => ctx.emit_settled_for(&ENRICHED, at.parts(), 0, key, &record),
+            Decided::ByState => ctx.emit_for(&ENRICHED, at.parts(), 0, key, &record),
+        }
     }
 
     /// The key's identity, if known and not expired at `at` (a record's time).
@@ -230,14 +256,15 @@ impl IdentityEnricher {
         let identity = match &record.caller {
             Caller::Identified(actor) => Identity::of(actor.clone()),
             Caller::Untraceable { reason } => {
-                return self.emit(ctx, &at, record.record, unresolved(reason))
+                let enrichment = unresolved(reason);
+                return self.emit(ctx, &at, record.record, enrichment, Decided::ByFacts);
             }
             Caller::Session { .. } => match self.known(ctx, record_time(ctx, &record))? {
                 Some(identity) => identity,
                 None => return self.wait(ctx, record, at),
             },
         };
-        self.resolved(ctx, record, &at, &identity)
+        self.resolved(ctx, record, &at, &identity, Decided::ByFacts)
     }
 
     /// Buffers `record` until its key's identity comes, and makes sure a timer will release it.
@@ -251,7 +278,7 @@ impl IdentityEnricher {
         let mut buffer = ctx.list(&BUFFER)?;
         if buffer.len() >= self.config.max_buffered {
             let enrichment = unresolved_session(reason::BUFFER_FULL, &record.record);
-            return self.emit(ctx, &at, record.record, enrichment);
+            return self.emit(ctx, &at, record.record, enrichment, Decided::ByState);
         }
         let first = buffer.is_empty();
         buffer.push(Waiting {
@@ -279,7 +306,7 @@ impl IdentityEnricher {
         for Waiting { record, at, .. } in waiting {
             // Buffered records read before: they read again.
             let record = CloudTrailRecord::parse(record).map_err(ProcessError::from)?;
-            self.resolved(ctx, record, &at, &identity)?;
+            self.resolved(ctx, record, &at, &identity, Decided::ByState)?;
         }
         Ok(())
     }
@@ -345,7 +372,7 @@ impl KeyedOperator for IdentityEnricher {
         left.into_iter().for_each(|w| buffer.push(w));
         for Waiting { record, at, .. } in due {
             let enrichment = unresolved_session(reason::BUFFER_TTL, &record);
-            self.emit(ctx, &at, record, enrichment)?;
+            self.emit(ctx, &at, record, enrichment, Decided::ByState)?;
         }
         Ok(())
     }

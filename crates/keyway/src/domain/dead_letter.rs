@@ -59,6 +59,7 @@ impl DeadLetter {
             sink: DEAD_LETTER_SINK.to_owned(),
             partition_key,
             body,
+            settled: false,
         }
     }
 

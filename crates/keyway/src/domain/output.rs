@@ -68,6 +68,10 @@ pub struct Output {
     /// Kinesis partition key or SQS FIFO message group: outputs of one key keep their order.
     pub partition_key: String,
     pub body: String,
+    /// No retry can change it (see `Ctx::emit_settled_for`): an outbox operator sends it before
+    /// its commit instead of storing it. Never stored: an output in an outbox is not settled.
+    #[serde(skip)]
+    pub settled: bool,
 }
 
 #[cfg(test)]

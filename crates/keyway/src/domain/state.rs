@@ -348,6 +348,7 @@ mod tests {
             sink: "s".into(),
             partition_key: "k".into(),
             body: "{}".into(),
+            settled: false,
         });
         state.clear_slots();
         assert!(state.slots.is_empty());

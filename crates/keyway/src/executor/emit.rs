@@ -1,7 +1,8 @@
 //! Phase 4: dead letters, outboxes left by earlier invocations and (emit-then-commit) outputs go
-//! out, every sink at once. A sink that keeps order gets a key's messages one after another: each
-//! round sends every key's next message, and a key whose message failed sends nothing more to
-//! that sink. Which messages failed decides how many of each key's records stay applied.
+//! out, every sink at once; so do an outbox operator's settled outputs. A sink that keeps order
+//! gets a key's messages one after another: each round sends every key's next message, and a key
+//! whose message failed sends nothing more to that sink. Which messages failed decides how many
+//! of each key's records stay applied.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -130,6 +131,15 @@ impl<O: KeyedOperator> Executor<O> {
                 match outcome {
                     Outcome::Applied(outputs) if emit_now => {
                         for output in std::mem::take(outputs) {
+                            emission.push(tag, output);
+                        }
+                    }
+                    // An outbox operator's settled outputs go now; the rest into its outbox.
+                    Outcome::Applied(outputs) => {
+                        let (settled, stored) =
+                            std::mem::take(outputs).into_iter().partition(|o| o.settled);
+                        *outputs = stored;
+                        for output in settled {
                             emission.push(tag, output);
                         }
                     }

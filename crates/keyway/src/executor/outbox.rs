@@ -50,7 +50,7 @@ impl<O: KeyedOperator> Executor<O> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testkit::{bench, record, Summer};
+    use super::super::testkit::{bench, record, Summer, OUT};
     use crate::adapters::dynamodb::DynamoStateStore;
     use crate::local::LocalTable;
     use crate::ports::StateStore;
@@ -86,5 +86,84 @@ mod tests {
             .unwrap();
         assert!(loaded["a"].outbox.is_empty(), "a's was sent, and cleared");
         assert_eq!(loaded["b"].outbox.len(), 1);
+    }
+
+    /// Sums odd `n` and emits the sum through the outbox; emits even `n` settled, changing
+    /// nothing.
+    struct HalfSettled;
+
+    impl crate::operator::KeyedOperator for HalfSettled {
+        type Input = (String, i64);
+
+        fn name(&self) -> &str {
+            "half-settled"
+        }
+
+        fn states(&self) -> Vec<crate::operator::StateDescriptor> {
+            vec![super::super::testkit::SUM.descriptor()]
+        }
+
+        fn sinks(&self) -> Vec<crate::operator::SinkDescriptor> {
+            vec![OUT.descriptor()]
+        }
+
+        fn decode(
+            &self,
+            record: &crate::domain::SourceRecord,
+        ) -> Result<(String, i64), crate::operator::InvalidInput> {
+            super::super::testkit::key_and_n(record)
+        }
+
+        fn key(&self, input: &(String, i64)) -> String {
+            input.0.clone()
+        }
+
+        fn delivery(&self) -> crate::operator::Delivery {
+            crate::operator::Delivery::Outbox
+        }
+
+        fn process(
+            &self,
+            ctx: &mut crate::operator::Ctx<'_>,
+            (key, n): (String, i64),
+        ) -> Result<(), crate::operator::ProcessError> {
+            if n % 2 == 0 {
+                let at = (&ctx.record().origin.clone(), &ctx.record().sequence.clone());
+                return ctx.emit_settled_for(&OUT, at, 0, key, &n);
+            }
+            let mut sum = ctx.value(&super::super::testkit::SUM)?;
+            let total = sum.get().copied().unwrap_or(0) + n;
+            sum.set(total);
+            ctx.emit(&OUT, key, &total)
+        }
+    }
+
+    #[tokio::test]
+    async fn settled_outputs_go_out_before_the_commit_and_are_never_stored() {
+        let b = bench(HalfSettled, false);
+        let report = b
+            .executor
+            .run(vec![
+                record(1, "p", "a", 3),
+                record(2, "p", "a", 4),
+                record(3, "p", "b", 2),
+            ])
+            .await;
+        assert_eq!(report.failed_from, None);
+        let sent: Vec<String> = b.out.bodies().concat();
+        assert_eq!(
+            sent,
+            ["4", "2", "3"],
+            "the settled outputs first, the outbox after the commit"
+        );
+        assert_eq!(report.commits, 1, "b changed nothing: no write at all");
+        let store =
+            DynamoStateStore::<LocalTable>::new(b.table.clone(), crate::ports::ManualClock::at(0));
+        let loaded = store
+            .load(b.executor.namespace(), &["a".into(), "b".into()])
+            .await
+            .unwrap();
+        assert!(loaded["a"].outbox.is_empty());
+        assert_eq!(loaded["b"].version, 0, "b was never written");
     }
 }

@@ -231,9 +231,41 @@ impl<'a> Ctx<'a> {
         partition_key: impl Into<String>,
         body: &T,
     ) -> Result<(), ProcessError> {
+        let at = (origin, sequence);
+        self.emit_answering(sink, at, index, partition_key.into(), body, false)
+    }
+
+    /// Emits as `emit_for` does an output that no retry can change: computed only from the
+    /// record it answers and from facts that never change once written (an access key's
+    /// identity), so that any invocation that recomputes it, on any state, sends the same body or
+    /// nothing. An outbox operator sends it before its commit, as an emit-then-commit operator
+    /// does, instead of storing it with the state: a write saved. It may go out before outputs
+    /// the key emitted earlier through the outbox. Anything computed from state that changes
+    /// (what waits in a buffer, whether a timer fired first) is not settled.
+    pub fn emit_settled_for<T: Serialize>(
+        &mut self,
+        sink: &Sink<T>,
+        (origin, sequence): (&Origin, &SequenceNumber),
+        index: u32,
+        partition_key: impl Into<String>,
+        body: &T,
+    ) -> Result<(), ProcessError> {
+        let at = (origin, sequence);
+        self.emit_answering(sink, at, index, partition_key.into(), body, true)
+    }
+
+    fn emit_answering<T: Serialize>(
+        &mut self,
+        sink: &Sink<T>,
+        (origin, sequence): (&Origin, &SequenceNumber),
+        index: u32,
+        partition_key: String,
+        body: &T,
+        settled: bool,
+    ) -> Result<(), ProcessError> {
         let text = self.encode(sink, body)?;
         let id = self.output_id_for(sink, origin, sequence, index);
-        self.push_with_id(sink.name, id, partition_key.into(), text)
+        self.push_with_id(sink.name, id, partition_key, text, settled)
     }
 
     fn encode<T: Serialize>(&self, sink: &Sink<T>, body: &T) -> Result<String, ProcessError> {
@@ -259,7 +291,7 @@ impl<'a> Ctx<'a> {
             &self.record.sequence,
             index,
         );
-        self.push_with_id(sink, id, partition_key, body)
+        self.push_with_id(sink, id, partition_key, body, false)
     }
 
     fn push_with_id(
@@ -268,6 +300,7 @@ impl<'a> Ctx<'a> {
         id: OutputId,
         partition_key: String,
         body: String,
+        settled: bool,
     ) -> Result<(), ProcessError> {
         let Some(&limit) = self.sinks.get(sink) else {
             // A sink constant missing from the operator's sinks(): a programming error, so the
@@ -291,6 +324,7 @@ impl<'a> Ctx<'a> {
             sink: sink.to_owned(),
             partition_key,
             body,
+            settled,
         });
         Ok(())
     }

@@ -56,6 +56,7 @@ fn output(i: usize, body: String) -> Output {
         sink: "contract".into(),
         partition_key: format!("key-{}", i % 3),
         body,
+        settled: false,
     }
 }
 
