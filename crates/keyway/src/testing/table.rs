@@ -204,8 +204,17 @@ async fn batches_and_queries<T: Table>(table: &T) {
         }
     }
     assert_eq!(found, 25, "25 of the 100 keys exist");
+    // Neighbouring partitions, one whose key starts with this one's: no part of it.
+    for pk in ["a", "bb"] {
+        let item = key(pk, "s00").to_item();
+        table.put(&item, &Expect::Anything).await.expect("put");
+    }
     let queried = table.query_partition("b").await.expect("query");
-    assert_eq!(queried.len(), 25, "a query returns the whole partition");
+    assert_eq!(
+        queried.len(),
+        25,
+        "a query returns the whole partition, and only it"
+    );
     assert!(queried.iter().all(|i| i["pk"] == AttrValue::S("b".into())));
     // A query up to a sort key: in sort key order, none beyond it, at most the limit.
     let sort_keys = |items: Vec<Item>| -> Vec<String> {

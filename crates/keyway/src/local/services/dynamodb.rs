@@ -5,7 +5,7 @@
 //! It meters calls and capacity units, and injects throttling, unprocessed keys and items, and the
 //! commits of a concurrent writer.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -71,6 +71,9 @@ pub struct StreamRecord {
 
 struct State {
     items: BTreeMap<String, Item>,
+    /// (TTL, key) of every item with a TTL: what the TTL process finds due without reading
+    /// every item, once a virtual second, however large the table grows.
+    expiring: BTreeSet<(i64, String)>,
     stream: Option<Vec<Arc<StreamRecord>>>,
 }
 
@@ -119,6 +122,7 @@ impl LocalTable {
             schema,
             state: Mutex::new(State {
                 items: BTreeMap::new(),
+                expiring: BTreeSet::new(),
                 stream: stream.then(Vec::new),
             }),
             ttl_attribute,
@@ -229,20 +233,15 @@ impl LocalTable {
     /// What DynamoDB's TTL process does, eventually: deletes the items whose TTL attribute is
     /// before `now_secs`, each with a stream record marked as a deletion by the service.
     pub fn expire(&self, now_secs: i64) -> usize {
-        let Some(attribute) = &self.ttl_attribute else {
+        if self.ttl_attribute.is_none() {
             return 0;
-        };
+        }
         let mut state = self.state.lock().expect("table lock");
         let expired: Vec<String> = state
-            .items
+            .expiring
             .iter()
-            .filter(|(_, item)| {
-                item.get(attribute)
-                    .and_then(AttrValue::as_n)
-                    .and_then(|n| n.parse::<i64>().ok())
-                    .is_some_and(|t| t <= now_secs)
-            })
-            .map(|(k, _)| k.clone())
+            .take_while(|(ttl, _)| *ttl <= now_secs)
+            .map(|(_, key)| key.clone())
             .collect();
         for key in &expired {
             self.write(&mut state, key.clone(), None, true);
@@ -282,10 +281,18 @@ impl LocalTable {
 
     /// Writes (or deletes, with `None`) the item at `key`, recording the change in the stream.
     fn write(&self, state: &mut State, key: String, item: Option<Item>, ttl_deletion: bool) {
+        if let Some(ttl) = self.ttl_of(item.as_ref()) {
+            state.expiring.insert((ttl, key.clone()));
+        }
         let old = match &item {
-            Some(item) => state.items.insert(key, item.clone()),
+            Some(item) => state.items.insert(key.clone(), item.clone()),
             None => state.items.remove(&key),
         };
+        if let Some(ttl) = self.ttl_of(old.as_ref()) {
+            if self.ttl_of(item.as_ref()) != Some(ttl) {
+                state.expiring.remove(&(ttl, key));
+            }
+        }
         let Some(stream) = state.stream.as_mut() else {
             return;
         };
@@ -310,6 +317,15 @@ impl LocalTable {
             created_millis: self.clock.now_millis(),
             ttl_deletion,
         }));
+    }
+
+    /// The item's TTL (epoch seconds), when TTL is on and the item has one.
+    fn ttl_of(&self, item: Option<&Item>) -> Option<i64> {
+        let attribute = self.ttl_attribute.as_ref()?;
+        item?
+            .get(attribute)
+            .and_then(AttrValue::as_n)
+            .and_then(|n| n.parse::<i64>().ok())
     }
 
     fn check_size(item: &Item) -> Result<usize, StoreError> {
@@ -573,11 +589,15 @@ impl Table for LocalTable {
         let items: Vec<Item> = {
             let _busy = self.meter.busy();
             let state = self.state.lock().expect("table lock");
+            // Items are stored under their canonical key, the hash key's first and
+            // length-prefixed: one partition is one range of the map, found without a scan.
+            let mut prefix = String::new();
+            push_canonical(&mut prefix, &AttrValue::S(pk.to_owned()));
             state
                 .items
-                .values()
-                .filter(|item| item.get(&self.schema.hash).and_then(AttrValue::as_s) == Some(pk))
-                .cloned()
+                .range(prefix.clone()..)
+                .take_while(|(key, _)| key.starts_with(&prefix))
+                .map(|(_, item)| item.clone())
                 .collect()
         };
         let size: usize = items.iter().map(item_size).sum();
@@ -671,5 +691,55 @@ impl LocalDynamoDb {
     pub fn expire(&self) -> usize {
         let now_secs = self.clock.now_millis().div_euclid(1000);
         self.tables().iter().map(|t| t.expire(now_secs)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(pk: &str, ttl: Option<i64>) -> Item {
+        let mut item: Item = [
+            ("pk".to_owned(), AttrValue::S(pk.into())),
+            ("sk".to_owned(), AttrValue::S("head".into())),
+        ]
+        .into();
+        if let Some(ttl) = ttl {
+            item.insert(TTL.into(), AttrValue::N(ttl.to_string()));
+        }
+        item
+    }
+
+    fn keys(table: &LocalTable) -> Vec<String> {
+        let mut keys: Vec<String> = table
+            .items()
+            .iter()
+            .map(|i| i["pk"].as_s().unwrap().to_owned())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    #[test]
+    fn the_ttl_process_deletes_exactly_the_items_due_by_their_latest_ttl() {
+        let table = LocalTable::new();
+        table.put_item(item("due", Some(10))).unwrap();
+        table.put_item(item("later", Some(20))).unwrap();
+        table.put_item(item("forever", None)).unwrap();
+        table.put_item(item("moved-later", Some(5))).unwrap();
+        table.put_item(item("moved-later", Some(30))).unwrap();
+        table.put_item(item("moved-earlier", Some(40))).unwrap();
+        table.put_item(item("moved-earlier", Some(10))).unwrap();
+        table.put_item(item("ttl-dropped", Some(5))).unwrap();
+        table.put_item(item("ttl-dropped", None)).unwrap();
+        assert_eq!(table.expire(9), 0);
+        assert_eq!(table.expire(10), 2, "due and moved-earlier");
+        assert_eq!(
+            keys(&table),
+            ["forever", "later", "moved-later", "ttl-dropped"]
+        );
+        assert_eq!(table.expire(10), 0, "each item is deleted once");
+        assert_eq!(table.expire(1_000), 2);
+        assert_eq!(keys(&table), ["forever", "ttl-dropped"]);
     }
 }
