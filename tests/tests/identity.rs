@@ -199,3 +199,52 @@ async fn a_key_fed_far_more_records_than_its_buffer_holds_sends_the_overflow_out
         .all(|e| e["enrichment"]["reason"] == reason::BUFFER_FULL));
     assert_eq!(out[0]["eventID"], "r3", "the first three wait");
 }
+
+/// The resolution of a key reaches it while the key's buffer timer is firing: both invocations
+/// read the state with the record still waiting, and the timer commits first. The waiting record
+/// goes out under its one id with one body (unresolved, as the winner decided), never resolved
+/// as well: what the loser computed from the state it lost with is never sent.
+#[tokio::test(start_paused = true)]
+async fn a_resolution_racing_the_buffer_timer_sends_the_waiting_record_one_way_only() {
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let latency = std::time::Duration::from_millis(10);
+    let config = EnricherConfig::default();
+    let ttl = config.buffer_ttl.as_millis() as i64;
+    let executor = enricher(&world, config);
+    let mut events = Shard::new("cloudtrail", 0);
+    let mut feedback = Shard::new("feedback", 0);
+    let key = format!("{ACCOUNT}#ASIA9");
+    let waiting = record("waits", session("ASIA9", "role-9"), "ListBuckets", None);
+    let batch = events.batch(&[(key.as_str(), serde_json::to_vec(&waiting).unwrap())]);
+    executor.run(decode_event(batch).unwrap()).await;
+    world.clock.advance(ttl);
+    // Every table call takes 10 ms from now on. The sweep reads the timer index an hour bucket
+    // at a time, then loads the key and commits, a call apart; the resolution arrives 175 ms in,
+    // between that load and that commit. (The asserts below fail if the timing no longer makes
+    // the two race.)
+    world.table.meter().set_latency(Some(latency));
+    let resolution = serde_json::json!({
+        "customer": ACCOUNT,
+        "accessKeyId": "ASIA9",
+        "originalActor": {"type": "IAMUser", "arn": format!("arn:aws:iam::{ACCOUNT}:user/alice")},
+        "roleChain": []
+    });
+    let batch = feedback.batch(&[(key.as_str(), serde_json::to_vec(&resolution).unwrap())]);
+    let resolve = async {
+        tokio::time::sleep(latency * 35 / 2).await;
+        executor.run(decode_event(batch).unwrap()).await
+    };
+    let (swept, report) = tokio::join!(executor.fire_timers(None), resolve);
+    assert_eq!(swept.unwrap().fired, 1, "the timer fired");
+    assert!(
+        report.conflicts >= 1,
+        "the resolution lost the race: {report:?}"
+    );
+    let out: Vec<Value> = world
+        .outputs(ENRICHED.name)
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    assert_eq!(out.len(), 1, "{out:#?}");
+    assert_eq!(out[0]["enrichment"]["status"], "unresolved");
+}

@@ -1,8 +1,9 @@
 //! The identity enricher as template.yaml wires it, on the embedded runtime: its events stream,
 //! its feedback stream looped back through Kinesis, the enriched stream and the timer sweep on
-//! the template's schedule. The article's chain put in reverse order comes out enriched; a record
-//! whose resolution never comes goes out unresolved within the buffer TTL and a minute with no
-//! further record; generated chains of many customers, shuffled, on 1 to 16 shards, match an
+//! the template's schedule. The article's chain put in reverse order comes out enriched, also
+//! with records ten and a hundred times the usual size; a record whose resolution never comes
+//! goes out unresolved within the buffer TTL and a minute with no further record; generated
+//! chains of many customers, shuffled, on 1 to 16 shards (one with ten lanes a shard), match an
 //! oracle written here; and a chaos run under every fault ends with the same outputs, under the
 //! same ids, as a run without faults.
 
@@ -35,6 +36,8 @@ const BUFFER_TTL: Duration = Duration::from_secs(900);
 struct Deploy {
     shards: Option<usize>,
     customer_map: Option<String>,
+    /// The enricher's mappings' ParallelizationFactor, instead of the template's 2.
+    lanes: Option<u32>,
 }
 
 impl Deploy {
@@ -47,9 +50,19 @@ impl Deploy {
         if let Some(map) = &self.customer_map {
             parameters.insert("CustomerMap".to_owned(), map.clone());
         }
-        let template =
+        let mut template =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml"))
                 .expect("template.yaml");
+        if let Some(lanes) = self.lanes {
+            let at = template
+                .find("  IdentityEnricherFunction:")
+                .expect("the enricher");
+            let (head, enricher) = template.split_at(at);
+            let factor = "ParallelizationFactor: 2\n";
+            assert_eq!(enricher.matches(factor).count(), 2, "both its mappings");
+            let lanes = format!("ParallelizationFactor: {lanes}\n");
+            template = format!("{head}{}", enricher.replace(factor, &lanes));
+        }
         let services = LocalServices::new(EPOCH, faults);
         let functions = keyway_stack::functions();
         LocalRuntime::from_template_with(&template, &parameters, services, &functions)
@@ -107,10 +120,10 @@ fn dead_letters(runtime: &LocalRuntime) -> usize {
     runtime.services.sqs.messages(&queue).len()
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_articles_chain_put_in_reverse_order_comes_out_traced_to_alice() {
+/// Puts the article's `records` on the stack in reverse order and runs it until idle: each comes
+/// out once, resolved, traced to Alice, none dead-lettered. Returns them by event id.
+async fn traced_in_reverse(mut records: Vec<Value>) -> BTreeMap<String, Value> {
     let mut runtime = Deploy::default().stack(FaultPlan::default());
-    let mut records = article();
     records.reverse();
     put(&runtime, &records, &CustomerMap::default()).await;
     runtime
@@ -118,12 +131,19 @@ async fn the_articles_chain_put_in_reverse_order_comes_out_traced_to_alice() {
         .await
         .unwrap();
     let out = by_event(&enriched(&runtime));
-    assert_eq!(out.len(), 4, "{out:#?}");
+    assert_eq!(out.len(), 4, "{:?}", out.keys().collect::<Vec<_>>());
     let alice = format!("arn:aws:iam::{ACCOUNT}:user/alice");
     for (id, body) in &out {
         assert_eq!(body["enrichment"]["status"], "resolved", "{id}");
         assert_eq!(body["enrichment"]["originalActor"]["arn"], alice, "{id}");
     }
+    assert_eq!(dead_letters(&runtime), 0);
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_articles_chain_put_in_reverse_order_comes_out_traced_to_alice() {
+    let out = traced_in_reverse(article()).await;
     let chain: Vec<&str> = out["4-snapshot-with-asia2"]["enrichment"]["roleChain"]
         .as_array()
         .unwrap()
@@ -131,7 +151,6 @@ async fn the_articles_chain_put_in_reverse_order_comes_out_traced_to_alice() {
         .map(|l| l["accessKeyId"].as_str().unwrap())
         .collect();
     assert_eq!(chain, ["ASIA1", "ASIA2"]);
-    assert_eq!(dead_letters(&runtime), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -215,17 +234,20 @@ fn traffic(records: usize, seed: u64) -> (Vec<Value>, String) {
         ..TrafficConfig::default()
     };
     let map = Traffic::customer_map_json(&config);
-    (Traffic::new(config, records).collect(), map)
+    (Traffic::new(config, records).unwrap().collect(), map)
 }
 
 #[tokio::test(start_paused = true)]
-async fn generated_chains_shuffled_on_one_to_sixteen_shards_resolve_as_the_oracle_says() {
-    for (shards, seed) in [(1, 11), (3, 12), (16, 13)] {
+async fn generated_chains_shuffled_on_one_to_sixteen_shards_and_ten_lanes_resolve_as_the_oracle_says(
+) {
+    // Ten lanes a shard: many invocations at once on the keys of one shard.
+    for (shards, lanes, seed) in [(1, 2, 11), (3, 10, 12), (16, 2, 13)] {
         let (mut records, customer_map) = traffic(3_000, seed);
         records.shuffle(&mut StdRng::seed_from_u64(seed));
         let deploy = Deploy {
             shards: Some(shards),
             customer_map: Some(customer_map),
+            lanes: Some(lanes),
         };
         let (outputs, _) = enrich(&records, &deploy, FaultPlan::default()).await;
         let out = by_event(&outputs);
@@ -274,8 +296,8 @@ async fn generated_records_under_every_fault_at_two_percent_end_as_without_fault
     let n = chaos_records();
     let (records, customer_map) = traffic(n, 21);
     let deploy = Deploy {
-        shards: None,
         customer_map: Some(customer_map),
+        ..Deploy::default()
     };
     let (clean, _) = enrich(&records, &deploy, FaultPlan::default()).await;
     let (chaos, runtime) = enrich(&records, &deploy, FaultPlan::all(0.02, 21)).await;
@@ -320,5 +342,26 @@ async fn generated_records_under_every_fault_at_two_percent_end_as_without_fault
     assert!(
         runtime.services.sqs.messages(&failed).is_empty(),
         "no batch given up"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_ten_and_a_hundred_times_the_usual_size_wait_and_come_out_enriched() {
+    let mut records = article();
+    // CloudTrail records are a kilobyte or two; a call with large request parameters (a policy
+    // document, a batch of tags) makes one far larger. Both wait for their key's resolution.
+    for (id, size) in [
+        ("2-action-with-asia1", 20_000),
+        ("4-snapshot-with-asia2", 200_000),
+    ] {
+        let record = records.iter_mut().find(|r| r["eventID"] == id).unwrap();
+        record["requestParameters"] = serde_json::json!({ "policy": "x".repeat(size) });
+    }
+    let out = traced_in_reverse(records).await;
+    assert_eq!(
+        out["4-snapshot-with-asia2"]["requestParameters"]["policy"]
+            .as_str()
+            .map(str::len),
+        Some(200_000)
     );
 }

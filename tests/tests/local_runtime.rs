@@ -816,10 +816,10 @@ async fn a_hundred_thousand_events_and_a_hundred_thousand_changes_under_every_fa
     // Against the fault-free run of the same input: more invocations, errors, timeouts and
     // crashes, partial failures and duplicate deliveries, for the same end state.
     for ((name, chaos), (_, clean)) in chaos.report.mappings.iter().zip(&clean.report.mappings) {
-        if name.starts_with("IdentityEnricherFunction/") {
-            // The stack's identity enricher gets no record here (tests/tests/identity_stack.rs
-            // runs its chaos test).
-            assert_eq!((clean.invocations, chaos.records_delivered), (0, 0));
+        if clean.records_delivered == 0 {
+            // A function of the stack this load does not feed (the identity enricher: its chaos
+            // run is tests/tests/identity_stack.rs) gets nothing in either run.
+            assert_eq!(chaos.records_delivered, 0, "{name}");
             continue;
         }
         assert_eq!(

@@ -77,7 +77,9 @@ struct RuntimeBench {
     targets_met: bool,
 }
 
-fn runtime_builder(paused: bool) -> tokio::runtime::Runtime {
+/// A one-threaded tokio runtime, on virtual time when `paused` (batching windows, retries and
+/// TTLs pass instantly), as the commands run the embedded runtime.
+pub(crate) fn runtime_builder(paused: bool) -> tokio::runtime::Runtime {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_time();
     if paused {
@@ -401,11 +403,7 @@ struct LocalBench {
 /// CPU time of running `events` through the template's stack with the function `noop` or the
 /// keyed counter, on the embedded runtime under virtual time.
 fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let runtime = runtime_builder(true);
     runtime
         .block_on(async {
             let services = keyway::local::LocalServices::new(

@@ -2,7 +2,7 @@
 //! run, on the same generated CloudTrail traffic (customers drawn from Zipf(1.2); the largest
 //! makes about 40% of the records).
 //!
-//! Records arrive as many partitions deliver them: shuffled within windows of 2,000.
+//! Records arrive as many partitions deliver them: shuffled within a sliding window of 2,000.
 //!
 //! - Skew: the records' load on 8 shards when partitioned by customer (the design the article
 //!   left) and by customer#accessKeyId (this one), as Kinesis hashes partition keys.
@@ -76,21 +76,20 @@ pub struct Targets {
     pub capacity_units_vs_naive_at_most: f64,
 }
 
-/// Generated records, in the order many partitions deliver them: shuffled within windows of
-/// 2,000 records, so a chain's calls can arrive before the call that issued their key.
-fn traffic(records: usize, seed: u64) -> (TrafficConfig, Vec<Value>) {
-    use rand::seq::SliceRandom;
-    use rand::SeedableRng;
+/// Generated records, in the order many partitions deliver them (see `entries`), kept for both
+/// designs to run.
+fn traffic(records: usize, seed: u64) -> Result<(TrafficConfig, Vec<Value>), CliError> {
     let config = TrafficConfig {
         seed,
         ..TrafficConfig::default()
     };
-    let mut values: Vec<Value> = Traffic::new(config.clone(), records).collect();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for window in values.chunks_mut(2_000) {
-        window.shuffle(&mut rng);
-    }
-    (config, values)
+    let values = entries(config.clone(), records)?
+        .map(|entry| match entry? {
+            Entry::Record { value, .. } => Ok(value),
+            Entry::Unreadable { place, .. } => Err(format!("{place}: not generated JSON").into()),
+        })
+        .collect::<Result<_, CliError>>()?;
+    Ok((config, values))
 }
 
 /// Load per shard of `keys`, as Kinesis hashes partition keys.
@@ -136,18 +135,19 @@ fn skew(records: &[CloudTrailRecord], customers: &CustomerMap) -> Skew {
 /// PutItem it back with the record's time; for a call that issues a key, PutItem the issued key's
 /// identity too. A caller whose identity was not written yet (its chain arrived out of order)
 /// stays unresolved: the naive design has no buffer, and no feedback loop.
-async fn naive(values: &[Value], customers: &CustomerMap) -> (LocalTable, u64) {
+async fn naive(values: &[Value], customers: &CustomerMap) -> Result<(LocalTable, u64), CliError> {
     let table = LocalTable::new();
     let mut resolved = 0;
     for value in values {
         // Decoded here, as the enricher decodes each record: both designs' CPU includes it.
-        let record = &CloudTrailRecord::parse(value.clone()).expect("generated records read");
+        let record = &CloudTrailRecord::parse(value.clone()).map_err(|e| e.to_string())?;
         let key = |access_key: &str| ItemKey {
             pk: format!("identity#{}", access_key),
             sk: customers.customer_of(&record.account).to_owned(),
         };
         let caller = key(record.caller_key());
-        let known = table.get(&caller).await.expect("get").and_then(|item| {
+        let stored = table.get(&caller).await.map_err(|e| e.to_string())?;
+        let known = stored.and_then(|item| {
             item.get("identity")
                 .and_then(|v| v.as_s().map(str::to_owned))
         });
@@ -163,7 +163,8 @@ async fn naive(values: &[Value], customers: &CustomerMap) -> (LocalTable, u64) {
         }
         let seen = record.record["eventTime"].to_string();
         item.insert("seen".into(), AttrValue::S(seen));
-        table.put(&item, &Expect::Anything).await.expect("put");
+        let written = table.put(&item, &Expect::Anything).await;
+        written.map_err(|e| e.to_string())?;
         let Some(identity) = identity else {
             continue;
         };
@@ -171,27 +172,35 @@ async fn naive(values: &[Value], customers: &CustomerMap) -> (LocalTable, u64) {
         if let Some(issued) = &record.issued {
             let mut item = key(&issued.access_key_id).to_item();
             item.insert("identity".into(), AttrValue::S(identity));
-            table.put(&item, &Expect::Anything).await.expect("put");
+            let written = table.put(&item, &Expect::Anything).await;
+            written.map_err(|e| e.to_string())?;
         }
     }
-    (table, resolved)
+    Ok((table, resolved))
 }
 
 fn per_1000(x: f64, records: usize) -> f64 {
     x * 1000.0 / records.max(1) as f64
 }
 
-/// Generated records as `keyway enrich` reads entries, streamed: shuffled within windows of
-/// 2,000 as they are generated, none kept beyond the window.
-fn entries(config: TrafficConfig, records: usize) -> impl Iterator<Item = Result<Entry, CliError>> {
+/// Generated records as `keyway enrich` reads entries, streamed and in the order many partitions
+/// deliver them: shuffled within windows of 2,000, so a chain's calls can arrive before the call
+/// that issued their key; none kept beyond the window.
+fn entries(
+    config: TrafficConfig,
+    records: usize,
+) -> Result<impl Iterator<Item = Result<Entry, CliError>>, CliError> {
     let seed = config.seed;
-    let generated = Traffic::new(config, records).enumerate().map(|(i, value)| {
-        Ok(Entry::Record {
-            place: format!("generated#{i}"),
-            value,
-        })
-    });
-    crate::trail::Shuffled::new(generated, seed, 2_000)
+    let generated = Traffic::new(config, records)
+        .map_err(|e| format!("generated traffic: {e}"))?
+        .enumerate()
+        .map(|(i, value)| {
+            Ok(Entry::Record {
+                place: format!("generated#{i}"),
+                value,
+            })
+        });
+    Ok(crate::trail::Shuffled::new(generated, seed, 2_000))
 }
 
 /// The enricher over `entries` on the embedded runtime: its summary and the CPU time it took.
@@ -225,7 +234,7 @@ fn throughput(
     };
     let map = Traffic::customer_map_json(&config);
     let started = Instant::now();
-    let (summary, _) = runtime.block_on(run_enricher(entries(config, records), map))?;
+    let (summary, _) = runtime.block_on(run_enricher(entries(config, records)?, map))?;
     let wall = started.elapsed();
     if summary.records != records as u64 {
         return Err(format!("{} of {records} records went through", summary.records).into());
@@ -254,7 +263,7 @@ fn designs(
     let records = values.len();
     let customers = Traffic::customer_map(config);
     let naive_start = thread_cpu_time();
-    let (table, naive_resolved) = runtime.block_on(naive(&values, &customers));
+    let (table, naive_resolved) = runtime.block_on(naive(&values, &customers))?;
     let naive_cpu = thread_cpu_time() - naive_start;
     let entries = values.into_iter().enumerate().map(|(i, value)| {
         Ok(Entry::Record {
@@ -282,13 +291,9 @@ pub fn run(records: usize, enrich_records: usize, seed: u64, json: bool) -> Resu
     if records == 0 || enrich_records == 0 {
         return Err("--records and --enrich-records must be at least 1".into());
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let runtime = crate::bench::runtime_builder(true);
     let (enrich_rate, enrich_peak) = throughput(&runtime, enrich_records, seed + 1)?;
-    let (config, values) = traffic(records, seed);
+    let (config, values) = traffic(records, seed)?;
     let customers = Traffic::customer_map(&config);
     let parsed: Vec<CloudTrailRecord> = values
         .iter()

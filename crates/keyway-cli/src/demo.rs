@@ -35,11 +35,7 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
         return Err("--events must be at least 1".into());
     }
     // Virtual time: batching windows and retries pass instantly, and the seed fixes the run.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let runtime = crate::bench::runtime_builder(true);
     let identity_records = options.identity_records;
     let seed = options.seed;
     runtime.block_on(async {

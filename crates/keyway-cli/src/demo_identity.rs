@@ -34,7 +34,8 @@ pub async fn run(records: usize, seed: u64) -> Result<(), CliError> {
         settings.shards,
         settings.buffer_ttl.as_secs()
     );
-    let mut traffic = Traffic::new(config, records);
+    let mut traffic =
+        Traffic::new(config, records).map_err(|e| format!("generated traffic: {e}"))?;
     let entries = traffic.by_ref().enumerate().map(|(i, value)| {
         Ok(Entry::Record {
             place: format!("generated#{i}"),

@@ -290,7 +290,9 @@ impl Run {
     fn collect(&mut self, out: &mut dyn Write) -> Result<(), CliError> {
         let services = self.services.clone();
         let kinesis = &services.kinesis;
-        for record in kinesis.records(&self.enriched) {
+        kinesis.trim(&self.events);
+        self.summary.resolutions += kinesis.trim(&self.feedback).len() as u64;
+        for record in kinesis.trim(&self.enriched) {
             let body: Value = serde_json::from_slice(&record.data).map_err(|e| e.to_string())?;
             let id = OutputId(
                 body["enrichment"]["outputId"]
@@ -319,9 +321,6 @@ impl Run {
                 .and_then(|()| out.write_all(b"\n"))
                 .map_err(|e| format!("writing the enriched records: {e}"))?;
         }
-        kinesis.trim(&self.enriched);
-        kinesis.trim(&self.events);
-        self.summary.resolutions += kinesis.trim(&self.feedback) as u64;
         for message in services.sqs.receive(&self.dead_letters, usize::MAX) {
             let letter: DeadLetter =
                 serde_json::from_str(&message.body).map_err(|e| e.to_string())?;
@@ -409,11 +408,7 @@ pub fn run(options: EnrichOptions) -> Result<(), CliError> {
             .map_err(|e| e.to_string())?,
     );
     // Virtual time: batching windows and the buffer TTL pass instantly.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let runtime = crate::bench::runtime_builder(true);
     let started = std::time::Instant::now();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -532,7 +527,7 @@ mod tests {
             customer_map: Traffic::customer_map_json(&config),
             buffer_ttl: Duration::from_secs(300),
         };
-        let records: Vec<Value> = Traffic::new(config, 6_000).collect();
+        let records: Vec<Value> = Traffic::new(config, 6_000).unwrap().collect();
         let mut input: Vec<Result<Entry, CliError>> = entries(records.clone()).collect();
         input.push(Ok(Entry::Unreadable {
             place: "trail.jsonl:7".into(),

@@ -15,6 +15,8 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Geometric, Zipf};
 use serde_json::{json, Value};
 
+use keyway::InvalidInput;
+
 use crate::identity::CustomerMap;
 
 /// What to generate.
@@ -80,12 +82,28 @@ pub struct Traffic {
 }
 
 impl Traffic {
-    pub fn new(config: TrafficConfig, records: usize) -> Self {
-        let customers = Zipf::new(config.customers as f64, config.zipf_exponent)
-            .expect("a Zipf distribution of at least one customer");
-        let actions = Geometric::new(1.0 / (1.0 + config.actions_per_key))
-            .expect("a mean number of actions of zero or more");
-        Self {
+    /// `records` records of `config`, or which setting of it cannot generate any.
+    pub fn new(config: TrafficConfig, records: usize) -> Result<Self, InvalidInput> {
+        let setting = |field: &str, problem: &str| Err(InvalidInput::new(field, problem));
+        if config.accounts_per_customer == 0 {
+            return setting("accounts_per_customer", "must be at least 1");
+        }
+        if config.max_depth == 0 {
+            return setting("max_depth", "must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&config.orphan_share) {
+            return setting("orphan_share", "must be between 0 and 1");
+        }
+        let Ok(customers) = Zipf::new(config.customers as f64, config.zipf_exponent) else {
+            return setting(
+                "customers, zipf_exponent",
+                "need at least one customer and an exponent of 0 or more",
+            );
+        };
+        let Ok(actions) = Geometric::new(1.0 / (1.0 + config.actions_per_key)) else {
+            return setting("actions_per_key", "must be 0 or more");
+        };
+        Ok(Self {
             rng: StdRng::seed_from_u64(config.seed),
             customers,
             actions,
@@ -95,7 +113,7 @@ impl Traffic {
             made: 0,
             keys: 0,
             config,
-        }
+        })
     }
 
     /// The customer of each account the traffic uses.
@@ -323,8 +341,8 @@ mod tests {
     #[test]
     fn the_same_seed_gives_the_same_records_and_every_record_reads() {
         let config = TrafficConfig::default();
-        let a: Vec<Value> = Traffic::new(config.clone(), 2_000).collect();
-        let b: Vec<Value> = Traffic::new(config, 2_000).collect();
+        let a: Vec<Value> = Traffic::new(config.clone(), 2_000).unwrap().collect();
+        let b: Vec<Value> = Traffic::new(config, 2_000).unwrap().collect();
         assert_eq!(a.len(), 2_000);
         assert_eq!(a, b);
         for record in &a {
@@ -339,7 +357,7 @@ mod tests {
             ..TrafficConfig::default()
         };
         let mut issued = std::collections::HashSet::new();
-        for record in Traffic::new(config, 5_000) {
+        for record in Traffic::new(config, 5_000).unwrap() {
             let record = CloudTrailRecord::parse(record).unwrap();
             if let Called::Session { access_key_id } = &record.caller {
                 assert!(issued.contains(access_key_id), "{access_key_id}");
@@ -352,13 +370,54 @@ mod tests {
     }
 
     #[test]
+    fn a_setting_that_cannot_generate_traffic_is_named() {
+        let bad = |config: TrafficConfig| Traffic::new(config, 1).err().unwrap().field;
+        let default = TrafficConfig::default;
+        assert_eq!(
+            bad(TrafficConfig {
+                customers: 0,
+                ..default()
+            }),
+            "customers, zipf_exponent"
+        );
+        assert_eq!(
+            bad(TrafficConfig {
+                accounts_per_customer: 0,
+                ..default()
+            }),
+            "accounts_per_customer"
+        );
+        assert_eq!(
+            bad(TrafficConfig {
+                max_depth: 0,
+                ..default()
+            }),
+            "max_depth"
+        );
+        assert_eq!(
+            bad(TrafficConfig {
+                orphan_share: 1.5,
+                ..default()
+            }),
+            "orphan_share"
+        );
+        assert_eq!(
+            bad(TrafficConfig {
+                actions_per_key: -2.0,
+                ..default()
+            }),
+            "actions_per_key"
+        );
+    }
+
+    #[test]
     fn the_records_of_orphan_chains_but_their_users_own_actions_are_counted() {
         let count = |share: f64| {
             let config = TrafficConfig {
                 orphan_share: share,
                 ..TrafficConfig::default()
             };
-            let mut traffic = Traffic::new(config, 3_000);
+            let mut traffic = Traffic::new(config, 3_000).unwrap();
             let sessions = traffic
                 .by_ref()
                 .filter(|r| r["userIdentity"]["type"] != "IAMUser")
@@ -375,7 +434,7 @@ mod tests {
         let config = TrafficConfig::default();
         let map = Traffic::customer_map(&config);
         let mut by_customer = std::collections::BTreeMap::<String, usize>::new();
-        for record in Traffic::new(config, 20_000) {
+        for record in Traffic::new(config, 20_000).unwrap() {
             let account = record["recipientAccountId"].as_str().unwrap();
             *by_customer
                 .entry(map.customer_of(account).to_owned())

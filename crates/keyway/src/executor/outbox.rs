@@ -55,6 +55,17 @@ mod tests {
     use crate::local::LocalTable;
     use crate::ports::StateStore;
 
+    /// What the bench's table holds for `keys`.
+    async fn stored<O: crate::operator::KeyedOperator>(
+        b: &super::super::testkit::Bench<O>,
+        keys: &[&str],
+    ) -> std::collections::HashMap<String, crate::domain::KeyState> {
+        let store =
+            DynamoStateStore::<LocalTable>::new(b.table.clone(), crate::ports::ManualClock::at(0));
+        let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
+        store.load(b.executor.namespace(), &keys).await.unwrap()
+    }
+
     #[tokio::test]
     async fn a_sent_outbox_is_cleared_and_one_that_failed_is_kept_and_reported() {
         let b = bench(
@@ -78,12 +89,7 @@ mod tests {
             "2",
             "b's outbox is owed"
         );
-        let store =
-            DynamoStateStore::<LocalTable>::new(b.table.clone(), crate::ports::ManualClock::at(0));
-        let loaded = store
-            .load(b.executor.namespace(), &["a".into(), "b".into()])
-            .await
-            .unwrap();
+        let loaded = stored(&b, &["a", "b"]).await;
         assert!(loaded["a"].outbox.is_empty(), "a's was sent, and cleared");
         assert_eq!(loaded["b"].outbox.len(), 1);
     }
@@ -157,12 +163,7 @@ mod tests {
             "the settled outputs first, the outbox after the commit"
         );
         assert_eq!(report.commits, 1, "b changed nothing: no write at all");
-        let store =
-            DynamoStateStore::<LocalTable>::new(b.table.clone(), crate::ports::ManualClock::at(0));
-        let loaded = store
-            .load(b.executor.namespace(), &["a".into(), "b".into()])
-            .await
-            .unwrap();
+        let loaded = stored(&b, &["a", "b"]).await;
         assert!(loaded["a"].outbox.is_empty());
         assert_eq!(loaded["b"].version, 0, "b was never written");
     }

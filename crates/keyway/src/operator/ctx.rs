@@ -241,7 +241,9 @@ impl<'a> Ctx<'a> {
     /// nothing. An outbox operator sends it before its commit, as an emit-then-commit operator
     /// does, instead of storing it with the state: a write saved. It may go out before outputs
     /// the key emitted earlier through the outbox. Anything computed from state that changes
-    /// (what waits in a buffer, whether a timer fired first) is not settled.
+    /// (what waits in a buffer, whether a timer fired first) is not settled. It must still fit
+    /// the state store as an outbox output does: a key run again after losing a commit race
+    /// stores what it recomputes.
     pub fn emit_settled_for<T: Serialize>(
         &mut self,
         sink: &Sink<T>,

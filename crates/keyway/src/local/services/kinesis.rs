@@ -138,25 +138,21 @@ impl LocalKinesis {
             .unwrap_or_default()
     }
 
-    /// Drops every record `stream` holds now, as its retention would later; positions stay where
-    /// they were. For a driver that has read what it needs of the stream and knows no mapping
-    /// will read these records again (every mapping idle): a long run's memory then stays
-    /// bounded. Returns how many records it dropped.
-    pub fn trim(&self, stream: &str) -> usize {
+    /// Takes every record `stream` holds now out of it, shard by shard, as its retention would
+    /// drop them later; positions stay where they were. For a driver that reads a stream no
+    /// mapping reads, or knows no mapping will read these records again (every mapping idle): a
+    /// long run's memory then stays bounded.
+    pub fn trim(&self, stream: &str) -> Vec<Arc<StoredRecord>> {
         let mut streams = self.streams.lock().expect("streams lock");
         let Some(stream) = streams.get_mut(stream) else {
-            return 0;
+            return Vec::new();
         };
-        stream
-            .shards
-            .iter_mut()
-            .map(|shard| {
-                let dropped = shard.records.len();
-                shard.trimmed += dropped;
-                shard.records = Vec::new();
-                dropped
-            })
-            .sum()
+        let mut taken = Vec::new();
+        for shard in &mut stream.shards {
+            shard.trimmed += shard.records.len();
+            taken.append(&mut shard.records);
+        }
+        taken
     }
 
     /// Up to `max` records of one shard from position `from` (an index into the shard), as a
@@ -367,7 +363,8 @@ mod tests {
         for i in 0..3 {
             kinesis.put_record("s", "k", &[i]).unwrap();
         }
-        assert_eq!(kinesis.trim("s"), 3);
+        let taken: Vec<u8> = kinesis.trim("s").iter().map(|r| r.data[0]).collect();
+        assert_eq!(taken, [0, 1, 2]);
         assert!(kinesis.records("s").is_empty());
         assert_eq!(kinesis.shard_len("s", 0), 3, "positions stay");
         kinesis.put_record("s", "k", &[3]).unwrap();
