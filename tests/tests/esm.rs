@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use keyway::domain::pattern::{Dialect, Pattern};
 use keyway::domain::{AttrValue, Item};
 use keyway::lambda::{FunctionError, Invocation};
 use keyway::local::{
@@ -903,4 +904,81 @@ async fn a_function_that_panics_with_a_bug_fails_the_run_instead_of_passing_for_
     let mut s = setup(1, f, MappingSettings::default());
     s.put("k", 1);
     s.run().await;
+}
+
+/// "Control which events Lambda sends to your function" (event filtering): a Kinesis record
+/// whose data matches none of the FilterCriteria patterns is never delivered and counts as done;
+/// patterns see the data as JSON, and its metadata beside it.
+#[tokio::test(start_paused = true)]
+async fn kinesis_records_matching_no_filter_are_never_delivered() {
+    let f = Scripted::succeeding();
+    let filters = [
+        r#"{"data": {"kind": ["order"], "total": [{"numeric": [">=", 100]}]}}"#,
+        r#"{"partitionKey": [{"prefix": "vip-"}]}"#,
+    ];
+    let mut s = setup(
+        1,
+        f.clone(),
+        MappingSettings {
+            filters: filters
+                .iter()
+                .map(|p| Pattern::parse_str(p, Dialect::EventBridge).unwrap())
+                .collect(),
+            ..Default::default()
+        },
+    );
+    let big = s.write("a", br#"{"kind": "order", "total": 250}"#).1;
+    s.write("a", br#"{"kind": "order", "total": 99.5}"#);
+    s.write("a", br#"{"kind": "refund", "total": 250}"#);
+    s.write("a", b"not json at all");
+    let vip = s.write("vip-7", b"not json either").1;
+    let report = s.run().await;
+    let delivered: Vec<String> = f.batches().iter().flat_map(|b| sequences(b)).collect();
+    assert_eq!(delivered, [big, vip]);
+    assert_eq!(report.mappings[0].1.filtered_out, 3);
+    assert_eq!(report.mappings[0].1.records_done, 2);
+}
+
+/// The same for DynamoDB Streams: patterns see the change as its event record, images in
+/// DynamoDB JSON ("Filtering DynamoDB events").
+#[tokio::test(start_paused = true)]
+async fn dynamodb_changes_matching_no_filter_are_never_delivered() {
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let schema = KeySchema {
+        hash: "id".into(),
+        range: None,
+    };
+    let table = services.dynamodb.create_table("t", schema, None, true);
+    let f = Scripted::succeeding();
+    let mut runtime = LocalRuntime::new(services.clone());
+    let pattern =
+        r#"{"eventName": ["INSERT"], "dynamodb": {"NewImage": {"state": {"S": ["open"]}}}}"#;
+    let settings = MappingSettings {
+        filters: vec![Pattern::parse_str(pattern, Dialect::EventBridge).unwrap()],
+        ..Default::default()
+    };
+    runtime.add_mapping(
+        "f",
+        f.clone(),
+        MappingSource::DynamoDb {
+            table: table.clone(),
+        },
+        settings,
+    );
+    let item = |id: &str, state: &str| {
+        Item::from([
+            ("id".to_owned(), AttrValue::S(id.into())),
+            ("state".to_owned(), AttrValue::S(state.into())),
+        ])
+    };
+    table.put_item(item("1", "open")).unwrap();
+    table.put_item(item("2", "closed")).unwrap();
+    // A modification to "open" is no INSERT.
+    table.put_item(item("2", "open")).unwrap();
+    let report = runtime
+        .run_until_idle(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(f.sizes().iter().sum::<usize>(), 1);
+    assert_eq!(report.mappings[0].1.filtered_out, 2);
 }

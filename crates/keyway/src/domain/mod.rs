@@ -9,6 +9,7 @@ pub mod invalid;
 pub mod item;
 pub mod json;
 pub mod output;
+pub mod pattern;
 pub mod plan;
 pub mod record;
 pub mod state;
@@ -17,6 +18,7 @@ pub use dead_letter::{DeadLetter, DEAD_LETTER_SINK};
 pub use invalid::InvalidInput;
 pub use item::{AttrValue, Item};
 pub use output::{Output, OutputId};
+pub use pattern::{Pattern, PatternError};
 pub use plan::{BatchPlan, KeyGroup};
 pub use record::{
     stream_name_of, Change, ChangeKind, NotASequenceNumber, Origin, Payload, RejectedRecord,

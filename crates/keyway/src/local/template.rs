@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde_yaml::Value;
 
 use super::mapping::{MappingSettings, StartingPosition};
+use crate::domain::pattern::{Dialect, Pattern};
 use crate::lambda::Env;
 
 /// A resource the embedded runtime creates.
@@ -565,7 +566,42 @@ fn settings(p: &Value, timeout: Duration) -> Result<MappingSettings, TemplateErr
         on_failure: None,
         parallelization_factor: int("ParallelizationFactor").map_or(1, |v| v as u32),
         function_timeout: timeout,
+        filters: filter_criteria(p)?,
     })
+}
+
+/// Lambda allows five filters a mapping unless a quota increase says otherwise.
+const MAX_FILTERS: usize = 5;
+
+/// `FilterCriteria.Filters[].Pattern`: each pattern a JSON string, as the template writes it.
+fn filter_criteria(p: &Value) -> Result<Vec<Pattern>, TemplateError> {
+    let Some(criteria) = get(p, "FilterCriteria") else {
+        return Ok(Vec::new());
+    };
+    let Some(filters) = get(criteria, "Filters").and_then(Value::as_sequence) else {
+        return err("FilterCriteria needs a list of Filters");
+    };
+    if filters.len() > MAX_FILTERS {
+        return err(format!(
+            "FilterCriteria has {} filters; Lambda allows {MAX_FILTERS}",
+            filters.len()
+        ));
+    }
+    filters
+        .iter()
+        .enumerate()
+        .map(|(i, filter)| {
+            let text = get(filter, "Pattern")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    TemplateError(format!(
+                        "FilterCriteria.Filters[{i}].Pattern must be a JSON string"
+                    ))
+                })?;
+            Pattern::parse_str(text, Dialect::EventBridge)
+                .map_err(|e| TemplateError(format!("FilterCriteria.Filters[{i}].Pattern: {e}")))
+        })
+        .collect()
 }
 
 /// The logical id a `!GetAtt X.Attr`, `!Ref X` or their long forms point at.
@@ -960,6 +996,34 @@ Resources:
         let e = parse(&broken).unwrap_err();
         assert!(
             e.0.contains("Counter.Clicks") && e.0.contains("ReportBatchItemFailure"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn filter_criteria_are_compiled_and_a_malformed_pattern_is_refused_naming_event_and_place() {
+        let with = |pattern: &str| {
+            TEMPLATE.replacen(
+                "FunctionResponseTypes: [ReportBatchItemFailures]",
+                &format!(
+                    "FunctionResponseTypes: [ReportBatchItemFailures]\n            \
+                     FilterCriteria:\n              Filters:\n                \
+                     - Pattern: '{pattern}'"
+                ),
+                1,
+            )
+        };
+        let (wiring, _) = parse(&with(r#"{"data": {"kind": ["click"]}}"#)).unwrap();
+        let filters = &wiring.functions[0].events[0].settings.filters;
+        assert_eq!(filters.len(), 1);
+        assert!(filters[0].matches(&serde_json::json!({"data": {"kind": "click"}})));
+        assert!(!filters[0].matches(&serde_json::json!({"data": {"kind": "view"}})));
+        let e = parse(&with(r#"{"data": {"kind": [{"prefx": "c"}]}}"#)).unwrap_err();
+        assert!(
+            e.0.contains("Counter.Clicks")
+                && e.0.contains("Filters[0]")
+                && e.0.contains("/data/kind/0/prefx")
+                && e.0.contains("unknown operator"),
             "{e}"
         );
     }

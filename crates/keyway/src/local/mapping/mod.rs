@@ -14,6 +14,8 @@
 //!   without using up retries;
 //! - MaximumRetryAttempts and MaximumRecordAgeInSeconds: records past either are discarded and
 //!   described to the OnFailure destination (an SQS queue) as Lambda describes them;
+//! - FilterCriteria: a record that matches none of the filter patterns is never delivered and
+//!   counts as done ("Lambda event filtering"; the patterns are `domain::pattern`'s);
 //! - function errors and timeouts fail the batch.
 
 pub mod events;
@@ -30,6 +32,7 @@ use super::services::faults::{Crash, Fault, Faults};
 use super::services::kinesis::{LocalKinesis, StoredRecord};
 use super::services::sqs::LocalSqs;
 use crate::domain::item::item_to_dynamodb_json;
+use crate::domain::Pattern;
 use crate::lambda::{FunctionError, Handler, Invocation};
 use crate::ports::Clock;
 use events::{dynamodb_event_json, kinesis_event_json, DynamoDbEventRecord, KinesisEventRecord};
@@ -66,6 +69,8 @@ pub struct MappingSettings {
     pub parallelization_factor: u32,
     /// The function's timeout.
     pub function_timeout: Duration,
+    /// FilterCriteria: a record is delivered when any of these matches it; none delivers all.
+    pub filters: Vec<Pattern>,
 }
 
 impl Default for MappingSettings {
@@ -81,6 +86,7 @@ impl Default for MappingSettings {
             on_failure: None,
             parallelization_factor: 1,
             function_timeout: Duration::from_secs(3),
+            filters: Vec::new(),
         }
     }
 }
@@ -114,6 +120,8 @@ pub struct MappingStats {
     pub discarded_for_age: u64,
     pub discarded_for_retries: u64,
     pub duplicate_deliveries: u64,
+    /// Records that matched none of the FilterCriteria patterns.
+    pub filtered_out: u64,
 }
 
 /// A record read from the source, with when the poller saw it.
@@ -151,6 +159,29 @@ impl Polled {
         }
     }
 
+    /// The record as FilterCriteria patterns see it: a Kinesis record's metadata with its data
+    /// as JSON (data that is not JSON stays base64 text, which no pattern of its fields
+    /// matches); a DynamoDB change as its event record.
+    fn filter_view(&self) -> Value {
+        match self {
+            Polled::Kinesis(r) => json!({
+                "kinesisSchemaVersion": "1.0",
+                "partitionKey": r.partition_key,
+                "sequenceNumber": r.sequence_number,
+                "approximateArrivalTimestamp": r.arrival_millis as f64 / 1000.0,
+                "data": serde_json::from_slice::<Value>(&r.data).unwrap_or_else(|_| {
+                    use base64::Engine as _;
+                    Value::String(base64::engine::general_purpose::STANDARD.encode(&r.data))
+                }),
+            }),
+            Polled::DynamoDb(r) => events::dynamodb_event(
+                "arn:aws:dynamodb:us-east-1:123456789012:table/t/stream/0",
+                [event_record(r)],
+            )["Records"][0]
+                .take(),
+        }
+    }
+
     /// The key records are spread over concurrent batches by: any stable hash does.
     fn partition_hash(&self) -> u64 {
         match self {
@@ -159,6 +190,19 @@ impl Polled {
                 xxhash_rust::xxh3::xxh3_64(item_to_dynamodb_json(&r.keys).to_string().as_bytes())
             }
         }
+    }
+}
+
+/// A stream record as a DynamoDB Streams event carries it.
+fn event_record(r: &StreamRecord) -> DynamoDbEventRecord<'_> {
+    DynamoDbEventRecord {
+        kind: r.kind,
+        keys: &r.keys,
+        old_image: r.old_image.as_ref(),
+        new_image: r.new_image.as_ref(),
+        sequence_number: &r.sequence_number,
+        created_secs: r.created_millis.div_euclid(1000),
+        ttl_deletion: r.ttl_deletion,
     }
 }
 
@@ -327,6 +371,19 @@ impl EventSourceMapping {
                     .collect(),
             };
             *position += fresh.len();
+            let before = fresh.len();
+            let fresh: Vec<Polled> = if self.settings.filters.is_empty() {
+                fresh
+            } else {
+                fresh
+                    .into_iter()
+                    .filter(|r| {
+                        let view = r.filter_view();
+                        self.settings.filters.iter().any(|p| p.matches(&view))
+                    })
+                    .collect()
+            };
+            self.stats.filtered_out += (before - fresh.len()) as u64;
             for record in fresh {
                 let lane = if factor == 1 {
                     0
@@ -470,15 +527,7 @@ impl EventSourceMapping {
             MappingSource::DynamoDb { table } => dynamodb_event_json(
                 &table.stream_arn(),
                 batch.iter().filter_map(|r| match r {
-                    Polled::DynamoDb(r) => Some(DynamoDbEventRecord {
-                        kind: r.kind,
-                        keys: &r.keys,
-                        old_image: r.old_image.as_ref(),
-                        new_image: r.new_image.as_ref(),
-                        sequence_number: &r.sequence_number,
-                        created_secs: r.created_millis.div_euclid(1000),
-                        ttl_deletion: r.ttl_deletion,
-                    }),
+                    Polled::DynamoDb(r) => Some(event_record(r)),
                     Polled::Kinesis(_) => None,
                 }),
             ),
