@@ -3,6 +3,7 @@
 //! Everything here is pure: no AWS types, no I/O. Sources turn Lambda payloads into these types,
 //! adapters turn them into DynamoDB items and messages.
 
+pub mod changelog;
 pub mod dead_letter;
 pub mod hash;
 pub mod invalid;
@@ -14,6 +15,7 @@ pub mod plan;
 pub mod record;
 pub mod state;
 
+pub use changelog::RowChange;
 pub use dead_letter::{DeadLetter, DEAD_LETTER_SINK};
 pub use invalid::InvalidInput;
 pub use item::{AttrValue, Item};

@@ -71,6 +71,7 @@ macro_rules! table_contract_tests {
             a_put_that_raises_an_attribute_never_lowers_it => RaisingPuts,
             batch_calls_and_queries_see_every_item_once_in_sort_key_order => BatchesAndQueries,
             requests_over_the_limits_are_refused_as_not_retryable => Limits,
+            a_partition_reads_as_an_ordered_log_after_a_sort_key_and_from_its_end => LogQueries,
         );
     };
 }

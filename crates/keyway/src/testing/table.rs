@@ -19,15 +19,18 @@ pub enum TablePromise {
     BatchesAndQueries,
     /// Requests over DynamoDB's limits are refused as not retryable.
     Limits,
+    /// A partition reads as an ordered log: the items after a sort key, and the last one.
+    LogQueries,
 }
 
 impl TablePromise {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::ConditionalPuts,
         Self::Updates,
         Self::RaisingPuts,
         Self::BatchesAndQueries,
         Self::Limits,
+        Self::LogQueries,
     ];
 }
 
@@ -40,6 +43,7 @@ pub async fn keep_table_promise<T: Table>(promise: TablePromise, table: &T) {
         TablePromise::RaisingPuts => raising_puts(table).await,
         TablePromise::BatchesAndQueries => batches_and_queries(table).await,
         TablePromise::Limits => limits(table).await,
+        TablePromise::LogQueries => log_queries(table).await,
     }
 }
 
@@ -279,4 +283,62 @@ async fn limits<T: Table>(table: &T) {
         table.batch_write(dup).await.is_err(),
         "a batch writing one key twice is refused"
     );
+}
+
+async fn log_queries<T: Table>(table: &T) {
+    let sort_keys = |items: Vec<Item>| -> Vec<String> {
+        items
+            .iter()
+            .filter_map(|i| i["sk"].as_s().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(
+        table.query_last("log").await.expect("last of nothing"),
+        None
+    );
+    // Sort keys of different lengths order as their bytes do; neighbouring partitions stay out.
+    for sk in ["b", "ab", "a", "c"] {
+        table
+            .put(&key("log", sk).to_item(), &Expect::Anything)
+            .await
+            .expect("put");
+    }
+    for pk in ["lo", "log2"] {
+        table
+            .put(&key(pk, "z").to_item(), &Expect::Anything)
+            .await
+            .expect("put");
+    }
+    let all = table.query_after("log", "", 10).await.expect("query after");
+    assert_eq!(
+        sort_keys(all),
+        ["a", "ab", "b", "c"],
+        "the whole log, in order"
+    );
+    let after = table.query_after("log", "a", 2).await.expect("query after");
+    assert_eq!(
+        sort_keys(after),
+        ["ab", "b"],
+        "after a sort key, at most the limit"
+    );
+    let between = table
+        .query_after("log", "aa", 10)
+        .await
+        .expect("query after");
+    assert_eq!(
+        sort_keys(between),
+        ["ab", "b", "c"],
+        "after a sort key no item has"
+    );
+    let none = table
+        .query_after("log", "c", 10)
+        .await
+        .expect("query after");
+    assert!(none.is_empty(), "nothing after the last");
+    let last = table
+        .query_last("log")
+        .await
+        .expect("last")
+        .expect("an item");
+    assert_eq!(last["sk"], AttrValue::S("c".into()));
 }

@@ -141,4 +141,38 @@ pub trait Table: Send + Sync {
             .map(|(_, item)| item)
             .collect())
     }
+
+    /// The first `limit` items under `pk` whose sort key is above `after_sk`, in sort key order,
+    /// by a strongly consistent Query: how a reader tails an ordered log.
+    async fn query_after(
+        &self,
+        pk: &str,
+        after_sk: &str,
+        limit: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        let mut items = sorted(self.query_partition(pk).await?);
+        items.retain(|(key, _)| key.sk.as_str() > after_sk);
+        Ok(items
+            .into_iter()
+            .take(limit)
+            .map(|(_, item)| item)
+            .collect())
+    }
+
+    /// The item with the highest sort key under `pk`, by a strongly consistent Query.
+    async fn query_last(&self, pk: &str) -> Result<Option<Item>, StoreError> {
+        Ok(sorted(self.query_partition(pk).await?)
+            .pop()
+            .map(|(_, item)| item))
+    }
+}
+
+/// Items with their keys, in sort key order.
+fn sorted(items: Vec<Item>) -> Vec<(ItemKey, Item)> {
+    let mut keyed: Vec<(ItemKey, Item)> = items
+        .into_iter()
+        .filter_map(|item| Some((ItemKey::of(&item)?, item)))
+        .collect();
+    keyed.sort_by(|a, b| a.0.sk.cmp(&b.0.sk));
+    keyed
 }

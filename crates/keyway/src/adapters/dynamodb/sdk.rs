@@ -157,12 +157,12 @@ fn build_error(err: aws_sdk_dynamodb::error::BuildError) -> StoreError {
 }
 
 impl SdkTable {
-    /// Up to `limit` items under `pk` (with a sort key at most `sk_max`), in sort key order, by
+    /// Up to `limit` items under `pk` (with a sort key meeting `sort_key`), in sort key order, by
     /// strongly consistent Query pages: a page stops at 1 MB as well as at its limit.
     async fn query(
         &self,
         pk: &str,
-        sk_max: Option<&str>,
+        sort_key: Option<SortKey<'_>>,
         limit: usize,
     ) -> Result<Vec<Item>, StoreError> {
         let mut items = Vec::new();
@@ -176,13 +176,17 @@ impl SdkTable {
                 .expression_attribute_values(":pk", AttributeValue::S(pk.to_owned()))
                 .consistent_read(true)
                 .set_exclusive_start_key(start.take());
-            request = match sk_max {
-                None => request.key_condition_expression("#pk = :pk"),
-                Some(sk) => request
-                    .key_condition_expression("#pk = :pk AND #sk <= :sk")
-                    .expression_attribute_names("#sk", SK)
-                    .expression_attribute_values(":sk", AttributeValue::S(sk.to_owned())),
+            let (condition, sk) = match sort_key {
+                None => ("#pk = :pk", None),
+                Some(SortKey::AtMost(sk)) => ("#pk = :pk AND #sk <= :sk", Some(sk)),
+                Some(SortKey::After(sk)) => ("#pk = :pk AND #sk > :sk", Some(sk)),
             };
+            request = request.key_condition_expression(condition);
+            if let Some(sk) = sk {
+                request = request
+                    .expression_attribute_names("#sk", SK)
+                    .expression_attribute_values(":sk", AttributeValue::S(sk.to_owned()));
+            }
             if limit != usize::MAX {
                 request = request.limit(i32::try_from(limit - items.len()).unwrap_or(i32::MAX));
             }
@@ -372,6 +376,39 @@ impl Table for SdkTable {
         sk_max: &str,
         limit: usize,
     ) -> Result<Vec<Item>, StoreError> {
-        self.query(pk, Some(sk_max), limit).await
+        self.query(pk, Some(SortKey::AtMost(sk_max)), limit).await
     }
+
+    async fn query_after(
+        &self,
+        pk: &str,
+        after_sk: &str,
+        limit: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        self.query(pk, Some(SortKey::After(after_sk)), limit).await
+    }
+
+    async fn query_last(&self, pk: &str) -> Result<Option<Item>, StoreError> {
+        let response = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("#pk = :pk")
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":pk", AttributeValue::S(pk.to_owned()))
+            .consistent_read(true)
+            .scan_index_forward(false)
+            .limit(1)
+            .send()
+            .await
+            .map_err(|e| store_error(classify(&e)))?;
+        response.items().first().map(item_from_sdk).transpose()
+    }
+}
+
+/// A condition on the sort key of a Query.
+#[derive(Clone, Copy)]
+enum SortKey<'a> {
+    AtMost(&'a str),
+    After(&'a str),
 }

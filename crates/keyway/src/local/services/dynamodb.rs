@@ -46,15 +46,27 @@ impl KeySchema {
 /// different keys share a canonical form.
 fn push_canonical(out: &mut String, value: &AttrValue) {
     use std::fmt::Write as _;
-    let (tag, text) = match value {
+    let (tag, text) = canonical_parts(value);
+    let _ = write!(out, "{tag}{}:{text}", text.len());
+}
+
+/// The canonical form of a range key: the last part of a stored key needs no length, and without
+/// one, string sort keys order as DynamoDB orders them, so a partition reads in sort key order.
+fn push_canonical_last(out: &mut String, value: &AttrValue) {
+    use std::fmt::Write as _;
+    let (tag, text) = canonical_parts(value);
+    let _ = write!(out, "{tag}:{text}");
+}
+
+fn canonical_parts(value: &AttrValue) -> (char, std::borrow::Cow<'_, str>) {
+    match value {
         AttrValue::S(s) => ('S', std::borrow::Cow::Borrowed(s.as_str())),
         AttrValue::N(n) => ('N', std::borrow::Cow::Borrowed(n.as_str())),
         other => (
             'J',
             std::borrow::Cow::Owned(other.to_dynamodb_json().to_string()),
         ),
-    };
-    let _ = write!(out, "{tag}{}:{text}", text.len());
+    }
 }
 
 /// One change as the table's stream holds it.
@@ -252,22 +264,42 @@ impl LocalTable {
     /// The canonical form of an item's key attributes: the map key items are stored under.
     fn key_of(&self, item: &Item) -> Result<String, StoreError> {
         let mut key = String::new();
-        for name in std::iter::once(&self.schema.hash).chain(self.schema.range.as_ref()) {
+        for (i, name) in std::iter::once(&self.schema.hash)
+            .chain(self.schema.range.as_ref())
+            .enumerate()
+        {
             let value = item.get(name).ok_or_else(|| {
                 StoreError::Invalid(format!(
                     "ValidationException: the item has no key attribute {name}"
                 ))
             })?;
-            push_canonical(&mut key, value);
+            if i == 0 {
+                push_canonical(&mut key, value);
+            } else {
+                push_canonical_last(&mut key, value);
+            }
         }
         Ok(key)
+    }
+
+    /// The stored keys of partition `pk` (string sort keys), and where the keys after sort key
+    /// `after` start: every range part begins with a type tag below 'T'.
+    fn partition_bounds(&self, pk: &str, after: Option<&str>) -> (std::ops::Range<String>, String) {
+        let mut start = String::new();
+        push_canonical(&mut start, &AttrValue::S(pk.to_owned()));
+        let end = format!("{start}T");
+        let mut from = start.clone();
+        if let Some(after) = after {
+            push_canonical_last(&mut from, &AttrValue::S(after.to_owned()));
+        }
+        (start..end, from)
     }
 
     fn item_key(&self, key: &ItemKey) -> String {
         let mut canonical = String::with_capacity(key.pk.len() + key.sk.len() + 16);
         push_canonical(&mut canonical, &AttrValue::S(key.pk.clone()));
         if self.schema.range.is_some() {
-            push_canonical(&mut canonical, &AttrValue::S(key.sk.clone()));
+            push_canonical_last(&mut canonical, &AttrValue::S(key.sk.clone()));
         }
         canonical
     }
@@ -603,6 +635,46 @@ impl Table for LocalTable {
         let size: usize = items.iter().map(item_size).sum();
         self.meter.call("Query", read_units(size), 0.0).await;
         Ok(items)
+    }
+
+    async fn query_after(
+        &self,
+        pk: &str,
+        after_sk: &str,
+        limit: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        let items: Vec<Item> = {
+            let _busy = self.meter.busy();
+            let state = self.state.lock().expect("table lock");
+            let (partition, after) = self.partition_bounds(pk, Some(after_sk));
+            state
+                .items
+                .range(after..partition.end)
+                .filter(|(key, _)| key.starts_with(&partition.start))
+                .skip_while(|(_, item)| item.get(SK).and_then(AttrValue::as_s) == Some(after_sk))
+                .take(limit)
+                .map(|(_, item)| item.clone())
+                .collect()
+        };
+        let size: usize = items.iter().map(item_size).sum();
+        self.meter.call("Query", read_units(size), 0.0).await;
+        Ok(items)
+    }
+
+    async fn query_last(&self, pk: &str) -> Result<Option<Item>, StoreError> {
+        let item = {
+            let _busy = self.meter.busy();
+            let state = self.state.lock().expect("table lock");
+            let (partition, _) = self.partition_bounds(pk, None);
+            state
+                .items
+                .range(partition)
+                .next_back()
+                .map(|(_, item)| item.clone())
+        };
+        let size = item.as_ref().map_or(0, item_size);
+        self.meter.call("Query", read_units(size), 0.0).await;
+        Ok(item)
     }
 }
 

@@ -1,0 +1,302 @@
+//! The subscriptions as the filter holds them in memory: by filter key, plus the broadcast set of
+//! subscriptions to all events, each with its pattern compiled. Built from a snapshot of the
+//! filter state and kept exact by applying the journal of later changes in order.
+//!
+//! Every change carries the revision of the policy change it comes from. A change older than what
+//! the index holds for its subscription is ignored, so a change replayed or read twice (from the
+//! snapshot and from the journal) never undoes a newer one; removed subscriptions keep their
+//! revision as a tombstone for the same reason.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use keyway::domain::pattern::Pattern;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::subscription::{Identity, Subscription, Target};
+
+/// A subscription as one change of its policy item left it: `None` once removed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Revised {
+    pub identity: Identity,
+    /// Orders the changes of one subscription: the policy change's stream sequence number,
+    /// zero-padded so that strings compare as the numbers do.
+    pub revision: String,
+    pub subscription: Option<Subscription>,
+}
+
+/// Width revisions are padded to: DynamoDB Streams sequence numbers have at most 40 digits.
+pub const REVISION_DIGITS: usize = 40;
+
+/// The revision of a change with stream sequence number `sequence` (decimal digits).
+pub fn revision(sequence: &str) -> String {
+    format!("{sequence:0>REVISION_DIGITS$}")
+}
+
+/// Where a subscription delivers an event: its consumer's queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery<'a> {
+    pub consumer: &'a str,
+    pub queue: &'a str,
+}
+
+struct Compiled {
+    subscription: Subscription,
+    pattern: Pattern,
+}
+
+struct Entry {
+    revision: String,
+    live: Option<Arc<Compiled>>,
+}
+
+/// The journal has no change right after the index's version: it was trimmed past it, so the
+/// index has to be built again from a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the journal continues at version {found}, the index is at {at}: reload from a snapshot")]
+pub struct Gap {
+    pub at: u64,
+    pub found: u64,
+}
+
+#[derive(Default)]
+pub struct SubscriptionIndex {
+    version: u64,
+    entries: HashMap<Identity, Entry>,
+    by_key: HashMap<String, Vec<Arc<Compiled>>>,
+    all: Vec<Arc<Compiled>>,
+}
+
+impl SubscriptionIndex {
+    /// An index of a snapshot taken at journal version `version`.
+    pub fn from_snapshot(version: u64, rows: impl IntoIterator<Item = Revised>) -> Self {
+        let mut index = Self {
+            version,
+            ..Self::default()
+        };
+        for row in rows {
+            index.apply(&row);
+        }
+        index
+    }
+
+    /// The last journal version applied.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Applies the journal's changes after `version()`, in order. A first change that does not
+    /// follow on is a gap: the index is unchanged.
+    pub fn catch_up(&mut self, changes: &[(u64, Revised)]) -> Result<(), Gap> {
+        if let Some((first, _)) = changes.first() {
+            if *first > self.version + 1 {
+                return Err(Gap {
+                    at: self.version,
+                    found: *first,
+                });
+            }
+        }
+        for (version, change) in changes {
+            if *version > self.version {
+                self.apply(change);
+                self.version = *version;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one change unless the index holds a newer revision of its subscription; says
+    /// whether it did.
+    pub fn apply(&mut self, change: &Revised) -> bool {
+        if let Some(entry) = self.entries.get(&change.identity) {
+            if entry.revision > change.revision {
+                return false;
+            }
+            if let Some(old) = entry.live.clone() {
+                self.bucket(&old.subscription.target)
+                    .retain(|c| c.subscription.identity != change.identity);
+            }
+        }
+        let live = change.subscription.as_ref().map(|subscription| {
+            let compiled = Arc::new(Compiled {
+                pattern: subscription.compiled_pattern(),
+                subscription: subscription.clone(),
+            });
+            let bucket = self.bucket(&subscription.target);
+            let at = bucket.partition_point(|c| c.subscription.identity < change.identity);
+            bucket.insert(at, compiled.clone());
+            compiled
+        });
+        self.by_key.retain(|_, bucket| !bucket.is_empty());
+        self.entries.insert(
+            change.identity.clone(),
+            Entry {
+                revision: change.revision.clone(),
+                live,
+            },
+        );
+        true
+    }
+
+    fn bucket(&mut self, target: &Target) -> &mut Vec<Arc<Compiled>> {
+        match target {
+            Target::Key(key) => self.by_key.entry(key.clone()).or_default(),
+            Target::All => &mut self.all,
+        }
+    }
+
+    /// Where the event of filter key `key` goes: one delivery per consumer with a subscription
+    /// that matches, to the queue of its first such subscription (those to the key before those
+    /// to all events, each in identity order).
+    pub fn deliveries(&self, key: &str, event: &Value) -> Vec<Delivery<'_>> {
+        let keyed = self.by_key.get(key).map(Vec::as_slice).unwrap_or_default();
+        let mut consumers = HashSet::new();
+        keyed
+            .iter()
+            .chain(&self.all)
+            .filter(|c| c.pattern.matches(event))
+            .filter(|c| consumers.insert(c.subscription.identity.consumer.as_str()))
+            .map(|c| Delivery {
+                consumer: &c.subscription.identity.consumer,
+                queue: &c.subscription.queue,
+            })
+            .collect()
+    }
+
+    /// Live subscriptions: to filter keys, and to all events.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.by_key.values().map(Vec::len).sum(), self.all.len())
+    }
+
+    /// The live subscriptions, in identity order.
+    pub fn subscriptions(&self) -> Vec<&Subscription> {
+        let mut live: Vec<&Subscription> = self
+            .entries
+            .values()
+            .filter_map(|e| e.live.as_ref().map(|c| &c.subscription))
+            .collect();
+        live.sort_by(|a, b| a.identity.cmp(&b.identity));
+        live
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn sub(consumer: &str, target: Target, queue: &str, pattern: Option<Value>) -> Subscription {
+        Subscription {
+            identity: Identity {
+                consumer: consumer.into(),
+                id: target.subscription_id(),
+            },
+            target,
+            queue: queue.into(),
+            pattern,
+        }
+    }
+
+    fn put(revision: u64, subscription: Subscription) -> Revised {
+        Revised {
+            identity: subscription.identity.clone(),
+            revision: super::revision(&revision.to_string()),
+            subscription: Some(subscription),
+        }
+    }
+
+    fn removal(revision: u64, identity: &Identity) -> Revised {
+        Revised {
+            identity: identity.clone(),
+            revision: super::revision(&revision.to_string()),
+            subscription: None,
+        }
+    }
+
+    fn key(k: &str) -> Target {
+        Target::Key(k.into())
+    }
+
+    fn consumers(index: &SubscriptionIndex, k: &str, event: Value) -> Vec<String> {
+        index
+            .deliveries(k, &event)
+            .iter()
+            .map(|d| format!("{}>{}", d.consumer, d.queue))
+            .collect()
+    }
+
+    #[test]
+    fn an_event_reaches_each_matching_consumer_once_keyed_subscriptions_first() {
+        let rows = [
+            put(1, sub("live", key("s1"), "live-q", None)),
+            put(2, sub("audit", Target::All, "audit-q", None)),
+            put(3, sub("live", Target::All, "live-all-q", None)),
+            put(
+                4,
+                sub("bots", key("s1"), "bots-q", Some(json!({"op": ["delete"]}))),
+            ),
+        ];
+        let index = SubscriptionIndex::from_snapshot(4, rows);
+        assert_eq!(
+            consumers(&index, "s1", json!({"op": "update"})),
+            ["live>live-q", "audit>audit-q"]
+        );
+        assert_eq!(
+            consumers(&index, "s1", json!({"op": "delete"})),
+            ["bots>bots-q", "live>live-q", "audit>audit-q"]
+        );
+        assert_eq!(
+            consumers(&index, "s2", json!({"op": "delete"})),
+            ["audit>audit-q", "live>live-all-q"]
+        );
+    }
+
+    #[test]
+    fn a_subscription_moved_to_another_key_leaves_nothing_at_the_old_one() {
+        let mut index = SubscriptionIndex::default();
+        let first = sub("live", key("s1"), "q", None);
+        let mut moved = first.clone();
+        moved.target = key("s2");
+        index.apply(&put(1, first.clone()));
+        index.apply(&removal(2, &first.identity));
+        index.apply(&put(2, moved));
+        assert!(consumers(&index, "s1", json!({})).is_empty());
+        assert_eq!(consumers(&index, "s2", json!({})), ["live>q"]);
+        assert_eq!(index.counts(), (1, 0));
+    }
+
+    #[test]
+    fn an_older_revision_never_undoes_a_newer_one_removals_included() {
+        let mut index = SubscriptionIndex::default();
+        let s = sub("live", key("s1"), "q", None);
+        assert!(index.apply(&put(5, s.clone())));
+        assert!(!index.apply(&removal(4, &s.identity)));
+        assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);
+        assert!(index.apply(&removal(6, &s.identity)));
+        assert!(
+            !index.apply(&put(5, s.clone())),
+            "a replay after the removal"
+        );
+        assert!(consumers(&index, "s1", json!({})).is_empty());
+        // The same revision again (a change read from the snapshot and the journal) is harmless.
+        assert!(index.apply(&removal(6, &s.identity)));
+        assert_eq!(index.counts(), (0, 0));
+    }
+
+    #[test]
+    fn the_journal_is_applied_in_order_and_a_gap_asks_for_a_snapshot() {
+        let mut index = SubscriptionIndex::from_snapshot(10, []);
+        let s = sub("live", key("s1"), "q", None);
+        let gap = index.catch_up(&[(12, put(1, s.clone()))]).unwrap_err();
+        assert_eq!(gap, Gap { at: 10, found: 12 });
+        assert_eq!(index.version(), 10);
+        // Changes up to the version already applied are skipped; the rest are applied.
+        index
+            .catch_up(&[(10, removal(9, &s.identity)), (11, put(1, s.clone()))])
+            .unwrap();
+        assert_eq!(index.version(), 11);
+        assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);
+    }
+}

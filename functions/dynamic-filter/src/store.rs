@@ -1,0 +1,280 @@
+//! The filter state in DynamoDB: every subscription as of its last change (the snapshot an index
+//! starts from), and a journal of the changes in the order they were made (what an index catches
+//! up from with one strongly consistent Query a batch). Written by filter-policy-sync, read by
+//! dynamic-filter; built on the runtime's `Table`, so the same code runs on DynamoDB and on the
+//! embedded runtime's table.
+//!
+//! Layout (`pk`, `sk`):
+//! - `subscriptions`, the subscription's identity: the latest `Revised` of it, with its
+//!   `revision`; a removal stays as a tombstone (with a TTL past any redelivery of the change);
+//! - `journal`, the version zero-padded: one `Revised` each, versions 1, 2, 3 ... without gaps,
+//!   kept for a day.
+//!
+//! A change is written to its row first, under the condition that it raises the row's revision,
+//! and then appended to the journal. Whatever a snapshot reads was therefore written before any
+//! journal entry it does not include; and a change the row refuses as older is never journaled.
+//! A change retried after a crash between the two writes finds its own revision in the row and is
+//! appended again: an index applies a revision it already holds without effect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyway::adapters::dynamodb::{Expect, ItemKey, Table, PK, SK, TTL, VERSION};
+use keyway::domain::{AttrValue, Item};
+use keyway::ports::{Clock, StoreError};
+
+use crate::index::Revised;
+
+const ROWS: &str = "subscriptions";
+const JOURNAL: &str = "journal";
+const REVISION: &str = "revision";
+const BODY: &str = "body";
+/// How long the journal keeps a change: an index further behind reloads a snapshot.
+pub const JOURNAL_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// How long a removed subscription's tombstone stays: past the day a DynamoDB stream can still
+/// redeliver the changes before it.
+pub const TOMBSTONE_RETENTION: Duration = Duration::from_secs(25 * 3600);
+/// Appends that lose the race for a version try again this many times before giving up.
+const APPEND_ATTEMPTS: usize = 20;
+
+/// What applying a change came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Written, at this journal version.
+    Journaled(u64),
+    /// The subscription already has a newer revision: nothing written.
+    Stale,
+}
+
+pub struct FilterState {
+    table: Arc<dyn Table>,
+    clock: Arc<dyn Clock>,
+}
+
+impl FilterState {
+    pub fn new(table: Arc<dyn Table>, clock: Arc<dyn Clock>) -> Self {
+        Self { table, clock }
+    }
+
+    /// Writes `change` to its subscription's row and appends it to the journal, unless the row
+    /// holds a newer revision.
+    pub async fn apply(&self, change: &Revised) -> Result<Applied, StoreError> {
+        let key = ItemKey {
+            pk: ROWS.to_owned(),
+            sk: change.identity.key(),
+        };
+        let mut row = self.item(&key, change)?;
+        row.insert(REVISION.to_owned(), AttrValue::S(change.revision.clone()));
+        if change.subscription.is_none() {
+            row.insert(TTL.to_owned(), self.expiry(TOMBSTONE_RETENTION));
+        }
+        let raise = Expect::Raise {
+            attribute: REVISION,
+            value: change.revision.clone(),
+        };
+        match self.table.put(&row, &raise).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict) => {
+                let stored = self.table.get(&key).await?;
+                let revision = stored.as_ref().and_then(|r| r.get(REVISION)?.as_s());
+                if revision != Some(change.revision.as_str()) {
+                    return Ok(Applied::Stale);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        self.append(change).await.map(Applied::Journaled)
+    }
+
+    async fn append(&self, change: &Revised) -> Result<u64, StoreError> {
+        for _ in 0..APPEND_ATTEMPTS {
+            let version = self.head().await? + 1;
+            let key = ItemKey {
+                pk: JOURNAL.to_owned(),
+                sk: journal_sk(version),
+            };
+            let mut entry = self.item(&key, change)?;
+            entry.insert(VERSION.to_owned(), AttrValue::N(version.to_string()));
+            entry.insert(TTL.to_owned(), self.expiry(JOURNAL_RETENTION));
+            match self.table.put(&entry, &Expect::Absent).await {
+                Ok(()) => return Ok(version),
+                // Another writer took this version: the next one is free.
+                Err(StoreError::Conflict) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Throttled(format!(
+            "the journal's next version was taken {APPEND_ATTEMPTS} times in a row"
+        )))
+    }
+
+    /// The journal's last version; 0 when it is empty.
+    pub async fn head(&self) -> Result<u64, StoreError> {
+        match self.table.query_last(JOURNAL).await? {
+            None => Ok(0),
+            Some(entry) => version_of(&entry),
+        }
+    }
+
+    /// Up to `limit` journal changes after `version`, in order, by one strongly consistent Query.
+    pub async fn since(
+        &self,
+        version: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Revised)>, StoreError> {
+        let entries = self
+            .table
+            .query_after(JOURNAL, &journal_sk(version), limit)
+            .await?;
+        entries
+            .iter()
+            .map(|entry| Ok((version_of(entry)?, body_of(entry)?)))
+            .collect()
+    }
+
+    /// Every subscription's latest change, tombstones included, and the journal version the
+    /// snapshot is at least as new as: an index built from it catches up from there.
+    pub async fn snapshot(&self) -> Result<(u64, Vec<Revised>), StoreError> {
+        let version = self.head().await?;
+        let rows = self.table.query_partition(ROWS).await?;
+        let rows = rows.iter().map(body_of).collect::<Result<_, _>>()?;
+        Ok((version, rows))
+    }
+
+    fn item(&self, key: &ItemKey, change: &Revised) -> Result<Item, StoreError> {
+        let body = serde_json::to_string(change)
+            .map_err(|e| StoreError::Invalid(format!("a change that does not serialize: {e}")))?;
+        let mut item = key.to_item();
+        item.insert(BODY.to_owned(), AttrValue::S(body));
+        Ok(item)
+    }
+
+    fn expiry(&self, after: Duration) -> AttrValue {
+        let seconds = self.clock.now_millis() / 1000 + after.as_secs() as i64;
+        AttrValue::N(seconds.to_string())
+    }
+}
+
+fn journal_sk(version: u64) -> String {
+    format!("{version:020}")
+}
+
+fn version_of(entry: &Item) -> Result<u64, StoreError> {
+    entry
+        .get(VERSION)
+        .and_then(AttrValue::as_n)
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "a journal entry without a version: {:?}",
+                entry.get(SK)
+            ))
+        })
+}
+
+fn body_of(item: &Item) -> Result<Revised, StoreError> {
+    let body = item.get(BODY).and_then(AttrValue::as_s).unwrap_or_default();
+    serde_json::from_str(body).map_err(|e| {
+        StoreError::Invalid(format!(
+            "filter state item {:?}/{:?} does not decode: {e}",
+            item.get(PK),
+            item.get(SK)
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use keyway::local::{KeySchema, LocalDynamoDb};
+    use keyway::ports::ManualClock;
+
+    use super::*;
+    use crate::index::{revision, SubscriptionIndex};
+    use crate::subscription::{Identity, Subscription, Target};
+
+    fn state() -> FilterState {
+        let clock = ManualClock::at(1_767_225_600_000);
+        let dynamodb = LocalDynamoDb::new(clock.clone(), Default::default());
+        let schema = KeySchema {
+            hash: PK.into(),
+            range: Some(SK.into()),
+        };
+        let table = dynamodb.create_table("filter-state", schema, Some(TTL.into()), false);
+        FilterState::new(table, clock)
+    }
+
+    fn change(consumer: &str, key: &str, rev: u64, live: bool) -> Revised {
+        let target = Target::Key(key.into());
+        let identity = Identity {
+            consumer: consumer.into(),
+            id: "sub-1".into(),
+        };
+        Revised {
+            identity: identity.clone(),
+            revision: revision(&rev.to_string()),
+            subscription: live.then(|| Subscription {
+                identity,
+                target,
+                queue: format!("{consumer}-q"),
+                pattern: None,
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn changes_are_journaled_in_order_and_an_older_revision_is_refused() {
+        let state = state();
+        assert_eq!(state.head().await.unwrap(), 0);
+        assert_eq!(
+            state.apply(&change("a", "k1", 10, true)).await.unwrap(),
+            Applied::Journaled(1)
+        );
+        assert_eq!(
+            state.apply(&change("b", "k1", 3, true)).await.unwrap(),
+            Applied::Journaled(2)
+        );
+        assert_eq!(
+            state.apply(&change("a", "k2", 12, true)).await.unwrap(),
+            Applied::Journaled(3)
+        );
+        assert_eq!(
+            state.apply(&change("a", "k1", 11, true)).await.unwrap(),
+            Applied::Stale
+        );
+        // The same revision again is journaled again: its first append may have been lost.
+        assert_eq!(
+            state.apply(&change("a", "k2", 12, true)).await.unwrap(),
+            Applied::Journaled(4)
+        );
+        let journal = state.since(0, 100).await.unwrap();
+        let versions: Vec<u64> = journal.iter().map(|(v, _)| *v).collect();
+        assert_eq!(versions, [1, 2, 3, 4]);
+        assert_eq!(state.since(2, 1).await.unwrap()[0].0, 3);
+    }
+
+    #[tokio::test]
+    async fn an_index_from_a_snapshot_and_the_journal_after_it_equals_one_from_the_whole_journal() {
+        let state = state();
+        state.apply(&change("a", "k1", 1, true)).await.unwrap();
+        state.apply(&change("b", "k1", 2, true)).await.unwrap();
+        let (version, rows) = state.snapshot().await.unwrap();
+        let mut from_snapshot = SubscriptionIndex::from_snapshot(version, rows);
+        state.apply(&change("a", "k1", 3, false)).await.unwrap();
+        state.apply(&change("c", "k2", 4, true)).await.unwrap();
+        from_snapshot
+            .catch_up(&state.since(from_snapshot.version(), 100).await.unwrap())
+            .unwrap();
+        let mut replayed = SubscriptionIndex::default();
+        replayed
+            .catch_up(&state.since(0, 100).await.unwrap())
+            .unwrap();
+        assert_eq!(from_snapshot.subscriptions(), replayed.subscriptions());
+        assert_eq!(from_snapshot.version(), 4);
+        let live: Vec<&str> = replayed
+            .subscriptions()
+            .iter()
+            .map(|s| s.identity.consumer.as_str())
+            .collect();
+        assert_eq!(live, ["b", "c"]);
+    }
+}

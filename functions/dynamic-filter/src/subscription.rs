@@ -1,0 +1,293 @@
+//! Subscriptions: what a consumer asks for (events of one filter key, or all events, optionally
+//! narrowed by a pattern, delivered to one of its queues), and the item of a policy table that
+//! holds one.
+//!
+//! A policy table has the key `consumer` (S, hash) and `subscription` (S, range): the client
+//! names a subscription to a filter key `key#<filter key>` and one to all events `all`, so that
+//! subscribing again to the same (consumer, key) replaces it. The filter key itself is the
+//! `filterKey` attribute, not the item's key: a table written by other means may move a
+//! subscription to another filter key, and the changelog's delete-then-insert leaves nothing
+//! behind at the old one.
+//!
+//! Attributes: `filterKey` (S; absent for all events), `allEvents` (BOOL true for all events),
+//! `queue` (S, a queue name), `pattern` (S, an SNS filter policy as JSON text; absent matches
+//! everything), `updatedAt` (N, epoch milliseconds, informational).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use keyway::domain::pattern::Pattern;
+use keyway::domain::{AttrValue, InvalidInput, Item};
+use serde::{Deserialize, Serialize};
+
+pub const CONSUMER: &str = "consumer";
+pub const SUBSCRIPTION: &str = "subscription";
+pub const FILTER_KEY: &str = "filterKey";
+pub const ALL_EVENTS: &str = "allEvents";
+pub const QUEUE: &str = "queue";
+pub const PATTERN: &str = "pattern";
+pub const UPDATED_AT: &str = "updatedAt";
+
+/// What a subscription receives.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Target {
+    /// The events of one filter key.
+    Key(String),
+    /// Every event (the broadcast set).
+    All,
+}
+
+impl Target {
+    /// The `subscription` attribute the client gives a subscription to this target.
+    pub fn subscription_id(&self) -> String {
+        match self {
+            Target::Key(key) => format!("key#{key}"),
+            Target::All => "all".to_owned(),
+        }
+    }
+}
+
+/// Which subscription a change is about: the policy item it comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Identity {
+    pub consumer: String,
+    /// The item's `subscription` attribute.
+    pub id: String,
+}
+
+impl Identity {
+    /// A string that names the identity unambiguously, whatever its parts contain.
+    pub fn key(&self) -> String {
+        format!("{}:{}{}", self.consumer.len(), self.consumer, self.id)
+    }
+}
+
+/// A valid subscription.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Subscription {
+    pub identity: Identity,
+    pub target: Target,
+    pub queue: String,
+    /// The filter policy as written; `None` matches every event of the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<serde_json::Value>,
+}
+
+impl Subscription {
+    /// The subscription a policy item holds, checked: its pattern compiles and its queue is
+    /// registered to its consumer. What is wrong is named by attribute.
+    pub fn from_item(item: &Item, queues: &QueueRegistry) -> Result<Self, InvalidInput> {
+        let text = |name: &str| -> Result<Option<&str>, InvalidInput> {
+            match item.get(name) {
+                None => Ok(None),
+                Some(AttrValue::S(s)) => Ok(Some(s.as_str())),
+                Some(_) => Err(InvalidInput::new(name, "expected a string (S)")),
+            }
+        };
+        let required = |name: &str| {
+            text(name)?
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| InvalidInput::new(name, "missing or empty"))
+        };
+        let identity = Identity {
+            consumer: required(CONSUMER)?.to_owned(),
+            id: required(SUBSCRIPTION)?.to_owned(),
+        };
+        let all = match item.get(ALL_EVENTS) {
+            None | Some(AttrValue::Bool(false)) => false,
+            Some(AttrValue::Bool(true)) => true,
+            Some(_) => return Err(InvalidInput::new(ALL_EVENTS, "expected a boolean (BOOL)")),
+        };
+        let target = match (all, text(FILTER_KEY)?) {
+            (true, None) => Target::All,
+            (false, Some(key)) if !key.is_empty() => Target::Key(key.to_owned()),
+            (true, Some(_)) => {
+                return Err(InvalidInput::new(
+                    FILTER_KEY,
+                    "a subscription to all events has no filter key",
+                ))
+            }
+            (false, _) => {
+                return Err(InvalidInput::new(
+                    FILTER_KEY,
+                    "missing: name a filter key, or set allEvents to true",
+                ))
+            }
+        };
+        let queue = required(QUEUE)?.to_owned();
+        let pattern = text(PATTERN)?
+            .map(|text| {
+                let value: serde_json::Value = serde_json::from_str(text)
+                    .map_err(|e| InvalidInput::new(PATTERN, format!("not JSON: {e}")))?;
+                Pattern::parse(&value).map_err(|e| InvalidInput::new(PATTERN, e.to_string()))?;
+                Ok(value)
+            })
+            .transpose()?;
+        let subscription = Self {
+            identity,
+            target,
+            queue,
+            pattern,
+        };
+        queues.check(&subscription)?;
+        Ok(subscription)
+    }
+
+    /// The policy item that holds this subscription.
+    pub fn to_item(&self, updated_at_millis: i64) -> Item {
+        let mut item = Item::new();
+        let mut put = |name: &str, value: AttrValue| item.insert(name.to_owned(), value);
+        put(CONSUMER, AttrValue::S(self.identity.consumer.clone()));
+        put(SUBSCRIPTION, AttrValue::S(self.identity.id.clone()));
+        match &self.target {
+            Target::Key(key) => put(FILTER_KEY, AttrValue::S(key.clone())),
+            Target::All => put(ALL_EVENTS, AttrValue::Bool(true)),
+        };
+        put(QUEUE, AttrValue::S(self.queue.clone()));
+        if let Some(pattern) = &self.pattern {
+            put(PATTERN, AttrValue::S(pattern.to_string()));
+        }
+        put(UPDATED_AT, AttrValue::N(updated_at_millis.to_string()));
+        item
+    }
+
+    /// The compiled pattern; a subscription is only made from a pattern that compiles.
+    pub fn compiled_pattern(&self) -> Pattern {
+        self.pattern.as_ref().map_or_else(Pattern::everything, |p| {
+            Pattern::parse(p).expect("checked when the subscription was made")
+        })
+    }
+}
+
+/// The queues each consumer may deliver to. Without a registry any queue is accepted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueRegistry(Option<BTreeMap<String, BTreeSet<String>>>);
+
+impl QueueRegistry {
+    /// Any queue for any consumer.
+    pub fn open() -> Self {
+        Self(None)
+    }
+
+    /// A JSON object of consumer id to the list of queue names it owns.
+    pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text).map(|map| Self(Some(map)))
+    }
+
+    pub fn check(&self, subscription: &Subscription) -> Result<(), InvalidInput> {
+        let Some(registry) = &self.0 else {
+            return Ok(());
+        };
+        let consumer = &subscription.identity.consumer;
+        match registry.get(consumer) {
+            Some(queues) if queues.contains(&subscription.queue) => Ok(()),
+            Some(queues) => Err(InvalidInput::new(
+                QUEUE,
+                format!(
+                    "{:?} is not registered to consumer {consumer:?} (its queues: {})",
+                    subscription.queue,
+                    queues.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )),
+            None => Err(InvalidInput::new(
+                CONSUMER,
+                format!("{consumer:?} has no queues registered"),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn keyed(pattern: Option<serde_json::Value>) -> Subscription {
+        Subscription {
+            identity: Identity {
+                consumer: "live".into(),
+                id: "key#sheet-1".into(),
+            },
+            target: Target::Key("sheet-1".into()),
+            queue: "live-events".into(),
+            pattern,
+        }
+    }
+
+    #[test]
+    fn a_subscription_reads_back_from_the_item_it_writes() {
+        let open = QueueRegistry::open();
+        for subscription in [
+            keyed(None),
+            keyed(Some(json!({"type": [{"prefix": "row."}]}))),
+            Subscription {
+                target: Target::All,
+                ..keyed(None)
+            },
+        ] {
+            let item = subscription.to_item(1);
+            assert_eq!(Subscription::from_item(&item, &open).unwrap(), subscription);
+        }
+    }
+
+    #[test]
+    fn a_malformed_pattern_is_refused_naming_the_attribute_and_the_place_in_it() {
+        let mut item = keyed(None).to_item(1);
+        item.insert(
+            PATTERN.into(),
+            AttrValue::S(r#"{"type": [{"prefx": "row."}]}"#.into()),
+        );
+        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        assert_eq!(e.field, PATTERN);
+        assert!(e.problem.contains("/type/0/prefx"), "{e}");
+        item.insert(PATTERN.into(), AttrValue::S("{".into()));
+        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        assert!(e.problem.starts_with("not JSON"), "{e}");
+    }
+
+    #[test]
+    fn a_queue_not_registered_to_the_consumer_is_refused() {
+        let registry =
+            QueueRegistry::from_json(r#"{"live": ["live-events"], "audit": ["audit"]}"#).unwrap();
+        let item = keyed(None).to_item(1);
+        assert!(Subscription::from_item(&item, &registry).is_ok());
+        let mut other = keyed(None);
+        other.queue = "audit".into();
+        let e = Subscription::from_item(&other.to_item(1), &registry).unwrap_err();
+        assert_eq!(e.field, QUEUE);
+        assert!(
+            e.problem
+                .contains("\"audit\" is not registered to consumer \"live\""),
+            "{e}"
+        );
+        other.identity.consumer = "stranger".into();
+        let e = Subscription::from_item(&other.to_item(1), &registry).unwrap_err();
+        assert_eq!(e.field, CONSUMER);
+    }
+
+    #[test]
+    fn an_item_without_a_target_or_with_two_is_refused() {
+        let mut item = keyed(None).to_item(1);
+        item.remove(FILTER_KEY);
+        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        assert_eq!(e.field, FILTER_KEY);
+        item.insert(FILTER_KEY.into(), AttrValue::S("sheet-1".into()));
+        item.insert(ALL_EVENTS.into(), AttrValue::Bool(true));
+        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        assert!(e.problem.contains("no filter key"), "{e}");
+    }
+
+    #[test]
+    fn identities_name_consumer_and_id_unambiguously() {
+        let a = Identity {
+            consumer: "a#".into(),
+            id: "b".into(),
+        };
+        let b = Identity {
+            consumer: "a".into(),
+            id: "#b".into(),
+        };
+        assert_ne!(a.key(), b.key());
+    }
+}
