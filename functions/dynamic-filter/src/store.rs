@@ -19,9 +19,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyway::adapters::dynamodb::{Expect, ItemKey, Table, PK, SK, TTL, VERSION};
-use keyway::domain::{AttrValue, Item};
-use keyway::ports::{Clock, StoreError};
+use async_trait::async_trait;
+use keyway::adapters::dynamodb::{Expect, ItemKey, Table, ITEM_MAX_BYTES, PK, SK, TTL, VERSION};
+use keyway::domain::{AttrValue, Item, Output};
+use keyway::ports::{Clock, Sink, SinkError, StoreError};
 
 use crate::index::Revised;
 
@@ -72,16 +73,28 @@ impl FilterState {
             attribute: REVISION,
             value: change.revision.clone(),
         };
-        match self.table.put(&row, &raise).await {
-            Ok(()) => {}
-            Err(StoreError::Conflict) => {
-                let stored = self.table.get(&key).await?;
-                let revision = stored.as_ref().and_then(|r| r.get(REVISION)?.as_s());
-                if revision != Some(change.revision.as_str()) {
-                    return Ok(Applied::Stale);
+        for attempt in 1.. {
+            match self.table.put(&row, &raise).await {
+                Ok(()) => break,
+                Err(StoreError::Conflict) => {
+                    let stored = self.table.get(&key).await?;
+                    let revision = stored.as_ref().and_then(|r| r.get(REVISION)?.as_s());
+                    match revision.map(|r| r.cmp(change.revision.as_str())) {
+                        Some(std::cmp::Ordering::Greater) => return Ok(Applied::Stale),
+                        // This change again: its first append may have been lost.
+                        Some(std::cmp::Ordering::Equal) => break,
+                        // Whoever wrote in between wrote an older revision: try again.
+                        _ if attempt < APPEND_ATTEMPTS => continue,
+                        _ => {
+                            return Err(StoreError::Throttled(format!(
+                                "the row of {:?} kept changing under {APPEND_ATTEMPTS} writes",
+                                change.identity
+                            )))
+                        }
+                    }
                 }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
         self.append(change).await.map(Applied::Journaled)
     }
@@ -152,6 +165,36 @@ impl FilterState {
     fn expiry(&self, after: Duration) -> AttrValue {
         let seconds = self.clock.now_millis() / 1000 + after.as_secs() as i64;
         AttrValue::N(seconds.to_string())
+    }
+}
+
+/// The filter state as the sink filter-policy-sync emits its changes to: each output's body is
+/// one `Revised`, applied in order.
+#[async_trait]
+impl Sink for FilterState {
+    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+        let mut failed = Vec::new();
+        for (i, message) in messages.iter().enumerate() {
+            let outcome = match serde_json::from_str::<Revised>(&message.body) {
+                Err(e) => Err(SinkError::Rejected(format!(
+                    "not a subscription change: {e}"
+                ))),
+                Ok(change) => self.apply(&change).await.map_err(|e| match e {
+                    StoreError::Invalid(why) => SinkError::Rejected(why),
+                    StoreError::Throttled(why) => SinkError::Throttled(why),
+                    other => SinkError::Unavailable(other.to_string()),
+                }),
+            };
+            if let Err(e) = outcome {
+                failed.push((i, e));
+            }
+        }
+        failed
+    }
+
+    fn max_message_bytes(&self) -> usize {
+        // A row holds the change with its keys and revision beside it.
+        ITEM_MAX_BYTES - 4 * 1024
     }
 }
 

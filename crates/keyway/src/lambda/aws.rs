@@ -8,7 +8,7 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 
 use super::platform::{Platform, PortError, SinkTarget};
-use crate::adapters::dynamodb::{DynamoStateStore, SdkTable};
+use crate::adapters::dynamodb::{DynamoStateStore, SdkTable, Table};
 use crate::adapters::kinesis::{KinesisSink, SdkKinesis};
 use crate::adapters::sqs::{SdkSqs, SqsSink};
 use crate::ports::{Clock, Sink, StateStore, SystemClock};
@@ -59,6 +59,10 @@ impl Platform for AwsClients {
     fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError> {
         let table = Arc::new(SdkTable::new(self.dynamodb.clone(), table));
         Ok(Arc::new(DynamoStateStore::new(table, self.clock())))
+    }
+
+    fn table(&self, table: &str) -> Result<Arc<dyn Table>, PortError> {
+        Ok(Arc::new(SdkTable::new(self.dynamodb.clone(), table)))
     }
 
     fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {

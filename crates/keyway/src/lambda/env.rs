@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::platform::{Platform, PortError};
+use crate::adapters::dynamodb::Table;
 use crate::executor::{ExecutorConfig, Lineage, WiringError};
 use crate::ports::{Sink, StateStore};
 
@@ -29,6 +30,15 @@ pub fn state_store_from(
     name: &str,
 ) -> Result<Arc<dyn StateStore>, ConfigError> {
     port_from(env, name, |table| platform.state_store(table))
+}
+
+/// The DynamoDB table the variable `name` names.
+pub fn table_from(
+    platform: &dyn Platform,
+    env: &Env,
+    name: &str,
+) -> Result<Arc<dyn Table>, ConfigError> {
+    port_from(env, name, |table| platform.table(table))
 }
 
 /// The sink the variable `name` names (`kinesis:<stream name>` or `sqs:<queue URL>`).
@@ -197,6 +207,11 @@ mod tests {
         struct Nowhere;
         impl Platform for Nowhere {
             fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError> {
+                Err(PortError::NoTable {
+                    table: table.to_owned(),
+                })
+            }
+            fn table(&self, table: &str) -> Result<Arc<dyn Table>, PortError> {
                 Err(PortError::NoTable {
                     table: table.to_owned(),
                 })

@@ -3,12 +3,16 @@
 
 use std::sync::Arc;
 
+use crate::adapters::dynamodb::Table;
 use crate::ports::{Clock, Sink, StateStore};
 
 /// Where a function runs: it builds the ports the function's configuration names.
 pub trait Platform: Send + Sync {
     /// The state store on the DynamoDB table `table`.
     fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError>;
+    /// The DynamoDB table `table` itself, for state an application lays out on its own (an
+    /// index, a journal) with the operations the runtime's adapters share.
+    fn table(&self, table: &str) -> Result<Arc<dyn Table>, PortError>;
     /// A sink for `target`: `kinesis:<stream name>` or `sqs:<queue URL>`.
     fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError>;
     fn clock(&self) -> Arc<dyn Clock>;

@@ -15,7 +15,7 @@ use super::services::faults::{add_counts, crash, Fault, FaultCounts, FaultPlan, 
 use super::services::kinesis::LocalKinesis;
 use super::services::sqs::LocalSqs;
 use super::template::{self, Resolver, Resource, SourceRef, TemplateError, Wiring};
-use crate::adapters::dynamodb::DynamoStateStore;
+use crate::adapters::dynamodb::{DynamoStateStore, Table};
 use crate::adapters::kinesis::KinesisSink;
 use crate::adapters::retry::Backoff;
 use crate::adapters::sqs::SqsSink;
@@ -115,6 +115,16 @@ impl Platform for LocalServices {
             )));
         }
         Ok(store)
+    }
+
+    fn table(&self, table: &str) -> Result<Arc<dyn Table>, PortError> {
+        let found = self
+            .dynamodb
+            .table(table)
+            .ok_or_else(|| PortError::NoTable {
+                table: table.to_owned(),
+            })?;
+        Ok(found)
     }
 
     fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {
