@@ -1,9 +1,6 @@
-//! Lambda bootstrap of the keyed counter: the AWS platform and the process environment, clients
-//! built once, then the handler for every invocation.
+//! Lambda bootstrap of the keyed counter: its handler built once from the AWS platform
+//! and the process environment, then served for every invocation.
 
-use std::sync::Arc;
-
-use keyway::lambda::{AwsClients, Env};
 use lambda_runtime::Error;
 
 /// Batches make thousands of small allocations; mimalloc serves them faster than the system's.
@@ -12,12 +9,5 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    tracing_subscriber::fmt()
-        .json()
-        .with_target(false)
-        .without_time()
-        .init();
-    let env: Env = std::env::vars().collect();
-    let handler = keyed_counter::handler(&AwsClients::from_env().await, &env)?;
-    keyway::lambda::serve(Arc::new(handler)).await
+    keyway::lambda::run(keyed_counter::handler).await
 }

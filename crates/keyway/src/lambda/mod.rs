@@ -24,4 +24,4 @@ pub use handler::{
     Invocation, SourceError, StreamHandler,
 };
 pub use platform::{Platform, PortError, SinkTarget};
-pub use serve::serve;
+pub use serve::{run, serve};

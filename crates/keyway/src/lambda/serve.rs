@@ -1,4 +1,5 @@
-//! The Lambda runtime loop a function's `main` ends with: each invocation's event, kept as text
+//! What a function's `main` is: JSON logs, the handler built once from the AWS platform and the
+//! process environment, then the Lambda runtime loop, where each invocation's event, kept as text
 //! until the handler parses it once, goes to the handler with its request id and deadline.
 
 use std::sync::Arc;
@@ -7,6 +8,23 @@ use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::value::RawValue;
 
 use super::handler::{Handler, Invocation};
+use super::{AwsClients, Env, Platform, SetupError};
+
+/// Runs the function whose handler `build` makes, until the execution environment ends.
+pub async fn run<H, F>(build: F) -> Result<(), Error>
+where
+    H: Handler + 'static,
+    F: FnOnce(&dyn Platform, &Env) -> Result<H, SetupError>,
+{
+    tracing_subscriber::fmt()
+        .json()
+        .with_target(false)
+        .without_time()
+        .init();
+    let env: Env = std::env::vars().collect();
+    let handler = build(&AwsClients::from_env().await, &env)?;
+    serve(Arc::new(handler)).await
+}
 
 /// Serves `handler` to the Lambda runtime API until the execution environment ends.
 pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), Error> {
