@@ -12,6 +12,8 @@
 //! 6. `outbox`: send what outbox operators just committed, then clear it;
 //! 7. `report`: the lowest sequence number that was not fully applied.
 //!
+//! A stateless operator (a filter, a router) skips phases 2, 5 and 6 (`stateless`).
+//!
 //! `timers` sweeps the keyed timers that came due through the same phases, as timer records.
 //!
 //! A key commits only the records that were processed *and* whose outputs were sent. When that is
@@ -57,6 +59,7 @@ mod outbox;
 mod plan;
 mod process;
 mod report;
+mod stateless;
 #[cfg(test)]
 mod testkit;
 mod timers;
@@ -230,6 +233,8 @@ pub enum WiringError {
         type_name: String,
         problem: String,
     },
+    #[error("operator {operator} is stateless but {problem}")]
+    Stateless { operator: String, problem: String },
 }
 
 impl<O: KeyedOperator> Executor<O> {
@@ -264,6 +269,9 @@ impl<O: KeyedOperator> Executor<O> {
                     problem: problem.to_string(),
                 });
             }
+        }
+        if operator.stateless() {
+            Self::check_stateless(&operator)?;
         }
         check_inputs(operator.name(), &operator.inputs(), &inputs.wired)?;
         let routes = inputs.wired.into_iter().collect();
@@ -344,13 +352,23 @@ impl<O: KeyedOperator> Executor<O> {
         let mut report = BatchReport::new(batch.len());
         let (plan, mut inputs) = self.plan(&batch);
         report.keys = plan.groups.len();
-        let Some(mut keys) = self.load(&plan, now, &mut report).await else {
+        let stateless = self.operator.stateless();
+        let loaded = if stateless {
+            Some(self.fresh_keys(&plan))
+        } else {
+            self.load(&plan, now, &mut report).await
+        };
+        let Some(mut keys) = loaded else {
             return report;
         };
         self.process(&plan, &mut inputs, &mut keys, now, deadline_millis);
         self.emit_all(&plan, &mut keys, &mut report).await;
-        let committed = self.commit_all(&plan, &mut keys, now, &mut report).await;
-        self.deliver_outboxes(&plan, committed, &mut report).await;
+        if stateless {
+            self.settle_stateless(&plan, &keys, &mut report);
+        } else {
+            let committed = self.commit_all(&plan, &mut keys, now, &mut report).await;
+            self.deliver_outboxes(&plan, committed, &mut report).await;
+        }
         report.log(&self.namespace);
         report
     }

@@ -154,6 +154,14 @@ pub trait KeyedOperator: Send + Sync + 'static {
         Delivery::EmitThenCommit
     }
 
+    /// True for an operator that keeps nothing per key (a filter, a router): the executor then
+    /// reads and writes no state for it, watermarks included, so a record delivered again is
+    /// processed again and its outputs go out again under the same ids. Such an operator declares
+    /// no states, sets no timers and delivers emit-then-commit (`executor::stateless`).
+    fn stateless(&self) -> bool {
+        false
+    }
+
     /// How long a key's state lives after its last commit; `None` keeps it forever.
     fn state_ttl(&self) -> Option<Duration> {
         None
