@@ -18,7 +18,8 @@ import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as kinesis from 'aws-cdk-lib/aws-kinesis';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
-import { KinesisEventSource, SqsDlq } from 'aws-cdk-lib/aws-lambda-event-sources';
+import * as iam from 'aws-cdk-lib/aws-iam';
+import { DynamoEventSource, KinesisEventSource, SqsDlq } from 'aws-cdk-lib/aws-lambda-event-sources';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import { Construct, IConstruct } from 'constructs';
 
@@ -47,11 +48,15 @@ function functionCode(functionsDir: string, binary: string): lambda.Code {
 /** The settings of every stream trigger, as template.yaml gives them: partial batch responses
  * checkpoint at the lowest unapplied record, bisection isolates a record that fails the whole
  * function, and what still fails after its retries is described on the failed-batches queue. */
-function streamTrigger(stream: kinesis.IStream, failedBatches: sqs.IQueue): KinesisEventSource {
+function streamTrigger(
+  stream: kinesis.IStream,
+  failedBatches: sqs.IQueue,
+  batchingWindowSeconds = 1,
+): KinesisEventSource {
   return new KinesisEventSource(stream, {
     startingPosition: lambda.StartingPosition.TRIM_HORIZON,
     batchSize: 500,
-    maxBatchingWindow: Duration.seconds(1),
+    maxBatchingWindow: Duration.seconds(batchingWindowSeconds),
     reportBatchItemFailures: true,
     bisectBatchOnError: true,
     retryAttempts: 10,
@@ -61,15 +66,54 @@ function streamTrigger(stream: kinesis.IStream, failedBatches: sqs.IQueue): Kine
   });
 }
 
+/** The trigger of a table's stream (a policy table's), with the same failure handling: one item's
+ * changes in order, a hundred a batch, none waiting for a fuller batch. */
+function tableTrigger(table: dynamodb.ITable, failedBatches: sqs.IQueue): DynamoEventSource {
+  return new DynamoEventSource(table, {
+    startingPosition: lambda.StartingPosition.TRIM_HORIZON,
+    batchSize: 100,
+    maxBatchingWindow: Duration.seconds(0),
+    reportBatchItemFailures: true,
+    bisectBatchOnError: true,
+    retryAttempts: 10,
+    maxRecordAge: Duration.seconds(86400),
+    onFailure: new SqsDlq(failedBatches),
+  });
+}
+
 /** Adds `source` to `fn` under the logical id SAM gives it: <function><event>. */
-function addTrigger(fn: lambda.Function, fnId: string, event: string, source: KinesisEventSource): void {
+function addTrigger(fn: lambda.Function, fnId: string, event: string, source: lambda.IEventSource): void {
   const before = new Set(fn.node.children);
   fn.addEventSource(source);
   const mapping = fn.node.children.find((c) => !before.has(c) && c instanceof lambda.EventSourceMapping);
   if (mapping === undefined) {
-    throw new Error(`${fnId}: the Kinesis event source ${event} made no event source mapping`);
+    throw new Error(`${fnId}: the event source ${event} made no event source mapping`);
   }
   logicalId(mapping, `${fnId}${event}`);
+}
+
+/** A function of this workspace as template.yaml's Globals make them: the cargo-lambda build of
+ * `binary` on provided.al2023, under the logical id template.yaml gives it. */
+function rustFunction(
+  scope: Construct,
+  id: string,
+  binary: string,
+  functionsDir: string,
+  description: string,
+  environment: Record<string, string>,
+): lambda.Function {
+  const made = new lambda.Function(scope, id, {
+    description,
+    runtime: lambda.Runtime.PROVIDED_AL2023,
+    handler: 'bootstrap',
+    architecture: lambda.Architecture.X86_64,
+    memorySize: 256,
+    timeout: Duration.seconds(30),
+    code: functionCode(functionsDir, binary),
+    environment,
+  });
+  logicalId(made, id);
+  return made;
 }
 
 /** A Kinesis stream as template.yaml declares them: provisioned, encrypted with the AWS key. */
@@ -147,15 +191,13 @@ export class KeywayStack extends Stack {
     });
     logicalId(failedBatches, 'FailedBatchesQueue');
 
-    const keyedCounter = new lambda.Function(this, 'KeyedCounterFunction', {
-      description: "Counts events per key and emits each key's running count.",
-      runtime: lambda.Runtime.PROVIDED_AL2023,
-      handler: 'bootstrap',
-      architecture: lambda.Architecture.X86_64,
-      memorySize: 256,
-      timeout: Duration.seconds(30),
-      code: functionCode(props.functionsDir, 'keyed-counter'),
-      environment: {
+    const keyedCounter = rustFunction(
+      this,
+      'KeyedCounterFunction',
+      'keyed-counter',
+      props.functionsDir,
+      "Counts events per key and emits each key's running count.",
+      {
         STATE_TABLE: stateTable.tableName,
         COUNTS_SINK: `sqs:${counts.queueUrl}`,
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
@@ -163,23 +205,20 @@ export class KeywayStack extends Stack {
         // mapping's MaximumRecordAgeInSeconds is a day; an hour more covers clock skew.
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
-    });
-    logicalId(keyedCounter, 'KeyedCounterFunction');
+    );
     stateTable.grantReadWriteData(keyedCounter);
     counts.grantSendMessages(keyedCounter);
     deadLetters.grantSendMessages(keyedCounter);
 
     addTrigger(keyedCounter, 'KeyedCounterFunction', 'Clicks', streamTrigger(clicks, failedBatches));
 
-    const enricher = new lambda.Function(this, 'IdentityEnricherFunction', {
-      description: 'Traces every CloudTrail action through role chains to its original actor.',
-      runtime: lambda.Runtime.PROVIDED_AL2023,
-      handler: 'bootstrap',
-      architecture: lambda.Architecture.X86_64,
-      memorySize: 256,
-      timeout: Duration.seconds(30),
-      code: functionCode(props.functionsDir, 'identity-enricher'),
-      environment: {
+    const enricher = rustFunction(
+      this,
+      'IdentityEnricherFunction',
+      'identity-enricher',
+      props.functionsDir,
+      'Traces every CloudTrail action through role chains to its original actor.',
+      {
         STATE_TABLE: stateTable.tableName,
         EVENTS_STREAM: cloudTrail.streamName,
         FEEDBACK_STREAM: feedback.streamName,
@@ -190,8 +229,7 @@ export class KeywayStack extends Stack {
         // As the keyed counter's: both streams keep records 24 hours, the mappings a day.
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
-    });
-    logicalId(enricher, 'IdentityEnricherFunction');
+    );
     stateTable.grantReadWriteData(enricher);
     feedback.grantReadWrite(enricher);
     enriched.grantWrite(enricher);
@@ -206,6 +244,8 @@ export class KeywayStack extends Stack {
     });
     logicalId(sweep, 'IdentityEnricherFunctionSweepTimers');
 
+    this.filtering(stateTable, deadLetters, failedBatches, props.functionsDir);
+
     new CfnOutput(this, 'ClicksStreamName', { value: clicks.streamName });
     new CfnOutput(this, 'CloudTrailStreamName', { value: cloudTrail.streamName });
     new CfnOutput(this, 'FeedbackStreamName', { value: feedback.streamName });
@@ -214,5 +254,103 @@ export class KeywayStack extends Stack {
     new CfnOutput(this, 'DeadLetterQueueUrl', { value: deadLetters.queueUrl });
     new CfnOutput(this, 'FailedBatchesQueueUrl', { value: failedBatches.queueUrl });
     new CfnOutput(this, 'StateTableName', { value: stateTable.tableName });
+  }
+
+  /** Real-time dynamic filtering: the policy table, the filter state, the events stream, and the
+   * two functions between them. */
+  private filtering(
+    stateTable: dynamodb.ITable,
+    deadLetters: sqs.IQueue,
+    failedBatches: sqs.IQueue,
+    functionsDir: string,
+  ): void {
+    const filterShards = new CfnParameter(this, 'FilterShards', {
+      type: 'Number',
+      default: 4,
+      description: 'Shards of the stream of events the dynamic filter reads, partitioned by filter key.',
+    });
+    const keyPointer = new CfnParameter(this, 'FilterKeyPointer', {
+      type: 'String',
+      default: '/key',
+      description: 'Where an event holds its filter key (a JSON pointer).',
+    });
+    const consumerQueues = new CfnParameter(this, 'ConsumerQueues', {
+      type: 'String',
+      default: '',
+      description:
+        'The queues each consumer may deliver to: a JSON object of consumer id to a list of queue ' +
+        'names. Empty accepts any queue of the account.',
+    });
+
+    // The dynamic filter's state: every subscription as of its last change, and the journal of
+    // changes the filter catches up from once a batch (functions/dynamic-filter/src/store.rs).
+    const filterState = new dynamodb.Table(this, 'FilterStateTable', {
+      billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
+      partitionKey: { name: 'pk', type: dynamodb.AttributeType.STRING },
+      sortKey: { name: 'sk', type: dynamodb.AttributeType.STRING },
+      timeToLiveAttribute: 'ttl',
+      removalPolicy: RemovalPolicy.RETAIN,
+    });
+    logicalId(filterState, 'FilterStateTable');
+    // Subscriptions, one item each, written by consumers through the subscription client.
+    const policies = new dynamodb.Table(this, 'PolicyTable', {
+      billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
+      partitionKey: { name: 'consumer', type: dynamodb.AttributeType.STRING },
+      sortKey: { name: 'subscription', type: dynamodb.AttributeType.STRING },
+      stream: dynamodb.StreamViewType.NEW_AND_OLD_IMAGES,
+      removalPolicy: RemovalPolicy.RETAIN,
+    });
+    logicalId(policies, 'PolicyTable');
+    const events = stream(this, 'FilterEventsStream', filterShards.valueAsNumber);
+
+    const sync = rustFunction(
+      this,
+      'FilterPolicySyncFunction',
+      'filter-policy-sync',
+      functionsDir,
+      "Applies consumers' subscription changes to the dynamic filter's state.",
+      {
+        STATE_TABLE: stateTable.tableName,
+        FILTER_STATE_TABLE: filterState.tableName,
+        DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
+        CONSUMER_QUEUES: consumerQueues.valueAsString,
+        // A DynamoDB stream keeps changes 24 hours; an hour more covers clock skew.
+        KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
+      },
+    );
+    stateTable.grantReadWriteData(sync);
+    filterState.grantReadWriteData(sync);
+    deadLetters.grantSendMessages(sync);
+    addTrigger(sync, 'FilterPolicySyncFunction', 'Policies', tableTrigger(policies, failedBatches));
+
+    const filter = rustFunction(
+      this,
+      'DynamicFilterFunction',
+      'dynamic-filter',
+      functionsDir,
+      'Sends each event to the queues of the consumers whose subscriptions match it.',
+      {
+        FILTER_STATE_TABLE: filterState.tableName,
+        DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
+        QUEUE_URL_PREFIX: `https://sqs.${this.region}.amazonaws.com/${this.account}/`,
+        FILTER_KEY_POINTER: keyPointer.valueAsString,
+      },
+    );
+    filterState.grantReadData(filter);
+    deadLetters.grantSendMessages(filter);
+    // Consumers' queues are named by their subscriptions, which the policy sync checks against
+    // ConsumerQueues.
+    filter.addToRolePolicy(
+      new iam.PolicyStatement({
+        actions: ['sqs:SendMessage'],
+        resources: [`arn:aws:sqs:${this.region}:${this.account}:*`],
+      }),
+    );
+    // Events go out as they come: a consumer of live collaboration waits for none.
+    addTrigger(filter, 'DynamicFilterFunction', 'Events', streamTrigger(events, failedBatches, 0));
+
+    new CfnOutput(this, 'PolicyTableName', { value: policies.tableName });
+    new CfnOutput(this, 'FilterStateTableName', { value: filterState.tableName });
+    new CfnOutput(this, 'FilterEventsStreamName', { value: events.streamName });
   }
 }

@@ -7,3 +7,19 @@ pub mod operators;
 pub mod samples;
 pub mod scripted;
 pub mod trails;
+
+/// The reasons of the dead letters a queue of the embedded runtime holds (taking them), each as
+/// "field: problem", sorted.
+pub fn dead_letter_reasons(sqs: &keyway::local::LocalSqs, url: &str) -> Vec<String> {
+    let mut reasons: Vec<String> = sqs
+        .receive(url, usize::MAX)
+        .iter()
+        .map(|m| {
+            let letter: serde_json::Value = serde_json::from_str(&m.body).expect("a dead letter");
+            let text = |name: &str| letter[name].as_str().unwrap_or_default().to_owned();
+            format!("{}: {}", text("field"), text("problem"))
+        })
+        .collect();
+    reasons.sort();
+    reasons
+}

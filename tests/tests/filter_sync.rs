@@ -132,12 +132,8 @@ impl Setup {
         held
     }
 
-    fn dead_letters(&self) -> Vec<serde_json::Value> {
-        let sqs = &self.runtime.services.sqs;
-        sqs.messages(&self.dead_letters)
-            .iter()
-            .map(|m| serde_json::from_str(&m.body).unwrap())
-            .collect()
+    fn dead_letters(&self) -> Vec<String> {
+        keyway_tests::dead_letter_reasons(&self.runtime.services.sqs, &self.dead_letters)
     }
 }
 
@@ -214,17 +210,7 @@ async fn an_invalid_subscription_is_dead_lettered_with_its_reason_and_changes_no
     s.policies.put_item(broken).unwrap();
     s.subscribe(&keyed("live", "sheet-2", "audit"));
     s.run().await;
-    let reasons: Vec<String> = s
-        .dead_letters()
-        .iter()
-        .map(|d| {
-            format!(
-                "{}: {}",
-                d["field"].as_str().unwrap(),
-                d["problem"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let reasons = s.dead_letters();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
         reasons

@@ -27,6 +27,18 @@ pub fn functions() -> BTreeMap<String, Factory> {
             Ok(Arc::new(identity_enricher::handler(platform, env)?) as Arc<dyn Handler>)
         }),
     );
+    functions.insert(
+        "FilterPolicySyncFunction".into(),
+        Box::new(|platform, env| {
+            Ok(Arc::new(filter_policy_sync::handler(platform, env)?) as Arc<dyn Handler>)
+        }),
+    );
+    functions.insert(
+        "DynamicFilterFunction".into(),
+        Box::new(|platform, env| {
+            Ok(Arc::new(dynamic_filter::handler(platform, env)?) as Arc<dyn Handler>)
+        }),
+    );
     functions
 }
 
@@ -34,8 +46,10 @@ pub fn functions() -> BTreeMap<String, Factory> {
 pub fn operators() -> Vec<(String, Vec<StateDescriptor>)> {
     let counter = keyed_counter::KeyedCounter;
     let enricher = identity_enricher::enricher::IdentityEnricher::new(Default::default());
+    let sync = filter_policy_sync::PolicySync::default();
     vec![
         (counter.name().to_owned(), counter.states()),
         (enricher.name().to_owned(), enricher.states()),
+        (sync.name().to_owned(), sync.states()),
     ]
 }

@@ -248,6 +248,39 @@ pub trait Sink: Send + Sync {
     }
 }
 
+/// Where metric lines (CloudWatch Embedded Metric Format, `domain::metrics`) go: on Lambda the
+/// function's log, which CloudWatch reads them from.
+pub trait MetricLog: Send + Sync {
+    fn write(&self, line: String);
+}
+
+/// Metric lines to standard output, the log of a Lambda function.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StdoutMetrics;
+
+impl MetricLog for StdoutMetrics {
+    fn write(&self, line: String) {
+        println!("{line}");
+    }
+}
+
+/// Metric lines kept in memory, for the embedded runtime and tests to read.
+#[derive(Debug, Default)]
+pub struct MemoryMetrics(std::sync::Mutex<Vec<String>>);
+
+impl MemoryMetrics {
+    /// The lines written since the last call.
+    pub fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().expect("metrics lock"))
+    }
+}
+
+impl MetricLog for MemoryMetrics {
+    fn write(&self, line: String) {
+        self.0.lock().expect("metrics lock").push(line);
+    }
+}
+
 /// Wall-clock time. The runtime reads time only through this, so tests can control it.
 pub trait Clock: Send + Sync {
     fn now_millis(&self) -> i64;

@@ -7,7 +7,7 @@
 //! snapshot and from the journal) never undoes a newer one; removed subscriptions keep their
 //! revision as a tombstone for the same reason.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use keyway::domain::pattern::Pattern;
@@ -39,6 +39,14 @@ pub fn revision(sequence: &str) -> String {
 pub struct Delivery<'a> {
     pub consumer: &'a str,
     pub queue: &'a str,
+}
+
+/// Where one event goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Routing<'a> {
+    pub deliveries: Vec<Delivery<'a>>,
+    /// Consumers subscribed to the event whose patterns all refused it.
+    pub dropped: Vec<&'a str>,
 }
 
 struct Compiled {
@@ -150,18 +158,34 @@ impl SubscriptionIndex {
     /// that matches, to the queue of its first such subscription (those to the key before those
     /// to all events, each in identity order).
     pub fn deliveries(&self, key: &str, event: &Value) -> Vec<Delivery<'_>> {
+        self.route(key, event).deliveries
+    }
+
+    /// `deliveries`, and the consumers subscribed to the event (by its key or to all events)
+    /// whose patterns all refused it.
+    pub fn route(&self, key: &str, event: &Value) -> Routing<'_> {
         let keyed = self.by_key.get(key).map(Vec::as_slice).unwrap_or_default();
-        let mut consumers = HashSet::new();
-        keyed
-            .iter()
-            .chain(&self.all)
-            .filter(|c| c.pattern.matches(event))
-            .filter(|c| consumers.insert(c.subscription.identity.consumer.as_str()))
-            .map(|c| Delivery {
-                consumer: &c.subscription.identity.consumer,
-                queue: &c.subscription.queue,
-            })
-            .collect()
+        let mut routing = Routing::default();
+        let mut considered: Vec<&str> = Vec::new();
+        for compiled in keyed.iter().chain(&self.all) {
+            let consumer = compiled.subscription.identity.consumer.as_str();
+            if routing.deliveries.iter().any(|d| d.consumer == consumer) {
+                continue;
+            }
+            if compiled.pattern.matches(event) {
+                routing.deliveries.push(Delivery {
+                    consumer,
+                    queue: &compiled.subscription.queue,
+                });
+            } else if !considered.contains(&consumer) {
+                considered.push(consumer);
+            }
+        }
+        routing.dropped = considered
+            .into_iter()
+            .filter(|c| !routing.deliveries.iter().any(|d| d.consumer == *c))
+            .collect();
+        routing
     }
 
     /// Live subscriptions: to filter keys, and to all events.
@@ -250,6 +274,12 @@ mod tests {
         assert_eq!(
             consumers(&index, "s2", json!({"op": "delete"})),
             ["audit>audit-q", "live>live-all-q"]
+        );
+        let routing = index.route("s1", &json!({"op": "update"}));
+        assert_eq!(
+            routing.dropped,
+            ["bots"],
+            "subscribed to s1, refused by its pattern"
         );
     }
 

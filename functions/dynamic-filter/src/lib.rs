@@ -3,10 +3,171 @@
 //! a subscription changing and with no lookup per event (DESIGN §1, and the article it comes
 //! from).
 //!
-//! `subscription` is what a consumer asks for and the policy item that holds it; `index` is the
-//! subscriptions as the filter holds them in memory; `store` is the filter state in DynamoDB that
-//! filter-policy-sync writes and the filter's index is built and kept exact from.
+//! `subscription` is what a consumer asks for and the policy item that holds it; `client` is what
+//! a consumer calls to change its subscriptions; `store` is the
+//! filter state in DynamoDB that filter-policy-sync writes; `index` is the subscriptions as the
+//! filter holds them in memory, built from the filter state once per execution environment and
+//! kept exact by one strongly consistent read of the journal per batch; `filter` is the stateless
+//! operator that matches events; `router` sends each match to its consumer's queue.
+//!
+//! Environment: `FILTER_STATE_TABLE`, `DEAD_LETTER_SINK` (`kinesis:<stream>` or
+//! `sqs:<queue URL>`), `QUEUE_URL_PREFIX` (what a queue name is appended to for its URL, e.g.
+//! `https://sqs.eu-west-1.amazonaws.com/123456789012/`); optionally `FILTER_KEY_POINTER` (where
+//! an event holds its filter key, a JSON pointer, `/key` by default), and the executor's
+//! variables (see `keyway::lambda::executor_config`).
 
+pub mod client;
+pub mod filter;
 pub mod index;
+#[cfg(feature = "local")]
+pub mod local;
+pub mod router;
 pub mod store;
 pub mod subscription;
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use async_trait::async_trait;
+use keyway::domain::metrics::Emf;
+use keyway::lambda::{
+    executor_config, required, sink_from, table_from, Env, FunctionError, Handler, Invocation,
+    Platform, SetupError, StreamHandler,
+};
+use keyway::ports::{Clock, MetricLog, StoreError};
+use keyway::{Executor, Sinks};
+use serde_json::Value;
+
+use filter::{DynamicFilter, DEFAULT_KEY_POINTER, DELIVERIES};
+use index::SubscriptionIndex;
+use router::QueueRouter;
+use store::FilterState;
+
+/// Journal changes read a request while catching up.
+const JOURNAL_PAGE: usize = 1_000;
+
+/// What keeping the index exact has cost so far in this execution environment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refreshes {
+    /// Snapshots read: the first batch's, and any after the journal was trimmed past the index.
+    pub snapshots: u64,
+    /// Journal reads (one a batch when nothing changed).
+    pub journal_reads: u64,
+    pub changes_applied: u64,
+}
+
+/// The function: before each batch the index catches up with the filter state, then the batch
+/// runs through the filter; afterwards each consumer's delivered and dropped counts go out as
+/// metric lines.
+pub struct FilterHandler {
+    inner: StreamHandler<DynamicFilter>,
+    index: Arc<RwLock<SubscriptionIndex>>,
+    state: FilterState,
+    loaded: tokio::sync::Mutex<bool>,
+    refreshes: Mutex<Refreshes>,
+    metrics: Arc<dyn MetricLog>,
+    clock: Arc<dyn Clock>,
+}
+
+impl FilterHandler {
+    pub fn refreshes(&self) -> Refreshes {
+        *self.refreshes.lock().expect("refreshes lock")
+    }
+
+    /// Brings the index up to the filter state's journal.
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        let mut loaded = self.loaded.lock().await;
+        if !*loaded {
+            self.reload().await?;
+            *loaded = true;
+        }
+        loop {
+            let version = self.index.read().expect("index lock").version();
+            let changes = self.state.since(version, JOURNAL_PAGE).await?;
+            self.refreshes.lock().expect("refreshes lock").journal_reads += 1;
+            let caught_up = self.index.write().expect("index lock").catch_up(&changes);
+            match caught_up {
+                Ok(()) => {
+                    self.refreshes
+                        .lock()
+                        .expect("refreshes lock")
+                        .changes_applied += changes.len() as u64;
+                    if changes.len() < JOURNAL_PAGE {
+                        return Ok(());
+                    }
+                }
+                // The journal no longer reaches back to the index: start again from a snapshot.
+                Err(_) => self.reload().await?,
+            }
+        }
+    }
+
+    async fn reload(&self) -> Result<(), StoreError> {
+        let (version, rows) = self.state.snapshot().await?;
+        *self.index.write().expect("index lock") = SubscriptionIndex::from_snapshot(version, rows);
+        self.refreshes.lock().expect("refreshes lock").snapshots += 1;
+        Ok(())
+    }
+
+    fn write_metrics(&self) {
+        let tally = self.inner.executor().operator().take_tally();
+        let now = self.clock.now_millis();
+        let line = Emf::new(now)
+            .dimension("function", "dynamic-filter")
+            .count("events", tally.events)
+            .count("unmatched", tally.unmatched);
+        self.metrics.write(line.to_line());
+        for (consumer, (delivered, dropped)) in tally.by_consumer {
+            let line = Emf::new(now)
+                .dimension("function", "dynamic-filter")
+                .dimension("consumer", consumer)
+                .count("delivered", delivered)
+                .count("dropped", dropped);
+            self.metrics.write(line.to_line());
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for FilterHandler {
+    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
+        self.refresh()
+            .await
+            .map_err(|e| FunctionError(format!("the filter state could not be read: {e}")))?;
+        let response = self.inner.handle(event, invocation).await;
+        self.write_metrics();
+        response
+    }
+}
+
+/// The function wired to the filter state, queues and dead-letter sink its environment names.
+pub fn handler(platform: &dyn Platform, env: &Env) -> Result<FilterHandler, SetupError> {
+    let state = FilterState::new(
+        table_from(platform, env, "FILTER_STATE_TABLE")?,
+        platform.clock(),
+    );
+    let prefix = required(env, "QUEUE_URL_PREFIX")?.to_owned();
+    let queues = queue_sinks(platform, prefix);
+    let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
+        .with(&DELIVERIES, Arc::new(QueueRouter::new(queues)));
+    let index = Arc::new(RwLock::new(SubscriptionIndex::default()));
+    let pointer = env
+        .get("FILTER_KEY_POINTER")
+        .map_or(DEFAULT_KEY_POINTER, String::as_str);
+    let operator = DynamicFilter::new(index.clone(), pointer);
+    let executor = Executor::stateless(operator, sinks, platform.clock())?;
+    Ok(FilterHandler {
+        inner: StreamHandler::new(executor.with_config(executor_config(env)?)),
+        index,
+        state,
+        loaded: tokio::sync::Mutex::new(false),
+        refreshes: Mutex::default(),
+        metrics: platform.metrics(),
+        clock: platform.clock(),
+    })
+}
+
+/// Queue sinks by name: the platform's SQS sink of the queue's URL.
+fn queue_sinks(platform: &dyn Platform, prefix: String) -> Box<router::QueueSinks> {
+    let make = platform.sink_maker();
+    Box::new(move |queue| make(&format!("sqs:{prefix}{queue}")).map_err(|e| e.to_string()))
+}

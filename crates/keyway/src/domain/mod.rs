@@ -9,6 +9,7 @@ pub mod hash;
 pub mod invalid;
 pub mod item;
 pub mod json;
+pub mod metrics;
 pub mod output;
 pub mod pattern;
 pub mod plan;

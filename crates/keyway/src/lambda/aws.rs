@@ -7,11 +7,11 @@ use std::time::Duration;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 
-use super::platform::{Platform, PortError, SinkTarget};
+use super::platform::{Platform, PortError, SinkMaker, SinkTarget};
 use crate::adapters::dynamodb::{DynamoStateStore, SdkTable, Table};
 use crate::adapters::kinesis::{KinesisSink, SdkKinesis};
 use crate::adapters::sqs::{SdkSqs, SqsSink};
-use crate::ports::{Clock, Sink, StateStore, SystemClock};
+use crate::ports::{Clock, MetricLog, Sink, StateStore, StdoutMetrics, SystemClock};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// One attempt of any call: BatchWriteItem of 25 items and PutRecords of 5 MB take well under it.
@@ -65,15 +65,24 @@ impl Platform for AwsClients {
         Ok(Arc::new(SdkTable::new(self.dynamodb.clone(), table)))
     }
 
-    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {
-        Ok(match SinkTarget::parse(target)? {
-            SinkTarget::Kinesis(stream) => Arc::new(KinesisSink::new(self.kinesis.clone(), stream)),
-            SinkTarget::Sqs(url) => Arc::new(SqsSink::new(self.sqs.clone(), url)),
+    fn sink_maker(&self) -> SinkMaker {
+        let clients = self.clone();
+        Arc::new(move |target| {
+            Ok(match SinkTarget::parse(target)? {
+                SinkTarget::Kinesis(stream) => {
+                    Arc::new(KinesisSink::new(clients.kinesis.clone(), stream)) as Arc<dyn Sink>
+                }
+                SinkTarget::Sqs(url) => Arc::new(SqsSink::new(clients.sqs.clone(), url)),
+            })
         })
     }
 
     fn clock(&self) -> Arc<dyn Clock> {
         Arc::new(SystemClock)
+    }
+
+    fn metrics(&self) -> Arc<dyn MetricLog> {
+        Arc::new(StdoutMetrics)
     }
 }
 

@@ -216,11 +216,14 @@ mod tests {
                     table: table.to_owned(),
                 })
             }
-            fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {
-                Err(SinkTarget::parse(target).unwrap_err())
+            fn sink_maker(&self) -> crate::lambda::platform::SinkMaker {
+                Arc::new(|target| Err(SinkTarget::parse(target).unwrap_err()))
             }
             fn clock(&self) -> Arc<dyn Clock> {
                 Arc::new(crate::ports::SystemClock)
+            }
+            fn metrics(&self) -> Arc<dyn crate::ports::MetricLog> {
+                Arc::new(crate::ports::StdoutMetrics)
             }
         }
         let env: Env = [

@@ -23,5 +23,5 @@ pub use handler::{
     dynamodb_response, kinesis_response, run_dynamodb, run_kinesis, FunctionError, Handler,
     Invocation, SourceError, StreamHandler,
 };
-pub use platform::{Platform, PortError, SinkTarget};
+pub use platform::{Platform, PortError, SinkMaker, SinkTarget};
 pub use serve::{run, serve};

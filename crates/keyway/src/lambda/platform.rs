@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::adapters::dynamodb::Table;
-use crate::ports::{Clock, Sink, StateStore};
+use crate::ports::{Clock, MetricLog, Sink, StateStore};
 
 /// Where a function runs: it builds the ports the function's configuration names.
 pub trait Platform: Send + Sync {
@@ -14,9 +14,19 @@ pub trait Platform: Send + Sync {
     /// index, a journal) with the operations the runtime's adapters share.
     fn table(&self, table: &str) -> Result<Arc<dyn Table>, PortError>;
     /// A sink for `target`: `kinesis:<stream name>` or `sqs:<queue URL>`.
-    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError>;
+    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {
+        (self.sink_maker())(target)
+    }
+    /// What makes sinks, kept by a function whose destinations are known only as it runs (a
+    /// queue per consumer).
+    fn sink_maker(&self) -> SinkMaker;
     fn clock(&self) -> Arc<dyn Clock>;
+    /// Where the function's metric lines go.
+    fn metrics(&self) -> Arc<dyn MetricLog>;
 }
+
+/// Makes the sink of a target, as `Platform::sink` does, at any time.
+pub type SinkMaker = Arc<dyn Fn(&str) -> Result<Arc<dyn Sink>, PortError> + Send + Sync>;
 
 /// A platform cannot build the port a configuration value names.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]

@@ -22,11 +22,11 @@ use crate::adapters::sqs::SqsSink;
 use crate::domain::KeyState;
 use crate::lambda::{
     check_mapping, executor_config, ConfigError, Env, Handler, Invocation, Platform, PortError,
-    SetupError, SinkTarget,
+    SetupError, SinkMaker, SinkTarget,
 };
 use crate::ports::{
-    Clock, Commit, Committed, LoadKey, Namespace, Sink, StateStore, StoreError, StoreLimits,
-    TimerIndex,
+    Clock, Commit, Committed, LoadKey, MemoryMetrics, MetricLog, Namespace, Sink, StateStore,
+    StoreError, StoreLimits, TimerIndex,
 };
 
 /// Kinesis, DynamoDB and SQS in memory, on one virtual clock, with one fault plan.
@@ -35,11 +35,13 @@ pub struct LocalServices {
     pub dynamodb: Arc<LocalDynamoDb>,
     pub kinesis: Arc<LocalKinesis>,
     pub sqs: Arc<LocalSqs>,
+    /// The metric lines functions wrote.
+    pub metrics: Arc<MemoryMetrics>,
     faults: FaultPlan,
     /// Draws for faults of invocations: crashes before commit, timeouts, duplicate deliveries.
     invocation_faults: Arc<Faults>,
     /// Seeds the backoff jitter of every store and sink handed out, so that runs repeat.
-    backoff_seeds: AtomicU64,
+    backoff_seeds: Arc<AtomicU64>,
 }
 
 impl LocalServices {
@@ -56,8 +58,9 @@ impl LocalServices {
                 clock.clone(),
                 Faults::new(faults.clone(), 0x5a5),
             )),
+            metrics: Arc::default(),
             invocation_faults: Arc::new(Faults::new(faults.clone(), 0x1a4)),
-            backoff_seeds: AtomicU64::new(faults.seed),
+            backoff_seeds: Arc::new(AtomicU64::new(faults.seed)),
             clock,
             faults,
         })
@@ -127,19 +130,29 @@ impl Platform for LocalServices {
         Ok(found)
     }
 
-    fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {
-        Ok(match SinkTarget::parse(target)? {
-            SinkTarget::Kinesis(stream) => Arc::new(
-                KinesisSink::new(self.kinesis.clone(), stream).with_backoff(self.backoff()),
-            ),
-            SinkTarget::Sqs(url) => {
-                Arc::new(SqsSink::new(self.sqs.clone(), url).with_backoff(self.backoff()))
-            }
+    fn sink_maker(&self) -> SinkMaker {
+        let (kinesis, sqs) = (self.kinesis.clone(), self.sqs.clone());
+        let seeds = self.backoff_seeds.clone();
+        Arc::new(move |target| {
+            let backoff = Backoff::default().seeded(seeds.fetch_add(1, Ordering::SeqCst));
+            Ok(match SinkTarget::parse(target)? {
+                SinkTarget::Kinesis(stream) => {
+                    Arc::new(KinesisSink::new(kinesis.clone(), stream).with_backoff(backoff))
+                        as Arc<dyn Sink>
+                }
+                SinkTarget::Sqs(url) => {
+                    Arc::new(SqsSink::new(sqs.clone(), url).with_backoff(backoff))
+                }
+            })
         })
     }
 
     fn clock(&self) -> Arc<dyn Clock> {
         self.clock.clone()
+    }
+
+    fn metrics(&self) -> Arc<dyn MetricLog> {
+        self.metrics.clone()
     }
 }
 

@@ -10,7 +10,7 @@ mod store;
 
 use async_trait::async_trait;
 
-pub use sdk::SdkTable;
+pub use sdk::{item_from_sdk, item_to_sdk, sdk_store_error, SdkTable};
 pub use store::{
     DynamoStateStore, HEAD_INLINE_LIMIT, LINEAGES_PER_COMMIT, SEGMENT_TARGET, TOKENS_KEPT,
     WATERMARKS_INLINE,

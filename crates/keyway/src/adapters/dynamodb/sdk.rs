@@ -34,6 +34,16 @@ impl SdkTable {
     }
 }
 
+/// What a failed DynamoDB call means for a caller of the store: for adapters of applications
+/// that call the SDK themselves, classified as the runtime's own calls are.
+pub fn sdk_store_error<E, R>(err: &aws_sdk_dynamodb::error::SdkError<E, R>) -> StoreError
+where
+    E: aws_sdk_dynamodb::error::ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    store_error(classify(err))
+}
+
 fn store_error(class: ErrorClass) -> StoreError {
     match class {
         ErrorClass::Throttled(m) => StoreError::Throttled(m),
@@ -133,11 +143,13 @@ fn non_empty<V>(map: HashMap<String, V>) -> Option<HashMap<String, V>> {
     (!map.is_empty()).then_some(map)
 }
 
-fn item_to_sdk(item: &Item) -> HashMap<String, AttributeValue> {
+/// An item as the SDK sends it.
+pub fn item_to_sdk(item: &Item) -> HashMap<String, AttributeValue> {
     item.iter().map(|(k, v)| (k.clone(), to_sdk(v))).collect()
 }
 
-fn item_from_sdk(item: &HashMap<String, AttributeValue>) -> Result<Item, StoreError> {
+/// An item the SDK returned.
+pub fn item_from_sdk(item: &HashMap<String, AttributeValue>) -> Result<Item, StoreError> {
     item.iter()
         .map(|(k, v)| Ok((k.clone(), from_sdk(v)?)))
         .collect()

@@ -66,7 +66,7 @@ impl LocalSqs {
 
     /// Creates a queue and returns its URL.
     pub fn create_queue(&self, name: &str) -> String {
-        let url = format!("https://sqs.us-east-1.localhost/000000000000/{name}");
+        let url = format!("https://sqs.us-east-1.amazonaws.com/000000000000/{name}");
         let queue = Queue {
             fifo: name.ends_with(".fifo"),
             accepted: Vec::new(),

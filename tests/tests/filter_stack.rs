@@ -1,0 +1,211 @@
+//! Dynamic filtering as template.yaml deploys it, on the embedded runtime: consumers subscribe
+//! through the client, events go on the events stream partitioned by filter key, and each
+//! consumer's queue receives the events its subscriptions match, once each, and nothing else.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dynamic_filter::client::{ClientError, SubscriptionClient};
+use dynamic_filter::subscription::QueueRegistry;
+use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+use serde_json::{json, Value};
+
+const EPOCH: i64 = 1_767_225_600_000;
+
+struct Stack {
+    runtime: LocalRuntime,
+}
+
+impl Stack {
+    fn new(registry: &str) -> Self {
+        let parameters = BTreeMap::from([
+            ("ConsumerQueues".to_owned(), registry.to_owned()),
+            ("FilterShards".to_owned(), "2".to_owned()),
+        ]);
+        let services = LocalServices::new(EPOCH, FaultPlan::default());
+        for queue in ["live-1", "live-2", "audit"] {
+            services.sqs.create_queue(queue);
+        }
+        let runtime = LocalRuntime::from_template_with(
+            keyway_stack::TEMPLATE,
+            &parameters,
+            services,
+            &keyway_stack::functions(),
+        )
+        .expect("the template runs");
+        Self { runtime }
+    }
+
+    fn client(&self, consumer: &str, registry: &str) -> SubscriptionClient {
+        self.client_with(consumer, QueueRegistry::from_json(registry).unwrap())
+    }
+
+    /// A client that accepts any queue, as a stack without a registry does.
+    fn client_open(&self, consumer: &str) -> SubscriptionClient {
+        self.client_with(consumer, QueueRegistry::open())
+    }
+
+    fn client_with(&self, consumer: &str, registry: QueueRegistry) -> SubscriptionClient {
+        let services = &self.runtime.services;
+        let table = services
+            .dynamodb
+            .table(&self.runtime.resource("PolicyTable").unwrap())
+            .unwrap();
+        SubscriptionClient::new(table, consumer, registry, services.clock.clone())
+    }
+
+    fn send(&self, events: &[Value]) {
+        let stream = self.runtime.resource("FilterEventsStream").unwrap();
+        for event in events {
+            let key = event["key"].as_str().unwrap_or("none");
+            let data = serde_json::to_vec(event).unwrap();
+            self.runtime
+                .services
+                .kinesis
+                .put_record(&stream, key, &data)
+                .unwrap();
+        }
+    }
+
+    fn send_raw(&self, key: &str, data: &[u8]) {
+        let stream = self.runtime.resource("FilterEventsStream").unwrap();
+        self.runtime
+            .services
+            .kinesis
+            .put_record(&stream, key, data)
+            .unwrap();
+    }
+
+    async fn run(&mut self) {
+        self.runtime
+            .run_until_idle(Duration::from_secs(600))
+            .await
+            .expect("the stack goes idle");
+    }
+
+    /// The bodies a queue received since the last call, by event id.
+    fn received(&self, queue: &str) -> Vec<String> {
+        let url = format!("https://sqs.us-east-1.amazonaws.com/000000000000/{queue}");
+        let mut ids: Vec<String> = self
+            .runtime
+            .services
+            .sqs
+            .receive(&url, usize::MAX)
+            .iter()
+            .map(|m| {
+                serde_json::from_str::<Value>(&m.body).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    fn dead_letters(&self) -> Vec<String> {
+        let url = self.runtime.resource("DeadLetterQueue").unwrap();
+        keyway_tests::dead_letter_reasons(&self.runtime.services.sqs, &url)
+    }
+}
+
+const REGISTRY: &str = r#"{"live": ["live-1", "live-2"], "audit": ["audit"]}"#;
+
+fn event(id: &str, key: &str, op: &str) -> Value {
+    json!({"id": id, "key": key, "op": op})
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_consumer_receives_the_events_its_subscriptions_match_once_and_nothing_else() {
+    let mut stack = Stack::new(REGISTRY);
+    let live = stack.client("live", REGISTRY);
+    let audit = stack.client("audit", REGISTRY);
+    live.subscribe("sheet-1", "live-1", None).await.unwrap();
+    live.listen_to_all_events("live-2", Some(json!({"op": ["delete"]})))
+        .await
+        .unwrap();
+    audit
+        .subscribe("sheet-2", "audit", Some(json!({"op": [{"prefix": "up"}]})))
+        .await
+        .unwrap();
+    stack.run().await;
+    stack.send(&[
+        event("a", "sheet-1", "update"),
+        event("b", "sheet-1", "delete"),
+        event("c", "sheet-2", "update"),
+        event("d", "sheet-2", "delete"),
+        event("e", "sheet-3", "create"),
+    ]);
+    stack.run().await;
+    // "b" matches both of live's subscriptions: it arrives once, on the first one's queue.
+    assert_eq!(stack.received("live-1"), ["a", "b"]);
+    assert_eq!(stack.received("live-2"), ["d"]);
+    assert_eq!(stack.received("audit"), ["c"]);
+
+    live.unsubscribe("sheet-1").await.unwrap();
+    live.stop_listening_to_all().await.unwrap();
+    stack.run().await;
+    stack.send(&[
+        event("f", "sheet-1", "update"),
+        event("g", "sheet-2", "upsert"),
+    ]);
+    stack.run().await;
+    assert!(stack.received("live-1").is_empty());
+    assert!(stack.received("live-2").is_empty());
+    assert_eq!(stack.received("audit"), ["g"]);
+    assert_eq!(live.list().await.unwrap(), []);
+    assert_eq!(audit.list().await.unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_subscription_is_refused_by_the_client_saying_what_is_wrong_and_where() {
+    let stack = Stack::new(REGISTRY);
+    let live = stack.client("live", REGISTRY);
+    let refused = live
+        .subscribe(
+            "sheet-1",
+            "live-1",
+            Some(json!({"op": [{"numeric": [">", "5"]}]})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, ClientError::Refused(e) if e.field == "pattern" && e.problem.contains("/op/0/numeric/1")),
+        "{refused}"
+    );
+    assert!(!refused.is_retryable());
+    let refused = live.subscribe("sheet-1", "audit", None).await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("\"audit\" is not registered to consumer \"live\""),
+        "{refused}"
+    );
+    assert_eq!(live.list().await.unwrap(), [], "nothing was written");
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_events_and_deliveries_to_a_missing_queue_reach_the_dead_letter_queue_with_the_reason()
+{
+    let mut stack = Stack::new("");
+    let live = stack.client_open("live");
+    live.subscribe("sheet-1", "nowhere", None).await.unwrap();
+    live.subscribe("sheet-2", "live-1", None).await.unwrap();
+    stack.run().await;
+    stack.send_raw("sheet-1", b"not json");
+    stack.send_raw("sheet-1", br#"{"id": "no-key"}"#);
+    stack.send(&[
+        event("a", "sheet-1", "update"),
+        event("b", "sheet-2", "update"),
+    ]);
+    stack.run().await;
+    assert_eq!(stack.received("live-1"), ["b"]);
+    let reasons = stack.dead_letters();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(reasons[0].starts_with("data/key: missing"), "{reasons:?}");
+    assert!(reasons[1].starts_with("data: not JSON"), "{reasons:?}");
+    assert!(
+        reasons[2].starts_with("output.deliveries") && reasons[2].contains("NonExistentQueue"),
+        "{reasons:?}"
+    );
+}
