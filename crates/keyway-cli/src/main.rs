@@ -6,6 +6,7 @@ mod demo;
 mod demo_identity;
 mod enrich;
 mod error;
+mod filter;
 mod ids;
 mod package;
 mod signatures;
@@ -67,6 +68,31 @@ enum Command {
         /// directories of them.
         #[arg(required = true)]
         paths: Vec<std::path::PathBuf>,
+    },
+    /// Replays subscription changes and events, in time order, through the dynamic filter of
+    /// template.yaml on the embedded runtime. Each delivery goes to standard output as a JSON line
+    /// {"consumer", "queue", "event"}; a summary goes to standard error. A change is in effect
+    /// for every event at or after its time.
+    Filter {
+        /// JSON Lines of changes: {"at": MS, "op": "subscribe", "consumer", "key", "queue",
+        /// "pattern"?}, {"at", "op": "unsubscribe", "consumer", "key"}, {"at", "op":
+        /// "subscribe_all", "consumer", "queue", "pattern"?}, {"at", "op": "unsubscribe_all",
+        /// "consumer"}.
+        #[arg(long)]
+        subscriptions: std::path::PathBuf,
+        /// JSON Lines {"at": MS, "event": {...}}.
+        #[arg(long)]
+        events: std::path::PathBuf,
+        /// A JSON object of consumer id to the queue names it owns; without it any queue is
+        /// accepted.
+        #[arg(long)]
+        queues: Option<std::path::PathBuf>,
+        /// Where an event holds its filter key (a JSON pointer).
+        #[arg(long, default_value = "/key")]
+        key: String,
+        /// Shards of the events stream.
+        #[arg(long, default_value_t = 4)]
+        shards: usize,
     },
     /// The operators' state signatures: print them, check them against the lock file, or update it.
     Signatures {
@@ -186,6 +212,19 @@ fn main() -> std::process::ExitCode {
             shuffle,
             buffer_ttl: std::time::Duration::from_secs(buffer_ttl),
             paths,
+        }),
+        Command::Filter {
+            subscriptions,
+            events,
+            queues,
+            key,
+            shards,
+        } => filter::run(filter::FilterOptions {
+            subscriptions,
+            events,
+            queues,
+            key,
+            shards,
         }),
         Command::Ids => ids::run(),
         Command::Bench { which } => match which {

@@ -1,6 +1,8 @@
 //! The stack the embedded runtime runs: template.yaml, compiled in, and the functions it names,
 //! for the `keyway` command and the tests alike.
 
+pub mod filtering;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -26,6 +26,15 @@ pub struct Revised {
     pub subscription: Option<Subscription>,
 }
 
+/// A change as the journal holds it: its version (1, 2, 3 ... without gaps) and when it was
+/// appended (epoch milliseconds, by the writer's clock).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Journaled {
+    pub version: u64,
+    pub appended_at: i64,
+    pub change: Revised,
+}
+
 /// Width revisions are padded to: DynamoDB Streams sequence numbers have at most 40 digits.
 pub const REVISION_DIGITS: usize = 40;
 
@@ -96,19 +105,19 @@ impl SubscriptionIndex {
 
     /// Applies the journal's changes after `version()`, in order. A first change that does not
     /// follow on is a gap: the index is unchanged.
-    pub fn catch_up(&mut self, changes: &[(u64, Revised)]) -> Result<(), Gap> {
-        if let Some((first, _)) = changes.first() {
-            if *first > self.version + 1 {
+    pub fn catch_up(&mut self, changes: &[Journaled]) -> Result<(), Gap> {
+        if let Some(first) = changes.first() {
+            if first.version > self.version + 1 {
                 return Err(Gap {
                     at: self.version,
-                    found: *first,
+                    found: first.version,
                 });
             }
         }
-        for (version, change) in changes {
-            if *version > self.version {
-                self.apply(change);
-                self.version = *version;
+        for journaled in changes {
+            if journaled.version > self.version {
+                self.apply(&journaled.change);
+                self.version = journaled.version;
             }
         }
         Ok(())
@@ -319,12 +328,17 @@ mod tests {
     fn the_journal_is_applied_in_order_and_a_gap_asks_for_a_snapshot() {
         let mut index = SubscriptionIndex::from_snapshot(10, []);
         let s = sub("live", key("s1"), "q", None);
-        let gap = index.catch_up(&[(12, put(1, s.clone()))]).unwrap_err();
+        let at = |version: u64, change: Revised| Journaled {
+            version,
+            appended_at: 0,
+            change,
+        };
+        let gap = index.catch_up(&[at(12, put(1, s.clone()))]).unwrap_err();
         assert_eq!(gap, Gap { at: 10, found: 12 });
         assert_eq!(index.version(), 10);
         // Changes up to the version already applied are skipped; the rest are applied.
         index
-            .catch_up(&[(10, removal(9, &s.identity)), (11, put(1, s.clone()))])
+            .catch_up(&[at(10, removal(9, &s.identity)), at(11, put(1, s.clone()))])
             .unwrap();
         assert_eq!(index.version(), 11);
         assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);

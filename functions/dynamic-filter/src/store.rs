@@ -24,12 +24,14 @@ use keyway::adapters::dynamodb::{Expect, ItemKey, Table, ITEM_MAX_BYTES, PK, SK,
 use keyway::domain::{AttrValue, Item, Output};
 use keyway::ports::{Clock, Sink, SinkError, StoreError};
 
-use crate::index::Revised;
+use crate::index::{Journaled, Revised};
 
 const ROWS: &str = "subscriptions";
 const JOURNAL: &str = "journal";
 const REVISION: &str = "revision";
 const BODY: &str = "body";
+/// When a journal entry was appended (N, epoch milliseconds).
+const APPENDED_AT: &str = "appendedAt";
 /// How long the journal keeps a change: an index further behind reloads a snapshot.
 pub const JOURNAL_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long a removed subscription's tombstone stays: past the day a DynamoDB stream can still
@@ -108,6 +110,8 @@ impl FilterState {
             };
             let mut entry = self.item(&key, change)?;
             entry.insert(VERSION.to_owned(), AttrValue::N(version.to_string()));
+            let now = self.clock.now_millis().to_string();
+            entry.insert(APPENDED_AT.to_owned(), AttrValue::N(now));
             entry.insert(TTL.to_owned(), self.expiry(JOURNAL_RETENTION));
             match self.table.put(&entry, &Expect::Absent).await {
                 Ok(()) => return Ok(version),
@@ -130,18 +134,25 @@ impl FilterState {
     }
 
     /// Up to `limit` journal changes after `version`, in order, by one strongly consistent Query.
-    pub async fn since(
-        &self,
-        version: u64,
-        limit: usize,
-    ) -> Result<Vec<(u64, Revised)>, StoreError> {
+    pub async fn since(&self, version: u64, limit: usize) -> Result<Vec<Journaled>, StoreError> {
         let entries = self
             .table
             .query_after(JOURNAL, &journal_sk(version), limit)
             .await?;
         entries
             .iter()
-            .map(|entry| Ok((version_of(entry)?, body_of(entry)?)))
+            .map(|entry| {
+                let appended_at = entry
+                    .get(APPENDED_AT)
+                    .and_then(AttrValue::as_n)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_default();
+                Ok(Journaled {
+                    version: version_of(entry)?,
+                    appended_at,
+                    change: body_of(entry)?,
+                })
+            })
             .collect()
     }
 
@@ -290,9 +301,10 @@ mod tests {
             Applied::Journaled(4)
         );
         let journal = state.since(0, 100).await.unwrap();
-        let versions: Vec<u64> = journal.iter().map(|(v, _)| *v).collect();
+        let versions: Vec<u64> = journal.iter().map(|j| j.version).collect();
         assert_eq!(versions, [1, 2, 3, 4]);
-        assert_eq!(state.since(2, 1).await.unwrap()[0].0, 3);
+        assert_eq!(state.since(2, 1).await.unwrap()[0].version, 3);
+        assert_eq!(journal[0].appended_at, 1_767_225_600_000);
     }
 
     #[tokio::test]

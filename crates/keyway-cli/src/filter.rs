@@ -1,0 +1,152 @@
+//! `keyway filter`: subscription changes and events replayed in time order through the dynamic
+//! filtering of template.yaml on the embedded runtime (`keyway_stack::filtering`). Each delivery
+//! goes to standard output as a JSON line `{"consumer", "queue", "event"}`; a summary, and every
+//! refused subscription with its line and reason, go to standard error.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use keyway_stack::filtering::{replay, Change, Delivered, Outcome, Settings, TimedEvent};
+use serde_json::json;
+
+use crate::error::CliError;
+
+pub struct FilterOptions {
+    pub subscriptions: PathBuf,
+    pub events: PathBuf,
+    pub queues: Option<PathBuf>,
+    pub key: String,
+    pub shards: usize,
+}
+
+pub fn run(options: FilterOptions) -> Result<(), CliError> {
+    let mut problems = Vec::new();
+    let mut changes = read_lines(
+        &options.subscriptions,
+        Change::parse,
+        &mut problems,
+    )?;
+    changes.sort_by_key(|c| c.at);
+    let mut events = read_lines(
+        &options.events,
+        |text, _| serde_json::from_str::<TimedEvent>(text).map_err(|e| e.to_string()),
+        &mut problems,
+    )?;
+    events.sort_by_key(|e| e.at);
+    for problem in &problems {
+        eprintln!("keyway filter: {problem}");
+    }
+    let registry = options
+        .queues
+        .as_ref()
+        .map(|path| {
+            std::fs::read_to_string(path)
+                .map_err(|e| CliError::from(format!("{}: {e}", path.display())))
+        })
+        .transpose()?;
+    let settings = Settings {
+        shards: options.shards,
+        key_pointer: options.key,
+        registry,
+        ..Settings::default()
+    };
+    let started = std::time::Instant::now();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut write_failed = None;
+    let outcome = crate::bench::runtime_builder(true).block_on(replay(
+        &settings,
+        &changes,
+        events,
+        |d: Delivered| {
+            let line = json!({"consumer": d.consumer, "queue": d.queue, "event": d.event});
+            if let Err(e) = writeln!(out, "{line}") {
+                write_failed.get_or_insert(e);
+            }
+        },
+    ))?;
+    out.flush()
+        .map_err(|e| CliError::from(format!("standard output: {e}")))?;
+    if let Some(e) = write_failed {
+        return Err(format!("standard output: {e}").into());
+    }
+    eprint!("{}", summary(&outcome, started.elapsed()));
+    Ok(())
+}
+
+/// Each line of `path` read by `parse`; lines that do not parse are reported in `problems` and
+/// left out, so that the run goes on.
+fn read_lines<T>(
+    path: &Path,
+    parse: impl Fn(&str, usize) -> Result<T, String>,
+    problems: &mut Vec<String>,
+) -> Result<Vec<T>, CliError> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut parsed = Vec::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match parse(&line, i + 1) {
+            Ok(item) => parsed.push(item),
+            Err(why) => problems.push(format!("{} line {}: {why}", path.display(), i + 1)),
+        }
+    }
+    Ok(parsed)
+}
+
+fn summary(outcome: &Outcome, took: std::time::Duration) -> String {
+    let mut text = String::new();
+    let percent = |part: u64, whole: u64| {
+        if whole == 0 {
+            0.0
+        } else {
+            100.0 * part as f64 / whole as f64
+        }
+    };
+    text.push_str(&format!(
+        "events {}  delivered {}  matched no one {:.1}%  ({:.0} events/s)\n",
+        outcome.events,
+        outcome.delivered,
+        percent(outcome.unmatched, outcome.filtered),
+        outcome.events as f64 / took.as_secs_f64().max(1e-9),
+    ));
+    for (consumer, count) in &outcome.by_consumer {
+        text.push_str(&format!("  {consumer}: {count}\n"));
+    }
+    text.push_str(&format!(
+        "refused subscriptions {}\n",
+        outcome.refused.len()
+    ));
+    for (line, why) in &outcome.refused {
+        text.push_str(&format!("  line {line}: {why}\n"));
+    }
+    let mut latency = outcome.propagation.clone();
+    latency.sort_unstable();
+    let at = |q: f64| {
+        latency
+            .get(((latency.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    text.push_str(&format!(
+        "propagation (ms, policy write to the filter state)  p50 {}  p95 {}  max {}  over {} changes\n",
+        at(0.5),
+        at(0.95),
+        latency.last().copied().unwrap_or(0),
+        latency.len()
+    ));
+    if !outcome.dead_letters.is_empty() {
+        text.push_str(&format!("dead letters {}\n", outcome.dead_letters.len()));
+        let mut reasons: BTreeMap<&str, u64> = BTreeMap::new();
+        for reason in &outcome.dead_letters {
+            *reasons.entry(reason.as_str()).or_default() += 1;
+        }
+        for (reason, count) in reasons.iter().take(10) {
+            text.push_str(&format!("  {count} × {reason}\n"));
+        }
+    }
+    text
+}

@@ -1,0 +1,455 @@
+//! Dynamic filtering replayed on the embedded runtime: subscription changes and events, each at
+//! its time, through the stack of template.yaml (policy table, filter-policy-sync, filter state,
+//! the dynamic filter, consumers' queues). What `keyway filter`, its benchmark, the demo and the
+//! tests share.
+//!
+//! The replay goes in time order on the virtual clock. Before a change is made, every earlier
+//! event has been filtered; after it, the stack runs until the change has reached the filter
+//! state, so every later event is filtered by it: a change is in effect for exactly the events
+//! at or after its time, under any fault. (A deployed stack gives that for events a second after
+//! the change; `propagation` says how long it took here.)
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dynamic_filter::client::SubscriptionClient;
+use dynamic_filter::store::FilterState;
+use dynamic_filter::subscription::QueueRegistry;
+use dynamic_filter::{FilterHandler, Refreshes};
+use keyway::lambda::Handler;
+use keyway::local::{Factory, FaultPlan, LocalError, LocalRuntime, LocalServices};
+use keyway::ports::Clock;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Events put on the stream at a time, at most.
+const CHUNK: usize = 500;
+/// How long the stack may take to settle once (virtual time): retries under faults included.
+const SETTLE_LIMIT: Duration = Duration::from_secs(3600);
+
+/// A subscription change, as a line of `keyway filter --subscriptions` gives it.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Op {
+    Subscribe {
+        consumer: String,
+        key: String,
+        queue: String,
+        #[serde(default)]
+        pattern: Option<Value>,
+    },
+    Unsubscribe {
+        consumer: String,
+        key: String,
+    },
+    SubscribeAll {
+        consumer: String,
+        queue: String,
+        #[serde(default)]
+        pattern: Option<Value>,
+    },
+    UnsubscribeAll {
+        consumer: String,
+    },
+}
+
+impl Op {
+    pub fn consumer(&self) -> &str {
+        match self {
+            Op::Subscribe { consumer, .. }
+            | Op::Unsubscribe { consumer, .. }
+            | Op::SubscribeAll { consumer, .. }
+            | Op::UnsubscribeAll { consumer } => consumer,
+        }
+    }
+}
+
+/// A change at its time (epoch milliseconds), with the line it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub at: i64,
+    pub op: Op,
+    pub line: usize,
+}
+
+#[derive(Deserialize)]
+struct ChangeLine {
+    at: i64,
+    #[serde(flatten)]
+    op: Op,
+}
+
+impl Change {
+    /// A line of a subscriptions file, or what is wrong with it.
+    pub fn parse(text: &str, line: usize) -> Result<Self, String> {
+        let parsed: ChangeLine =
+            serde_json::from_str(text).map_err(|e| format!("not a subscription change: {e}"))?;
+        Ok(Self {
+            at: parsed.at,
+            op: parsed.op,
+            line,
+        })
+    }
+}
+
+/// An event at its time.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct TimedEvent {
+    pub at: i64,
+    pub event: Value,
+}
+
+/// How the stack is deployed for a replay.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub shards: usize,
+    /// Where an event holds its filter key.
+    pub key_pointer: String,
+    /// The consumers' queues as a JSON object; `None` accepts any queue.
+    pub registry: Option<String>,
+    pub faults: FaultPlan,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            shards: 4,
+            key_pointer: "/key".into(),
+            registry: None,
+            faults: FaultPlan::default(),
+        }
+    }
+}
+
+/// An event a consumer's queue received.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Delivered {
+    /// The consumers who subscribed with the queue (one, unless consumers share it).
+    pub consumer: String,
+    pub queue: String,
+    pub event: Value,
+    pub output_id: Option<String>,
+}
+
+/// What a replay did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub events: u64,
+    /// Events the filter read, and of those, events no consumer received, as its metric lines
+    /// count them (an event read again after a retry counts again).
+    pub filtered: u64,
+    pub unmatched: u64,
+    pub delivered: u64,
+    /// Deliveries by consumer.
+    pub by_consumer: BTreeMap<String, u64>,
+    /// Changes the client refused: their line and why.
+    pub refused: Vec<(usize, String)>,
+    /// Dead letters of the stack, as "field: problem".
+    pub dead_letters: Vec<String>,
+    /// Virtual milliseconds from each accepted change to its arrival in the filter state.
+    pub propagation: Vec<i64>,
+    pub refreshes: Refreshes,
+}
+
+/// The stack of template.yaml, and the filter function's handler for its counters.
+pub struct FilterStack {
+    pub runtime: LocalRuntime,
+    filter: Arc<Mutex<Option<Arc<FilterHandler>>>>,
+    registry: QueueRegistry,
+    /// Queue name to the consumers that subscribed with it.
+    queues: BTreeMap<String, BTreeSet<String>>,
+    journal_version: u64,
+}
+
+impl FilterStack {
+    pub fn new(settings: &Settings, epoch_millis: i64) -> Result<Self, LocalError> {
+        let mut parameters = BTreeMap::from([
+            ("FilterShards".to_owned(), settings.shards.to_string()),
+            ("FilterKeyPointer".to_owned(), settings.key_pointer.clone()),
+        ]);
+        if let Some(registry) = &settings.registry {
+            parameters.insert("ConsumerQueues".to_owned(), registry.clone());
+        }
+        let registry = match &settings.registry {
+            Some(text) => QueueRegistry::from_json(text).map_err(|e| {
+                LocalError::Template(keyway::local::template::TemplateError(format!(
+                    "ConsumerQueues: {e}"
+                )))
+            })?,
+            None => QueueRegistry::open(),
+        };
+        let services = LocalServices::new(epoch_millis, settings.faults.clone());
+        let filter: Arc<Mutex<Option<Arc<FilterHandler>>>> = Arc::default();
+        let mut functions = crate::functions();
+        let slot = filter.clone();
+        let factory: Factory = Box::new(move |platform, env| {
+            let handler = Arc::new(dynamic_filter::handler(platform, env)?);
+            *slot.lock().expect("filter slot") = Some(handler.clone());
+            Ok(handler as Arc<dyn Handler>)
+        });
+        functions.insert("DynamicFilterFunction".into(), factory);
+        let runtime =
+            LocalRuntime::from_template_with(crate::TEMPLATE, &parameters, services, &functions)?;
+        Ok(Self {
+            runtime,
+            filter,
+            registry,
+            queues: BTreeMap::new(),
+            journal_version: 0,
+        })
+    }
+
+    fn now(&self) -> i64 {
+        self.runtime.services.clock.now_millis()
+    }
+
+    fn client(&self, consumer: &str) -> SubscriptionClient {
+        let services = &self.runtime.services;
+        let table = services
+            .dynamodb
+            .table(
+                &self
+                    .runtime
+                    .resource("PolicyTable")
+                    .expect("the policy table"),
+            )
+            .expect("the policy table");
+        SubscriptionClient::new(
+            table,
+            consumer,
+            self.registry.clone(),
+            services.clock.clone(),
+        )
+    }
+
+    fn filter_state(&self) -> FilterState {
+        let services = &self.runtime.services;
+        let name = self
+            .runtime
+            .resource("FilterStateTable")
+            .expect("the filter state");
+        FilterState::new(
+            services.dynamodb.table(&name).expect("the filter state"),
+            services.clock.clone(),
+        )
+    }
+
+    /// Runs the stack until `at` (virtual time), then until nothing waits.
+    async fn settle_at(&mut self, at: i64) -> Result<(), LocalError> {
+        let now = self.now();
+        if at > now {
+            self.runtime
+                .run_for(Duration::from_millis((at - now) as u64))
+                .await;
+        }
+        self.runtime.run_until_idle(SETTLE_LIMIT).await.map(|_| ())
+    }
+
+    /// Makes `change` through the client; says why if the client refused it.
+    async fn change(&mut self, change: &Change) -> Result<(), String> {
+        let client = self.client(change.op.consumer());
+        let queue = match &change.op {
+            Op::Subscribe {
+                key,
+                queue,
+                pattern,
+                ..
+            } => client
+                .subscribe(key, queue, pattern.clone())
+                .await
+                .map(|_| Some(queue)),
+            Op::SubscribeAll { queue, pattern, .. } => client
+                .listen_to_all_events(queue, pattern.clone())
+                .await
+                .map(|_| Some(queue)),
+            Op::Unsubscribe { key, .. } => client.unsubscribe(key).await.map(|_| None),
+            Op::UnsubscribeAll { .. } => client.stop_listening_to_all().await.map(|_| None),
+        }
+        .map_err(|e| e.to_string())?;
+        if let Some(queue) = queue {
+            let sqs = &self.runtime.services.sqs;
+            if !self.queues.contains_key(queue) {
+                sqs.create_queue(queue);
+            }
+            self.queues
+                .entry(queue.clone())
+                .or_default()
+                .insert(change.op.consumer().to_owned());
+        }
+        Ok(())
+    }
+
+    fn put(&self, events: &[TimedEvent], pointer: &str) {
+        let stream = self
+            .runtime
+            .resource("FilterEventsStream")
+            .expect("the stream");
+        let kinesis = &self.runtime.services.kinesis;
+        let entries: Vec<(String, Vec<u8>)> = events
+            .iter()
+            .map(|e| {
+                let key = match e.event.pointer(pointer) {
+                    Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    // The filter dead-letters an event without a key; any partition does.
+                    _ => "-".to_owned(),
+                };
+                (key, serde_json::to_vec(&e.event).expect("JSON"))
+            })
+            .collect();
+        for (key, data) in &entries {
+            kinesis
+                .put_record(&stream, key, data)
+                .expect("the embedded stream takes every record");
+        }
+    }
+
+    /// What the queues received since the last call, each message once.
+    fn drain(&self) -> Vec<Delivered> {
+        let sqs = &self.runtime.services.sqs;
+        let mut delivered = Vec::new();
+        for (queue, consumers) in &self.queues {
+            let url = format!("https://sqs.us-east-1.amazonaws.com/000000000000/{queue}");
+            let consumer = consumers.iter().cloned().collect::<Vec<_>>().join("|");
+            for message in sqs.receive(&url, usize::MAX) {
+                delivered.push(Delivered {
+                    consumer: consumer.clone(),
+                    queue: queue.clone(),
+                    event: serde_json::from_str(&message.body).unwrap_or(Value::Null),
+                    output_id: message.output_id.clone(),
+                });
+            }
+        }
+        delivered
+    }
+
+    /// Virtual milliseconds from `written_at` to each change the filter state's journal took in
+    /// since the last call.
+    async fn journaled_since(&mut self, written_at: i64) -> Vec<i64> {
+        let journal = self
+            .filter_state()
+            .since(self.journal_version, usize::MAX)
+            .await
+            .unwrap_or_default();
+        if let Some(last) = journal.last() {
+            self.journal_version = last.version;
+        }
+        journal.iter().map(|j| j.appended_at - written_at).collect()
+    }
+
+    /// Adds up the filter's metric lines written since the last call, and lets them go.
+    fn count_metrics(&self, outcome: &mut Outcome) {
+        for line in self.runtime.services.metrics.take() {
+            let Ok(metric) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if metric["function"] == "dynamic-filter" && metric.get("consumer").is_none() {
+                outcome.filtered += metric["events"].as_f64().unwrap_or(0.0) as u64;
+                outcome.unmatched += metric["unmatched"].as_f64().unwrap_or(0.0) as u64;
+            }
+        }
+    }
+
+    fn refreshes(&self) -> Refreshes {
+        self.filter
+            .lock()
+            .expect("filter slot")
+            .as_ref()
+            .map(|f| f.refreshes())
+            .unwrap_or_default()
+    }
+}
+
+/// Replays `changes` and `events` (each in time order) through the stack; every delivery goes to
+/// `on_delivery` as its queue receives it.
+pub async fn replay(
+    settings: &Settings,
+    changes: &[Change],
+    events: impl IntoIterator<Item = TimedEvent>,
+    mut on_delivery: impl FnMut(Delivered),
+) -> Result<Outcome, LocalError> {
+    let mut deliver = |outcome: &mut Outcome, stack: &FilterStack| {
+        stack.count_metrics(outcome);
+        let delivered = stack.drain();
+        for d in delivered {
+            outcome.delivered += 1;
+            *outcome.by_consumer.entry(d.consumer.clone()).or_default() += 1;
+            on_delivery(d);
+        }
+    };
+    let mut events = events.into_iter().peekable();
+    let first = [changes.first().map(|c| c.at), events.peek().map(|e| e.at)]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(0);
+    let mut stack = FilterStack::new(settings, first)?;
+    let mut outcome = Outcome::default();
+    let mut changes = changes.iter().peekable();
+    let mut chunk = Vec::with_capacity(CHUNK);
+    loop {
+        // Events before the next change (a change at the same time goes first), a chunk at a time.
+        let next_change = changes.peek().map(|c| c.at);
+        chunk.clear();
+        while chunk.len() < CHUNK {
+            match events.peek() {
+                Some(e) if next_change.is_none_or(|c| e.at < c) => {
+                    chunk.push(events.next().expect("peeked"))
+                }
+                _ => break,
+            }
+        }
+        if !chunk.is_empty() {
+            let now = stack.now();
+            if chunk[0].at > now {
+                let wait = Duration::from_millis((chunk[0].at - now) as u64);
+                stack.runtime.run_for(wait).await;
+            }
+            stack.put(&chunk, &settings.key_pointer);
+            outcome.events += chunk.len() as u64;
+            deliver(&mut outcome, &stack);
+            continue;
+        }
+        let Some(change) = changes.next() else {
+            break;
+        };
+        stack.settle_at(change.at).await?;
+        deliver(&mut outcome, &stack);
+        match stack.change(change).await {
+            Err(why) => outcome.refused.push((change.line, why)),
+            Ok(()) => {
+                let written = stack.now();
+                stack.settle_at(written).await?;
+                outcome
+                    .propagation
+                    .extend(stack.journaled_since(written).await);
+            }
+        }
+    }
+    let now = stack.now();
+    stack.settle_at(now).await?;
+    deliver(&mut outcome, &stack);
+    outcome.refreshes = stack.refreshes();
+    let dead = stack
+        .runtime
+        .resource("DeadLetterQueue")
+        .expect("dead letters");
+    outcome.dead_letters = dead_letter_reasons(&stack, &dead);
+    Ok(outcome)
+}
+
+fn dead_letter_reasons(stack: &FilterStack, url: &str) -> Vec<String> {
+    stack
+        .runtime
+        .services
+        .sqs
+        .receive(url, usize::MAX)
+        .iter()
+        .map(|m| {
+            let letter: Value = serde_json::from_str(&m.body).unwrap_or(Value::Null);
+            let text = |name: &str| letter[name].as_str().unwrap_or_default().to_owned();
+            format!("{}: {}", text("field"), text("problem"))
+        })
+        .collect()
+}
