@@ -22,11 +22,7 @@ pub struct FilterOptions {
 
 pub fn run(options: FilterOptions) -> Result<(), CliError> {
     let mut problems = Vec::new();
-    let mut changes = read_lines(
-        &options.subscriptions,
-        Change::parse,
-        &mut problems,
-    )?;
+    let mut changes = read_lines(&options.subscriptions, Change::parse, &mut problems)?;
     changes.sort_by_key(|c| c.at);
     let mut events = read_lines(
         &options.events,

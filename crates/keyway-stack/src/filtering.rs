@@ -17,14 +17,17 @@ use dynamic_filter::client::SubscriptionClient;
 use dynamic_filter::store::FilterState;
 use dynamic_filter::subscription::QueueRegistry;
 use dynamic_filter::{FilterHandler, Refreshes};
+use keyway::adapters::kinesis::PutOutcome;
 use keyway::lambda::Handler;
-use keyway::local::{Factory, FaultPlan, LocalError, LocalRuntime, LocalServices};
+use keyway::local::{Factory, FaultPlan, LocalError, LocalRuntime, LocalServices, MappingStats};
 use keyway::ports::Clock;
 use serde::Deserialize;
 use serde_json::Value;
 
 /// Events put on the stream at a time, at most.
 const CHUNK: usize = 500;
+/// How long a producer waits before it writes again what the stream throttled.
+const PRODUCER_BACKOFF: Duration = Duration::from_millis(100);
 /// How long the stack may take to settle once (virtual time): retries under faults included.
 const SETTLE_LIMIT: Duration = Duration::from_secs(3600);
 
@@ -150,6 +153,8 @@ pub struct Outcome {
     /// Virtual milliseconds from each accepted change to its arrival in the filter state.
     pub propagation: Vec<i64>,
     pub refreshes: Refreshes,
+    /// What each event source mapping did.
+    pub mappings: Vec<(String, MappingStats)>,
 }
 
 /// The stack of template.yaml, and the filter function's handler for its counters.
@@ -280,28 +285,30 @@ impl FilterStack {
         Ok(())
     }
 
-    fn put(&self, events: &[TimedEvent], pointer: &str) {
+    /// Puts `events` on the stream as a producer does: a write the stream throttles is tried
+    /// again a moment later.
+    async fn put(&mut self, events: &[TimedEvent], pointer: &str) {
         let stream = self
             .runtime
             .resource("FilterEventsStream")
             .expect("the stream");
-        let kinesis = &self.runtime.services.kinesis;
-        let entries: Vec<(String, Vec<u8>)> = events
-            .iter()
-            .map(|e| {
-                let key = match e.event.pointer(pointer) {
-                    Some(Value::String(s)) if !s.is_empty() => s.clone(),
-                    Some(Value::Number(n)) => n.to_string(),
-                    // The filter dead-letters an event without a key; any partition does.
-                    _ => "-".to_owned(),
-                };
-                (key, serde_json::to_vec(&e.event).expect("JSON"))
-            })
-            .collect();
-        for (key, data) in &entries {
-            kinesis
-                .put_record(&stream, key, data)
-                .expect("the embedded stream takes every record");
+        for e in events {
+            let key = match e.event.pointer(pointer) {
+                Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                Some(Value::Number(n)) => n.to_string(),
+                // The filter dead-letters an event without a key; any partition does.
+                _ => "-".to_owned(),
+            };
+            let data = serde_json::to_vec(&e.event).expect("JSON");
+            while !matches!(
+                self.runtime
+                    .services
+                    .kinesis
+                    .put_record(&stream, &key, &data),
+                Ok(PutOutcome::Written { .. })
+            ) {
+                self.runtime.run_for(PRODUCER_BACKOFF).await;
+            }
         }
     }
 
@@ -406,7 +413,7 @@ pub async fn replay(
                 let wait = Duration::from_millis((chunk[0].at - now) as u64);
                 stack.runtime.run_for(wait).await;
             }
-            stack.put(&chunk, &settings.key_pointer);
+            stack.put(&chunk, &settings.key_pointer).await;
             outcome.events += chunk.len() as u64;
             deliver(&mut outcome, &stack);
             continue;
@@ -430,6 +437,7 @@ pub async fn replay(
     let now = stack.now();
     stack.settle_at(now).await?;
     deliver(&mut outcome, &stack);
+    outcome.mappings = stack.runtime.run_for(Duration::ZERO).await.mappings;
     outcome.refreshes = stack.refreshes();
     let dead = stack
         .runtime

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use keyway::adapters::dynamodb::{Expect, ItemKey, Table, ITEM_MAX_BYTES, PK, SK, TTL, VERSION};
+use keyway::adapters::retry::Backoff;
 use keyway::domain::{AttrValue, Item, Output};
 use keyway::ports::{Clock, Sink, SinkError, StoreError};
 
@@ -52,11 +53,23 @@ pub enum Applied {
 pub struct FilterState {
     table: Arc<dyn Table>,
     clock: Arc<dyn Clock>,
+    /// Every call is tried again after a backoff while its error says that can help: a throttle
+    /// must not cost a batch a retry of its own, of which a mapping has few.
+    backoff: Backoff,
 }
 
 impl FilterState {
     pub fn new(table: Arc<dyn Table>, clock: Arc<dyn Clock>) -> Self {
-        Self { table, clock }
+        Self {
+            table,
+            clock,
+            backoff: Backoff::default(),
+        }
+    }
+
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
     }
 
     /// Writes `change` to its subscription's row and appends it to the journal, unless the row
@@ -76,10 +89,14 @@ impl FilterState {
             value: change.revision.clone(),
         };
         for attempt in 1.. {
-            match self.table.put(&row, &raise).await {
+            match self
+                .backoff
+                .retry_call(|| self.table.put(&row, &raise))
+                .await
+            {
                 Ok(()) => break,
                 Err(StoreError::Conflict) => {
-                    let stored = self.table.get(&key).await?;
+                    let stored = self.backoff.retry_call(|| self.table.get(&key)).await?;
                     let revision = stored.as_ref().and_then(|r| r.get(REVISION)?.as_s());
                     match revision.map(|r| r.cmp(change.revision.as_str())) {
                         Some(std::cmp::Ordering::Greater) => return Ok(Applied::Stale),
@@ -113,7 +130,11 @@ impl FilterState {
             let now = self.clock.now_millis().to_string();
             entry.insert(APPENDED_AT.to_owned(), AttrValue::N(now));
             entry.insert(TTL.to_owned(), self.expiry(JOURNAL_RETENTION));
-            match self.table.put(&entry, &Expect::Absent).await {
+            match self
+                .backoff
+                .retry_call(|| self.table.put(&entry, &Expect::Absent))
+                .await
+            {
                 Ok(()) => return Ok(version),
                 // Another writer took this version: the next one is free.
                 Err(StoreError::Conflict) => continue,
@@ -127,7 +148,11 @@ impl FilterState {
 
     /// The journal's last version; 0 when it is empty.
     pub async fn head(&self) -> Result<u64, StoreError> {
-        match self.table.query_last(JOURNAL).await? {
+        match self
+            .backoff
+            .retry_call(|| self.table.query_last(JOURNAL))
+            .await?
+        {
             None => Ok(0),
             Some(entry) => version_of(&entry),
         }
@@ -135,9 +160,10 @@ impl FilterState {
 
     /// Up to `limit` journal changes after `version`, in order, by one strongly consistent Query.
     pub async fn since(&self, version: u64, limit: usize) -> Result<Vec<Journaled>, StoreError> {
+        let after = journal_sk(version);
         let entries = self
-            .table
-            .query_after(JOURNAL, &journal_sk(version), limit)
+            .backoff
+            .retry_call(|| self.table.query_after(JOURNAL, &after, limit))
             .await?;
         entries
             .iter()
@@ -160,7 +186,10 @@ impl FilterState {
     /// snapshot is at least as new as: an index built from it catches up from there.
     pub async fn snapshot(&self) -> Result<(u64, Vec<Revised>), StoreError> {
         let version = self.head().await?;
-        let rows = self.table.query_partition(ROWS).await?;
+        let rows = self
+            .backoff
+            .retry_call(|| self.table.query_partition(ROWS))
+            .await?;
         let rows = rows.iter().map(body_of).collect::<Result<_, _>>()?;
         Ok((version, rows))
     }
