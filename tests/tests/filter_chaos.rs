@@ -52,12 +52,17 @@ impl Filter {
     }
 }
 
+/// Whose subscription: a consumer's to a key, or to all events (`None`).
+type Target = (String, Option<String>);
+/// A subscription: its queue and its pattern.
+type Subscription = (String, Filter);
+
 /// A generated change: the line `keyway filter` would read, and what the oracle makes of it.
 struct Generated {
     change: Change,
-    /// (consumer, key or None for all events) -> Some((queue, filter)) or None (removed);
-    /// `None` for a change the client refuses.
-    effect: Option<((String, Option<String>), Option<(String, Filter)>)>,
+    /// The subscription the change leaves (`None`: removed); `None` for a change the client
+    /// refuses.
+    effect: Option<(Target, Option<Subscription>)>,
 }
 
 fn queues_of(consumer: usize) -> [String; 2] {
@@ -191,8 +196,7 @@ fn workload(events: usize, seed: u64) -> (Vec<Generated>, Vec<TimedEvent>) {
 
 /// Who receives what: (consumer, queue, event id), by the oracle's own reckoning.
 fn oracle(changes: &[Generated], events: &[TimedEvent]) -> BTreeSet<(String, String, u64)> {
-    type Subscriptions = BTreeMap<(String, Option<String>), (String, Filter)>;
-    let mut subscriptions: Subscriptions = BTreeMap::new();
+    let mut subscriptions: BTreeMap<Target, Subscription> = BTreeMap::new();
     let mut expected = BTreeSet::new();
     let mut changes = changes.iter().peekable();
     for event in events {
