@@ -131,31 +131,43 @@ fn kinesis_fixtures_survive_a_round_trip_through_the_event_builder() {
 
 #[test]
 fn fixtures_round_trip_through_the_aws_lambda_events_types_unchanged() {
-    let event = fixture("keyed-counter/kinesis-batch.json");
-    let typed: aws_lambda_events::event::kinesis::KinesisEvent =
-        serde_json::from_value(event.clone()).unwrap();
-    let back = serde_json::to_value(&typed).unwrap();
-    let ours = decoded(kinesis::decode_event(event).unwrap());
-    let theirs = decoded(kinesis::decode_event(back).unwrap());
-    assert_eq!(
-        ours.iter().map(essence).collect::<Vec<_>>(),
-        theirs.iter().map(essence).collect::<Vec<_>>()
-    );
+    for path in [
+        "keyed-counter/kinesis-batch.json",
+        "dynamic-filter/events-batch.json",
+    ] {
+        let event = fixture(path);
+        let typed: aws_lambda_events::event::kinesis::KinesisEvent =
+            serde_json::from_value(event.clone()).unwrap();
+        let back = serde_json::to_value(&typed).unwrap();
+        let ours = decoded(kinesis::decode_event(event).unwrap());
+        let theirs = decoded(kinesis::decode_event(back).unwrap());
+        assert_eq!(
+            ours.iter().map(essence).collect::<Vec<_>>(),
+            theirs.iter().map(essence).collect::<Vec<_>>(),
+            "{path}"
+        );
+    }
 
-    let event = fixture("dynamodb/insert-modify-remove.json");
-    let typed: aws_lambda_events::event::dynamodb::Event =
-        serde_json::from_value(event.clone()).unwrap();
-    assert_eq!(typed.records.len(), 3);
-    let back = serde_json::to_value(&typed).unwrap();
-    let ours = decoded(dynamodb::decode_event(event).unwrap());
-    let theirs = decoded(dynamodb::decode_event(back).unwrap());
-    // The typed form always writes a creation time (0 where none was sent); everything else holds.
-    let changes = |rs: &[SourceRecord]| {
-        rs.iter()
-            .map(|r| (r.sequence.to_string(), r.payload.clone()))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(changes(&ours), changes(&theirs));
+    for (path, records) in [
+        ("dynamodb/insert-modify-remove.json", 3),
+        ("filter-policy-sync/policy-changes.json", 6),
+    ] {
+        let event = fixture(path);
+        let typed: aws_lambda_events::event::dynamodb::Event =
+            serde_json::from_value(event.clone()).unwrap();
+        assert_eq!(typed.records.len(), records, "{path}");
+        let back = serde_json::to_value(&typed).unwrap();
+        let ours = decoded(dynamodb::decode_event(event).unwrap());
+        let theirs = decoded(dynamodb::decode_event(back).unwrap());
+        // The typed form always writes a creation time (0 where none was sent); everything else
+        // holds.
+        let changes = |rs: &[SourceRecord]| {
+            rs.iter()
+                .map(|r| (r.sequence.to_string(), r.payload.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(changes(&ours), changes(&theirs), "{path}");
+    }
 }
 
 #[test]
@@ -286,4 +298,98 @@ async fn the_identity_enricher_batches_resolve_alice_wait_for_her_session_and_de
     // The schedule's event sweeps timers: none is left, the snapshot's was cancelled.
     let sweep = invoke("identity-enricher/scheduled-event.json").await;
     assert_eq!(sweep["fired"], 0, "{sweep}");
+}
+
+/// The dynamic filtering functions on the embedded services, wired as events/README.md says.
+struct Filtering {
+    services: std::sync::Arc<keyway::local::LocalServices>,
+    env: keyway::lambda::Env,
+    dead_letters: String,
+}
+
+impl Filtering {
+    fn new() -> Self {
+        use keyway::adapters::dynamodb::TTL;
+        use keyway::local::{FaultPlan, KeySchema, LocalServices};
+        let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+        for table in ["keyway-state", "filter-state"] {
+            let schema = KeySchema::state_table();
+            services
+                .dynamodb
+                .create_table(table, schema, Some(TTL.into()), false);
+        }
+        for queue in ["live-events", "live-edits", "audit-trail"] {
+            services.sqs.create_queue(queue);
+        }
+        let dead = services.sqs.create_queue("dead-letters");
+        let env = [
+            ("STATE_TABLE", "keyway-state".to_owned()),
+            ("FILTER_STATE_TABLE", "filter-state".to_owned()),
+            ("DEAD_LETTER_SINK", format!("sqs:{dead}")),
+            (
+                "CONSUMER_QUEUES",
+                r#"{"live": ["live-events", "live-edits"], "audit": ["audit-trail"]}"#.to_owned(),
+            ),
+            (
+                "QUEUE_URL_PREFIX",
+                "https://sqs.us-east-1.amazonaws.com/000000000000/".to_owned(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        Self {
+            services,
+            env,
+            dead_letters: dead,
+        }
+    }
+
+    fn received(&self, queue: &str) -> Vec<String> {
+        let url = format!("https://sqs.us-east-1.amazonaws.com/000000000000/{queue}");
+        self.services
+            .sqs
+            .receive(&url, usize::MAX)
+            .iter()
+            .map(|m| {
+                serde_json::from_str::<Value>(&m.body).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    }
+}
+
+async fn invoke_with(handler: &dyn keyway::lambda::Handler, path: &str) -> Value {
+    let text = serde_json::to_string(&fixture(path)).unwrap();
+    handler
+        .handle(&text, &keyway::lambda::Invocation::default())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_policy_changes_and_the_events_batch_deliver_what_the_subscriptions_match_and_dead_letter_the_rest(
+) {
+    let f = Filtering::new();
+    let sync = filter_policy_sync::handler(f.services.as_ref(), &f.env).unwrap();
+    let response = invoke_with(&sync, "filter-policy-sync/policy-changes.json").await;
+    assert_eq!(response, fixture("filter-policy-sync/batch.response.json"));
+    let filter = dynamic_filter::handler(f.services.as_ref(), &f.env).unwrap();
+    let response = invoke_with(&filter, "dynamic-filter/events-batch.json").await;
+    assert_eq!(response, fixture("dynamic-filter/batch.response.json"));
+    // live's sheet-1 subscription moved to live-edits, for updates and deletes; audit hears every
+    // delete; live's sheet-3 subscription is gone, its sheet-2 one refused.
+    assert_eq!(f.received("live-edits"), ["e1", "e3"]);
+    assert_eq!(f.received("audit-trail"), ["e3", "e4"]);
+    assert!(f.received("live-events").is_empty());
+    let reasons = keyway_tests::dead_letter_reasons(&f.services.sqs, &f.dead_letters);
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(reasons[0].starts_with("data/key: missing"), "{reasons:?}");
+    assert!(reasons[1].starts_with("data: not JSON"), "{reasons:?}");
+    assert!(
+        reasons[2].starts_with("pattern: pattern at /op/0/prefx"),
+        "{reasons:?}"
+    );
 }
