@@ -23,3 +23,16 @@ pub fn dead_letter_reasons(sqs: &keyway::local::LocalSqs, url: &str) -> Vec<Stri
     reasons.sort();
     reasons
 }
+
+/// The `id` of every event the embedded runtime's queue `queue` received since the last call, in
+/// the order received.
+pub fn received_ids(sqs: &keyway::local::LocalSqs, queue: &str) -> Vec<String> {
+    let url = format!("https://sqs.us-east-1.amazonaws.com/000000000000/{queue}");
+    sqs.receive(&url, usize::MAX)
+        .iter()
+        .map(|m| {
+            let event: serde_json::Value = serde_json::from_str(&m.body).expect("an event");
+            event["id"].as_str().expect("an event id").to_owned()
+        })
+        .collect()
+}

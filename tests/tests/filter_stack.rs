@@ -85,20 +85,7 @@ impl Stack {
 
     /// The bodies a queue received since the last call, by event id.
     fn received(&self, queue: &str) -> Vec<String> {
-        let url = format!("https://sqs.us-east-1.amazonaws.com/000000000000/{queue}");
-        let mut ids: Vec<String> = self
-            .runtime
-            .services
-            .sqs
-            .receive(&url, usize::MAX)
-            .iter()
-            .map(|m| {
-                serde_json::from_str::<Value>(&m.body).unwrap()["id"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned()
-            })
-            .collect();
+        let mut ids = keyway_tests::received_ids(&self.runtime.services.sqs, queue);
         ids.sort();
         ids
     }

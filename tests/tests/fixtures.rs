@@ -346,18 +346,7 @@ impl Filtering {
     }
 
     fn received(&self, queue: &str) -> Vec<String> {
-        let url = format!("https://sqs.us-east-1.amazonaws.com/000000000000/{queue}");
-        self.services
-            .sqs
-            .receive(&url, usize::MAX)
-            .iter()
-            .map(|m| {
-                serde_json::from_str::<Value>(&m.body).unwrap()["id"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned()
-            })
-            .collect()
+        keyway_tests::received_ids(&self.services.sqs, queue)
     }
 }
 
