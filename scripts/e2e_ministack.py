@@ -9,7 +9,10 @@ published as `cdk deploy` publishes them. For each stack:
 - the identity enricher: a role chain put on the CloudTrail stream in reverse order comes out on
   the enriched stream traced to its original actor, through the feedback stream; a record whose
   resolution never comes goes out unresolved once the buffer TTL (a stack parameter, 5 seconds
-  here) has passed and the schedule has swept the timers.
+  here) has passed and the schedule has swept the timers;
+- dynamic filtering: a consumer subscribes through `keyway subscriptions`, events sent to the
+  events stream reach its queue as its pattern says, and after it unsubscribes, none do; the time
+  from a subscription change to the first event filtered by it is measured over several changes.
 Failure semantics (partial batch responses, bisection, retries) are the embedded runtime's tests:
 the emulator does not implement them.
 
@@ -167,11 +170,13 @@ def main():
     outputs = deploy_sam(args.endpoint, args.template, args.functions, stack)
     check(args.endpoint, stack, outputs, signature, args.keyway)
     check_identity(args.endpoint, stack, outputs)
+    check_filter(args.endpoint, stack, outputs, args.keyway)
     delete(args.endpoint, stack)
     stack = f"keyway-e2e-cdk-{run}"
     outputs = deploy_cdk(args.endpoint, args.cdk_out, stack)
     check(args.endpoint, stack, outputs, signature, args.keyway)
     check_identity(args.endpoint, stack, outputs)
+    check_filter(args.endpoint, stack, outputs, args.keyway)
     delete(args.endpoint, stack)
 
 
@@ -344,6 +349,94 @@ def check_identity(endpoint, stack, outputs):
     if out["5-orphan"]["enrichment"]["status"] != "unresolved":
         sys.exit(f"e2e: the orphan should go out unresolved: {out['5-orphan']['enrichment']}")
     print(f"e2e: {stack}: a role chain put in reverse order traced to Alice, the orphan unresolved after {time.time() - put:.0f} s: ok")
+
+
+# Changes whose propagation is measured on each stack.
+PROPAGATION_SAMPLES = 8
+
+
+def check_filter(endpoint, stack, outputs, keyway):
+    """A consumer's subscription made and removed through `keyway subscriptions`: the events its
+    pattern matches reach its queue, the others and those after it unsubscribed do not. Then the
+    propagation of changes: after each subscription to a fresh key, events of that key go out
+    every 50 ms; the first to arrive gives the time from the write to the first event the new
+    policy filtered."""
+    sqs = client("sqs", endpoint)
+    kinesis = client("kinesis", endpoint)
+    queue = f"live-{uuid.uuid4().hex[:8]}"
+    url = sqs.create_queue(QueueName=queue)["QueueUrl"]
+    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
+
+    def subscriptions(*args):
+        command = [keyway, "subscriptions", "--table", outputs["PolicyTableName"], "--consumer", "live", *args]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"e2e: keyway subscriptions {' '.join(args)}: {done.stderr}")
+        return done.stdout
+
+    def send(key, event_id, op="update"):
+        event = {"id": event_id, "key": key, "op": op, "sent": time.time()}
+        kinesis.put_record(StreamName=outputs["FilterEventsStreamName"], PartitionKey=key, Data=json.dumps(event).encode())
+
+    def received():
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+        for m in messages:
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        return [json.loads(m["Body"]) for m in messages]
+
+    def first_arrival(key, written, prefix):
+        """Sends events of `key` every 50 ms until one arrives; returns the seconds from `written`
+        to the sending of the first that arrived."""
+        deadline = written + 60
+        n = 0
+        while time.time() < deadline:
+            send(key, f"{prefix}-{n}")
+            n += 1
+            time.sleep(0.05)
+            arrived = [e for e in received() if e["key"] == key]
+            if arrived:
+                return min(e["sent"] for e in arrived) - written
+        sys.exit(f"e2e: no event of {key} arrived within a minute of its subscription")
+
+    subscriptions("subscribe", "--key", "sheet-1", "--queue", queue, "--pattern", json.dumps({"op": ["update"]}))
+    first_arrival("sheet-1", time.time(), "warm-up")
+    send("sheet-1", "a", "update")
+    send("sheet-1", "b", "delete")
+    send("sheet-2", "c", "update")
+    got = []
+    wait("the matching event", lambda: got.extend(e["id"] for e in received()) or "a" in got, timeout=60)
+    time.sleep(2)
+    got += [e["id"] for e in received()]
+    if sorted(i for i in got if not i.startswith("warm-up")) != ["a"]:
+        sys.exit(f"e2e: the queue received {got}, expected only a")
+    listed = subscriptions("list")
+    if '"sheet-1"' not in listed:
+        sys.exit(f"e2e: keyway subscriptions list shows {listed}")
+
+    subscriptions("unsubscribe", "--key", "sheet-1")
+    unsubscribed = time.time()
+    # Events sent until the removal reaches the filter may still arrive; after 5 s none may.
+    time.sleep(5)
+    received()
+    send("sheet-1", "d", "update")
+    time.sleep(3)
+    late = [e["id"] for e in received()]
+    if late:
+        sys.exit(f"e2e: events arrived {time.time() - unsubscribed:.0f} s after unsubscribing: {late}")
+
+    latencies = []
+    for i in range(PROPAGATION_SAMPLES):
+        key = f"probe-{uuid.uuid4().hex[:6]}"
+        subscriptions("subscribe", "--key", key, "--queue", queue)
+        latencies.append(first_arrival(key, time.time(), f"probe-{i}"))
+        subscriptions("unsubscribe", "--key", key)
+    latencies.sort()
+    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+    print(
+        f"e2e: {stack}: subscribed, filtered and unsubscribed through keyway subscriptions: ok; "
+        f"propagation over {len(latencies)} changes: p50 {latencies[len(latencies) // 2] * 1000:.0f} ms, "
+        f"p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

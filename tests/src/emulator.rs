@@ -42,6 +42,29 @@ pub fn unique_name(prefix: &str) -> String {
 /// Creates a keyway state table (pk/sk strings, on demand, TTL on `ttl`) and waits until it is
 /// active.
 pub async fn create_state_table(client: &aws_sdk_dynamodb::Client, name: &str) {
+    create_table(client, name, ("pk", "sk")).await;
+    client
+        .update_time_to_live()
+        .table_name(name)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .enabled(true)
+                .attribute_name("ttl")
+                .build()
+                .expect("ttl spec"),
+        )
+        .send()
+        .await
+        .expect("enable TTL");
+}
+
+/// Creates an on-demand table keyed by the strings `hash` and `range` and waits until it is
+/// active.
+pub async fn create_table(
+    client: &aws_sdk_dynamodb::Client,
+    name: &str,
+    (hash, range): (&str, &str),
+) {
     let attribute = |n: &str| {
         AttributeDefinition::builder()
             .attribute_name(n)
@@ -59,10 +82,10 @@ pub async fn create_state_table(client: &aws_sdk_dynamodb::Client, name: &str) {
     client
         .create_table()
         .table_name(name)
-        .attribute_definitions(attribute("pk"))
-        .attribute_definitions(attribute("sk"))
-        .key_schema(key("pk", KeyType::Hash))
-        .key_schema(key("sk", KeyType::Range))
+        .attribute_definitions(attribute(hash))
+        .attribute_definitions(attribute(range))
+        .key_schema(key(hash, KeyType::Hash))
+        .key_schema(key(range, KeyType::Range))
         .billing_mode(BillingMode::PayPerRequest)
         .send()
         .await
@@ -84,19 +107,6 @@ pub async fn create_state_table(client: &aws_sdk_dynamodb::Client, name: &str) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    client
-        .update_time_to_live()
-        .table_name(name)
-        .time_to_live_specification(
-            TimeToLiveSpecification::builder()
-                .enabled(true)
-                .attribute_name("ttl")
-                .build()
-                .expect("ttl spec"),
-        )
-        .send()
-        .await
-        .expect("enable TTL");
 }
 
 /// Creates a Kinesis stream and waits until it is active.

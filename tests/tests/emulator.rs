@@ -12,8 +12,8 @@ use keyway::adapters::sqs::{SdkSqs, SqsSink, OUTPUT_ID_ATTRIBUTE};
 use keyway::ports::ManualClock;
 use keyway::testing::{Received, SinkUnderTest, StoreUnderTest};
 use keyway_tests::emulator::{
-    create_queue, create_state_table, create_stream, drain_queue, read_stream, sdk_config,
-    unique_name,
+    create_queue, create_state_table, create_stream, create_table, drain_queue, read_stream,
+    sdk_config, unique_name,
 };
 
 /// A fresh table on the emulator, through the SDK.
@@ -22,6 +22,16 @@ async fn sdk_table(prefix: &str) -> SdkTable {
     let name = unique_name(prefix);
     create_state_table(&client, &name).await;
     SdkTable::new(client, &name)
+}
+
+#[tokio::test]
+async fn the_sdk_policy_table_keeps_the_policy_table_contract() {
+    use dynamic_filter::subscription::{CONSUMER, SUBSCRIPTION};
+    let client = aws_sdk_dynamodb::Client::new(&sdk_config().await);
+    let name = unique_name("keyway-policies");
+    create_table(&client, &name, (CONSUMER, SUBSCRIPTION)).await;
+    let table = dynamic_filter::client::SdkPolicyTable::new(client, &name);
+    dynamic_filter::local::policy_table_contract(&table).await;
 }
 
 mod sdk_table_on_the_emulator {

@@ -1,6 +1,7 @@
 //! The `keyway` command. `main` only parses arguments and hands over to the subcommands.
 
 mod bench;
+mod bench_filter;
 mod bench_identity;
 mod demo;
 mod demo_identity;
@@ -10,6 +11,7 @@ mod filter;
 mod ids;
 mod package;
 mod signatures;
+mod subscriptions;
 mod trail;
 mod workload;
 
@@ -94,6 +96,21 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         shards: usize,
     },
+    /// A consumer's subscriptions in a deployed stack's policy table (the AWS SDK's own
+    /// configuration: AWS_REGION, AWS_PROFILE, AWS_ENDPOINT_URL ...).
+    Subscriptions {
+        /// The policy table (the stack's PolicyTableName output, or a consumer's own table).
+        #[arg(long)]
+        table: String,
+        #[arg(long)]
+        consumer: String,
+        /// The stack's ConsumerQueues as a file: a queue not registered to the consumer is then
+        /// refused here, before anything is written.
+        #[arg(long)]
+        queues: Option<std::path::PathBuf>,
+        #[command(subcommand)]
+        action: SubscriptionCommand,
+    },
     /// The operators' state signatures: print them, check them against the lock file, or update it.
     Signatures {
         /// Exit non-zero, naming what changed, when the lock file differs.
@@ -113,6 +130,57 @@ enum Command {
         #[command(subcommand)]
         which: BenchCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum SubscriptionCommand {
+    /// Delivers the events of a filter key that match the pattern (all, without one) to a queue.
+    Subscribe {
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        queue: String,
+        /// An SNS filter policy, as JSON.
+        #[arg(long)]
+        pattern: Option<String>,
+    },
+    Unsubscribe {
+        #[arg(long)]
+        key: String,
+    },
+    /// Delivers every event that matches the pattern to a queue.
+    ListenToAll {
+        #[arg(long)]
+        queue: String,
+        #[arg(long)]
+        pattern: Option<String>,
+    },
+    StopListeningToAll,
+    /// The consumer's subscriptions, one JSON line each.
+    List,
+}
+
+impl From<SubscriptionCommand> for subscriptions::Action {
+    fn from(command: SubscriptionCommand) -> Self {
+        use subscriptions::Action;
+        match command {
+            SubscriptionCommand::Subscribe {
+                key,
+                queue,
+                pattern,
+            } => Action::Subscribe {
+                key,
+                queue,
+                pattern,
+            },
+            SubscriptionCommand::Unsubscribe { key } => Action::Unsubscribe { key },
+            SubscriptionCommand::ListenToAll { queue, pattern } => {
+                Action::ListenToAll { queue, pattern }
+            }
+            SubscriptionCommand::StopListeningToAll => Action::StopListeningToAll,
+            SubscriptionCommand::List => Action::List,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -149,6 +217,17 @@ enum BenchCommand {
         /// Generated records for the `keyway enrich` throughput.
         #[arg(long, default_value_t = 1_000_000)]
         enrich_records: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The dynamic filter against the per-event lookup design it replaces (DynamoDB capacity,
+    /// CPU, SQS calls) and the monthly cost against the article's brute force, in one run.
+    Filter {
+        #[arg(long, default_value_t = 1_000_000)]
+        events: usize,
         #[arg(long, default_value_t = 42)]
         seed: u64,
         /// Print the result as JSON.
@@ -226,6 +305,17 @@ fn main() -> std::process::ExitCode {
             key,
             shards,
         }),
+        Command::Subscriptions {
+            table,
+            consumer,
+            queues,
+            action,
+        } => subscriptions::run(subscriptions::SubscriptionsOptions {
+            table,
+            consumer,
+            queues,
+            action: action.into(),
+        }),
         Command::Ids => ids::run(),
         Command::Bench { which } => match which {
             BenchCommand::Runtime {
@@ -235,6 +325,7 @@ fn main() -> std::process::ExitCode {
             } => bench::runtime(batches, seed, json),
             BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
             BenchCommand::Package { function, json } => package::run(&function, json),
+            BenchCommand::Filter { events, seed, json } => bench_filter::run(events, seed, json),
             BenchCommand::Identity {
                 records,
                 enrich_records,

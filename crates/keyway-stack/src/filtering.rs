@@ -421,17 +421,24 @@ pub async fn replay(
         let Some(change) = changes.next() else {
             break;
         };
+        // Every change of one time is made, then the stack settles once.
         stack.settle_at(change.at).await?;
         deliver(&mut outcome, &stack);
-        match stack.change(change).await {
-            Err(why) => outcome.refused.push((change.line, why)),
-            Ok(()) => {
-                let written = stack.now();
-                stack.settle_at(written).await?;
-                outcome
-                    .propagation
-                    .extend(stack.journaled_since(written).await);
+        let mut made = 0;
+        for change in std::iter::once(change).chain(std::iter::from_fn(|| {
+            changes.next_if(|c| c.at == change.at)
+        })) {
+            match stack.change(change).await {
+                Err(why) => outcome.refused.push((change.line, why)),
+                Ok(()) => made += 1,
             }
+        }
+        if made > 0 {
+            let written = stack.now();
+            stack.settle_at(written).await?;
+            outcome
+                .propagation
+                .extend(stack.journaled_since(written).await);
         }
     }
     let now = stack.now();

@@ -131,8 +131,7 @@ impl SubscriptionIndex {
                 return false;
             }
             if let Some(old) = entry.live.clone() {
-                self.bucket(&old.subscription.target)
-                    .retain(|c| c.subscription.identity != change.identity);
+                self.remove(&old.subscription.target, &change.identity);
             }
         }
         let live = change.subscription.as_ref().map(|subscription| {
@@ -145,7 +144,6 @@ impl SubscriptionIndex {
             bucket.insert(at, compiled.clone());
             compiled
         });
-        self.by_key.retain(|_, bucket| !bucket.is_empty());
         self.entries.insert(
             change.identity.clone(),
             Entry {
@@ -154,6 +152,21 @@ impl SubscriptionIndex {
             },
         );
         true
+    }
+
+    /// Takes `identity`'s subscription out of `target`'s bucket, and the bucket out once empty.
+    fn remove(&mut self, target: &Target, identity: &Identity) {
+        match target {
+            Target::Key(key) => {
+                if let Some(bucket) = self.by_key.get_mut(key) {
+                    bucket.retain(|c| c.subscription.identity != *identity);
+                    if bucket.is_empty() {
+                        self.by_key.remove(key);
+                    }
+                }
+            }
+            Target::All => self.all.retain(|c| c.subscription.identity != *identity),
+        }
     }
 
     fn bucket(&mut self, target: &Target) -> &mut Vec<Arc<Compiled>> {

@@ -1,0 +1,117 @@
+//! `keyway subscriptions`: a consumer's subscriptions in a deployed stack's policy table, through
+//! the subscription client (`dynamic_filter::client`) and the AWS SDK, configured as the SDK
+//! configures itself (AWS_REGION, AWS_PROFILE, AWS_ENDPOINT_URL ...).
+
+use std::sync::Arc;
+
+use dynamic_filter::client::{SdkPolicyTable, SubscriptionClient};
+use dynamic_filter::subscription::{QueueRegistry, Subscription};
+use keyway::lambda::AwsClients;
+use keyway::ports::SystemClock;
+use serde_json::Value;
+
+use crate::error::CliError;
+
+/// What to do.
+pub enum Action {
+    Subscribe {
+        key: String,
+        queue: String,
+        pattern: Option<String>,
+    },
+    Unsubscribe {
+        key: String,
+    },
+    ListenToAll {
+        queue: String,
+        pattern: Option<String>,
+    },
+    StopListeningToAll,
+    List,
+}
+
+pub struct SubscriptionsOptions {
+    pub table: String,
+    pub consumer: String,
+    /// The stack's ConsumerQueues, to refuse an unregistered queue before writing.
+    pub queues: Option<std::path::PathBuf>,
+    pub action: Action,
+}
+
+pub fn run(options: SubscriptionsOptions) -> Result<(), CliError> {
+    let registry = match &options.queues {
+        None => QueueRegistry::open(),
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            QueueRegistry::from_json(&text).map_err(|e| {
+                format!(
+                    "{}: expected a JSON object of consumer id to queue names: {e}",
+                    path.display()
+                )
+            })?
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("the async runtime: {e}"))?;
+    runtime.block_on(async {
+        let clients = AwsClients::from_env().await;
+        let table = Arc::new(SdkPolicyTable::new(clients.dynamodb, &options.table));
+        let client =
+            SubscriptionClient::new(table, &options.consumer, registry, Arc::new(SystemClock));
+        act(&client, options.action).await
+    })
+}
+
+async fn act(client: &SubscriptionClient, action: Action) -> Result<(), CliError> {
+    let failed = |e: dynamic_filter::client::ClientError| CliError::from(e.to_string());
+    match action {
+        Action::Subscribe {
+            key,
+            queue,
+            pattern,
+        } => {
+            let pattern = parse_pattern(pattern)?;
+            print(
+                &client
+                    .subscribe(&key, &queue, pattern)
+                    .await
+                    .map_err(failed)?,
+            )
+        }
+        Action::Unsubscribe { key } => client.unsubscribe(&key).await.map_err(failed)?,
+        Action::ListenToAll { queue, pattern } => {
+            let pattern = parse_pattern(pattern)?;
+            print(
+                &client
+                    .listen_to_all_events(&queue, pattern)
+                    .await
+                    .map_err(failed)?,
+            )
+        }
+        Action::StopListeningToAll => client.stop_listening_to_all().await.map_err(failed)?,
+        Action::List => {
+            for subscription in client.list().await.map_err(failed)? {
+                print(&subscription);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_pattern(pattern: Option<String>) -> Result<Option<Value>, CliError> {
+    pattern
+        .map(|text| {
+            serde_json::from_str(&text).map_err(|e| format!("--pattern: not JSON: {e}").into())
+        })
+        .transpose()
+}
+
+fn print(subscription: &Subscription) {
+    println!(
+        "{}",
+        serde_json::to_string(subscription).expect("a subscription serializes")
+    );
+}
