@@ -28,6 +28,8 @@ pub struct DemoOptions {
     pub seed: u64,
     /// CloudTrail records of the identity section.
     pub identity_records: usize,
+    /// Events of the filtering section.
+    pub filter_events: usize,
 }
 
 pub fn run(options: DemoOptions) -> Result<(), CliError> {
@@ -37,11 +39,14 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
     // Virtual time: batching windows and retries pass instantly, and the seed fixes the run.
     let runtime = crate::bench::runtime_builder(true);
     let identity_records = options.identity_records;
-    let seed = options.seed;
+    let (filter_events, faults, seed) = (options.filter_events, options.faults, options.seed);
     runtime.block_on(async {
         demo(options).await?;
         if identity_records > 0 {
             crate::demo_identity::run(identity_records, seed).await?;
+        }
+        if filter_events > 0 {
+            crate::demo_filter::run(filter_events, faults, seed).await?;
         }
         Ok(())
     })

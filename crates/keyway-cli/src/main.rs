@@ -4,6 +4,7 @@ mod bench;
 mod bench_filter;
 mod bench_identity;
 mod demo;
+mod demo_filter;
 mod demo_identity;
 mod enrich;
 mod error;
@@ -48,6 +49,9 @@ enum Command {
         /// CloudTrail records through the identity enricher (0 leaves the section out).
         #[arg(long, default_value_t = 20_000)]
         identity_records: usize,
+        /// Events through the dynamic filter (0 leaves the section out).
+        #[arg(long, default_value_t = 20_000)]
+        filter_events: usize,
     },
     /// Traces CloudTrail records to their original actors: the identity enricher of
     /// template.yaml on the embedded runtime. Enriched records go to standard output as JSON
@@ -261,11 +265,13 @@ fn main() -> std::process::ExitCode {
             faults,
             seed,
             identity_records,
+            filter_events,
         } => demo::run(demo::DemoOptions {
             events,
             faults,
             seed,
             identity_records,
+            filter_events,
         }),
         Command::Signatures {
             check,

@@ -112,6 +112,8 @@ pub struct Settings {
     /// The consumers' queues as a JSON object; `None` accepts any queue.
     pub registry: Option<String>,
     pub faults: FaultPlan,
+    /// How long every call to the embedded services takes (virtual time); none by default.
+    pub latency: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -121,6 +123,7 @@ impl Default for Settings {
             key_pointer: "/key".into(),
             registry: None,
             faults: FaultPlan::default(),
+            latency: None,
         }
     }
 }
@@ -194,8 +197,14 @@ impl FilterStack {
             Ok(handler as Arc<dyn Handler>)
         });
         functions.insert("DynamicFilterFunction".into(), factory);
-        let runtime =
-            LocalRuntime::from_template_with(crate::TEMPLATE, &parameters, services, &functions)?;
+        let runtime = LocalRuntime::from_template_with(
+            crate::TEMPLATE,
+            &parameters,
+            services.clone(),
+            &functions,
+        )?;
+        // After the template made the tables: the latency is each table's.
+        services.set_latency(settings.latency);
         Ok(Self {
             runtime,
             filter,
