@@ -250,6 +250,25 @@ enum BenchCommand {
     },
 }
 
+fn bench(which: BenchCommand) -> Result<(), error::CliError> {
+    match which {
+        BenchCommand::Runtime {
+            batches,
+            seed,
+            json,
+        } => bench::runtime(batches, seed, json),
+        BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
+        BenchCommand::Package { function, json } => package::run(&function, json),
+        BenchCommand::Filter { events, seed, json } => bench_filter::run(events, seed, json),
+        BenchCommand::Identity {
+            records,
+            enrich_records,
+            seed,
+            json,
+        } => bench_identity::run(records, enrich_records, seed, json),
+    }
+}
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -323,22 +342,7 @@ fn main() -> std::process::ExitCode {
             action: action.into(),
         }),
         Command::Ids => ids::run(),
-        Command::Bench { which } => match which {
-            BenchCommand::Runtime {
-                batches,
-                seed,
-                json,
-            } => bench::runtime(batches, seed, json),
-            BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
-            BenchCommand::Package { function, json } => package::run(&function, json),
-            BenchCommand::Filter { events, seed, json } => bench_filter::run(events, seed, json),
-            BenchCommand::Identity {
-                records,
-                enrich_records,
-                seed,
-                json,
-            } => bench_identity::run(records, enrich_records, seed, json),
-        },
+        Command::Bench { which } => bench(which),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

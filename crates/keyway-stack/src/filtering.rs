@@ -294,6 +294,26 @@ impl FilterStack {
         Ok(())
     }
 
+    /// Makes `changes` (all of one time) through the client, then runs the stack until they reached
+    /// the filter state; notes what the client refused and how long the rest took.
+    async fn make(&mut self, changes: &[&Change], outcome: &mut Outcome) -> Result<(), LocalError> {
+        let mut made = 0;
+        for change in changes {
+            match self.change(change).await {
+                Err(why) => outcome.refused.push((change.line, why)),
+                Ok(()) => made += 1,
+            }
+        }
+        if made > 0 {
+            let written = self.now();
+            self.settle_at(written).await?;
+            outcome
+                .propagation
+                .extend(self.journaled_since(written).await);
+        }
+        Ok(())
+    }
+
     /// Puts `events` on the stream as a producer does: a write the stream throttles is tried
     /// again a moment later.
     async fn put(&mut self, events: &[TimedEvent], pointer: &str) {
@@ -433,22 +453,9 @@ pub async fn replay(
         // Every change of one time is made, then the stack settles once.
         stack.settle_at(change.at).await?;
         deliver(&mut outcome, &stack);
-        let mut made = 0;
-        for change in std::iter::once(change).chain(std::iter::from_fn(|| {
-            changes.next_if(|c| c.at == change.at)
-        })) {
-            match stack.change(change).await {
-                Err(why) => outcome.refused.push((change.line, why)),
-                Ok(()) => made += 1,
-            }
-        }
-        if made > 0 {
-            let written = stack.now();
-            stack.settle_at(written).await?;
-            outcome
-                .propagation
-                .extend(stack.journaled_since(written).await);
-        }
+        let same_time = std::iter::from_fn(|| changes.next_if(|c| c.at == change.at));
+        let batch: Vec<&Change> = std::iter::once(change).chain(same_time).collect();
+        stack.make(&batch, &mut outcome).await?;
     }
     let now = stack.now();
     stack.settle_at(now).await?;

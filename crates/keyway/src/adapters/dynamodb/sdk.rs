@@ -397,7 +397,9 @@ impl Table for SdkTable {
         after_sk: &str,
         limit: usize,
     ) -> Result<Vec<Item>, StoreError> {
-        self.query(pk, Some(SortKey::After(after_sk)), limit).await
+        // DynamoDB refuses an empty string in a key condition: after nothing is from the start.
+        let condition = (!after_sk.is_empty()).then_some(SortKey::After(after_sk));
+        self.query(pk, condition, limit).await
     }
 
     async fn query_last(&self, pk: &str) -> Result<Option<Item>, StoreError> {
