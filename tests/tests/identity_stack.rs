@@ -57,11 +57,18 @@ impl Deploy {
             let at = template
                 .find("  IdentityEnricherFunction:")
                 .expect("the enricher");
-            let (head, enricher) = template.split_at(at);
+            let (head, rest) = template.split_at(at);
+            // The enricher's resource runs to the next resource of the template.
+            let end = rest
+                .match_indices("\n  ")
+                .map(|(i, _)| i)
+                .find(|&i| rest[i + 3..].starts_with(|c: char| c.is_ascii_uppercase()))
+                .unwrap_or(rest.len());
+            let (enricher, tail) = rest.split_at(end);
             let factor = "ParallelizationFactor: 2\n";
             assert_eq!(enricher.matches(factor).count(), 2, "both its mappings");
             let lanes = format!("ParallelizationFactor: {lanes}\n");
-            template = format!("{head}{}", enricher.replace(factor, &lanes));
+            template = format!("{head}{}{tail}", enricher.replace(factor, &lanes));
         }
         let services = LocalServices::new(EPOCH, faults);
         let functions = keyway_stack::functions();
