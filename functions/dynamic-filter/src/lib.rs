@@ -4,11 +4,11 @@
 //! from).
 //!
 //! `subscription` is what a consumer asks for and the policy item that holds it; `client` is what
-//! a consumer calls to change its subscriptions; `store` is the
-//! filter state in DynamoDB that filter-policy-sync writes; `index` is the subscriptions as the
-//! filter holds them in memory, built from the filter state once per execution environment and
-//! kept exact by one strongly consistent read of the journal per batch; `filter` is the stateless
-//! operator that matches events; `router` sends each match to its consumer's queue.
+//! a consumer calls to change its subscriptions; `store` is the filter state in DynamoDB that
+//! filter-policy-sync writes; `index` is the subscriptions as the filter holds them in memory,
+//! built from the filter state once per execution environment and kept exact by one strongly
+//! consistent read of the journal per batch; `filter` is the stateless operator that matches
+//! events; `router` sends each match to its consumer's queue.
 //!
 //! Environment: `FILTER_STATE_TABLE`, `DEAD_LETTER_SINK` (`kinesis:<stream>` or
 //! `sqs:<queue URL>`), `QUEUE_URL_PREFIX` (what a queue name is appended to for its URL, e.g.
