@@ -332,7 +332,7 @@ impl Filtering {
             ),
             (
                 "QUEUE_URL_PREFIX",
-                "https://sqs.us-east-1.amazonaws.com/000000000000/".to_owned(),
+                keyway::local::LocalSqs::URL_PREFIX.to_owned(),
             ),
         ]
         .into_iter()

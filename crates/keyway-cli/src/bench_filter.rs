@@ -45,7 +45,7 @@ const ALL_EVENTS_SUBSCRIBERS: usize = 10;
 const BATCH: usize = 500;
 const EPOCH: i64 = 1_767_225_600_000;
 const STREAM_ARN: &str = "arn:aws:kinesis:us-east-1:000000000000:stream/filter-events";
-const QUEUE_PREFIX: &str = "https://sqs.us-east-1.amazonaws.com/000000000000/";
+const QUEUE_PREFIX: &str = keyway::local::LocalSqs::URL_PREFIX;
 
 /// AWS list prices, us-east-1, as published on the services' pricing pages on 2026-12-01.
 mod price {
@@ -423,9 +423,10 @@ impl Handler for Lookup {
                     .into_iter()
                     .map(|s| {
                         let p = s.compiled_pattern();
-                        (s, p)
+                        p.map(|p| (s, p))
                     })
-                    .collect();
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| FunctionError(e.to_string()))?;
             }
             let mut consumers = Vec::new();
             for (s, pattern) in keyed.iter().chain(&self.all) {
@@ -465,7 +466,10 @@ async fn run_lookup(generated: &Generated) -> Result<Design, CliError> {
     for s in &generated.subscriptions {
         match &s.target {
             Target::Key(key) => by_key.entry(key.clone()).or_default().push(s),
-            Target::All => all.push((s.clone(), s.compiled_pattern())),
+            Target::All => {
+                let pattern = s.compiled_pattern().map_err(|e| e.to_string())?;
+                all.push((s.clone(), pattern));
+            }
         }
     }
     for (key, subs) in &by_key {

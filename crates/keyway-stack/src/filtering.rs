@@ -19,7 +19,9 @@ use dynamic_filter::subscription::QueueRegistry;
 use dynamic_filter::{FilterHandler, Refreshes};
 use keyway::adapters::kinesis::PutOutcome;
 use keyway::lambda::Handler;
-use keyway::local::{Factory, FaultPlan, LocalError, LocalRuntime, LocalServices, MappingStats};
+use keyway::local::{
+    Factory, FaultPlan, LocalError, LocalRuntime, LocalServices, LocalSqs, MappingStats,
+};
 use keyway::ports::Clock;
 use serde::Deserialize;
 use serde_json::Value;
@@ -346,7 +348,7 @@ impl FilterStack {
         let sqs = &self.runtime.services.sqs;
         let mut delivered = Vec::new();
         for (queue, consumers) in &self.queues {
-            let url = format!("https://sqs.us-east-1.amazonaws.com/000000000000/{queue}");
+            let url = format!("{}{queue}", LocalSqs::URL_PREFIX);
             let consumer = consumers.iter().cloned().collect::<Vec<_>>().join("|");
             for message in sqs.receive(&url, usize::MAX) {
                 delivered.push(Delivered {
@@ -466,15 +468,14 @@ pub async fn replay(
         .runtime
         .resource("DeadLetterQueue")
         .expect("dead letters");
-    outcome.dead_letters = dead_letter_reasons(&stack, &dead);
+    outcome.dead_letters = dead_letter_reasons(&stack.runtime.services.sqs, &dead);
     Ok(outcome)
 }
 
-fn dead_letter_reasons(stack: &FilterStack, url: &str) -> Vec<String> {
-    stack
-        .runtime
-        .services
-        .sqs
+/// The reasons of the dead letters the queue at `url` holds (taking them), each as
+/// "field: problem", sorted.
+pub fn dead_letter_reasons(sqs: &LocalSqs, url: &str) -> Vec<String> {
+    let mut reasons: Vec<String> = sqs
         .receive(url, usize::MAX)
         .iter()
         .map(|m| {
@@ -482,5 +483,7 @@ fn dead_letter_reasons(stack: &FilterStack, url: &str) -> Vec<String> {
             let text = |name: &str| letter[name].as_str().unwrap_or_default().to_owned();
             format!("{}: {}", text("field"), text("problem"))
         })
-        .collect()
+        .collect();
+    reasons.sort();
+    reasons
 }

@@ -7,7 +7,7 @@
 //! snapshot and from the journal) never undoes a newer one; removed subscriptions keep their
 //! revision as a tombstone for the same reason.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use keyway::domain::pattern::Pattern;
@@ -81,9 +81,12 @@ pub struct Gap {
 pub struct SubscriptionIndex {
     version: u64,
     entries: HashMap<Identity, Entry>,
-    by_key: HashMap<String, Vec<Arc<Compiled>>>,
-    all: Vec<Arc<Compiled>>,
+    by_key: HashMap<String, Bucket>,
+    all: Bucket,
 }
+
+/// The subscriptions of one filter key (or to all events), in identity order.
+type Bucket = BTreeMap<Identity, Arc<Compiled>>;
 
 impl SubscriptionIndex {
     /// An index of a snapshot taken at journal version `version`.
@@ -103,14 +106,16 @@ impl SubscriptionIndex {
         self.version
     }
 
-    /// Applies the journal's changes after `version()`, in order. A first change that does not
-    /// follow on is a gap: the index is unchanged.
+    /// Applies the journal's changes after `version()`, in order. Versions that do not follow on
+    /// one another (the TTL process deletes expired entries in no particular order) are a gap:
+    /// the index is unchanged.
     pub fn catch_up(&mut self, changes: &[Journaled]) -> Result<(), Gap> {
-        if let Some(first) = changes.first() {
-            if first.version > self.version + 1 {
+        let fresh = changes.iter().filter(|j| j.version > self.version);
+        for (expected, journaled) in (self.version + 1..).zip(fresh) {
+            if journaled.version != expected {
                 return Err(Gap {
-                    at: self.version,
-                    found: first.version,
+                    at: expected - 1,
+                    found: journaled.version,
                 });
             }
         }
@@ -134,15 +139,16 @@ impl SubscriptionIndex {
                 self.remove(&old.subscription.target, &change.identity);
             }
         }
-        let live = change.subscription.as_ref().map(|subscription| {
+        // A subscription whose pattern does not compile (state written by other means) matches
+        // nothing: it is kept out of the buckets.
+        let live = change.subscription.as_ref().and_then(|subscription| {
             let compiled = Arc::new(Compiled {
-                pattern: subscription.compiled_pattern(),
+                pattern: subscription.compiled_pattern().ok()?,
                 subscription: subscription.clone(),
             });
-            let bucket = self.bucket(&subscription.target);
-            let at = bucket.partition_point(|c| c.subscription.identity < change.identity);
-            bucket.insert(at, compiled.clone());
-            compiled
+            self.bucket(&subscription.target)
+                .insert(change.identity.clone(), compiled.clone());
+            Some(compiled)
         });
         self.entries.insert(
             change.identity.clone(),
@@ -159,17 +165,19 @@ impl SubscriptionIndex {
         match target {
             Target::Key(key) => {
                 if let Some(bucket) = self.by_key.get_mut(key) {
-                    bucket.retain(|c| c.subscription.identity != *identity);
+                    bucket.remove(identity);
                     if bucket.is_empty() {
                         self.by_key.remove(key);
                     }
                 }
             }
-            Target::All => self.all.retain(|c| c.subscription.identity != *identity),
+            Target::All => {
+                self.all.remove(identity);
+            }
         }
     }
 
-    fn bucket(&mut self, target: &Target) -> &mut Vec<Arc<Compiled>> {
+    fn bucket(&mut self, target: &Target) -> &mut Bucket {
         match target {
             Target::Key(key) => self.by_key.entry(key.clone()).or_default(),
             Target::All => &mut self.all,
@@ -186,33 +194,39 @@ impl SubscriptionIndex {
     /// `deliveries`, and the consumers subscribed to the event (by its key or to all events)
     /// whose patterns all refused it.
     pub fn route(&self, key: &str, event: &Value) -> Routing<'_> {
-        let keyed = self.by_key.get(key).map(Vec::as_slice).unwrap_or_default();
+        let keyed = self.by_key.get(key).into_iter().flat_map(BTreeMap::values);
         let mut routing = Routing::default();
+        let mut delivered: HashSet<&str> = HashSet::new();
         let mut considered: Vec<&str> = Vec::new();
-        for compiled in keyed.iter().chain(&self.all) {
+        for compiled in keyed.chain(self.all.values()) {
             let consumer = compiled.subscription.identity.consumer.as_str();
-            if routing.deliveries.iter().any(|d| d.consumer == consumer) {
+            if delivered.contains(consumer) {
                 continue;
             }
             if compiled.pattern.matches(event) {
+                delivered.insert(consumer);
                 routing.deliveries.push(Delivery {
                     consumer,
                     queue: &compiled.subscription.queue,
                 });
-            } else if !considered.contains(&consumer) {
+            } else {
                 considered.push(consumer);
             }
         }
+        let mut dropped = HashSet::new();
         routing.dropped = considered
             .into_iter()
-            .filter(|c| !routing.deliveries.iter().any(|d| d.consumer == *c))
+            .filter(|c| !delivered.contains(c) && dropped.insert(*c))
             .collect();
         routing
     }
 
     /// Live subscriptions: to filter keys, and to all events.
     pub fn counts(&self) -> (usize, usize) {
-        (self.by_key.values().map(Vec::len).sum(), self.all.len())
+        (
+            self.by_key.values().map(BTreeMap::len).sum(),
+            self.all.len(),
+        )
     }
 
     /// The live subscriptions, in identity order.
@@ -355,5 +369,45 @@ mod tests {
             .unwrap();
         assert_eq!(index.version(), 11);
         assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);
+        // The TTL process took an entry from the middle of what is left.
+        let gap = index
+            .catch_up(&[at(12, put(2, s.clone())), at(14, removal(3, &s.identity))])
+            .unwrap_err();
+        assert_eq!(gap, Gap { at: 12, found: 14 });
+        assert_eq!(index.version(), 11, "nothing applied");
+        assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);
+    }
+
+    #[test]
+    fn a_key_with_a_hundred_thousand_subscriptions_loads_and_routes_each_consumer_once() {
+        let rows = (0..100_000u64).map(|c| {
+            let mut s = sub(&format!("c{c:06}"), key("hot"), "q", None);
+            s.identity.id = format!("key#hot#{}", c % 3);
+            put(c, s)
+        });
+        let mut index = SubscriptionIndex::from_snapshot(1, rows);
+        let routing = index.route("hot", &json!({}));
+        assert_eq!(routing.deliveries.len(), 100_000);
+        assert_eq!(routing.deliveries[0].consumer, "c000000");
+        for c in 0..50_000u64 {
+            let mut s = sub(&format!("c{c:06}"), key("hot"), "q", None);
+            s.identity.id = format!("key#hot#{}", c % 3);
+            index.apply(&removal(c + 1, &s.identity));
+        }
+        assert_eq!(index.counts(), (50_000, 0));
+    }
+
+    #[test]
+    fn a_stored_subscription_whose_pattern_does_not_compile_matches_nothing_and_panics_nowhere() {
+        let mut index = SubscriptionIndex::default();
+        let broken = sub(
+            "live",
+            key("s1"),
+            "q",
+            Some(json!({"op": [{"prefx": "a"}]})),
+        );
+        assert!(index.apply(&put(1, broken)));
+        assert!(consumers(&index, "s1", json!({"op": "a"})).is_empty());
+        assert_eq!(index.counts(), (0, 0));
     }
 }

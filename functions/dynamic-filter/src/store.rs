@@ -8,7 +8,10 @@
 //! - `subscriptions`, the subscription's identity: the latest `Revised` of it, with its
 //!   `revision`; a removal stays as a tombstone (with a TTL past any redelivery of the change);
 //! - `journal`, the version zero-padded: one `Revised` each, versions 1, 2, 3 ... without gaps,
-//!   kept for a day.
+//!   kept for a day;
+//! - `journal-head`, `head`: the last version appended, kept for good. When a quiet day has let
+//!   every entry expire, the next change still continues the numbering, so an index that read up
+//!   to the old last version finds it.
 //!
 //! A change is written to its row first, under the condition that it raises the row's revision,
 //! and then appended to the journal. Whatever a snapshot reads was therefore written before any
@@ -29,6 +32,9 @@ use crate::index::{Journaled, Revised};
 
 const ROWS: &str = "subscriptions";
 const JOURNAL: &str = "journal";
+const HEAD: (&str, &str) = ("journal-head", "head");
+/// The head's last version, zero-padded as a journal sort key (S): a put may only raise it.
+const LAST: &str = "last";
 const REVISION: &str = "revision";
 const BODY: &str = "body";
 /// When a journal entry was appended (N, epoch milliseconds).
@@ -135,7 +141,10 @@ impl FilterState {
                 .retry_call(|| self.table.put(&entry, &Expect::Absent))
                 .await
             {
-                Ok(()) => return Ok(version),
+                Ok(()) => {
+                    self.raise_head(version).await?;
+                    return Ok(version);
+                }
                 // Another writer took this version: the next one is free.
                 Err(StoreError::Conflict) => continue,
                 Err(e) => return Err(e),
@@ -146,16 +155,50 @@ impl FilterState {
         )))
     }
 
-    /// The journal's last version; 0 when it is empty.
-    pub async fn head(&self) -> Result<u64, StoreError> {
+    /// Records `version` as the last one appended, unless a later one is recorded already.
+    async fn raise_head(&self, version: u64) -> Result<(), StoreError> {
+        let mut head = self.head_key().to_item();
+        head.insert(LAST.to_owned(), AttrValue::S(journal_sk(version)));
+        let raise = Expect::Raise {
+            attribute: LAST,
+            value: journal_sk(version),
+        };
         match self
+            .backoff
+            .retry_call(|| self.table.put(&head, &raise))
+            .await
+        {
+            // A later version is recorded already.
+            Ok(()) | Err(StoreError::Conflict) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn head_key(&self) -> ItemKey {
+        ItemKey {
+            pk: HEAD.0.to_owned(),
+            sk: HEAD.1.to_owned(),
+        }
+    }
+
+    /// The journal's last version: the last entry's, or the one the head recorded if every entry
+    /// has expired (or a writer stopped before raising the head); 0 when nothing was ever appended.
+    pub async fn head(&self) -> Result<u64, StoreError> {
+        let last = self
             .backoff
             .retry_call(|| self.table.query_last(JOURNAL))
             .await?
-        {
-            None => Ok(0),
-            Some(entry) => version_of(&entry),
-        }
+            .map(|entry| version_of(&entry))
+            .transpose()?
+            .unwrap_or(0);
+        let key = self.head_key();
+        let recorded = self
+            .backoff
+            .retry_call(|| self.table.get(&key))
+            .await?
+            .and_then(|head| head.get(LAST)?.as_s()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        Ok(last.max(recorded))
     }
 
     /// Up to `limit` journal changes after `version`, in order, by one strongly consistent Query.
@@ -334,6 +377,58 @@ mod tests {
         assert_eq!(versions, [1, 2, 3, 4]);
         assert_eq!(state.since(2, 1).await.unwrap()[0].version, 3);
         assert_eq!(journal[0].appended_at, 1_767_225_600_000);
+    }
+
+    #[tokio::test]
+    async fn after_the_whole_journal_expired_the_next_change_continues_its_numbering() {
+        let clock = ManualClock::at(1_767_225_600_000);
+        let dynamodb = LocalDynamoDb::new(clock.clone(), Default::default());
+        let schema = KeySchema {
+            hash: PK.into(),
+            range: Some(SK.into()),
+        };
+        let table = dynamodb.create_table("filter-state", schema, Some(TTL.into()), false);
+        let state = FilterState::new(table.clone(), clock.clone());
+        state.apply(&change("a", "k1", 1, true)).await.unwrap();
+        state.apply(&change("b", "k1", 2, true)).await.unwrap();
+        let (version, rows) = state.snapshot().await.unwrap();
+        let mut index = SubscriptionIndex::from_snapshot(version, rows);
+        // A quiet day and more: every journal entry is gone.
+        clock.advance(26 * 3600 * 1000);
+        dynamodb.expire();
+        assert!(state.since(0, 100).await.unwrap().is_empty());
+        assert_eq!(state.head().await.unwrap(), 2);
+        assert_eq!(
+            state.apply(&change("c", "k2", 3, true)).await.unwrap(),
+            Applied::Journaled(3)
+        );
+        index
+            .catch_up(&state.since(index.version(), 100).await.unwrap())
+            .unwrap();
+        let live: Vec<&str> = index
+            .subscriptions()
+            .iter()
+            .map(|s| s.identity.consumer.as_str())
+            .collect();
+        assert_eq!(live, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn concurrent_writers_take_distinct_versions_without_gaps() {
+        let state = state();
+        let changes: Vec<Revised> = (0..20)
+            .map(|i| change(&format!("c{i}"), "k", i + 1, true))
+            .collect();
+        let applied = futures::future::join_all(changes.iter().map(|c| state.apply(c))).await;
+        let mut versions: Vec<u64> = applied
+            .into_iter()
+            .map(|a| match a.unwrap() {
+                Applied::Journaled(v) => v,
+                Applied::Stale => panic!("no change is stale"),
+            })
+            .collect();
+        versions.sort_unstable();
+        assert_eq!(versions, (1..=20).collect::<Vec<u64>>());
     }
 
     #[tokio::test]

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use keyway::domain::pattern::Pattern;
+use keyway::domain::pattern::{Pattern, PatternError};
 use keyway::domain::{AttrValue, InvalidInput, Item};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +26,9 @@ pub const ALL_EVENTS: &str = "allEvents";
 pub const QUEUE: &str = "queue";
 pub const PATTERN: &str = "pattern";
 pub const UPDATED_AT: &str = "updatedAt";
+/// The largest pattern, as JSON text: SNS's limit on a filter policy. It also keeps a
+/// subscription, and the journal entry carrying it, well inside DynamoDB's 400 KB items.
+pub const MAX_PATTERN_BYTES: usize = 256 * 1024;
 
 /// What a subscription receives.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -117,6 +120,15 @@ impl Subscription {
         let queue = required(QUEUE)?.to_owned();
         let pattern = text(PATTERN)?
             .map(|text| {
+                if text.len() > MAX_PATTERN_BYTES {
+                    return Err(InvalidInput::new(
+                        PATTERN,
+                        format!(
+                            "{} bytes; a filter policy may have at most {MAX_PATTERN_BYTES}",
+                            text.len()
+                        ),
+                    ));
+                }
                 let value: serde_json::Value = serde_json::from_str(text)
                     .map_err(|e| InvalidInput::new(PATTERN, format!("not JSON: {e}")))?;
                 Pattern::parse(&value).map_err(|e| InvalidInput::new(PATTERN, e.to_string()))?;
@@ -151,11 +163,12 @@ impl Subscription {
         item
     }
 
-    /// The compiled pattern; a subscription is only made from a pattern that compiles.
-    pub fn compiled_pattern(&self) -> Pattern {
-        self.pattern.as_ref().map_or_else(Pattern::everything, |p| {
-            Pattern::parse(p).expect("checked when the subscription was made")
-        })
+    /// The compiled pattern (everything without one). A subscription is made only from a
+    /// pattern that compiles, but one read back from storage is not trusted to.
+    pub fn compiled_pattern(&self) -> Result<Pattern, PatternError> {
+        self.pattern
+            .as_ref()
+            .map_or_else(|| Ok(Pattern::everything()), Pattern::parse)
     }
 }
 
@@ -244,6 +257,11 @@ mod tests {
         item.insert(PATTERN.into(), AttrValue::S("{".into()));
         let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
         assert!(e.problem.starts_with("not JSON"), "{e}");
+        // Ten times a large policy: refused before it could outgrow an item.
+        let huge = json!({"op": ["x".repeat(MAX_PATTERN_BYTES)]}).to_string();
+        item.insert(PATTERN.into(), AttrValue::S(huge));
+        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        assert!(e.problem.contains("at most 262144"), "{e}");
     }
 
     #[test]

@@ -64,9 +64,12 @@ impl LocalSqs {
         }
     }
 
+    /// The URL of the queue `name`, as AWS forms it: this prefix and the name.
+    pub const URL_PREFIX: &'static str = "https://sqs.us-east-1.amazonaws.com/000000000000/";
+
     /// Creates a queue and returns its URL.
     pub fn create_queue(&self, name: &str) -> String {
-        let url = format!("https://sqs.us-east-1.amazonaws.com/000000000000/{name}");
+        let url = format!("{}{name}", Self::URL_PREFIX);
         let queue = Queue {
             fifo: name.ends_with(".fifo"),
             accepted: Vec::new(),
