@@ -319,6 +319,11 @@ mod tests {
     use crate::subscription::{Identity, Subscription, Target};
 
     fn state() -> FilterState {
+        deployed().2
+    }
+
+    /// The filter state on an embedded table, with its services and clock.
+    fn deployed() -> (LocalDynamoDb, Arc<ManualClock>, FilterState) {
         let clock = ManualClock::at(1_767_225_600_000);
         let dynamodb = LocalDynamoDb::new(clock.clone(), Default::default());
         let schema = KeySchema {
@@ -326,7 +331,8 @@ mod tests {
             range: Some(SK.into()),
         };
         let table = dynamodb.create_table("filter-state", schema, Some(TTL.into()), false);
-        FilterState::new(table, clock)
+        let state = FilterState::new(table, clock.clone());
+        (dynamodb, clock, state)
     }
 
     fn change(consumer: &str, key: &str, rev: u64, live: bool) -> Revised {
@@ -381,14 +387,7 @@ mod tests {
 
     #[tokio::test]
     async fn after_the_whole_journal_expired_the_next_change_continues_its_numbering() {
-        let clock = ManualClock::at(1_767_225_600_000);
-        let dynamodb = LocalDynamoDb::new(clock.clone(), Default::default());
-        let schema = KeySchema {
-            hash: PK.into(),
-            range: Some(SK.into()),
-        };
-        let table = dynamodb.create_table("filter-state", schema, Some(TTL.into()), false);
-        let state = FilterState::new(table.clone(), clock.clone());
+        let (dynamodb, clock, state) = deployed();
         state.apply(&change("a", "k1", 1, true)).await.unwrap();
         state.apply(&change("b", "k1", 2, true)).await.unwrap();
         let (version, rows) = state.snapshot().await.unwrap();
