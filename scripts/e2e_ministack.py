@@ -84,12 +84,14 @@ def zipped(files):
 BUFFER_TTL_SECONDS = 5
 
 
-def create_stack(cfn, stack, template):
+def create_stack(cfn, stack, template, parameters=None):
     """Creates the stack and waits for it; returns its outputs."""
+    if parameters is None:
+        parameters = {"BufferTtlSeconds": str(BUFFER_TTL_SECONDS)}
     cfn.create_stack(
         StackName=stack,
         TemplateBody=template,
-        Parameters=[{"ParameterKey": "BufferTtlSeconds", "ParameterValue": str(BUFFER_TTL_SECONDS)}],
+        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
         Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
     )
 
@@ -154,11 +156,26 @@ def deploy_cdk(endpoint, cdk_out, stack):
     return create_stack(client("cloudformation", endpoint), stack, template)
 
 
+def deploy_consumer(endpoint, template_path, stack, outputs, consumer):
+    """A consumer's own stack (consumer.yaml, or the CDK app's keyway-consumer stack), deployed
+    with the keyway stack's outputs as its owner would."""
+    with open(template_path) as f:
+        template = f.read()
+    parameters = {
+        "Consumer": consumer,
+        "PolicyTablePrefix": outputs["PolicyTablePrefix"],
+        "PolicySyncFunctionArn": outputs["FilterPolicySyncFunctionArn"],
+        "FailedBatchesQueueArn": outputs["FailedBatchesQueueArn"],
+    }
+    return create_stack(client("cloudformation", endpoint), f"{stack}-{consumer}", template, parameters)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--functions", required=True, help="one folder per function with its bootstrap")
     parser.add_argument("--template", required=True)
+    parser.add_argument("--consumer-template", required=True, help="a consumer's own stack")
     parser.add_argument("--cdk-out", required=True)
     parser.add_argument("--lock", required=True)
     parser.add_argument("--keyway", required=True, help="the keyway command, which derives output ids")
@@ -170,13 +187,18 @@ def main():
     outputs = deploy_sam(args.endpoint, args.template, args.functions, stack)
     check(args.endpoint, stack, outputs, signature, args.keyway)
     check_identity(args.endpoint, stack, outputs)
-    check_filter(args.endpoint, stack, outputs, args.keyway)
+    consumer = deploy_consumer(args.endpoint, args.consumer_template, stack, outputs, "live")
+    check_filter(args.endpoint, stack, outputs, consumer, args.keyway)
+    delete(args.endpoint, f"{stack}-live")
     delete(args.endpoint, stack)
     stack = f"keyway-e2e-cdk-{run}"
     outputs = deploy_cdk(args.endpoint, args.cdk_out, stack)
     check(args.endpoint, stack, outputs, signature, args.keyway)
     check_identity(args.endpoint, stack, outputs)
-    check_filter(args.endpoint, stack, outputs, args.keyway)
+    consumer_template = os.path.join(args.cdk_out, "keyway-consumer.template.json")
+    consumer = deploy_consumer(args.endpoint, consumer_template, stack, outputs, "live")
+    check_filter(args.endpoint, stack, outputs, consumer, args.keyway)
+    delete(args.endpoint, f"{stack}-live")
     delete(args.endpoint, stack)
 
 
@@ -355,20 +377,22 @@ def check_identity(endpoint, stack, outputs):
 PROPAGATION_SAMPLES = 8
 
 
-def check_filter(endpoint, stack, outputs, keyway):
-    """A consumer's subscription made and removed through `keyway subscriptions`: the events its
-    pattern matches reach its queue, the others and those after it unsubscribed do not. Then the
-    propagation of changes: after each subscription to a fresh key, events of that key go out
-    every 50 ms; the first to arrive gives the time from the write to the first event the new
-    policy filtered."""
+def check_filter(endpoint, stack, outputs, consumer, keyway):
+    """A consumer's subscription made and removed through `keyway subscriptions` in the policy
+    table of its own stack (`consumer`'s outputs): the events its pattern matches reach its queue,
+    the others and those after it unsubscribed do not. Then the propagation of changes: after each
+    subscription to a fresh key, events of that key go out every 50 ms; the first to arrive gives
+    the time from the write to the first event the new policy filtered. Then a subscription in
+    the shared table, and one in the consumer's table that names another consumer, which the
+    policy sync dead-letters."""
     sqs = client("sqs", endpoint)
     kinesis = client("kinesis", endpoint)
     queue = f"live-{uuid.uuid4().hex[:8]}"
     url = sqs.create_queue(QueueName=queue)["QueueUrl"]
     env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
 
-    def subscriptions(*args):
-        command = [keyway, "subscriptions", "--table", outputs["PolicyTableName"], "--consumer", "live", *args]
+    def subscriptions(*args, table=consumer["PolicyTableName"], who="live"):
+        command = [keyway, "subscriptions", "--table", table, "--consumer", who, *args]
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"e2e: keyway subscriptions {' '.join(args)}: {done.stderr}")
@@ -432,8 +456,28 @@ def check_filter(endpoint, stack, outputs, keyway):
         subscriptions("unsubscribe", "--key", key)
     latencies.sort()
     p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+
+    shared_key = f"shared-{uuid.uuid4().hex[:6]}"
+    subscriptions("subscribe", "--key", shared_key, "--queue", queue, table=outputs["PolicyTableName"], who="team")
+    first_arrival(shared_key, time.time(), "shared")
+    subscriptions("unsubscribe", "--key", shared_key, table=outputs["PolicyTableName"], who="team")
+
+    dead = outputs["DeadLetterQueueUrl"]
+    subscriptions("subscribe", "--key", "sheet-9", "--queue", queue, who="intruder")
+    letters = []
+
+    def refused():
+        for m in sqs.receive_message(QueueUrl=dead, MaxNumberOfMessages=10).get("Messages", []):
+            sqs.delete_message(QueueUrl=dead, ReceiptHandle=m["ReceiptHandle"])
+            letters.append(json.loads(m["Body"]))
+        return any(
+            letter.get("field") == "consumer" and 'of consumer "live"' in letter.get("problem", "") for letter in letters
+        )
+
+    wait("the dead letter of a subscription naming another consumer in live's table", refused, timeout=60)
     print(
-        f"e2e: {stack}: subscribed, filtered and unsubscribed through keyway subscriptions: ok; "
+        f"e2e: {stack}: subscribed, filtered and unsubscribed through keyway subscriptions in the "
+        "consumer's own table and in the shared one, another consumer's subscription in it refused: ok; "
         f"propagation over {len(latencies)} changes: p50 {latencies[len(latencies) // 2] * 1000:.0f} ms, "
         f"p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
     )

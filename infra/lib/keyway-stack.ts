@@ -5,6 +5,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import {
+  Aws,
   CfnOutput,
   CfnParameter,
   CfnResource,
@@ -22,6 +23,7 @@ import * as iam from 'aws-cdk-lib/aws-iam';
 import { DynamoEventSource, KinesisEventSource, SqsDlq } from 'aws-cdk-lib/aws-lambda-event-sources';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import { Construct, IConstruct } from 'constructs';
+import { policyTable } from './policy-table';
 
 export interface KeywayStackProps extends StackProps {
   /** The folder holding one folder per function with its `bootstrap` (cargo lambda build's
@@ -292,17 +294,14 @@ export class KeywayStack extends Stack {
       removalPolicy: RemovalPolicy.RETAIN,
     });
     logicalId(filterState, 'FilterStateTable');
-    // Subscriptions, one item each, written by consumers through the subscription client.
-    const policies = new dynamodb.Table(this, 'PolicyTable', {
-      billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
-      partitionKey: { name: 'consumer', type: dynamodb.AttributeType.STRING },
-      sortKey: { name: 'subscription', type: dynamodb.AttributeType.STRING },
-      stream: dynamodb.StreamViewType.NEW_AND_OLD_IMAGES,
-      removalPolicy: RemovalPolicy.RETAIN,
-    });
-    logicalId(policies, 'PolicyTable');
+    // Subscriptions, one item each, written by consumers through the subscription client: the table
+    // consumers may share. A consumer that owns its table (consumer-stack.ts, deployed once per
+    // consumer) keeps its subscriptions, permissions and traffic apart from the others'.
+    const policies = policyTable(this, 'PolicyTable');
     const events = stream(this, 'FilterEventsStream', filterShards.valueAsNumber);
 
+    // The stack's name as deployed (a token), which may differ from the one synthesized.
+    const policyTablePrefix = `${Aws.STACK_NAME}-policies-`;
     const sync = rustFunction(
       this,
       'FilterPolicySyncFunction',
@@ -314,6 +313,8 @@ export class KeywayStack extends Stack {
         FILTER_STATE_TABLE: filterState.tableName,
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
         CONSUMER_QUEUES: consumerQueues.valueAsString,
+        // Consumers' own policy tables are named by this prefix and the consumer's id.
+        POLICY_TABLE_PREFIX: policyTablePrefix,
         // A DynamoDB stream keeps changes 24 hours; an hour more covers clock skew.
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
@@ -322,6 +323,21 @@ export class KeywayStack extends Stack {
     filterState.grantReadWriteData(sync);
     deadLetters.grantSendMessages(sync);
     addTrigger(sync, 'FilterPolicySyncFunction', 'Policies', tableTrigger(policies, failedBatches));
+    // The streams of consumers' own policy tables, which their stacks (consumer-stack.ts) map to
+    // this function: only tables named by the prefix.
+    sync.addToRolePolicy(
+      new iam.PolicyStatement({
+        actions: [
+          'dynamodb:DescribeStream',
+          'dynamodb:GetRecords',
+          'dynamodb:GetShardIterator',
+          'dynamodb:ListStreams',
+        ],
+        resources: [
+          `arn:aws:dynamodb:${this.region}:${this.account}:table/${policyTablePrefix}*/stream/*`,
+        ],
+      }),
+    );
 
     const filter = rustFunction(
       this,
@@ -350,6 +366,10 @@ export class KeywayStack extends Stack {
     addTrigger(filter, 'DynamicFilterFunction', 'Events', streamTrigger(events, failedBatches, 0));
 
     new CfnOutput(this, 'PolicyTableName', { value: policies.tableName });
+    // What a consumer's own stack (consumer-stack.ts) is deployed with.
+    new CfnOutput(this, 'PolicyTablePrefix', { value: policyTablePrefix });
+    new CfnOutput(this, 'FilterPolicySyncFunctionArn', { value: sync.functionArn });
+    new CfnOutput(this, 'FailedBatchesQueueArn', { value: failedBatches.queueArn });
     new CfnOutput(this, 'FilterStateTableName', { value: filterState.tableName });
     new CfnOutput(this, 'FilterEventsStreamName', { value: events.streamName });
   }

@@ -1,6 +1,7 @@
 //! Dynamic filtering as template.yaml deploys it, on the embedded runtime: consumers subscribe
-//! through the client, events go on the events stream partitioned by filter key, and each
-//! consumer's queue receives the events its subscriptions match, once each, and nothing else.
+//! through the client (in the shared policy table, or in a table of their own that consumer.yaml
+//! deploys), events go on the events stream partitioned by filter key, and each consumer's queue
+//! receives the events its subscriptions match, once each, and nothing else.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -46,11 +47,22 @@ impl Stack {
     }
 
     fn client_with(&self, consumer: &str, registry: QueueRegistry) -> SubscriptionClient {
+        self.client_in(
+            &self.runtime.resource("PolicyTable").unwrap(),
+            consumer,
+            registry,
+        )
+    }
+
+    /// A client of `consumer`'s subscriptions in `table`.
+    fn client_in(
+        &self,
+        table: &str,
+        consumer: &str,
+        registry: QueueRegistry,
+    ) -> SubscriptionClient {
         let services = &self.runtime.services;
-        let table = services
-            .dynamodb
-            .table(&self.runtime.resource("PolicyTable").unwrap())
-            .unwrap();
+        let table = services.dynamodb.table(table).unwrap();
         SubscriptionClient::new(table, consumer, registry, services.clock.clone())
     }
 
@@ -194,5 +206,80 @@ async fn bad_events_and_deliveries_to_a_missing_queue_reach_the_dead_letter_queu
     assert!(
         reasons[2].starts_with("output.deliveries") && reasons[2].contains("NonExistentQueue"),
         "{reasons:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_with_a_table_of_its_own_subscribes_there_and_for_no_one_else() {
+    let mut stack = Stack::new(REGISTRY);
+    let registry = || QueueRegistry::from_json(REGISTRY).unwrap();
+    let live_table = keyway_stack::deploy_consumer(&mut stack.runtime, "live").unwrap();
+    let audit_table = keyway_stack::deploy_consumer(&mut stack.runtime, "audit").unwrap();
+    assert_eq!(live_table, "keyway-local-policies-live");
+    let live = stack.client_in(&live_table, "live", registry());
+    let audit = stack.client_in(&audit_table, "audit", registry());
+    live.subscribe("sheet-1", "live-1", None).await.unwrap();
+    audit.subscribe("sheet-1", "audit", None).await.unwrap();
+    stack.run().await;
+
+    // Writing in live's table as audit: made and removed, neither reaches the filter.
+    let intruder = stack.client_in(&live_table, "audit", registry());
+    intruder
+        .subscribe("sheet-1", "audit", Some(json!({"op": ["never"]})))
+        .await
+        .unwrap();
+    stack.run().await;
+    intruder.unsubscribe("sheet-1").await.unwrap();
+    stack.run().await;
+    stack.send(&[
+        event("a", "sheet-1", "update"),
+        event("b", "sheet-2", "update"),
+    ]);
+    stack.run().await;
+    assert_eq!(stack.received("live-1"), ["a"]);
+    assert_eq!(
+        stack.received("audit"),
+        ["a"],
+        "audit's own subscription stands, unchanged"
+    );
+    let reasons = stack.dead_letters();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    for reason in &reasons {
+        assert!(
+            reason.starts_with(
+                "consumer: \"audit\" in the policy table \"keyway-local-policies-live\" of consumer \"live\""
+            ),
+            "{reason}"
+        );
+    }
+    assert_eq!(live.list().await.unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_stack_mapped_to_a_function_not_deployed_is_refused_naming_the_mapping() {
+    let mut stack = Stack::new(REGISTRY);
+    let parameters = BTreeMap::from([
+        ("Consumer".to_owned(), "live".to_owned()),
+        ("PolicyTablePrefix".to_owned(), "p-".to_owned()),
+        (
+            "PolicySyncFunctionArn".to_owned(),
+            "arn:aws:lambda:us-east-1:000000000000:function:missing".to_owned(),
+        ),
+        (
+            "FailedBatchesQueueArn".to_owned(),
+            stack.runtime.output("FailedBatchesQueueArn").unwrap(),
+        ),
+    ]);
+    let e = stack
+        .runtime
+        .deploy(
+            keyway_stack::CONSUMER_TEMPLATE,
+            &parameters,
+            &BTreeMap::new(),
+        )
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "Resources/PolicySync: FunctionName \"arn:aws:lambda:us-east-1:000000000000:function:missing\": no such function is deployed"
     );
 }

@@ -151,6 +151,7 @@ fn fixtures_round_trip_through_the_aws_lambda_events_types_unchanged() {
     for (path, records) in [
         ("dynamodb/insert-modify-remove.json", 3),
         ("filter-policy-sync/policy-changes.json", 6),
+        ("filter-policy-sync/own-table-changes.json", 2),
     ] {
         let event = fixture(path);
         let typed: aws_lambda_events::event::dynamodb::Event =
@@ -379,6 +380,32 @@ async fn the_policy_changes_and_the_events_batch_deliver_what_the_subscriptions_
     assert!(reasons[1].starts_with("data: not JSON"), "{reasons:?}");
     assert!(
         reasons[2].starts_with("pattern: pattern at /op/0/prefx"),
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_consumers_own_table_subscribes_that_consumer_and_dead_letters_an_item_naming_another() {
+    let mut f = Filtering::new();
+    f.env
+        .insert("POLICY_TABLE_PREFIX".into(), "keyway-policies-".into());
+    let sync = filter_policy_sync::handler(f.services.as_ref(), &f.env).unwrap();
+    let response = invoke_with(&sync, "filter-policy-sync/own-table-changes.json").await;
+    assert_eq!(response, fixture("filter-policy-sync/batch.response.json"));
+    let filter = dynamic_filter::handler(f.services.as_ref(), &f.env).unwrap();
+    let response = invoke_with(&filter, "dynamic-filter/events-batch.json").await;
+    assert_eq!(response, fixture("dynamic-filter/batch.response.json"));
+    assert_eq!(f.received("live-events"), ["e4", "e5"]);
+    assert!(
+        f.received("audit-trail").is_empty(),
+        "audit's item was refused"
+    );
+    let reasons = keyway_tests::dead_letter_reasons(&f.services.sqs, &f.dead_letters);
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with(
+            "consumer: \"audit\" in the policy table \"keyway-policies-live\" of consumer \"live\""
+        ),
         "{reasons:?}"
     );
 }

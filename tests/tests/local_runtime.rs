@@ -114,12 +114,12 @@ fn expected_counts(events: &[(String, u64)]) -> BTreeMap<String, Option<u64>> {
     counts
 }
 
-/// The CDK app's synthesized template, when the test command made one.
-fn cdk_template() -> Option<String> {
+/// The CDK app's synthesized template of `stack`, when the test command made one.
+fn cdk_template(stack: &str) -> Option<String> {
     match std::env::var("KEYWAY_CDK_OUT") {
         Ok(dir) => Some(
-            std::fs::read_to_string(format!("{dir}/keyway.template.json"))
-                .unwrap_or_else(|e| panic!("{dir}/keyway.template.json: {e}")),
+            std::fs::read_to_string(format!("{dir}/{stack}.template.json"))
+                .unwrap_or_else(|e| panic!("{dir}/{stack}.template.json: {e}")),
         ),
         Err(_) if std::env::var("KEYWAY_REQUIRE_CDK").is_ok() => {
             panic!("KEYWAY_CDK_OUT is not set, but KEYWAY_REQUIRE_CDK says the CDK app must be checked")
@@ -147,7 +147,7 @@ impl keyway::local::template::Resolver for Names {
 #[tokio::test(start_paused = true)]
 async fn the_cdk_app_builds_the_stack_that_template_yaml_describes() {
     use keyway::local::template::parse;
-    let Some(cdk_text) = cdk_template() else {
+    let Some(cdk_text) = cdk_template("keyway") else {
         return;
     };
     let (sam, sam_template) = parse(&template()).unwrap();
@@ -174,6 +174,42 @@ async fn the_cdk_app_builds_the_stack_that_template_yaml_describes() {
     let mut runtime = LocalRuntime::from_template(&cdk_text, services, &factories()).unwrap();
     let events = zipf_events(1_000, 30, 3);
     counts_every_event(&mut runtime, &events).await;
+}
+
+#[test]
+fn the_cdk_app_builds_the_consumer_stack_that_consumer_yaml_describes() {
+    use keyway::local::template::parse_with;
+    let Some(cdk_text) = cdk_template("keyway-consumer") else {
+        return;
+    };
+    let parameters = BTreeMap::from([
+        ("Consumer".to_owned(), "live".to_owned()),
+        (
+            "PolicyTablePrefix".to_owned(),
+            "keyway-policies-".to_owned(),
+        ),
+        (
+            "PolicySyncFunctionArn".to_owned(),
+            "arn:aws:lambda:us-east-1:000000000000:function:sync".to_owned(),
+        ),
+        (
+            "FailedBatchesQueueArn".to_owned(),
+            "arn:aws:sqs:us-east-1:000000000000:failed".to_owned(),
+        ),
+    ]);
+    let (sam, _) = parse_with(keyway_stack::CONSUMER_TEMPLATE, &parameters).unwrap();
+    let (cdk, _) = parse_with(&cdk_text, &parameters).unwrap();
+    assert_eq!(cdk.resources, sam.resources, "the policy table");
+    assert_eq!(cdk.mappings, sam.mappings, "its mapping to the policy sync");
+    assert_eq!(sam.mappings.len(), 1);
+    assert_eq!(
+        sam.mappings[0].function,
+        parameters["PolicySyncFunctionArn"]
+    );
+    assert_eq!(
+        sam.mappings[0].on_failure_arn.as_deref(),
+        Some("arn:aws:sqs:us-east-1:000000000000:failed")
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -18,6 +18,7 @@ pub struct FilterOptions {
     pub queues: Option<PathBuf>,
     pub key: String,
     pub shards: usize,
+    pub shared_table: bool,
 }
 
 pub fn run(options: FilterOptions) -> Result<(), CliError> {
@@ -47,6 +48,7 @@ pub fn run(options: FilterOptions) -> Result<(), CliError> {
         registry,
         // Each service call takes a millisecond of virtual time, so propagation has a cost.
         latency: Some(std::time::Duration::from_millis(1)),
+        shared_table: options.shared_table,
         ..Settings::default()
     };
     let started = std::time::Instant::now();

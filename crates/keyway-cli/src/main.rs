@@ -99,6 +99,10 @@ enum Command {
         /// Shards of the events stream.
         #[arg(long, default_value_t = 4)]
         shards: usize,
+        /// Subscriptions go to the stack's shared policy table, not to a table of each consumer's
+        /// own (consumer.yaml, deployed when the consumer first subscribes).
+        #[arg(long)]
+        shared_table: bool,
     },
     /// A consumer's subscriptions in a deployed stack's policy table (the AWS SDK's own
     /// configuration: AWS_REGION, AWS_PROFILE, AWS_ENDPOINT_URL ...).
@@ -323,12 +327,14 @@ fn main() -> std::process::ExitCode {
             queues,
             key,
             shards,
+            shared_table,
         } => filter::run(filter::FilterOptions {
             subscriptions,
             events,
             queues,
             key,
             shards,
+            shared_table,
         }),
         Command::Subscriptions {
             table,

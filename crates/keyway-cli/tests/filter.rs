@@ -25,7 +25,18 @@ const EVENTS: &str = r#"{"at": 1767225601000, "event": {"id": 1, "key": "sheet-1
 #[test]
 fn changes_take_effect_at_their_time_refusals_are_reported_by_line_and_deliveries_go_to_standard_output(
 ) {
-    let dir = std::env::temp_dir().join(format!("keyway-filter-{}", std::process::id()));
+    // In consumers' own policy tables (the default) and in the shared one alike.
+    for mode in [None, Some("--shared-table")] {
+        filters_the_files(mode);
+    }
+}
+
+fn filters_the_files(mode: Option<&str>) {
+    let dir = std::env::temp_dir().join(format!(
+        "keyway-filter-{}-{}",
+        std::process::id(),
+        mode.is_some()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let write = |name: &str, text: &str| {
         let path = dir.join(name);
@@ -46,6 +57,7 @@ fn changes_take_effect_at_their_time_refusals_are_reported_by_line_and_deliverie
         .arg(&events)
         .arg("--queues")
         .arg(&queues)
+        .args(mode)
         .output()
         .unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();

@@ -1,6 +1,8 @@
 //! Dynamic filtering replayed on the embedded runtime: subscription changes and events, each at
-//! its time, through the stack of template.yaml (policy table, filter-policy-sync, filter state,
-//! the dynamic filter, consumers' queues). What `keyway filter`, its benchmark, the demo and the
+//! its time, through the stack of template.yaml (filter-policy-sync, filter state, the dynamic
+//! filter, consumers' queues) and each consumer's own stack of consumer.yaml (its policy table),
+//! deployed with the outputs of the first as a consumer's is, when the consumer first subscribes;
+//! or through the shared policy table. What `keyway filter`, its benchmark, the demo and the
 //! tests share.
 //!
 //! The replay goes in time order on the virtual clock. Before a change is made, every earlier
@@ -116,6 +118,8 @@ pub struct Settings {
     pub faults: FaultPlan,
     /// How long every call to the embedded services takes (virtual time); none by default.
     pub latency: Option<Duration>,
+    /// Subscriptions go to the stack's shared policy table rather than to each consumer's own.
+    pub shared_table: bool,
 }
 
 impl Default for Settings {
@@ -126,6 +130,7 @@ impl Default for Settings {
             registry: None,
             faults: FaultPlan::default(),
             latency: None,
+            shared_table: false,
         }
     }
 }
@@ -167,6 +172,9 @@ pub struct FilterStack {
     pub runtime: LocalRuntime,
     filter: Arc<Mutex<Option<Arc<FilterHandler>>>>,
     registry: QueueRegistry,
+    shared_table: bool,
+    /// Each consumer's own policy table, once its stack is deployed.
+    consumer_tables: BTreeMap<String, String>,
     /// Queue name to the consumers that subscribed with it.
     queues: BTreeMap<String, BTreeSet<String>>,
     journal_version: u64,
@@ -211,6 +219,8 @@ impl FilterStack {
             runtime,
             filter,
             registry,
+            shared_table: settings.shared_table,
+            consumer_tables: BTreeMap::new(),
             queues: BTreeMap::new(),
             journal_version: 0,
         })
@@ -220,23 +230,35 @@ impl FilterStack {
         self.runtime.services.clock.now_millis()
     }
 
-    fn client(&self, consumer: &str) -> SubscriptionClient {
+    /// The client of `consumer`'s subscriptions, in the table they go to.
+    fn client(&mut self, consumer: &str) -> Result<SubscriptionClient, String> {
+        let table = self.policy_table(consumer)?;
         let services = &self.runtime.services;
-        let table = services
-            .dynamodb
-            .table(
-                &self
-                    .runtime
-                    .resource("PolicyTable")
-                    .expect("the policy table"),
-            )
-            .expect("the policy table");
-        SubscriptionClient::new(
+        let table = services.dynamodb.table(&table).expect("the policy table");
+        Ok(SubscriptionClient::new(
             table,
             consumer,
             self.registry.clone(),
             services.clock.clone(),
-        )
+        ))
+    }
+
+    /// The shared policy table, or `consumer`'s own, whose stack is deployed the first time.
+    fn policy_table(&mut self, consumer: &str) -> Result<String, String> {
+        if self.shared_table {
+            return Ok(self
+                .runtime
+                .resource("PolicyTable")
+                .expect("the policy table"));
+        }
+        if let Some(table) = self.consumer_tables.get(consumer) {
+            return Ok(table.clone());
+        }
+        let table = crate::deploy_consumer(&mut self.runtime, consumer)
+            .map_err(|e| format!("consumer {consumer:?}: its stack: {e}"))?;
+        self.consumer_tables
+            .insert(consumer.to_owned(), table.clone());
+        Ok(table)
     }
 
     fn filter_state(&self) -> FilterState {
@@ -264,7 +286,7 @@ impl FilterStack {
 
     /// Makes `change` through the client; says why if the client refused it.
     async fn change(&mut self, change: &Change) -> Result<(), String> {
-        let client = self.client(change.op.consumer());
+        let client = self.client(change.op.consumer())?;
         let queue = match &change.op {
             Op::Subscribe {
                 key,

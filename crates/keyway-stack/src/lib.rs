@@ -1,5 +1,5 @@
-//! The stack the embedded runtime runs: template.yaml, compiled in, and the functions it names,
-//! for the `keyway` command and the tests alike.
+//! The stack the embedded runtime runs: template.yaml (and consumer.yaml, a consumer's own stack),
+//! compiled in, and the functions it names, for the `keyway` command and the tests alike.
 
 pub mod filtering;
 
@@ -7,12 +7,50 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use keyway::lambda::Handler;
-use keyway::local::Factory;
+use keyway::local::{Factory, LocalError, LocalRuntime};
 use keyway::operator::StateDescriptor;
 use keyway::KeyedOperator;
 
 /// The SAM template the stack is deployed with.
 pub const TEMPLATE: &str = include_str!("../../../template.yaml");
+
+/// The template of a consumer's own stack (its policy table), deployed beside the first.
+pub const CONSUMER_TEMPLATE: &str = include_str!("../../../consumer.yaml");
+
+/// Deploys `consumer`'s own stack (consumer.yaml) beside the stack `runtime` runs, with that
+/// stack's outputs as its owner would; returns the consumer's policy table.
+pub fn deploy_consumer(runtime: &mut LocalRuntime, consumer: &str) -> Result<String, LocalError> {
+    // consumer.yaml's AllowedPattern and MaxLength, which CloudFormation checks.
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
+    if consumer.is_empty() || consumer.len() > 128 || !consumer.chars().all(allowed) {
+        return Err(LocalError::Function {
+            path: "Parameters/Consumer".into(),
+            problem: "the consumer's policy table is named by its id, which takes 1 to 128 \
+                      letters, digits, '_', '.' or '-'"
+                .into(),
+        });
+    }
+    let output = |name: &str| {
+        runtime.output(name).ok_or_else(|| LocalError::Function {
+            path: format!("Outputs/{name}"),
+            problem: "a consumer's stack needs this output of the stack".into(),
+        })
+    };
+    let parameters = BTreeMap::from([
+        ("Consumer".to_owned(), consumer.to_owned()),
+        ("PolicyTablePrefix".to_owned(), output("PolicyTablePrefix")?),
+        (
+            "PolicySyncFunctionArn".to_owned(),
+            output("FilterPolicySyncFunctionArn")?,
+        ),
+        (
+            "FailedBatchesQueueArn".to_owned(),
+            output("FailedBatchesQueueArn")?,
+        ),
+    ]);
+    let deployed = runtime.deploy(CONSUMER_TEMPLATE, &parameters, &BTreeMap::new())?;
+    Ok(deployed.outputs["PolicyTableName"].clone())
+}
 
 /// Every function of the template, by logical id.
 pub fn functions() -> BTreeMap<String, Factory> {

@@ -16,13 +16,14 @@
 //! (malformed pattern, a queue not registered to its consumer, a consumer other than its table's)
 //! is dead-lettered with the reason and changes nothing.
 //!
+//! A consumer's own policy table (consumer.yaml) is named `POLICY_TABLE_PREFIX` and the consumer's
+//! id: its items may only name that consumer, so a consumer given its table alone can subscribe
+//! for no one else. A table named otherwise (the shared one) may hold any consumer's items.
+//!
 //! Environment: `STATE_TABLE` (the runtime's state), `FILTER_STATE_TABLE`, `DEAD_LETTER_SINK`;
 //! optionally `CONSUMER_QUEUES` (a JSON object of consumer id to the queue names it owns: without
-//! it any queue is accepted), `CONSUMER_TABLES` (a JSON object of policy table name to the
-//! consumer it belongs to: a table's items may then only name that consumer), and the executor's
-//! variables (see `keyway::lambda::executor_config`).
-
-use std::collections::BTreeMap;
+//! it any queue is accepted), `POLICY_TABLE_PREFIX`, and the executor's variables (see
+//! `keyway::lambda::executor_config`).
 
 use dynamic_filter::index::{revision, Revised};
 use dynamic_filter::store::FilterState;
@@ -55,8 +56,8 @@ pub struct PolicyChange {
 #[derive(Clone, Debug, Default)]
 pub struct PolicySync {
     pub queues: QueueRegistry,
-    /// Policy table name to the consumer whose table it is.
-    pub consumer_tables: BTreeMap<String, String>,
+    /// What the names of consumers' own policy tables start with; the rest is the consumer.
+    pub table_prefix: Option<String>,
 }
 
 impl KeyedOperator for PolicySync {
@@ -127,11 +128,14 @@ impl PolicySync {
                 None
             });
         let before = before.map(identity_of).transpose()?;
+        if let Some(identity) = &before {
+            self.check_table(change, identity)?;
+        }
         let Some(RowChange::Insert(row)) = change.steps.last() else {
             return Ok(before.map(removal).into_iter().collect());
         };
         let subscription = Subscription::from_item(row, &self.queues)?;
-        self.check_table(change, &subscription)?;
+        self.check_table(change, &subscription.identity)?;
         let mut out: Vec<Revised> = before
             .filter(|identity| *identity != subscription.identity)
             .map(removal)
@@ -145,21 +149,21 @@ impl PolicySync {
         Ok(out)
     }
 
-    fn check_table(
-        &self,
-        change: &PolicyChange,
-        subscription: &Subscription,
-    ) -> Result<(), InvalidInput> {
-        let Some(table) = &change.table else {
-            return Ok(());
+    /// A consumer's own table holds its subscriptions only: neither made nor removed through it
+    /// is any other consumer's.
+    fn check_table(&self, change: &PolicyChange, identity: &Identity) -> Result<(), InvalidInput> {
+        let owner = match (&change.table, &self.table_prefix) {
+            (Some(table), Some(prefix)) => table.strip_prefix(prefix.as_str()),
+            _ => None,
         };
-        match self.consumer_tables.get(table) {
-            Some(owner) if *owner != subscription.identity.consumer => Err(InvalidInput::new(
+        match owner {
+            Some(owner) if owner != identity.consumer => Err(InvalidInput::new(
                 CONSUMER,
                 format!(
-                    "{:?} in the policy table {table:?} of consumer {owner:?}: a table's \
+                    "{:?} in the policy table {:?} of consumer {owner:?}: a table's \
                      subscriptions are its consumer's",
-                    subscription.identity.consumer
+                    identity.consumer,
+                    change.table.as_deref().unwrap_or_default()
                 ),
             )),
             _ => Ok(()),
@@ -212,12 +216,7 @@ pub fn sync_config(env: &Env) -> Result<PolicySync, ConfigError> {
             problem: format!("expected a JSON object of consumer id to a list of queue names: {e}"),
         })?;
     }
-    if let Some(text) = json("CONSUMER_TABLES") {
-        sync.consumer_tables = serde_json::from_str(text).map_err(|e| ConfigError {
-            name: "CONSUMER_TABLES".into(),
-            problem: format!("expected a JSON object of table name to consumer id: {e}"),
-        })?;
-    }
+    sync.table_prefix = json("POLICY_TABLE_PREFIX").cloned();
     Ok(sync)
 }
 
@@ -316,17 +315,37 @@ mod tests {
     }
 
     #[test]
-    fn a_subscription_naming_another_consumer_than_its_table_is_refused() {
+    fn a_subscription_naming_another_consumer_than_its_table_is_refused_made_or_removed() {
         let sync = PolicySync {
-            consumer_tables: [("policies-live".to_owned(), "audit".to_owned())].into(),
+            table_prefix: Some("policies-".into()),
             ..Default::default()
         };
-        let new = subscription("live", "s1", "q1");
+        let stranger = subscription("audit", "s1", "q1");
         let e = sync
-            .resolve(&change(ChangeKind::Insert, None, Some(&new)))
+            .resolve(&change(ChangeKind::Insert, None, Some(&stranger)))
             .unwrap_err();
         assert_eq!(e.field, CONSUMER);
-        assert!(e.problem.contains("of consumer \"audit\""), "{e}");
+        assert!(e.problem.contains("of consumer \"live\""), "{e}");
+        let e = sync
+            .resolve(&change(ChangeKind::Remove, Some(&stranger), None))
+            .unwrap_err();
+        assert_eq!(e.field, CONSUMER, "nor is a removal of another's");
+        let own = subscription("live", "s1", "q1");
+        assert!(sync
+            .resolve(&change(ChangeKind::Insert, None, Some(&own)))
+            .is_ok());
+    }
+
+    #[test]
+    fn a_table_not_named_by_the_prefix_holds_any_consumers_subscriptions() {
+        let sync = PolicySync {
+            table_prefix: Some("keyway-policies-".into()),
+            ..Default::default()
+        };
+        let any = subscription("audit", "s1", "q1");
+        assert!(sync
+            .resolve(&change(ChangeKind::Insert, None, Some(&any)))
+            .is_ok());
     }
 
     #[test]

@@ -228,6 +228,17 @@ impl StateStore for CrashBeforeCommit {
     }
 }
 
+/// The URL of the embedded queue an SQS ARN names.
+fn queue_url_of(arn: &str) -> Result<String, String> {
+    match arn
+        .strip_prefix("arn:aws:sqs:")
+        .map(|rest| rest.rsplit(':').next())
+    {
+        Some(Some(name)) if !name.is_empty() => Ok(format!("{}{name}", LocalSqs::URL_PREFIX)),
+        _ => Err(format!("{arn:?} is not the ARN of a queue")),
+    }
+}
+
 /// The template's schedules, each first due one period after `now`.
 fn local_schedules(
     wiring: &Wiring,
@@ -315,8 +326,12 @@ pub struct RunReport {
 /// A template's functions on the in-memory services.
 pub struct LocalRuntime {
     pub services: Arc<LocalServices>,
+    /// The first template's wiring, names and outputs.
     pub wiring: Wiring,
     names: Names,
+    outputs: BTreeMap<String, String>,
+    /// Every function deployed, by name.
+    functions: BTreeMap<String, DeployedFunction>,
     mappings: Vec<EventSourceMapping>,
     schedules: Vec<LocalSchedule>,
 }
@@ -398,6 +413,22 @@ impl Resolver for Names {
     }
 }
 
+/// A function the runtime runs, by name: what the mappings of another template find it by.
+struct DeployedFunction {
+    arn: String,
+    handler: Arc<dyn Handler>,
+    timeout: Duration,
+}
+
+/// What deploying a template made: its resources' names and its outputs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deployed {
+    /// The name (table, stream, function) or URL (queue) of each resource, by logical id.
+    pub resources: BTreeMap<String, String>,
+    /// The template's `Outputs`, resolved.
+    pub outputs: BTreeMap<String, String>,
+}
+
 impl LocalRuntime {
     /// Creates the template's resources, builds each function with the factory registered under
     /// its logical id, and maps its event sources. A function without a factory is an error.
@@ -416,7 +447,73 @@ impl LocalRuntime {
         services: Arc<LocalServices>,
         factories: &BTreeMap<String, Factory>,
     ) -> Result<Self, LocalError> {
+        let mut runtime = Self::new(services);
+        let (wiring, names, outputs) = runtime.deploy_template(text, parameters, factories)?;
+        runtime.wiring = wiring;
+        runtime.names = names;
+        runtime.outputs = outputs;
+        Ok(runtime)
+    }
+
+    /// Deploys one more template beside the first, as a second stack: its resources, functions
+    /// and mappings, and the mappings it gives to functions deployed before (named by its
+    /// parameters, as a consumer's stack names the keyway stack's function).
+    pub fn deploy(
+        &mut self,
+        text: &str,
+        parameters: &BTreeMap<String, String>,
+        factories: &BTreeMap<String, Factory>,
+    ) -> Result<Deployed, LocalError> {
+        let (_, names, outputs) = self.deploy_template(text, parameters, factories)?;
+        Ok(Deployed {
+            resources: names.references,
+            outputs,
+        })
+    }
+
+    fn deploy_template(
+        &mut self,
+        text: &str,
+        parameters: &BTreeMap<String, String>,
+        factories: &BTreeMap<String, Factory>,
+    ) -> Result<(Wiring, Names, BTreeMap<String, String>), LocalError> {
         let (wiring, template) = template::parse_with(text, parameters)?;
+        let mut names = self.create_resources(&wiring);
+        for function in &wiring.functions {
+            let arn = format!(
+                "arn:aws:lambda:us-east-1:000000000000:function:{}",
+                function.name
+            );
+            names
+                .references
+                .insert(function.logical_id.clone(), function.name.clone());
+            names
+                .attributes
+                .insert((function.logical_id.clone(), "Arn".into()), arn);
+        }
+        let first_mapping = self.mappings.len();
+        let mut handlers = BTreeMap::new();
+        for function in &wiring.functions {
+            let handler = self.deploy_function(function, &template, &wiring, &names, factories)?;
+            handlers.insert(function.logical_id.clone(), handler);
+        }
+        for mapping in &wiring.mappings {
+            self.map_external(mapping, &names)?;
+        }
+        let now = self.services.clock.now_millis();
+        self.schedules
+            .extend(local_schedules(&wiring, &handlers, now));
+        // Mappings start where their starting position says, before anything is written.
+        for mapping in &mut self.mappings[first_mapping..] {
+            mapping.poll();
+        }
+        let outputs = template::outputs(&template, &names)?;
+        Ok((wiring, names, outputs))
+    }
+
+    /// Creates the tables, streams and queues of `wiring`; returns their names by logical id.
+    fn create_resources(&self, wiring: &Wiring) -> Names {
+        let services = &self.services;
         let mut names = Names::default();
         for (id, resource) in &wiring.resources {
             let mut attr =
@@ -460,87 +557,125 @@ impl LocalRuntime {
                 }
             }
         }
-        for function in &wiring.functions {
-            names
-                .references
-                .insert(function.logical_id.clone(), function.name.clone());
+        names
+    }
+
+    /// Builds `function` with its factory and maps its event sources.
+    fn deploy_function(
+        &mut self,
+        function: &template::FunctionDef,
+        template: &serde_yaml::Value,
+        wiring: &Wiring,
+        names: &Names,
+        factories: &BTreeMap<String, Factory>,
+    ) -> Result<Arc<dyn Handler>, LocalError> {
+        let id = &function.logical_id;
+        let factory = factories.get(id).ok_or_else(|| LocalError::Unregistered {
+            function: id.clone(),
+        })?;
+        let env = function.resolved_env(template, names)?;
+        // What the function's environment says of its watermarks must fit its mappings.
+        let config = executor_config(&env).map_err(|e| LocalError::config(id, &e))?;
+        for event in &function.events {
+            check_mapping(
+                &config,
+                event.settings.parallelization_factor,
+                wiring.redelivery_horizon(event),
+            )
+            .map_err(|e| LocalError::event(id, &event.name, e))?;
         }
-        let mut mappings = Vec::new();
-        let mut handlers = BTreeMap::new();
-        for function in &wiring.functions {
-            let id = &function.logical_id;
-            let factory = factories.get(id).ok_or_else(|| LocalError::Unregistered {
-                function: id.clone(),
-            })?;
-            let env = function.resolved_env(&template, &names)?;
-            // What the function's environment says of its watermarks must fit its mappings.
-            let config = executor_config(&env).map_err(|e| LocalError::config(id, &e))?;
-            for event in &function.events {
-                check_mapping(
-                    &config,
-                    event.settings.parallelization_factor,
-                    wiring.redelivery_horizon(event),
-                )
-                .map_err(|e| LocalError::event(id, &event.name, e))?;
-            }
-            let handler = factory(services.as_ref(), &env).map_err(|e| LocalError::setup(id, e))?;
-            handlers.insert(id.clone(), handler.clone());
-            let function_arn = format!(
-                "arn:aws:lambda:us-east-1:000000000000:function:{}",
-                function.name
-            );
-            for event in &function.events {
-                let source = match &event.source {
-                    SourceRef::Kinesis(id) => MappingSource::Kinesis {
-                        kinesis: services.kinesis.clone(),
-                        stream: names.reference(id).ok_or_else(|| {
-                            LocalError::event(
-                                &function.logical_id,
-                                &event.name,
-                                format!("no stream {id}"),
-                            )
-                        })?,
-                    },
-                    SourceRef::DynamoDb(id) => {
-                        let table = names.reference(id).ok_or_else(|| {
-                            LocalError::event(
-                                &function.logical_id,
-                                &event.name,
-                                format!("no table {id}"),
-                            )
-                        })?;
-                        MappingSource::DynamoDb {
-                            table: services.dynamodb.table(&table).expect("created above"),
-                        }
-                    }
-                };
-                let mut settings = event.settings.clone();
-                settings.on_failure = event.on_failure.as_ref().and_then(|q| names.reference(q));
-                mappings.push(EventSourceMapping::new(
-                    format!("{}/{}", function.logical_id, event.name),
-                    function_arn.clone(),
-                    handler.clone(),
-                    source,
-                    settings,
-                    services.sqs.clone(),
-                    services.clock.clone(),
-                    services.invocation_faults.clone(),
-                ));
-            }
-        }
-        let schedules = local_schedules(&wiring, &handlers, services.clock.now_millis());
-        let mut runtime = Self {
-            services,
-            wiring,
-            names,
-            mappings,
-            schedules,
+        let handler =
+            factory(self.services.as_ref(), &env).map_err(|e| LocalError::setup(id, e))?;
+        let deployed = DeployedFunction {
+            arn: names
+                .attribute(id, "Arn")
+                .expect("named before it is deployed"),
+            handler: handler.clone(),
+            timeout: function.timeout,
         };
-        // Mappings start where their starting position says, before anything is written.
-        for mapping in &mut runtime.mappings {
-            mapping.poll();
+        for event in &function.events {
+            let source = self
+                .source(&event.source, names)
+                .map_err(|e| LocalError::event(id, &event.name, e))?;
+            let mut settings = event.settings.clone();
+            settings.on_failure = event.on_failure.as_ref().and_then(|q| names.reference(q));
+            self.add(format!("{id}/{}", event.name), &deployed, source, settings);
         }
-        Ok(runtime)
+        self.functions.insert(function.name.clone(), deployed);
+        Ok(handler)
+    }
+
+    /// Maps a source of this template to a function deployed before, by its name or ARN.
+    fn map_external(
+        &mut self,
+        mapping: &template::MappingDef,
+        names: &Names,
+    ) -> Result<(), LocalError> {
+        let problem = |problem: String| LocalError::Function {
+            path: format!("Resources/{}", mapping.logical_id),
+            problem,
+        };
+        let name = mapping
+            .function
+            .rsplit_once(":function:")
+            .map_or(mapping.function.as_str(), |(_, name)| name);
+        let function = self.functions.get(name).ok_or_else(|| {
+            problem(format!(
+                "FunctionName {:?}: no such function is deployed",
+                mapping.function
+            ))
+        })?;
+        let deployed = DeployedFunction {
+            arn: function.arn.clone(),
+            handler: function.handler.clone(),
+            timeout: function.timeout,
+        };
+        let event = &mapping.event;
+        let source = self.source(&event.source, names).map_err(problem)?;
+        let mut settings = event.settings.clone();
+        settings.function_timeout = deployed.timeout;
+        settings.on_failure = match (&event.on_failure, &mapping.on_failure_arn) {
+            (Some(queue), _) => names.reference(queue),
+            (None, Some(arn)) => Some(queue_url_of(arn).map_err(problem)?),
+            (None, None) => None,
+        };
+        self.add(mapping.logical_id.clone(), &deployed, source, settings);
+        Ok(())
+    }
+
+    /// The stream or table a mapping reads.
+    fn source(&self, source: &SourceRef, names: &Names) -> Result<MappingSource, String> {
+        match source {
+            SourceRef::Kinesis(id) => Ok(MappingSource::Kinesis {
+                kinesis: self.services.kinesis.clone(),
+                stream: names.reference(id).ok_or(format!("no stream {id}"))?,
+            }),
+            SourceRef::DynamoDb(id) => {
+                let table = names.reference(id).ok_or(format!("no table {id}"))?;
+                Ok(MappingSource::DynamoDb {
+                    table: self.services.dynamodb.table(&table).expect("created above"),
+                })
+            }
+        }
+    }
+
+    fn add(
+        &mut self,
+        name: String,
+        function: &DeployedFunction,
+        source: MappingSource,
+        settings: MappingSettings,
+    ) {
+        self.mappings.push(EventSourceMapping::new(
+            name,
+            function.arn.clone(),
+            function.handler.clone(),
+            source,
+            settings,
+            self.services.sqs.clone(),
+            self.services.clock.clone(),
+            self.services.invocation_faults.clone(),
+        ));
     }
 
     /// A runtime without a template, for mappings added by hand.
@@ -549,6 +684,8 @@ impl LocalRuntime {
             services,
             wiring: Wiring::default(),
             names: Names::default(),
+            outputs: BTreeMap::new(),
+            functions: BTreeMap::new(),
             mappings: Vec::new(),
             schedules: Vec::new(),
         }
@@ -579,6 +716,11 @@ impl LocalRuntime {
     /// The name (stream, table) or URL (queue) of a resource of the template.
     pub fn resource(&self, logical_id: &str) -> Option<String> {
         self.names.reference(logical_id)
+    }
+
+    /// An output of the template, resolved as CloudFormation gives it once the stack exists.
+    pub fn output(&self, name: &str) -> Option<String> {
+        self.outputs.get(name).cloned()
     }
 
     pub fn mappings(&self) -> &[EventSourceMapping] {

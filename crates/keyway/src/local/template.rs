@@ -74,13 +74,31 @@ pub struct FunctionDef {
     pub schedules: Vec<ScheduleDef>,
 }
 
+/// An `AWS::Lambda::EventSourceMapping` of a function the template does not define: one another
+/// stack deployed, as a consumer's stack maps its own table to the keyway stack's function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MappingDef {
+    pub logical_id: String,
+    /// The function's name or ARN, resolved (a parameter, usually).
+    pub function: String,
+    /// Its settings' function timeout is the default; the deployed function's replaces it.
+    pub event: EventDef,
+    /// The on-failure destination's ARN when the template gives it by value (a parameter) rather
+    /// than as one of its queues.
+    pub on_failure_arn: Option<String>,
+}
+
 /// Everything the runtime needs from the template.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Wiring {
     /// By logical id.
     pub resources: BTreeMap<String, Resource>,
     pub functions: Vec<FunctionDef>,
+    pub mappings: Vec<MappingDef>,
 }
+
+/// Lambda's default function timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A DynamoDB stream keeps records for 24 hours.
 const DYNAMODB_STREAM_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -158,7 +176,13 @@ pub fn parse_with(
             .and_then(Value::as_str)
             .unwrap_or_default();
         let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
-        let literal = |key: &str| get(&props, key).and_then(Value::as_str).map(str::to_owned);
+        // A name the template gives: literal, or made of parameters (`!Sub "${Prefix}x"`).
+        let literal = |key: &str| {
+            get(&props, key)
+                .map(|v| resolve(v, &template, &ParametersOnly))
+                .transpose()
+                .map_err(|e| TemplateError(format!("{id}.{key}: {}", e.0)))
+        };
         match kind {
             "AWS::DynamoDB::Table" => {
                 let schema = get(&props, "KeySchema")
@@ -182,7 +206,7 @@ pub fn parse_with(
                     .and_then(Value::as_str)
                     .map(str::to_owned);
                 let stream = get(&props, "StreamSpecification").is_some();
-                let name = literal("TableName").unwrap_or_else(|| id.clone());
+                let name = literal("TableName")?.unwrap_or_else(|| id.clone());
                 wiring.resources.insert(
                     id.clone(),
                     Resource::Table {
@@ -200,7 +224,7 @@ pub fn parse_with(
                         .ok_or_else(|| TemplateError(format!("{id}.ShardCount: not a number")))?,
                     None => 1,
                 } as usize;
-                let name = literal("Name").unwrap_or_else(|| id.clone());
+                let name = literal("Name")?.unwrap_or_else(|| id.clone());
                 let hours = get(&props, "RetentionPeriodHours")
                     .and_then(Value::as_u64)
                     .unwrap_or(24);
@@ -216,7 +240,7 @@ pub fn parse_with(
             }
             "AWS::SQS::Queue" => {
                 let fifo = get(&props, "FifoQueue").and_then(Value::as_bool) == Some(true);
-                let name = literal("QueueName").unwrap_or_else(|| {
+                let name = literal("QueueName")?.unwrap_or_else(|| {
                     if fifo {
                         format!("{id}.fifo")
                     } else {
@@ -242,7 +266,109 @@ pub fn parse_with(
             _ => {}
         }
     }
+    wiring.mappings = external_mappings(&template, resources, &wiring)?;
     Ok((wiring, template))
+}
+
+/// Resolves nothing but parameters and pseudo parameters.
+struct ParametersOnly;
+
+impl Resolver for ParametersOnly {
+    fn reference(&self, _: &str) -> Option<String> {
+        None
+    }
+    fn attribute(&self, _: &str, _: &str) -> Option<String> {
+        None
+    }
+}
+
+/// The event source mappings of functions `wiring` does not hold: their `FunctionName` is a
+/// parameter or a literal name, and the function must exist where the template is deployed.
+fn external_mappings(
+    template: &Value,
+    resources: &serde_yaml::Mapping,
+    wiring: &Wiring,
+) -> Result<Vec<MappingDef>, TemplateError> {
+    let mut mappings = Vec::new();
+    for (mapping_id, mapping) in resources {
+        if get(mapping, "Type").and_then(Value::as_str) != Some("AWS::Lambda::EventSourceMapping") {
+            continue;
+        }
+        let mapping_id = mapping_id.as_str().unwrap_or_default();
+        let p = get(mapping, "Properties").cloned().unwrap_or(Value::Null);
+        let function = get(&p, "FunctionName")
+            .ok_or_else(|| TemplateError(format!("{mapping_id}: no FunctionName")))?;
+        let referenced = logical_id(function);
+        if referenced
+            .as_deref()
+            .is_some_and(|id| resources.contains_key(id))
+        {
+            continue; // the mapping of one of this template's functions
+        }
+        let function = resolve(function, template, &ParametersOnly)
+            .map_err(|e| TemplateError(format!("{mapping_id}.FunctionName: {}", e.0)))?;
+        let Some(source) = mapping_source(resources, mapping_id, &p)? else {
+            continue;
+        };
+        let mut event = event_def(
+            mapping_id,
+            mapping_id.to_owned(),
+            source,
+            &p,
+            DEFAULT_TIMEOUT,
+        )?;
+        let mut on_failure_arn = None;
+        if event
+            .on_failure
+            .as_ref()
+            .is_some_and(|q| !wiring.resources.contains_key(q))
+        {
+            let destination = get(&p, "DestinationConfig")
+                .and_then(|d| get(d, "OnFailure"))
+                .and_then(|o| get(o, "Destination"))
+                .expect("on_failure comes from it");
+            on_failure_arn = Some(
+                resolve(destination, template, &ParametersOnly).map_err(|e| {
+                    TemplateError(format!("{mapping_id}.DestinationConfig: {}", e.0))
+                })?,
+            );
+            event.on_failure = None;
+        }
+        mappings.push(MappingDef {
+            logical_id: mapping_id.to_owned(),
+            function,
+            event,
+            on_failure_arn,
+        });
+    }
+    Ok(mappings)
+}
+
+/// The stream or table a mapping reads, or `None` for a source the runtime does not drive.
+fn mapping_source(
+    resources: &serde_yaml::Mapping,
+    mapping_id: &str,
+    p: &Value,
+) -> Result<Option<SourceRef>, TemplateError> {
+    let source_id = get(p, "EventSourceArn")
+        .and_then(logical_id)
+        .ok_or_else(|| {
+            TemplateError(format!(
+                "{mapping_id}.EventSourceArn: expected !GetAtt of a stream or table"
+            ))
+        })?;
+    Ok(
+        match resources
+            .get(source_id.as_str())
+            .and_then(|r| get(r, "Type"))
+            .and_then(Value::as_str)
+        {
+            Some("AWS::Kinesis::Stream") => Some(SourceRef::Kinesis(source_id)),
+            Some("AWS::DynamoDB::Table") => Some(SourceRef::DynamoDb(source_id)),
+            // Queues and other sources are not stream triggers: the runtime does not drive them.
+            _ => None,
+        },
+    )
 }
 
 /// What a function's definition gives, whichever its resource type.
@@ -288,8 +414,9 @@ fn function_props(id: &str, props: &Value, globals: &Value) -> FunctionProps {
         }
     }
     FunctionProps {
-        // Lambda's default timeout is 3 seconds.
-        timeout: Duration::from_secs(pick("Timeout").and_then(|v| v.as_u64()).unwrap_or(3)),
+        timeout: pick("Timeout")
+            .and_then(|v| v.as_u64())
+            .map_or(DEFAULT_TIMEOUT, Duration::from_secs),
         name: get(props, "FunctionName")
             .and_then(Value::as_str)
             .unwrap_or(id)
@@ -406,22 +533,8 @@ fn lambda_function(
         if get(&p, "FunctionName").and_then(logical_id).as_deref() != Some(id) {
             continue;
         }
-        let source_id = get(&p, "EventSourceArn")
-            .and_then(logical_id)
-            .ok_or_else(|| {
-                TemplateError(format!(
-                    "{mapping_id}.EventSourceArn: expected !GetAtt of a stream or table"
-                ))
-            })?;
-        let source = match resources
-            .get(source_id.as_str())
-            .and_then(|r| get(r, "Type"))
-            .and_then(Value::as_str)
-        {
-            Some("AWS::Kinesis::Stream") => SourceRef::Kinesis(source_id),
-            Some("AWS::DynamoDB::Table") => SourceRef::DynamoDb(source_id),
-            // Queues and other sources are not stream triggers: the runtime does not drive them.
-            _ => continue,
+        let Some(source) = mapping_source(resources, mapping_id, &p)? else {
+            continue;
         };
         // SAM names a function's mappings <function><event>: the CDK app keeps those names.
         let name = mapping_id
@@ -729,6 +842,47 @@ pub fn resolve(
     }
 }
 
+/// The template's `Outputs`, each value resolved. A resource the runtime does not make (an IAM
+/// policy) is named by its logical id: nothing the runtime runs can use it.
+pub fn outputs(
+    template: &Value,
+    resolver: &dyn Resolver,
+) -> Result<BTreeMap<String, String>, TemplateError> {
+    struct Declared<'a> {
+        made: &'a dyn Resolver,
+        resources: Option<&'a Value>,
+    }
+    impl Resolver for Declared<'_> {
+        fn reference(&self, id: &str) -> Option<String> {
+            self.made.reference(id).or_else(|| {
+                self.resources
+                    .and_then(|r| get(r, id))
+                    .map(|_| id.to_owned())
+            })
+        }
+        fn attribute(&self, id: &str, attribute: &str) -> Option<String> {
+            self.made.attribute(id, attribute)
+        }
+    }
+    let resolver = &Declared {
+        made: resolver,
+        resources: get(template, "Resources"),
+    };
+    let outputs = get(template, "Outputs").and_then(Value::as_mapping);
+    outputs
+        .into_iter()
+        .flatten()
+        .map(|(name, output)| {
+            let name = name.as_str().unwrap_or_default().to_owned();
+            let value = get(output, "Value")
+                .ok_or_else(|| TemplateError(format!("Outputs.{name}: no Value")))?;
+            let resolved = resolve(value, template, resolver)
+                .map_err(|e| TemplateError(format!("Outputs.{name}: {}", e.0)))?;
+            Ok((name, resolved))
+        })
+        .collect()
+}
+
 /// A whole number written in the template: literally, as text, or as `!Ref` of a parameter.
 fn whole_number(value: &Value, template: &Value) -> Option<u64> {
     match value {
@@ -977,6 +1131,59 @@ Resources:
         assert_eq!(
             c.resolved_env(&cfn_template, &Names).unwrap(),
             s.resolved_env(&sam_template, &Names).unwrap()
+        );
+    }
+
+    const CONSUMER: &str = r#"
+Parameters:
+  Target: { Type: String }
+  Failed: { Type: String, Default: "arn:aws:sqs:us-east-1:000000000000:failed" }
+  Prefix: { Type: String, Default: "p-" }
+Resources:
+  Table:
+    Type: AWS::DynamoDB::Table
+    Properties:
+      TableName: !Sub "${Prefix}live"
+      KeySchema: [{ AttributeName: pk, KeyType: HASH }]
+      StreamSpecification: { StreamViewType: NEW_AND_OLD_IMAGES }
+  Sync:
+    Type: AWS::Lambda::EventSourceMapping
+    Properties:
+      FunctionName: !Ref Target
+      EventSourceArn: !GetAtt Table.StreamArn
+      BatchSize: 100
+      DestinationConfig: { OnFailure: { Destination: !Ref Failed } }
+"#;
+
+    #[test]
+    fn a_mapping_of_another_stacks_function_is_read_with_the_parameters_that_name_it() {
+        let target = "arn:aws:lambda:us-east-1:000000000000:function:sync";
+        let parameters = BTreeMap::from([("Target".to_owned(), target.to_owned())]);
+        let (wiring, _) = parse_with(CONSUMER, &parameters).unwrap();
+        assert!(wiring.functions.is_empty());
+        assert!(matches!(
+            &wiring.resources["Table"],
+            Resource::Table { name, stream: true, .. } if name == "p-live"
+        ));
+        let mapping = &wiring.mappings[0];
+        assert_eq!(
+            (mapping.logical_id.as_str(), mapping.function.as_str()),
+            ("Sync", target)
+        );
+        assert_eq!(mapping.event.source, SourceRef::DynamoDb("Table".into()));
+        assert_eq!(mapping.event.settings.batch_size, 100);
+        assert_eq!(
+            (
+                mapping.event.on_failure.as_deref(),
+                mapping.on_failure_arn.as_deref()
+            ),
+            (None, Some("arn:aws:sqs:us-east-1:000000000000:failed"))
+        );
+
+        let e = parse(CONSUMER).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "template: Sync.FunctionName: !Ref Target: no such resource or parameter"
         );
     }
 
