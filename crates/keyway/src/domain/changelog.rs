@@ -1,5 +1,6 @@
 //! The changelog model: every change to a row is a `Delete` of the row as it was, an `Insert` of
-//! the row as it is, or an update as both, the delete first. State kept by a key the row no longer
+//! the row as it is, or an update as both, the delete first; DynamoDB Streams changes and
+//! Debezium change events (`super::debezium`) alike. State kept by a key the row no longer
 //! has is then removed by the delete, wherever the insert goes: nothing stale is left behind when
 //! a change moves a row to another key (a subscription to another filter key, a row to another
 //! join key).
@@ -8,6 +9,7 @@
 //! images) is completed from the row the caller stored, never guessed: with no stored row there
 //! is nothing to delete.
 
+use super::debezium::{Op, Row, RowEvent};
 use super::{Change, ChangeKind, InvalidInput, Item};
 
 /// One step of a changelog.
@@ -60,8 +62,38 @@ pub fn dynamodb_changes(
     })
 }
 
+/// A Debezium change as changelog steps: a create or a snapshot read inserts `after`, a delete
+/// deletes the row, an update does both, the delete first. The row deleted is the row `stored`
+/// (as the caller last stored it: what state downstream holds); with none stored, the event's
+/// `before` when it is whole (every column `after` has; PostgreSQL's REPLICA IDENTITY DEFAULT
+/// gives the key columns only, or null), else nothing: a row never stored left nothing to delete.
+/// A create or read of a row already stored replaces it (a snapshot read again after a restart),
+/// and a change that leaves the row as stored is no step at all, so a duplicate or a replay
+/// alters nothing. Truncates and messages change no row here (the caller clears a truncated
+/// table).
+pub fn debezium_changes(event: &RowEvent, stored: Option<&Row>) -> Vec<RowChange<Row>> {
+    let after = match event.op {
+        Op::Create | Op::Read | Op::Update => event.after.as_ref(),
+        Op::Delete => None,
+        Op::Truncate | Op::Message => return Vec::new(),
+    };
+    let whole = |before: &&Row| after.is_none_or(|a| a.keys().all(|c| before.contains_key(c)));
+    let before = match event.op {
+        Op::Update | Op::Delete => stored.or(event.before.as_ref().filter(whole)),
+        _ => stored,
+    };
+    if before == after {
+        return Vec::new();
+    }
+    let delete = before.cloned().map(RowChange::Delete);
+    let insert = after.cloned().map(RowChange::Insert);
+    delete.into_iter().chain(insert).collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::domain::AttrValue;
 
@@ -138,5 +170,99 @@ mod tests {
         let e = dynamodb_changes(&keys_only, None).unwrap_err();
         assert_eq!(e.field, "dynamodb.NewImage");
         assert!(e.problem.contains("NEW_AND_OLD_IMAGES"), "{e}");
+    }
+
+    fn json_row(value: serde_json::Value) -> Row {
+        value.as_object().unwrap().clone()
+    }
+
+    fn debezium(op: Op, before: Option<Row>, after: Option<Row>) -> RowEvent {
+        RowEvent {
+            op,
+            before,
+            after,
+            source: Default::default(),
+            ts_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_debezium_update_is_the_delete_of_the_row_before_then_the_insert_of_the_row_after() {
+        let (a, b) = (
+            json_row(json!({"id": 1, "user_id": 7})),
+            json_row(json!({"id": 1, "user_id": 8})),
+        );
+        let update = debezium(Op::Update, Some(a.clone()), Some(b.clone()));
+        assert_eq!(
+            debezium_changes(&update, None),
+            [RowChange::Delete(a.clone()), RowChange::Insert(b.clone())]
+        );
+        let created = debezium(Op::Create, None, Some(a.clone()));
+        assert_eq!(
+            debezium_changes(&created, None),
+            [RowChange::Insert(a.clone())]
+        );
+        let deleted = debezium(Op::Delete, Some(b.clone()), None);
+        assert_eq!(debezium_changes(&deleted, None), [RowChange::Delete(b)]);
+    }
+
+    #[test]
+    fn a_partial_or_missing_before_image_is_completed_from_the_stored_row_never_guessed() {
+        let stored = json_row(json!({"id": 1, "user_id": 7, "name": "a"}));
+        let after = json_row(json!({"id": 1, "user_id": 8, "name": "a"}));
+        let key_only = Some(json_row(json!({"id": 1})));
+        for before in [key_only.clone(), None] {
+            let update = debezium(Op::Update, before.clone(), Some(after.clone()));
+            assert_eq!(
+                debezium_changes(&update, Some(&stored)),
+                [
+                    RowChange::Delete(stored.clone()),
+                    RowChange::Insert(after.clone())
+                ]
+            );
+            // Nothing stored: nothing to delete, and no row made up.
+            assert_eq!(
+                debezium_changes(&update, None),
+                [RowChange::Insert(after.clone())]
+            );
+            let delete = debezium(Op::Delete, before, None);
+            assert_eq!(
+                debezium_changes(&delete, Some(&stored)),
+                [RowChange::Delete(stored.clone())]
+            );
+        }
+    }
+
+    #[test]
+    fn a_primary_key_change_deletes_the_old_row_and_inserts_the_new_one() {
+        // Debezium writes it as a delete of the old key, a tombstone, and a create of the new.
+        let old = json_row(json!({"id": 1, "user_id": 7}));
+        let new = json_row(json!({"id": 2, "user_id": 7}));
+        let delete = debezium(Op::Delete, Some(old.clone()), None);
+        let create = debezium(Op::Create, None, Some(new.clone()));
+        assert_eq!(
+            debezium_changes(&delete, Some(&old)),
+            [RowChange::Delete(old)]
+        );
+        assert_eq!(debezium_changes(&create, None), [RowChange::Insert(new)]);
+    }
+
+    #[test]
+    fn a_replayed_or_duplicate_debezium_change_alters_nothing() {
+        let row = json_row(json!({"id": 1, "user_id": 7}));
+        let create = debezium(Op::Create, None, Some(row.clone()));
+        assert_eq!(debezium_changes(&create, Some(&row)), []);
+        let update = debezium(Op::Update, Some(row.clone()), Some(row.clone()));
+        assert_eq!(debezium_changes(&update, Some(&row)), []);
+        // A snapshot read of a row already stored, changed since: the stored row is replaced.
+        let newer = json_row(json!({"id": 1, "user_id": 9}));
+        let read = debezium(Op::Read, None, Some(newer.clone()));
+        assert_eq!(
+            debezium_changes(&read, Some(&row)),
+            [RowChange::Delete(row), RowChange::Insert(newer)]
+        );
+        for op in [Op::Truncate, Op::Message] {
+            assert_eq!(debezium_changes(&debezium(op, None, None), None), []);
+        }
     }
 }

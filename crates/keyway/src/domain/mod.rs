@@ -5,6 +5,7 @@
 
 pub mod changelog;
 pub mod dead_letter;
+pub mod debezium;
 pub mod hash;
 pub mod invalid;
 pub mod item;

@@ -414,6 +414,7 @@ impl Resolver for Names {
 }
 
 /// A function the runtime runs, by name: what the mappings of another template find it by.
+#[derive(Clone)]
 struct DeployedFunction {
     arn: String,
     handler: Arc<dyn Handler>,
@@ -619,17 +620,12 @@ impl LocalRuntime {
             .function
             .rsplit_once(":function:")
             .map_or(mapping.function.as_str(), |(_, name)| name);
-        let function = self.functions.get(name).ok_or_else(|| {
+        let deployed = self.functions.get(name).cloned().ok_or_else(|| {
             problem(format!(
                 "FunctionName {:?}: no such function is deployed",
                 mapping.function
             ))
         })?;
-        let deployed = DeployedFunction {
-            arn: function.arn.clone(),
-            handler: function.handler.clone(),
-            timeout: function.timeout,
-        };
         let event = &mapping.event;
         let source = self.source(&event.source, names).map_err(problem)?;
         let mut settings = event.settings.clone();
