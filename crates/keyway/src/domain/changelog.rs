@@ -177,13 +177,7 @@ mod tests {
     }
 
     fn debezium(op: Op, before: Option<Row>, after: Option<Row>) -> RowEvent {
-        RowEvent {
-            op,
-            before,
-            after,
-            source: Default::default(),
-            ts_ms: None,
-        }
+        RowEvent::new(op, before, after)
     }
 
     #[test]

@@ -91,6 +91,19 @@ pub struct RowEvent {
     pub ts_ms: Option<i64>,
 }
 
+impl RowEvent {
+    /// An event of `op` with its rows, from no source in particular.
+    pub fn new(op: Op, before: Option<Row>, after: Option<Row>) -> Self {
+        Self {
+            op,
+            before,
+            after,
+            source: Source::default(),
+            ts_ms: None,
+        }
+    }
+}
+
 /// A change event's value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DebeziumEvent {

@@ -1,0 +1,148 @@
+//! Which columns join, and how: `LEFT.COL=RIGHT.COL` (for example `domains.user_id=users.id`),
+//! inner or left outer.
+
+use keyway::domain::debezium::Row;
+use serde_json::Value;
+
+/// A column of a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Column {
+    pub table: String,
+    pub column: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinKind {
+    /// Joined rows only.
+    Inner,
+    /// Every left row, with its right partners or, without one, with none.
+    LeftOuter,
+}
+
+/// The side of the join a table is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Side {
+    Left,
+    Right,
+}
+
+/// What a row joins on: the join column's value, or nothing (SQL's NULL joins no row).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum JoinKey {
+    /// The value as canonical JSON: `7`, `"abc"`.
+    Value(String),
+    Null,
+}
+
+/// An equi-join of two tables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinSpec {
+    pub left: Column,
+    pub right: Column,
+    pub kind: JoinKind,
+}
+
+/// A join that cannot be read.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("join {text:?}: {problem}")]
+pub struct SpecError {
+    pub text: String,
+    pub problem: String,
+}
+
+impl JoinSpec {
+    /// Reads `LEFT.COL=RIGHT.COL`.
+    pub fn parse(text: &str, kind: JoinKind) -> Result<Self, SpecError> {
+        let problem = |problem: &str| SpecError {
+            text: text.to_owned(),
+            problem: problem.to_owned(),
+        };
+        let column = |side: &str| {
+            let (table, column) = side
+                .trim()
+                .split_once('.')
+                .ok_or_else(|| problem("expected TABLE.COLUMN on each side of '='"))?;
+            if table.is_empty() || column.is_empty() {
+                return Err(problem("a table or column name is empty"));
+            }
+            Ok(Column {
+                table: table.to_owned(),
+                column: column.to_owned(),
+            })
+        };
+        let (left, right) = text
+            .split_once('=')
+            .ok_or_else(|| problem("expected LEFT.COLUMN=RIGHT.COLUMN"))?;
+        let (left, right) = (column(left)?, column(right)?);
+        if left.table == right.table {
+            return Err(problem("a table joined with itself is not supported"));
+        }
+        Ok(Self { left, right, kind })
+    }
+
+    /// The side `table` is on, if either.
+    pub fn side(&self, table: &str) -> Option<Side> {
+        if table == self.left.table {
+            Some(Side::Left)
+        } else if table == self.right.table {
+            Some(Side::Right)
+        } else {
+            None
+        }
+    }
+
+    pub fn table(&self, side: Side) -> &str {
+        match side {
+            Side::Left => &self.left.table,
+            Side::Right => &self.right.table,
+        }
+    }
+
+    /// What `row` of `side` joins on.
+    pub fn join_key(&self, side: Side, row: &Row) -> JoinKey {
+        let column = match side {
+            Side::Left => &self.left.column,
+            Side::Right => &self.right.column,
+        };
+        match row.get(column) {
+            None | Some(Value::Null) => JoinKey::Null,
+            Some(value) => JoinKey::Value(value.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_join_reads_as_left_column_equals_right_column() {
+        let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+        assert_eq!(spec.left.table, "domains");
+        assert_eq!(spec.right.column, "id");
+        assert_eq!(spec.side("users"), Some(Side::Right));
+        assert_eq!(spec.side("orders"), None);
+        let row = json!({"id": 1, "user_id": 7}).as_object().unwrap().clone();
+        assert_eq!(spec.join_key(Side::Left, &row), JoinKey::Value("7".into()));
+        let null = json!({"id": 2, "user_id": null})
+            .as_object()
+            .unwrap()
+            .clone();
+        assert_eq!(spec.join_key(Side::Left, &null), JoinKey::Null);
+    }
+
+    #[test]
+    fn a_malformed_join_is_refused_saying_why() {
+        for (text, problem) in [
+            ("domains.user_id", "expected LEFT.COLUMN=RIGHT.COLUMN"),
+            ("domains=users.id", "expected TABLE.COLUMN"),
+            ("domains.=users.id", "empty"),
+            ("users.a=users.b", "itself"),
+        ] {
+            let e = JoinSpec::parse(text, JoinKind::Inner).unwrap_err();
+            assert!(e.problem.contains(problem), "{text}: {e}");
+        }
+    }
+}
