@@ -283,3 +283,27 @@ async fn a_consumer_stack_mapped_to_a_function_not_deployed_is_refused_naming_th
         "Resources/PolicySync: FunctionName \"arn:aws:lambda:us-east-1:000000000000:function:missing\": no such function is deployed"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_moving_from_the_shared_table_to_its_own_keeps_its_newest_subscription() {
+    // The shared table's stream has numbered many changes; the consumer's new table numbers
+    // afresh, from 1: its changes are newer all the same.
+    let mut stack = Stack::new(REGISTRY);
+    let shared = stack.client("live", REGISTRY);
+    for queue in ["live-1", "live-2", "live-1", "live-2"] {
+        shared.subscribe("sheet-1", queue, None).await.unwrap();
+        stack.run().await;
+    }
+    shared.unsubscribe("sheet-1").await.unwrap();
+    stack.run().await;
+    stack.runtime.run_for(Duration::from_secs(2)).await;
+    let own = keyway_stack::deploy_consumer(&mut stack.runtime, "live").unwrap();
+    let registry = QueueRegistry::from_json(REGISTRY).unwrap();
+    let live = stack.client_in(&own, "live", registry);
+    live.subscribe("sheet-1", "live-1", None).await.unwrap();
+    stack.run().await;
+    stack.send(&[event("a", "sheet-1", "update")]);
+    stack.run().await;
+    assert_eq!(stack.received("live-1"), ["a"]);
+    assert!(stack.dead_letters().is_empty());
+}

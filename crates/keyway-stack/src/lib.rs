@@ -49,7 +49,14 @@ pub fn deploy_consumer(runtime: &mut LocalRuntime, consumer: &str) -> Result<Str
         ),
     ]);
     let deployed = runtime.deploy(CONSUMER_TEMPLATE, &parameters, &BTreeMap::new())?;
-    Ok(deployed.outputs["PolicyTableName"].clone())
+    deployed
+        .outputs
+        .get("PolicyTableName")
+        .cloned()
+        .ok_or_else(|| LocalError::Function {
+            path: "Outputs/PolicyTableName".into(),
+            problem: "consumer.yaml must give its policy table's name".into(),
+        })
 }
 
 /// Every function of the template, by logical id.

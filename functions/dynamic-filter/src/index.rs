@@ -43,6 +43,18 @@ pub fn revision(sequence: &str) -> String {
     format!("{sequence:0>REVISION_DIGITS$}")
 }
 
+/// The revision of a change a policy table's stream made at `created_millis`, with sequence
+/// number `sequence`: ordered by when the change was made, then by sequence number. Sequence
+/// numbers alone order the changes of one stream only, and a subscription may move between
+/// tables (from the shared one to its consumer's own, or to a table made again) whose streams
+/// number afresh. Two changes of one subscription in two tables within the same stream time
+/// (a second, as DynamoDB Streams stamps them by default) are ordered by sequence number, which
+/// may not be the order they were made in. The leading `t` sorts every such revision after the
+/// sequence-number-only ones (`revision`) that rows written before may still hold.
+pub fn timed_revision(created_millis: i64, sequence: &str) -> String {
+    format!("t{created_millis:015}{}", revision(sequence))
+}
+
 /// Where a subscription delivers an event: its consumer's queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery<'a> {
@@ -376,6 +388,18 @@ mod tests {
         assert_eq!(gap, Gap { at: 12, found: 14 });
         assert_eq!(index.version(), 11, "nothing applied");
         assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);
+    }
+
+    #[test]
+    fn timed_revisions_order_by_time_then_sequence_and_follow_every_untimed_one() {
+        let early_big = super::timed_revision(1_000, "900000000000000000099");
+        let late_small = super::timed_revision(2_000, "1");
+        assert!(
+            early_big < late_small,
+            "another table's stream numbers afresh"
+        );
+        assert!(super::timed_revision(1_000, "8") < super::timed_revision(1_000, "9"));
+        assert!(super::revision("9".repeat(40).as_str()) < super::timed_revision(0, "1"));
     }
 
     #[test]

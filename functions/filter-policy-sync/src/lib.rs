@@ -25,7 +25,7 @@
 //! it any queue is accepted), `POLICY_TABLE_PREFIX`, and the executor's variables (see
 //! `keyway::lambda::executor_config`).
 
-use dynamic_filter::index::{revision, Revised};
+use dynamic_filter::index::{revision, timed_revision, Revised};
 use dynamic_filter::store::FilterState;
 use dynamic_filter::subscription::{Identity, QueueRegistry, Subscription, CONSUMER, SUBSCRIPTION};
 use keyway::domain::changelog::dynamodb_changes;
@@ -48,7 +48,7 @@ pub struct PolicyChange {
     pub table: Option<String>,
     /// The item's key attributes.
     pub keys: Item,
-    /// The change's stream sequence number, padded (`dynamic_filter::index::revision`).
+    /// When the change was made and its stream sequence number (`index::timed_revision`).
     pub revision: String,
     pub steps: Vec<RowChange<Item>>,
 }
@@ -85,7 +85,12 @@ impl KeyedOperator for PolicySync {
         Ok(PolicyChange {
             table: change.table.clone(),
             keys: change.keys.clone(),
-            revision: revision(record.sequence.as_str()),
+            // Ordered by time first: the same subscription may come from another table's
+            // stream, numbered afresh (a consumer moving to a table of its own).
+            revision: match record.arrival_millis {
+                Some(created) => timed_revision(created, record.sequence.as_str()),
+                None => revision(record.sequence.as_str()),
+            },
             // The old image a stream did not carry is not needed: a removal names only the
             // subscription, which the item's keys give.
             steps: dynamodb_changes(change, None)?,

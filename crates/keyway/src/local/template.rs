@@ -317,22 +317,19 @@ fn external_mappings(
             &p,
             DEFAULT_TIMEOUT,
         )?;
+        // A destination that is none of this template's queues is given by value (a parameter).
+        let destination = get(&p, "DestinationConfig")
+            .and_then(|d| get(d, "OnFailure"))
+            .and_then(|o| get(o, "Destination"));
         let mut on_failure_arn = None;
-        if event
-            .on_failure
-            .as_ref()
-            .is_some_and(|q| !wiring.resources.contains_key(q))
-        {
-            let destination = get(&p, "DestinationConfig")
-                .and_then(|d| get(d, "OnFailure"))
-                .and_then(|o| get(o, "Destination"))
-                .expect("on_failure comes from it");
-            on_failure_arn = Some(
-                resolve(destination, template, &ParametersOnly).map_err(|e| {
+        if let (Some(queue), Some(destination)) = (&event.on_failure, destination) {
+            if !wiring.resources.contains_key(queue) {
+                let arn = resolve(destination, template, &ParametersOnly).map_err(|e| {
                     TemplateError(format!("{mapping_id}.DestinationConfig: {}", e.0))
-                })?,
-            );
-            event.on_failure = None;
+                })?;
+                on_failure_arn = Some(arn);
+                event.on_failure = None;
+            }
         }
         mappings.push(MappingDef {
             logical_id: mapping_id.to_owned(),
