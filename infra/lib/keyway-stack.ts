@@ -84,7 +84,12 @@ function tableTrigger(table: dynamodb.ITable, failedBatches: sqs.IQueue): Dynamo
 }
 
 /** Adds `source` to `fn` under the logical id SAM gives it: <function><event>. */
-function addTrigger(fn: lambda.Function, fnId: string, event: string, source: lambda.IEventSource): void {
+function addTrigger(
+  fn: lambda.Function,
+  fnId: string,
+  event: string,
+  source: lambda.IEventSource,
+): lambda.CfnEventSourceMapping {
   const before = new Set(fn.node.children);
   fn.addEventSource(source);
   const mapping = fn.node.children.find((c) => !before.has(c) && c instanceof lambda.EventSourceMapping);
@@ -92,6 +97,7 @@ function addTrigger(fn: lambda.Function, fnId: string, event: string, source: la
     throw new Error(`${fnId}: the event source ${event} made no event source mapping`);
   }
   logicalId(mapping, `${fnId}${event}`);
+  return mapping.node.defaultChild as lambda.CfnEventSourceMapping;
 }
 
 /** A function of this workspace as template.yaml's Globals make them: the cargo-lambda build of
@@ -163,6 +169,17 @@ export class KeywayStack extends Stack {
         "How long a CloudTrail record waits for the resolution of its caller's access key before " +
         'the identity enricher sends it out unresolved.',
     });
+    const recordMaxAge = new CfnParameter(this, 'RecordMaxAgeSeconds', {
+      type: 'Number',
+      default: 86400,
+      minValue: 60,
+      maxValue: 604800,
+      description:
+        "The oldest record the identity enricher's mappings deliver, in seconds after it reached its " +
+        'stream (an older one goes to the failed-batches queue). The enricher keeps a key\'s ' +
+        "watermarks and state that long past their last change, and an identity that long past its " +
+        "credentials' expiration and grace; then the key's items go.",
+    });
 
     const cloudTrailShards = new CfnParameter(this, 'CloudTrailShards', {
       type: 'Number',
@@ -228,16 +245,18 @@ export class KeywayStack extends Stack {
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
         CUSTOMER_MAP: customerMap.valueAsString,
         BUFFER_TTL_SECONDS: bufferTtl.valueAsString,
-        // As the keyed counter's: both streams keep records 24 hours, the mappings a day.
-        KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
+        KEYWAY_REDELIVERY_WINDOW_SECONDS: recordMaxAge.valueAsString,
       },
     );
     stateTable.grantReadWriteData(enricher);
     feedback.grantReadWrite(enricher);
     enriched.grantWrite(enricher);
     deadLetters.grantSendMessages(enricher);
-    addTrigger(enricher, 'IdentityEnricherFunction', 'CloudTrail', streamTrigger(cloudTrail, failedBatches));
-    addTrigger(enricher, 'IdentityEnricherFunction', 'Feedback', streamTrigger(feedback, failedBatches));
+    // A parameter, which the event source's own range check cannot read: set on the mapping.
+    for (const [event, stream] of [['CloudTrail', cloudTrail], ['Feedback', feedback]] as const) {
+      const mapping = addTrigger(enricher, 'IdentityEnricherFunction', event, streamTrigger(stream, failedBatches));
+      mapping.maximumRecordAgeInSeconds = recordMaxAge.valueAsNumber;
+    }
     // Keyed timers fire from a due-time index this schedule sweeps: a buffered record goes out
     // unresolved within the buffer TTL and a minute, even when its key hears nothing more.
     const sweep = new events.Rule(this, 'IdentityEnricherFunctionSweepTimers', {

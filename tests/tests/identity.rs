@@ -1,16 +1,17 @@
 //! The identity enricher on the executor, its feedback stream looped back by hand: the article's
 //! four records (Alice assumes role-1 and gets ASIA1; role-1 assumes role-2 and gets ASIA2; an
 //! action with each key) come out enriched with Alice as their original actor in every one of
-//! their 24 arrival orders, and a record whose resolution never comes goes out unresolved when
-//! its timer fires.
+//! their 24 arrival orders, a record whose resolution never comes goes out unresolved when
+//! its timer fires, and a key's identity and items go once no record can need them.
 
 use identity_enricher::enricher::{
     reason, EnricherConfig, IdentityEnricher, ENRICHED, EVENTS, FEEDBACK, RESOLUTIONS,
 };
+use keyway::ports::Clock;
 use keyway::sources::kinesis::decode_event;
-use keyway::{Executor, Inputs};
+use keyway::{Executor, ExecutorConfig, Inputs};
 use keyway_tests::harness::{Shard, World};
-use keyway_tests::trails::{article, record, session, ACCOUNT};
+use keyway_tests::trails::{alice, article, record, session, ACCOUNT};
 use serde_json::Value;
 
 /// The enricher on `world`, its events and feedback streams wired.
@@ -247,4 +248,106 @@ async fn a_resolution_racing_the_buffer_timer_sends_the_waiting_record_one_way_o
         .collect();
     assert_eq!(out.len(), 1, "{out:#?}");
     assert_eq!(out[0]["enrichment"]["status"], "unresolved");
+}
+
+/// Runs `record` as one batch on `shard` under its caller's key, looping the resolution it
+/// publishes, if any, back through `feedback`.
+async fn deliver(
+    world: &World,
+    executor: &Executor<IdentityEnricher>,
+    (events, feedback): (&mut Shard, &mut Shard),
+    record: &Value,
+) {
+    let before = world.outputs(RESOLUTIONS.name).len();
+    events.arrival_millis = world.clock.now_millis();
+    feedback.arrival_millis = world.clock.now_millis();
+    let key = format!(
+        "{ACCOUNT}#{}",
+        record["userIdentity"]["accessKeyId"].as_str().unwrap()
+    );
+    let batch = events.batch(&[(key.as_str(), serde_json::to_vec(record).unwrap())]);
+    executor.run(decode_event(batch).unwrap()).await;
+    for message in &world.outputs(RESOLUTIONS.name)[before..] {
+        let resolution: Value = serde_json::from_str(&message.body).unwrap();
+        let key = format!("{ACCOUNT}#{}", resolution["accessKeyId"].as_str().unwrap());
+        let batch = feedback.batch(&[(key.as_str(), message.body.clone().into_bytes())]);
+        executor.run(decode_event(batch).unwrap()).await;
+    }
+}
+
+#[tokio::test]
+async fn an_identity_is_kept_through_its_credentials_and_the_lateness_then_the_keys_items_go() {
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let lateness = std::time::Duration::from_secs(3600);
+    let config = EnricherConfig {
+        lateness,
+        ..EnricherConfig::default()
+    };
+    let grace = config.grace.as_millis() as i64;
+    let executor = enricher(&world, config).with_config(ExecutorConfig {
+        redelivery_window: lateness,
+        ..ExecutorConfig::default()
+    });
+    let mut shards = (Shard::new("cloudtrail", 0), Shard::new("feedback", 0));
+    let start = world.clock.now_millis();
+    // Alice's credentials for role-1 last an hour.
+    let mut assume = record("assume", alice(), "AssumeRole", Some(("role-1", "ASIA1")));
+    assume["responseElements"]["credentials"]["expiration"] = "Jan 1, 2026, 1:00:00 AM".into();
+    deliver(&world, &executor, (&mut shards.0, &mut shards.1), &assume).await;
+    let expired = start + 3_600_000 + grace;
+    let late = |id: &str| {
+        let mut r = record(id, session("ASIA1", "role-1"), "ListBuckets", None);
+        r["eventTime"] = "2026-01-01T00:59:00Z".into();
+        r
+    };
+    // A record of the credentials' last minute, delivered late: still traced to Alice.
+    world
+        .clock
+        .advance(expired + lateness.as_millis() as i64 - start - 1_000);
+    deliver(
+        &world,
+        &executor,
+        (&mut shards.0, &mut shards.1),
+        &late("late"),
+    )
+    .await;
+    let out = world.outputs(ENRICHED.name);
+    let last: Value = serde_json::from_str(&out.last().unwrap().body).unwrap();
+    assert_eq!(last["eventID"], "late");
+    assert_eq!(last["enrichment"]["status"], "resolved");
+    assert_eq!(last["enrichment"]["originalActor"]["userName"], "alice");
+    // Past the lateness the identity is gone, and so, once the table's TTL acts, is every item
+    // of both keys: none outlives what a record could still need.
+    world.clock.advance(2_000);
+    deliver(
+        &world,
+        &executor,
+        (&mut shards.0, &mut shards.1),
+        &late("later"),
+    )
+    .await;
+    assert_eq!(
+        world.outputs(ENRICHED.name).len(),
+        out.len(),
+        "a record of expired credentials that comes later than the lateness waits"
+    );
+    world
+        .clock
+        .advance(config_ttl(&EnricherConfig::default()) + lateness.as_millis() as i64);
+    executor.fire_timers(None).await.unwrap();
+    world.clock.advance(lateness.as_millis() as i64 + 1_000);
+    world.table.expire(world.clock.now_millis() / 1000 + 1);
+    let items = world.table.items();
+    let of_keys: Vec<_> = items
+        .iter()
+        .filter(|i| format!("{i:?}").contains("ASIA1") || format!("{i:?}").contains("AKIAALICE"))
+        .collect();
+    assert!(of_keys.is_empty(), "{of_keys:#?}");
+    // The operator's own: its timer sweep's cursor (and its signature history, not counted).
+    assert_eq!(world.state_items(), 1, "{items:#?}");
+}
+
+/// The buffer TTL of `config`, in milliseconds.
+fn config_ttl(config: &EnricherConfig) -> i64 {
+    config.buffer_ttl.as_millis() as i64
 }

@@ -212,6 +212,8 @@ async fn run_enricher(
         shards: SHARDS as usize,
         customer_map,
         buffer_ttl: Duration::from_secs(900),
+        lateness: crate::enrich::LATENESS,
+        start_millis: TrafficConfig::default().start_millis,
     };
     let start = thread_cpu_time();
     let summary = Run::deploy(&settings)?

@@ -24,6 +24,8 @@ pub async fn run(records: usize, seed: u64) -> Result<(), CliError> {
         shards: 4,
         customer_map: Traffic::customer_map_json(&config),
         buffer_ttl: Duration::from_secs(900),
+        lateness: crate::enrich::LATENESS,
+        start_millis: config.start_millis,
     };
     println!("\nidentity enrichment: the IdentityEnricherFunction of template.yaml");
     println!(

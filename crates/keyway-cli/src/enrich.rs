@@ -1,8 +1,11 @@
 //! `keyway enrich`: CloudTrail records through the identity enricher of template.yaml on the
 //! embedded runtime, its events and feedback streams of N shards each, its timers swept on the
 //! template's schedule. Records go in by slices, as a live stream would bring them; after each
-//! slice the stack runs until idle, and what came out is written and dropped, so memory follows
-//! the access keys in flight, not the length of the trail.
+//! slice the stack runs until idle, and what came out is written and dropped. The virtual clock
+//! starts at the first record's time and keeps up with the trail's, so the enricher forgets a
+//! key as it would live: its identity once its credentials expired, any key once nothing used it
+//! for the lateness (an hour by default: the streams are trimmed after each slice, so nothing
+//! comes back later). Memory follows the access keys in use, not the length of the trail.
 //!
 //! Every input record comes out exactly once: the driver derives the output id each record will
 //! go out under (the enricher sends a record under the id of where it was read, whichever record
@@ -25,8 +28,10 @@ use keyway_stack as stack;
 
 /// Records put on the stream between two runs of the stack.
 const SLICE: usize = 2_000;
-/// Where the virtual clock starts.
+/// Where the virtual clock starts when the trail does not say.
 const EPOCH: i64 = 1_767_225_600_000;
+/// How late a record may come after its time, as `keyway enrich` runs the enricher.
+pub const LATENESS: Duration = Duration::from_secs(3600);
 
 /// How the enricher is deployed for a run.
 #[derive(Clone, Debug)]
@@ -36,6 +41,10 @@ pub struct Settings {
     /// The customer map, a JSON object of account id to customer id.
     pub customer_map: String,
     pub buffer_ttl: Duration,
+    /// How late a record may come after its time (the template's RecordMaxAgeSeconds).
+    pub lateness: Duration,
+    /// When the virtual clock starts (epoch milliseconds): the trail's first record's time.
+    pub start_millis: i64,
 }
 
 /// What a run did.
@@ -61,6 +70,8 @@ pub struct Summary {
     pub virtual_time: Duration,
     /// What the state table was asked, as DynamoDB would bill it: reads, writes and calls.
     pub state_table: keyway::local::MeterSnapshot,
+    /// The items the state table holds at the end: what the run's memory follows.
+    pub state_items: usize,
 }
 
 impl Summary {
@@ -135,6 +146,7 @@ pub struct Run {
     summary: Summary,
     customers: CustomerMap,
     buffer_ttl: Duration,
+    start_millis: i64,
 }
 
 impl Run {
@@ -151,11 +163,15 @@ impl Run {
                 "BufferTtlSeconds",
                 settings.buffer_ttl.as_secs().to_string(),
             ),
+            (
+                "RecordMaxAgeSeconds",
+                settings.lateness.as_secs().to_string(),
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        let services = LocalServices::new(EPOCH, FaultPlan::default());
+        let services = LocalServices::new(settings.start_millis, FaultPlan::default());
         let runtime = LocalRuntime::from_template_with(
             stack::TEMPLATE,
             &parameters,
@@ -181,6 +197,7 @@ impl Run {
             summary: Summary::default(),
             customers,
             buffer_ttl: settings.buffer_ttl,
+            start_millis: settings.start_millis,
         })
     }
 
@@ -204,10 +221,11 @@ impl Run {
         progress(self.summary.records);
         self.drain_timers(out).await?;
         let now = keyway::ports::Clock::now_millis(self.services.clock.as_ref());
-        self.summary.virtual_time = Duration::from_millis((now - EPOCH) as u64);
+        self.summary.virtual_time = Duration::from_millis((now - self.start_millis) as u64);
         self.summary.shard_load = self.shards.values().copied().collect();
         if let Some(table) = self.services.dynamodb.table(&self.state_table) {
             self.summary.state_table = table.meter().snapshot();
+            self.summary.state_items = table.len();
         }
         Ok(self.summary)
     }
@@ -217,6 +235,8 @@ impl Run {
         if entries.is_empty() {
             return Ok(());
         }
+        self.keep_up_with(entries.iter().filter_map(event_time).max(), out)
+            .await?;
         let places: Vec<String> = entries.iter().map(|e| e.place().to_owned()).collect();
         let records: Vec<(String, Vec<u8>)> = entries
             .into_iter()
@@ -248,6 +268,23 @@ impl Run {
         self.collect(out)?;
         if let Some(most) = self.waiting.values().copied().max() {
             self.summary.largest_buffer = self.summary.largest_buffer.max(most);
+        }
+        Ok(())
+    }
+
+    /// Runs the stack on until the virtual clock reads `newest`, a slice's newest record's time,
+    /// writing what comes out: the trail's time passes for the enricher's state as it would live.
+    async fn keep_up_with(
+        &mut self,
+        newest: Option<i64>,
+        out: &mut dyn Write,
+    ) -> Result<(), CliError> {
+        let now = keyway::ports::Clock::now_millis(self.services.clock.as_ref());
+        if let Some(behind) = newest.map(|t| t - now).filter(|&d| d > 0) {
+            self.runtime
+                .run_for(Duration::from_millis(behind as u64))
+                .await;
+            self.collect(out)?;
         }
         Ok(())
     }
@@ -356,6 +393,21 @@ impl Run {
     }
 }
 
+/// When the entry's record happened (epoch milliseconds), if it is a record that says.
+pub fn event_time(entry: &Entry) -> Option<i64> {
+    let Entry::Record { value, .. } = entry else {
+        return None;
+    };
+    let record = value
+        .get("detail")
+        .filter(|d| d.is_object())
+        .unwrap_or(value);
+    let text = record.get("eventTime")?.as_str()?;
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
 /// An entry as a producer puts it on the events stream: under its caller's partition key, or,
 /// for what is no CloudTrail record, under a key of its own (the enricher dead-letters it).
 fn partitioned(entry: Entry, customers: &CustomerMap) -> (String, Vec<u8>) {
@@ -377,6 +429,7 @@ pub struct EnrichOptions {
     pub shards: usize,
     pub shuffle: Option<u64>,
     pub buffer_ttl: Duration,
+    pub lateness: Duration,
     pub paths: Vec<std::path::PathBuf>,
 }
 
@@ -386,20 +439,30 @@ pub fn run(options: EnrichOptions) -> Result<(), CliError> {
     if options.shards == 0 {
         return Err("--shards must be at least 1".into());
     }
+    if options.lateness < Duration::from_secs(60) {
+        return Err("--lateness must be at least 60 seconds, as a mapping's record age".into());
+    }
     let customer_map = match &options.customer_map {
         Some(path) => std::fs::read_to_string(path)
             .map_err(|e| format!("--customer-map {}: {e}", path.display()))?,
         None => "{}".to_owned(),
     };
-    let settings = Settings {
-        shards: options.shards,
-        customer_map,
-        buffer_ttl: options.buffer_ttl,
-    };
     let trail = crate::trail::Trail::open(&options.paths)?;
     let entries: Box<dyn Iterator<Item = Result<Entry, CliError>>> = match options.shuffle {
         Some(seed) => Box::new(crate::trail::Shuffled::new(trail, seed, 10_000)),
         None => Box::new(trail),
+    };
+    let mut entries = entries.peekable();
+    let start_millis = match entries.peek() {
+        Some(Ok(entry)) => event_time(entry).unwrap_or(EPOCH),
+        _ => EPOCH,
+    };
+    let settings = Settings {
+        shards: options.shards,
+        customer_map,
+        buffer_ttl: options.buffer_ttl,
+        lateness: options.lateness,
+        start_millis,
     };
     let progress = indicatif::ProgressBar::new_spinner();
     progress.set_draw_target(indicatif::ProgressDrawTarget::stderr());
@@ -482,6 +545,7 @@ pub fn report(summary: &Summary, settings: &Settings, wall: Duration) -> String 
         per_1000(summary.state_table.read_units),
         per_1000(summary.state_table.write_units)
     );
+    text += &format!("  state items at end   {:>10}\n", summary.state_items);
     if summary.repeats > 0 {
         text += &format!("  repeats dropped      {:>10}\n", summary.repeats);
     }
@@ -526,6 +590,8 @@ mod tests {
             shards: 3,
             customer_map: Traffic::customer_map_json(&config),
             buffer_ttl: Duration::from_secs(300),
+            lateness: LATENESS,
+            start_millis: EPOCH,
         };
         let records: Vec<Value> = Traffic::new(config, 6_000).unwrap().collect();
         let mut input: Vec<Result<Entry, CliError>> = entries(records.clone()).collect();

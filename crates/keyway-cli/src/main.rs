@@ -9,6 +9,7 @@ mod demo_identity;
 mod enrich;
 mod error;
 mod filter;
+mod generate;
 mod ids;
 mod package;
 mod signatures;
@@ -70,6 +71,10 @@ enum Command {
         /// Seconds a record waits for its caller's identity before it goes out unresolved.
         #[arg(long, default_value_t = 900)]
         buffer_ttl: u64,
+        /// Seconds a record may come after its time (the trail's disorder): the enricher keeps
+        /// an identity that long past its credentials' expiration, and an unused key that long.
+        #[arg(long, default_value_t = 3600)]
+        lateness: u64,
         /// CloudTrail log files (gzipped or not), JSON Lines of records, single records, or
         /// directories of them.
         #[arg(required = true)]
@@ -133,6 +138,11 @@ enum Command {
     /// The output ids keyway derives: JSON lines `{"operator", "sink", "origin", "sequence",
     /// "index"}` on standard input, one id a line on standard output.
     Ids,
+    /// Generated input for the other commands, on standard output.
+    Generate {
+        #[command(subcommand)]
+        what: GenerateCommand,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -189,6 +199,22 @@ impl From<SubscriptionCommand> for subscriptions::Action {
             SubscriptionCommand::List => Action::List,
         }
     }
+}
+
+#[derive(Subcommand)]
+enum GenerateCommand {
+    /// CloudTrail records as JSON Lines, for `keyway enrich`: customers drawn from Zipf(1.2), role
+    /// chains of up to six sessions across each customer's accounts, interleaved, some missing
+    /// their first AssumeRole; records 10 ms apart.
+    Trail {
+        #[arg(long, default_value_t = 1_000_000)]
+        records: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Writes the generated accounts' customer map here, for `keyway enrich --customer-map`.
+        #[arg(long)]
+        customer_map: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -313,12 +339,14 @@ fn main() -> std::process::ExitCode {
             shards,
             shuffle,
             buffer_ttl,
+            lateness,
             paths,
         } => enrich::run(enrich::EnrichOptions {
             customer_map,
             shards,
             shuffle,
             buffer_ttl: std::time::Duration::from_secs(buffer_ttl),
+            lateness: std::time::Duration::from_secs(lateness),
             paths,
         }),
         Command::Filter {
@@ -348,6 +376,21 @@ fn main() -> std::process::ExitCode {
             action: action.into(),
         }),
         Command::Ids => ids::run(),
+        Command::Generate {
+            what:
+                GenerateCommand::Trail {
+                    records,
+                    seed,
+                    customer_map,
+                },
+        } => generate::trail(
+            &generate::TrailOptions {
+                records,
+                seed,
+                customer_map,
+            },
+            &mut std::io::BufWriter::new(std::io::stdout().lock()),
+        ),
         Command::Bench { which } => bench(which),
     };
     match result {

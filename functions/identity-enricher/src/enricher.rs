@@ -44,10 +44,12 @@ pub const ENRICHED: Sink<Value> = Sink::new("enriched");
 pub const RESOLUTIONS: Sink<Resolution> = Sink::new("resolutions");
 
 /// The identity behind the key, and until when it holds. Whether it applies to a record is the
-/// record's own time's to say (a trail replayed later still resolves). The state goes after
-/// three days: longer than any credentials last (36 hours, GetFederationToken) plus the grace
-/// and the oldest record the stream redelivers (a day), so that no retry of a record that found
-/// the identity finds it gone (what it sent at once, settled, could not change).
+/// record's own time's to say (a trail replayed later still resolves). An identity whose
+/// credentials' expiration is known is kept until then (or from its arrival, for a trail
+/// replayed later) plus the lateness, so that no record of the credentials' life, nor any retry
+/// of one that found it, finds it gone (what it sent at once, settled, could not change). One
+/// without goes after three days: longer than any credentials last (36 hours,
+/// GetFederationToken) plus the grace and the lateness.
 pub const IDENTITY: ValueState<Known> =
     ValueState::new("identity").with_ttl(Duration::from_secs(72 * 3600));
 /// Records waiting for the key's identity, oldest first. A record is JSON of any shape, which no
@@ -118,6 +120,10 @@ pub struct EnricherConfig {
     /// its state (and the release that would follow) without bound. Records beyond it go out
     /// unresolved at once.
     pub max_buffered: usize,
+    /// How late a record can still arrive after its time, redeliveries included: the streams'
+    /// retention and CloudTrail's delivery. A key's state is kept that long past its last change,
+    /// an identity that long past its expiration; then the key's items go.
+    pub lateness: Duration,
 }
 
 impl Default for EnricherConfig {
@@ -128,6 +134,7 @@ impl Default for EnricherConfig {
             grace: Duration::from_secs(15 * 60),
             max_chain_depth: 10,
             max_buffered: 10_000,
+            lateness: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -295,10 +302,18 @@ impl IdentityEnricher {
     fn resolution(&self, ctx: &mut Ctx<'_>, resolution: Resolution) -> Result<(), ProcessError> {
         let grace = self.config.grace.as_millis() as i64;
         let identity = resolution.identity();
-        ctx.value(&IDENTITY)?.set(Known {
+        let known = Known {
             identity: identity.clone(),
             until: resolution.expiration.map(|at| at + grace),
-        });
+        };
+        let lateness = self.config.lateness.as_millis() as i64;
+        let now = ctx.now_millis();
+        match known.until {
+            Some(until) => ctx
+                .value(&IDENTITY)?
+                .set_expiring(known, until.max(now) + lateness),
+            None => ctx.value(&IDENTITY)?.set(known),
+        }
         let waiting = ctx.list(&BUFFER)?.take()?;
         for at in ctx.pending_timers()? {
             ctx.cancel_timer(at)?;
@@ -333,6 +348,11 @@ impl KeyedOperator for IdentityEnricher {
 
     fn delivery(&self) -> Delivery {
         Delivery::Outbox
+    }
+
+    /// A key nobody uses any more goes, watermarks and all, once no record can come late.
+    fn state_ttl(&self) -> Option<Duration> {
+        Some(self.config.lateness)
     }
 
     fn decode(&self, record: &SourceRecord) -> Result<Enrich, InvalidInput> {

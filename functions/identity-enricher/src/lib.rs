@@ -15,7 +15,8 @@
 //! `ENRICHED_SINK` and `DEAD_LETTER_SINK` (`kinesis:<stream>` or `sqs:<queue URL>`); optionally
 //! `CUSTOMER_MAP` (a JSON object of account id to customer id), `BUFFER_TTL_SECONDS`,
 //! `GRACE_SECONDS`, `MAX_CHAIN_DEPTH`, `MAX_BUFFERED`, and the executor's variables (see
-//! `keyway::lambda::executor_config`).
+//! `keyway::lambda::executor_config`), of which `KEYWAY_REDELIVERY_WINDOW_SECONDS` is also how late
+//! a record can come: how long the enricher keeps a key's state past its last change.
 
 pub mod cloudtrail;
 pub mod enricher;
@@ -85,6 +86,10 @@ pub fn enricher_config(env: &Env) -> Result<EnricherConfig, ConfigError> {
     if let Some(most) = number(env, "MAX_BUFFERED")? {
         config.max_buffered = most;
     }
+    // The executor keeps watermarks as long: one setting for how late a record comes.
+    if let Some(seconds) = number::<u64>(env, "KEYWAY_REDELIVERY_WINDOW_SECONDS")? {
+        config.lateness = Duration::from_secs(seconds);
+    }
     Ok(config)
 }
 
@@ -119,8 +124,10 @@ mod tests {
             ("GRACE_SECONDS", "60"),
             ("MAX_CHAIN_DEPTH", "4"),
             ("MAX_BUFFERED", "100"),
+            ("KEYWAY_REDELIVERY_WINDOW_SECONDS", "3600"),
         ]))
         .unwrap();
+        assert_eq!(config.lateness, Duration::from_secs(3600));
         assert_eq!(config.customers.customer_of("111111111111"), "acme");
         assert_eq!(config.buffer_ttl, Duration::from_secs(30));
         assert_eq!(config.grace, Duration::from_secs(60));

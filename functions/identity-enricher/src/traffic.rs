@@ -53,8 +53,9 @@ impl Default for TrafficConfig {
     }
 }
 
-/// How long generated credentials last: longer than any run, so nothing expires mid-way.
-const CREDENTIALS_LAST_MILLIS: i64 = 12 * 3600 * 1000;
+/// How long generated credentials last: an hour, AssumeRole's default. A chain's records span
+/// seconds, so none comes after its key expired; a long trail's old keys expire as they would.
+const CREDENTIALS_LAST_MILLIS: i64 = 3600 * 1000;
 /// How many chains are open at once.
 const OPEN_CHAINS: usize = 64;
 const ACTIONS: [(&str, &str); 6] = [

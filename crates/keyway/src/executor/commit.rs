@@ -279,8 +279,11 @@ impl<O: KeyedOperator> Executor<O> {
         let timers_before = pending_timers(&state.slots);
         let mut changed = work.migrated || work.expired || !state.outbox.is_empty();
         let updates = std::mem::take(&mut work.updates);
-        let updated: Vec<&'static str> = updates.keys().copied().collect();
-        for (name, update) in updates {
+        let updated: Vec<(&'static str, Option<i64>)> = updates
+            .iter()
+            .map(|(name, change)| (*name, change.expires_at))
+            .collect();
+        for (name, super::process::Change { update, .. }) in updates {
             let slot = state.slots.entry(name.to_owned()).or_default();
             slot.apply(update);
             if slot.entries.is_empty() {
@@ -304,21 +307,25 @@ impl<O: KeyedOperator> Executor<O> {
         self.advance(&mut state, &work.run.outcomes, records, now);
         state.outbox = outbox.clone();
         let timers = pending_timers(&state.slots);
-        let states_expire = if self.states.iter().any(|d| d.ttl.is_some()) {
-            expiry::stamp(
-                &mut state,
-                &self.states,
-                updated.into_iter(),
-                now.div_euclid(1000),
-            )
-        } else {
-            None
-        };
-        // A key's state lives its TTL past its last pending timer, so the timer finds it.
+        let states_expire = expiry::stamp(
+            &mut state,
+            &self.states,
+            updated.into_iter(),
+            now.div_euclid(1000),
+        );
+        // A key's state lives its TTL past its last pending timer, so the timer finds it, and
+        // at least as long as a state that expires later.
         let last = timers.last().map_or(now, |&t| t.max(now));
         state.expires_at = match self.operator.state_ttl() {
-            Some(ttl) => Some(last.div_euclid(1000) + ttl.as_secs() as i64),
-            None => states_expire,
+            Some(ttl) => {
+                let key_expires = last.div_euclid(1000) + ttl.as_secs() as i64;
+                Some(
+                    states_expire
+                        .latest
+                        .map_or(key_expires, |l| l.max(key_expires)),
+                )
+            }
+            None => states_expire.latest.filter(|_| states_expire.all),
         };
         let added = timers.difference(&timers_before).copied().collect();
         Some((state, outbox, added))

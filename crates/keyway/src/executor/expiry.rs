@@ -1,6 +1,7 @@
-//! Per-state TTL (`ValueState::with_ttl` and the like): when each state of a key expires, kept in
-//! the key's `keyway.expiry` slot (state name to epoch seconds) by the commit that changes the
-//! state. A state past its time is dropped from the loaded state before the key's records run, so
+//! Per-state TTL (`ValueState::with_ttl` and the like, or a time of the value's own from
+//! `ValueHandle::set_expiring`): when each state of a key expires, kept in the key's
+//! `keyway.expiry` slot (state name to epoch seconds) by the commit that changes the state. A
+//! state past its time is dropped from the loaded state before the key's records run, so
 //! `process` finds it absent, and the key's next commit leaves it out.
 
 use std::collections::BTreeMap;
@@ -33,20 +34,30 @@ pub(super) fn drop_expired(base: &mut KeyState, now_secs: i64) -> bool {
     dropped
 }
 
-/// Stamps the states in `changed` that have a TTL with their expiry, and forgets the expiry of
-/// states no longer stored. Returns when the key's last state expires, if every declared state has
-/// a TTL: the key's slots can all go then.
+/// When a key's states expire, as a commit leaves them.
+pub(super) struct Expiry {
+    /// When the last state with a time expires.
+    pub latest: Option<i64>,
+    /// Every declared state has a TTL: the key's slots can all go at `latest`.
+    pub all: bool,
+}
+
+/// Stamps the states in `changed` (each with the time its run gave it, in epoch milliseconds, if
+/// any) with their expiry, and forgets the expiry of states no longer stored.
 pub(super) fn stamp<'n>(
     state: &mut KeyState,
     declared: &[StateDescriptor],
-    changed: impl Iterator<Item = &'n str>,
+    changed: impl Iterator<Item = (&'n str, Option<i64>)>,
     now_secs: i64,
-) -> Option<i64> {
+) -> Expiry {
     let mut expiry = read(state);
-    for name in changed {
-        if let Some(ttl) = declared.iter().find(|d| d.name == name).and_then(|d| d.ttl) {
-            expiry.insert(name.to_owned(), now_secs + ttl.as_secs() as i64);
-        }
+    for (name, at_millis) in changed {
+        let ttl = declared.iter().find(|d| d.name == name).and_then(|d| d.ttl);
+        match (at_millis, ttl) {
+            (Some(at), _) => expiry.insert(name.to_owned(), at.div_euclid(1000)),
+            (None, Some(ttl)) => expiry.insert(name.to_owned(), now_secs + ttl.as_secs() as i64),
+            (None, None) => expiry.remove(name),
+        };
     }
     expiry.retain(|name, _| state.slots.contains_key(name));
     let latest = expiry.values().max().copied();
@@ -59,8 +70,10 @@ pub(super) fn stamp<'n>(
             .slots
             .insert(EXPIRY_SLOT.to_owned(), SlotData::fresh(vec![entry]));
     }
-    let every_state_expires = declared.iter().all(|d| d.ttl.is_some());
-    latest.filter(|_| every_state_expires)
+    Expiry {
+        latest,
+        all: declared.iter().all(|d| d.ttl.is_some()),
+    }
 }
 
 #[cfg(test)]
@@ -145,6 +158,84 @@ mod tests {
         );
     }
 
+    /// Keeps a value until the time each record gives it; the key itself lives a minute past
+    /// its last commit. Emits the value it found.
+    struct Until;
+
+    const HELD: ValueState<i64> = ValueState::new("held").with_ttl(Duration::from_secs(60));
+
+    impl KeyedOperator for Until {
+        type Input = (String, i64);
+        fn name(&self) -> &str {
+            "until"
+        }
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![HELD.descriptor()]
+        }
+        fn sinks(&self) -> Vec<SinkDescriptor> {
+            vec![OUT.descriptor()]
+        }
+        fn decode(
+            &self,
+            record: &crate::domain::SourceRecord,
+        ) -> Result<(String, i64), InvalidInput> {
+            key_and_n(record)
+        }
+        fn key(&self, input: &(String, i64)) -> String {
+            input.0.clone()
+        }
+        fn state_ttl(&self) -> Option<Duration> {
+            Some(Duration::from_secs(60))
+        }
+        fn process(&self, ctx: &mut Ctx<'_>, (key, n): (String, i64)) -> Result<(), ProcessError> {
+            let mut held = ctx.value(&HELD)?;
+            let found = held.get().copied().unwrap_or(-1);
+            if n > 0 {
+                held.set_expiring(n, n);
+            }
+            ctx.emit(&OUT, key, &found)
+        }
+    }
+
+    /// When key `a`'s state expires, as stored.
+    async fn stored(b: &super::super::testkit::Bench<Until>) -> Option<i64> {
+        let store =
+            crate::adapters::dynamodb::DynamoStateStore::new(b.table.clone(), b.clock.clone());
+        let mut states = store
+            .load(b.executor.namespace(), &["a".to_owned()])
+            .await
+            .unwrap();
+        states.remove("a").unwrap().expires_at
+    }
+
+    #[tokio::test]
+    async fn a_value_stored_until_its_own_time_outlives_its_ttl_and_keeps_the_key_until_then() {
+        let b = bench(Until, false);
+        let hour_on = START + 3_600_000;
+        b.executor.run(vec![record(1, "p", "a", hour_on)]).await;
+        assert_eq!(
+            stored(&b).await,
+            Some(hour_on / 1000),
+            "the key lives as long as its value, past its own minute"
+        );
+        b.clock.advance(30 * 60_000);
+        b.executor.run(vec![record(2, "p", "a", 0)]).await;
+        b.clock.advance(31 * 60_000);
+        // A value whose time is past: found absent at once; the key keeps its own minute.
+        b.executor.run(vec![record(3, "p", "a", 1)]).await;
+        let sent: Vec<String> = b.out.bodies().concat();
+        assert_eq!(
+            sent,
+            ["-1", &hour_on.to_string(), "-1"],
+            "held past its minute's TTL, gone after its own time"
+        );
+        assert_eq!(
+            stored(&b).await,
+            Some((START + 61 * 60_000) / 1000 + 60),
+            "with its value's time past, the key has its minute"
+        );
+    }
+
     #[test]
     fn a_key_expires_with_its_last_state_only_when_every_state_has_a_ttl() {
         let mut state = KeyState::default();
@@ -153,12 +244,11 @@ mod tests {
             SlotData::fresh(vec![RawValue::from_string("1".into()).unwrap()]),
         );
         let only_last = [LAST.descriptor()];
-        assert_eq!(
-            stamp(&mut state, &only_last, ["last"].into_iter(), 100),
-            Some(160)
-        );
+        let alone = stamp(&mut state, &only_last, [("last", None)].into_iter(), 100);
+        assert_eq!((alone.latest, alone.all), (Some(160), true));
         let both = [COUNT.descriptor(), LAST.descriptor()];
-        assert_eq!(stamp(&mut state, &both, std::iter::empty(), 130), None);
+        let beside = stamp(&mut state, &both, std::iter::empty(), 130);
+        assert_eq!((beside.latest, beside.all), (Some(160), false));
         assert!(state.slots.contains_key(EXPIRY_SLOT));
         assert!(!drop_expired(&mut state, 159));
         assert!(drop_expired(&mut state, 160));

@@ -49,6 +49,12 @@ pub(super) struct KeyRun {
     pub panicked: bool,
 }
 
+/// A slot's change, and when the state expires if the run said so (epoch milliseconds).
+pub(super) struct Change {
+    pub update: SlotUpdate,
+    pub expires_at: Option<i64>,
+}
+
 /// A key through the phases.
 #[derive(Default)]
 pub(super) struct KeyWork {
@@ -57,7 +63,7 @@ pub(super) struct KeyWork {
     pub migrated: bool,
     pub run: KeyRun,
     /// The run's slot changes, encoded.
-    pub updates: BTreeMap<&'static str, SlotUpdate>,
+    pub updates: BTreeMap<&'static str, Change>,
     /// Records found invalid, by position in the key's records: dead-lettered by every run.
     pub invalid: HashMap<usize, InvalidInput>,
     /// How many of the key's records stay applied once their outputs went out.
@@ -114,11 +120,9 @@ impl<O: KeyedOperator> Executor<O> {
         }
     }
 
-    /// Drops the states of the key's loaded state whose own TTL has passed.
+    /// Drops the states of the key's loaded state whose own time (TTL or expiry) has passed.
     pub(super) fn drop_expired_states(&self, work: &mut KeyWork, now: i64) {
-        if self.states.iter().any(|d| d.ttl.is_some()) {
-            work.expired |= super::expiry::drop_expired(&mut work.base, now.div_euclid(1000));
-        }
+        work.expired |= super::expiry::drop_expired(&mut work.base, now.div_euclid(1000));
     }
 
     /// Runs up to `limit` records of one key from its loaded state.
@@ -273,7 +277,7 @@ impl<O: KeyedOperator> Executor<O> {
     pub(super) fn encode(
         &self,
         run: &KeyRun,
-    ) -> Result<BTreeMap<&'static str, SlotUpdate>, InvalidInput> {
+    ) -> Result<BTreeMap<&'static str, Change>, InvalidInput> {
         let mut updates = BTreeMap::new();
         for (name, slot) in &run.slots {
             let update = slot
@@ -294,7 +298,8 @@ impl<O: KeyedOperator> Executor<O> {
                     ),
                 ));
             }
-            updates.insert(*name, update);
+            let expires_at = slot.expires_at();
+            updates.insert(*name, Change { update, expires_at });
         }
         Ok(updates)
     }

@@ -262,7 +262,7 @@ pub fn parse_with(
                 .push(sam_function(&template, id, resource)?),
             Some("AWS::Lambda::Function") => wiring
                 .functions
-                .push(lambda_function(resources, id, resource)?),
+                .push(lambda_function(&template, resources, id, resource)?),
             _ => {}
         }
     }
@@ -311,6 +311,7 @@ fn external_mappings(
             continue;
         };
         let mut event = event_def(
+            template,
             mapping_id,
             mapping_id.to_owned(),
             source,
@@ -425,14 +426,15 @@ fn function_props(id: &str, props: &Value, globals: &Value) -> FunctionProps {
 /// An event source mapping's settings and on-failure queue: SAM's event properties and
 /// `AWS::Lambda::EventSourceMapping`'s properties share these names.
 fn event_def(
+    template: &Value,
     id: &str,
     name: String,
     source: SourceRef,
     p: &Value,
     timeout: Duration,
 ) -> Result<EventDef, TemplateError> {
-    let settings =
-        settings(p, timeout).map_err(|e| TemplateError(format!("{id}.{name}: {}", e.0)))?;
+    let settings = settings(&with_parameters(p, template), timeout)
+        .map_err(|e| TemplateError(format!("{id}.{name}: {}", e.0)))?;
     let on_failure = get(p, "DestinationConfig")
         .and_then(|d| get(d, "OnFailure"))
         .and_then(|o| get(o, "Destination"))
@@ -505,7 +507,7 @@ fn sam_function(
             }
             _ => continue,
         };
-        events.push(event_def(id, event_name, source, &p, timeout)?);
+        events.push(event_def(template, id, event_name, source, &p, timeout)?);
     }
     Ok(function.into_function(id, events, schedules))
 }
@@ -513,6 +515,7 @@ fn sam_function(
 /// A plain CloudFormation function (what the CDK synthesizes): its event sources are the
 /// `AWS::Lambda::EventSourceMapping` resources whose `FunctionName` references it.
 fn lambda_function(
+    template: &Value,
     resources: &serde_yaml::Mapping,
     id: &str,
     resource: &Value,
@@ -538,7 +541,14 @@ fn lambda_function(
             .strip_prefix(id)
             .filter(|n| !n.is_empty())
             .unwrap_or(mapping_id);
-        events.push(event_def(id, name.to_owned(), source, &p, timeout)?);
+        events.push(event_def(
+            template,
+            id,
+            name.to_owned(),
+            source,
+            &p,
+            timeout,
+        )?);
     }
     let schedules = rules_targeting(resources, id)?;
     Ok(function.into_function(id, events, schedules))
@@ -621,7 +631,17 @@ fn parse_rate(expression: &str) -> Option<Duration> {
 
 fn settings(p: &Value, timeout: Duration) -> Result<MappingSettings, TemplateError> {
     let defaults = MappingSettings::default();
-    let int = |key: &str| get(p, key).and_then(Value::as_i64);
+    // A setting that is there but no whole number (an unresolved reference) is refused, not
+    // passed over for its default.
+    let int = |key: &str| -> Result<Option<i64>, TemplateError> {
+        get(p, key)
+            .map(|v| {
+                v.as_i64()
+                    .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                    .ok_or_else(|| TemplateError(format!("{key}: {v:?} is not a whole number")))
+            })
+            .transpose()
+    };
     let seconds = |v: i64| {
         if v < 0 {
             None
@@ -663,18 +683,18 @@ fn settings(p: &Value, timeout: Duration) -> Result<MappingSettings, TemplateErr
         }
     }
     Ok(MappingSettings {
-        batch_size: int("BatchSize").map_or(defaults.batch_size, |v| v as usize),
-        maximum_batching_window: int("MaximumBatchingWindowInSeconds")
+        batch_size: int("BatchSize")?.map_or(defaults.batch_size, |v| v as usize),
+        maximum_batching_window: int("MaximumBatchingWindowInSeconds")?
             .map_or(Duration::ZERO, |v| Duration::from_secs(v.max(0) as u64)),
         starting_position,
         report_batch_item_failures,
         bisect_batch_on_function_error: get(p, "BisectBatchOnFunctionError")
             .and_then(Value::as_bool)
             .unwrap_or(false),
-        maximum_retry_attempts: int("MaximumRetryAttempts").and_then(|v| u32::try_from(v).ok()),
-        maximum_record_age: int("MaximumRecordAgeInSeconds").and_then(seconds),
+        maximum_retry_attempts: int("MaximumRetryAttempts")?.and_then(|v| u32::try_from(v).ok()),
+        maximum_record_age: int("MaximumRecordAgeInSeconds")?.and_then(seconds),
         on_failure: None,
-        parallelization_factor: int("ParallelizationFactor").map_or(1, |v| v as u32),
+        parallelization_factor: int("ParallelizationFactor")?.map_or(1, |v| v as u32),
         function_timeout: timeout,
         filters: filter_criteria(p)?,
     })
@@ -712,6 +732,32 @@ fn filter_criteria(p: &Value) -> Result<Vec<Pattern>, TemplateError> {
                 .map_err(|e| TemplateError(format!("FilterCriteria.Filters[{i}].Pattern: {e}")))
         })
         .collect()
+}
+
+/// A mapping's properties with each one that is a parameter (`!Ref P`, `{Ref: P}`) given the
+/// parameter's value, as CloudFormation passes it: a setting made a parameter is read, not
+/// passed over.
+fn with_parameters(p: &Value, template: &Value) -> Value {
+    let Some(properties) = p.as_mapping() else {
+        return p.clone();
+    };
+    let parameter = |value: &Value| {
+        let name = match value {
+            Value::Tagged(tagged) if tagged.tag == "Ref" => tagged.value.as_str()?,
+            Value::Mapping(m) if m.len() == 1 => m.get("Ref")?.as_str()?,
+            _ => return None,
+        };
+        let text = scalar(get(get(get(template, "Parameters")?, name)?, "Default")?);
+        Some(match text.parse::<i64>() {
+            Ok(n) => Value::Number(n.into()),
+            Err(_) => Value::String(text),
+        })
+    };
+    let resolved = properties
+        .iter()
+        .map(|(k, v)| (k.clone(), parameter(v).unwrap_or_else(|| v.clone())))
+        .collect();
+    Value::Mapping(resolved)
 }
 
 /// The logical id a `!GetAtt X.Attr`, `!Ref X` or their long forms point at.
@@ -1024,6 +1070,33 @@ Resources:
         assert_eq!(
             parse_with(&text, &unknown).unwrap_err().0,
             "parameter Region: not in the template"
+        );
+    }
+
+    #[test]
+    fn a_mapping_setting_made_a_parameter_takes_its_value_and_one_no_number_is_refused_by_name() {
+        let text = TEMPLATE
+            .replace(
+                "    Default: dev\n",
+                "    Default: dev\n  MaxAge:\n    Type: Number\n    Default: 3600\n",
+            )
+            .replace(
+                "MaximumRecordAgeInSeconds: -1",
+                "MaximumRecordAgeInSeconds: !Ref MaxAge",
+            );
+        let age = |wiring: &Wiring| wiring.functions[0].events[0].settings.maximum_record_age;
+        assert_eq!(
+            age(&parse(&text).unwrap().0),
+            Some(Duration::from_secs(3600))
+        );
+        let given: BTreeMap<String, String> = [("MaxAge".to_owned(), "600".to_owned())].into();
+        let (wiring, _) = parse_with(&text, &given).unwrap();
+        assert_eq!(age(&wiring), Some(Duration::from_secs(600)));
+        let attribute = text.replace("!Ref MaxAge", "!GetAtt Failed.Arn");
+        let e = parse(&attribute).unwrap_err();
+        assert!(
+            e.0.contains("Counter.Clicks") && e.0.contains("MaximumRecordAgeInSeconds"),
+            "{e}"
         );
     }
 

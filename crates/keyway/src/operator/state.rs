@@ -224,6 +224,11 @@ impl<T> BroadcastState<T> {
 pub(crate) trait TypedSlot: Send {
     /// How the slot changed since it was loaded, or `None` when it did not.
     fn encode(&self, name: &str) -> Result<Option<SlotUpdate>, StateError>;
+    /// When the state expires, if this run said so (`ValueHandle::set_expiring`), in epoch
+    /// milliseconds; otherwise its TTL decides.
+    fn expires_at(&self) -> Option<i64> {
+        None
+    }
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
@@ -249,6 +254,7 @@ fn encode_entry<T: Serialize>(name: &str, value: &T) -> Result<Box<RawValue>, St
 pub(crate) struct ValueSlot<T> {
     value: Option<T>,
     dirty: bool,
+    expires_at: Option<i64>,
 }
 
 impl<T: Serialize + DeserializeOwned + Send + 'static> TypedSlot for ValueSlot<T> {
@@ -261,6 +267,10 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> TypedSlot for ValueSlot<T
             None => Vec::new(),
         };
         Ok(Some(SlotUpdate { keep: 0, tail }))
+    }
+
+    fn expires_at(&self) -> Option<i64> {
+        self.expires_at.filter(|_| self.dirty)
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
@@ -279,6 +289,7 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> SlotType for ValueSlot<T>
         Ok(Self {
             value,
             dirty: false,
+            expires_at: None,
         })
     }
 }
@@ -301,6 +312,15 @@ impl<T> ValueHandle<'_, T> {
     pub fn set(&mut self, value: T) {
         self.slot.value = Some(value);
         self.slot.dirty = true;
+        self.slot.expires_at = None;
+    }
+
+    /// Stores `value` until `at_millis` (epoch milliseconds) rather than for the state's TTL:
+    /// for a value that says itself how long it holds. The key's state lives at least as long
+    /// (see `KeyedOperator::state_ttl`), and reads it as absent from then on.
+    pub fn set_expiring(&mut self, value: T, at_millis: i64) {
+        self.set(value);
+        self.slot.expires_at = Some(at_millis);
     }
 
     pub fn take(&mut self) -> Option<T> {

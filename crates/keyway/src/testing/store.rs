@@ -809,13 +809,38 @@ async fn expiry<T: Table + 'static>(
     )
     .await
     .unwrap();
+    assert_eq!(head_ttl(store, ns, "forever").await, None);
+
+    // A key emptied of its state keeps its watermarks as long as a redelivery can come, then
+    // goes: nothing of a deleted row stays for ever.
+    let mut emptied = load_one(store, ns, "forever").await;
+    emptied.slots.clear();
+    emptied
+        .watermarks
+        .advance(&Origin("s/shardId-0/e".into()), &seq(9), clock.now_millis());
+    commit_one(store, ns, "forever", emptied).await.unwrap();
+    let window = crate::ports::DEFAULT_REDELIVERY_WINDOW.as_secs() as i64;
+    assert_eq!(
+        head_ttl(store, ns, "forever").await,
+        Some(clock.now_millis() / 1000 + window + 1)
+    );
+}
+
+/// The `ttl` of the head of `key`, which must exist.
+async fn head_ttl<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    key: &str,
+) -> Option<i64> {
     let head = store
         .table()
-        .get(&DynamoStateStore::<T>::head_key(ns, "forever"))
+        .get(&DynamoStateStore::<T>::head_key(ns, key))
         .await
         .unwrap()
-        .unwrap();
-    assert!(!head.contains_key(crate::adapters::dynamodb::TTL));
+        .expect("the head");
+    head.get(crate::adapters::dynamodb::TTL)
+        .and_then(|t| t.as_n())
+        .and_then(|t| t.parse().ok())
 }
 
 async fn outboxes<T: Table + 'static>(
@@ -850,6 +875,30 @@ async fn outboxes<T: Table + 'static>(
 
     let cleared = store.clear_outbox(ns, vec![committed]).await;
     assert!(cleared.iter().all(Result::is_ok), "{cleared:?}");
+    // Its segments stay a while for loads that read the head before, then go by TTL, even if
+    // the key never commits again.
+    let pk = DynamoStateStore::<T>::head_key(ns, "ob").pk;
+    let segments: Vec<Item> = store
+        .table()
+        .query_partition(&pk)
+        .await
+        .expect("query")
+        .into_iter()
+        .filter(|i| i["sk"].as_s() != Some("head"))
+        .collect();
+    assert!(!segments.is_empty());
+    let now = clock.now_millis() / 1000;
+    for segment in &segments {
+        let ttl = segment
+            .get(crate::adapters::dynamodb::TTL)
+            .and_then(|t| t.as_n())
+            .and_then(|t| t.parse::<i64>().ok());
+        assert!(
+            ttl.is_some_and(|t| t > now && t <= now + 3600),
+            "{:?} expires within the hour: {ttl:?}",
+            segment["sk"]
+        );
+    }
     let loaded = load_one(store, ns, "ob").await;
     assert!(loaded.outbox.is_empty(), "a cleared outbox is gone");
     assert_eq!(loaded.version, 1, "clearing does not move the version");

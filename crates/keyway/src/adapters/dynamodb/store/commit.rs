@@ -152,7 +152,12 @@ impl<T: Table> DynamoStateStore<T> {
             .watermarks
             .latest_arrival()
             .map(|at| at.div_euclid(1000) + window + 1);
-        let ttl_without_outbox = exp.map(|e| horizon.map_or(e, |h| e.max(h)));
+        let ttl_without_outbox = match exp {
+            Some(e) => Some(horizon.map_or(e, |h| e.max(h))),
+            // A key that holds nothing but watermarks goes once no redelivery can reach them.
+            None if state.slots.is_empty() => horizon,
+            None => None,
+        };
         let ttl = if state.outbox.is_empty() {
             ttl_without_outbox
         } else {
@@ -374,14 +379,36 @@ impl<T: Table> DynamoStateStore<T> {
                 written.ttl,
             )?;
             match self.put_retrying(&item, &Expect::Version(c.version)).await {
-                // The key changed since: its new head took the outbox over.
-                Ok(()) | Err(StoreError::Conflict) => Ok(()),
+                Ok(()) => self.expire_cleared(&written.outbox_segments).await,
+                // The key changed since: its new head took the outbox over, and its next commit
+                // deletes the segments.
+                Err(StoreError::Conflict) => Ok(()),
                 Err(err) => Err(err),
             }
         });
         join_all(clears).await
     }
 }
+
+impl<T: Table> DynamoStateStore<T> {
+    /// Gives the segments of a cleared outbox a TTL: no head references them, and no commit will
+    /// delete them (a key may never commit again). Not deleted at once: a load that read the
+    /// head before the clear may still be reading them.
+    async fn expire_cleared(&self, segments: &[ItemKey]) -> Result<(), StoreError> {
+        let ttl: Item = [(
+            TTL.to_owned(),
+            AttrValue::N((self.now_secs() + CLEARED_OUTBOX_SECONDS).to_string()),
+        )]
+        .into();
+        for key in segments {
+            self.update_retrying(key, &ttl, &Expect::Anything).await?;
+        }
+        Ok(())
+    }
+}
+
+/// How long the segments of a cleared outbox stay for loads that read the head before.
+const CLEARED_OUTBOX_SECONDS: i64 = 3600;
 
 /// The commit of `p`, with what clearing its outbox takes, if it has one.
 fn committed(p: &Prepared<'_>) -> Result<Committed, StoreError> {
@@ -390,6 +417,12 @@ fn committed(p: &Prepared<'_>) -> Result<Committed, StoreError> {
             pk: p.pk.clone(),
             doc_without_outbox: p.doc(false)?,
             ttl: p.ttl_without_outbox,
+            outbox_segments: p
+                .layout
+                .outbox_segments
+                .iter()
+                .map(|s| outbox_segment_key(&p.pk, s.id))
+                .collect(),
         })
     } else {
         StoreMemo::default()

@@ -228,12 +228,14 @@ pub struct Loaded {
 }
 
 /// What the store remembers of a head it just wrote with an outbox, to clear the outbox after
-/// the sends: the head's doc without it, and the item's `ttl` then.
+/// the sends: the head's doc without it, the item's `ttl` then, and the outbox's segments, which
+/// nothing references once it is cleared.
 #[derive(Clone, Debug)]
 pub struct Written {
     pub pk: String,
     pub doc_without_outbox: String,
     pub ttl: Option<i64>,
+    pub outbox_segments: Vec<super::super::ItemKey>,
 }
 
 /// What a store keeps of a key it loaded: empty for a key it never stored.

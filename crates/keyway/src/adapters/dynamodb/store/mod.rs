@@ -48,7 +48,8 @@
 //! returns empty slots. The item's own `ttl`, which DynamoDB's TTL process acts on, is later:
 //! watermarks must outlive any redelivery (the latest watermark's arrival plus the retention the
 //! commit names), and an outbox never expires, so a head holding one has no `ttl` until it is
-//! cleared. Watermark items expire with their own arrival plus the retention.
+//! cleared. A head with no slots at all (a deleted row, an emptied group) expires with its
+//! watermarks, TTL or not. Watermark items expire with their own arrival plus the retention.
 //!
 //! **Lost responses.** Every commit writes a random token into the head, which keeps the last
 //! `TOKENS_KEPT`. A head put that fails its condition — after a timeout whose write landed, or
