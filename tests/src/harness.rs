@@ -52,7 +52,8 @@ impl World {
         self.sinks_named(self.queues.keys().map(String::as_str))
     }
 
-    fn sinks_named<'a>(&self, names: impl Iterator<Item = &'a str>) -> Sinks {
+    /// The queues of `names`, wired as sinks of their names, and the dead-letter queue.
+    pub fn sinks_named<'a>(&self, names: impl Iterator<Item = &'a str>) -> Sinks {
         let mut sinks = Sinks::new(Arc::new(SqsSink::new(
             self.sqs.clone(),
             &self.dead_letter_url,

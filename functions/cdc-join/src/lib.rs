@@ -4,8 +4,15 @@
 //! source rows.
 //!
 //! `spec` says which columns join and how; `join` holds the rows of both sides under one join key
-//! and says what each change does to the join. The functions that run them on the stack come next
-//! (re-key by join key, then the join with its view table).
+//! and says what each change does to the join, stamped so that `view` builds the join of the
+//! current rows from changes that reach it in any order between join keys. Two operators run
+//! them: `rekey` (Debezium events by primary key to steps by join key) and `joiner` (steps to
+//! stamped joined changes), whose view sink `view_table` keeps the view in DynamoDB. Their
+//! functions and wiring come next.
 
 pub mod join;
+pub mod joiner;
+pub mod rekey;
 pub mod spec;
+pub mod view;
+pub mod view_table;

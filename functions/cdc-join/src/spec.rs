@@ -20,7 +20,10 @@ pub enum JoinKind {
 }
 
 /// The side of the join a table is on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Side {
     Left,
     Right,
@@ -95,6 +98,18 @@ impl JoinSpec {
         match side {
             Side::Left => &self.left.table,
             Side::Right => &self.right.table,
+        }
+    }
+
+    /// The join as written: `domains.user_id=users.id`, and `(left outer)` when it is.
+    pub fn describe(&self) -> String {
+        let join = format!(
+            "{}.{}={}.{}",
+            self.left.table, self.left.column, self.right.table, self.right.column
+        );
+        match self.kind {
+            JoinKind::Inner => join,
+            JoinKind::LeftOuter => format!("{join} (left outer)"),
         }
     }
 

@@ -23,7 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use keyway::adapters::dynamodb::{Expect, ItemKey, Table, ITEM_MAX_BYTES, PK, SK, TTL, VERSION};
+use keyway::adapters::dynamodb::{
+    apply_each, Expect, ItemKey, Table, ITEM_MAX_BYTES, PK, SK, TTL, VERSION,
+};
 use keyway::adapters::retry::Backoff;
 use keyway::domain::{AttrValue, Item, Output};
 use keyway::ports::{Clock, Sink, SinkError, StoreError};
@@ -256,23 +258,12 @@ impl FilterState {
 #[async_trait]
 impl Sink for FilterState {
     async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
-        let mut failed = Vec::new();
-        for (i, message) in messages.iter().enumerate() {
-            let outcome = match serde_json::from_str::<Revised>(&message.body) {
-                Err(e) => Err(SinkError::Rejected(format!(
-                    "not a subscription change: {e}"
-                ))),
-                Ok(change) => self.apply(&change).await.map_err(|e| match e {
-                    StoreError::Invalid(why) => SinkError::Rejected(why),
-                    StoreError::Throttled(why) => SinkError::Throttled(why),
-                    other => SinkError::Unavailable(other.to_string()),
-                }),
-            };
-            if let Err(e) = outcome {
-                failed.push((i, e));
-            }
-        }
-        failed
+        apply_each(
+            messages,
+            "a subscription change",
+            |change: Revised| async move { self.apply(&change).await.map(|_| ()) },
+        )
+        .await
     }
 
     fn max_message_bytes(&self) -> usize {

@@ -12,8 +12,9 @@
 use super::debezium::{Op, Row, RowEvent};
 use super::{Change, ChangeKind, InvalidInput, Item};
 
-/// One step of a changelog.
-#[derive(Clone, Debug, PartialEq)]
+/// One step of a changelog; as JSON `{"op": "delete" | "insert", "row": ...}`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", content = "row", rename_all = "lowercase")]
 pub enum RowChange<R> {
     Delete(R),
     Insert(R),

@@ -7,6 +7,7 @@
 
 mod sdk;
 mod store;
+mod table_sink;
 
 use async_trait::async_trait;
 
@@ -15,6 +16,7 @@ pub use store::{
     DynamoStateStore, HEAD_INLINE_LIMIT, LINEAGES_PER_COMMIT, SEGMENT_TARGET, TOKENS_KEPT,
     WATERMARKS_INLINE,
 };
+pub use table_sink::apply_each;
 
 use crate::domain::{AttrValue, Item};
 use crate::ports::StoreError;

@@ -1,0 +1,177 @@
+//! The re-key: Debezium change events, partitioned by primary key (Debezium Server's Kinesis sink
+//! puts a record under its record key), decomposed into deletes and inserts and re-published to
+//! the changelog stream partitioned by join key, the delete before the insert.
+//!
+//! Per source row (`table#pk`) it keeps the row as last stored: what a delete retracts when its
+//! event has no whole before image (PostgreSQL's REPLICA IDENTITY DEFAULT), never guessed. Each
+//! step is stamped with the position of the change it came from (`join::Stamp`): one row's changes
+//! arrive in order under its primary key, so its steps' stamps grow, and the join and its view
+//! keep a row's order even when its join key moves between shards. A deleted row leaves no state.
+//!
+//! One writer per key (one input stream) and outputs computed from the record and the stored
+//! row alone: emit-then-commit (DESIGN §3); a retry re-emits the same steps under the same ids.
+
+use keyway::domain::changelog::debezium_changes;
+use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Row};
+use keyway::domain::{Payload, RowChange, SourceRecord};
+use keyway::operator::{SinkDescriptor, StateDescriptor};
+use keyway::{Ctx, InvalidInput, KeyedOperator, ProcessError, Sink, ValueState};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::join::Stamp;
+use crate::spec::{JoinKey, JoinSpec, Side};
+
+/// The operator's name: part of its state keys and output ids.
+pub const NAME: &str = "cdc-rekey";
+
+/// The row as last stored: a JSON object of the source row's columns, which no type describes.
+pub const ROW: ValueState<Row> =
+    ValueState::with_shape("row", "Row: JSON object of a source row's columns");
+
+/// Decomposed changes, partitioned by join key.
+pub const CHANGELOG: Sink<Step> = Sink::new("changelog");
+
+/// One step of a source row's changelog, as the join reads it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// The join's group: the join key as JSON text, or for a row without one, a group of its own.
+    pub group: String,
+    pub side: Side,
+    pub table: String,
+    pub pk: String,
+    pub stamp: Stamp,
+    #[serde(flatten)]
+    pub change: RowChange<Row>,
+}
+
+/// A change event as read: which row of which table, and what happened to it.
+#[derive(Clone, Debug)]
+pub struct SourceChange {
+    pub table: String,
+    pub side: Side,
+    pub pk: String,
+    pub event: DebeziumEvent,
+}
+
+/// The re-key of one join.
+#[derive(Clone, Debug)]
+pub struct Rekey {
+    pub spec: JoinSpec,
+}
+
+/// The group a row of `table` (on `side`) with primary key `pk` joins in: its join key, or for a
+/// row without one (NULL joins nothing) a group of its own.
+pub fn group_of(spec: &JoinSpec, side: Side, pk: &str, row: &Row) -> String {
+    match spec.join_key(side, row) {
+        JoinKey::Value(text) => text,
+        JoinKey::Null => format!("null#{}#{pk}", spec.table(side)),
+    }
+}
+
+/// A primary key as text: the value of a one-column key as JSON, or the whole key as JSON.
+pub fn primary_key(key: &Row) -> String {
+    match key.values().next() {
+        Some(value) if key.len() == 1 => value.to_string(),
+        _ => Value::Object(key.clone()).to_string(),
+    }
+}
+
+/// The table of a record: the event's `source.table`, or else the stream's name, which
+/// Debezium Server makes the topic (`prefix.schema.table`): its last part.
+fn table_of(record: &SourceRecord, event: &DebeziumEvent) -> String {
+    match event {
+        DebeziumEvent::Change(change) if change.source.table.is_some() => {
+            change.source.table.clone().unwrap_or_default()
+        }
+        _ => {
+            let stream = record.stream.rsplit('/').next().unwrap_or(&record.stream);
+            stream.rsplit('.').next().unwrap_or(stream).to_owned()
+        }
+    }
+}
+
+impl KeyedOperator for Rekey {
+    type Input = SourceChange;
+
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![ROW.descriptor()]
+    }
+
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        vec![CHANGELOG.descriptor()]
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<SourceChange, InvalidInput> {
+        let Payload::Bytes(data) = &record.payload else {
+            return Err(InvalidInput::new("record", "expected a Kinesis record"));
+        };
+        let event = decode_record(data)?;
+        let key: Value = serde_json::from_str(&record.partition_key).map_err(|e| {
+            InvalidInput::new(
+                "partitionKey",
+                format!("expected the record key as JSON: {e}"),
+            )
+        })?;
+        let pk = primary_key(&decode_key(&key)?);
+        let table = table_of(record, &event);
+        let side = self.spec.side(&table).ok_or_else(|| {
+            InvalidInput::new(
+                "source.table",
+                format!(
+                    "{table:?} is neither side of the join {}",
+                    self.spec.describe()
+                ),
+            )
+        })?;
+        Ok(SourceChange {
+            table,
+            side,
+            pk,
+            event,
+        })
+    }
+
+    fn key(&self, input: &SourceChange) -> String {
+        format!("{}#{}", input.table, input.pk)
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, input: SourceChange) -> Result<(), ProcessError> {
+        let DebeziumEvent::Change(event) = &input.event else {
+            // A tombstone follows a delete for Kafka's compaction: nothing changes.
+            return Ok(());
+        };
+        let sequence = ctx.record().sequence.as_str().to_owned();
+        let mut stored = ctx.value(&ROW)?;
+        let steps = debezium_changes(event, stored.get());
+        let mut out = Vec::with_capacity(steps.len());
+        for change in steps {
+            let stamp = match &change {
+                RowChange::Delete(_) => {
+                    stored.clear();
+                    Stamp::delete(&sequence)
+                }
+                RowChange::Insert(row) => {
+                    stored.set(row.clone());
+                    Stamp::insert(&sequence)
+                }
+            };
+            out.push(Step {
+                group: group_of(&self.spec, input.side, &input.pk, change.row()),
+                side: input.side,
+                table: input.table.clone(),
+                pk: input.pk.clone(),
+                stamp,
+                change,
+            });
+        }
+        for step in out {
+            ctx.emit(&CHANGELOG, step.group.clone(), &step)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,306 @@
+//! The CDC join on the executor: Debezium change events of two tables, put under their record
+//! keys, through the re-key, its changelog spread over shards by join key and taken by the join
+//! in random interleavings and batch sizes, the joined changes applied to a view. The view ends as
+//! the join of the final tables, and the state of both operators holds exactly the live rows.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use cdc_join::join::{Joined, JoinedId, Stamped};
+use cdc_join::joiner::{Join, JOINED, VIEW};
+use cdc_join::rekey::{Rekey, Step, CHANGELOG};
+use cdc_join::spec::{JoinKind, JoinSpec};
+use cdc_join::view::View;
+use cdc_join::view_table::{joined_of, ViewTable};
+use keyway::local::LocalTable;
+use keyway::sources::kinesis::decode_event;
+use keyway::Executor;
+use keyway_tests::harness::{Shard, World};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+type Row = Map<String, Value>;
+
+/// A Debezium event (PostgreSQL, no schema envelope) of `table` and its record key.
+fn event(table: &str, op: &str, before: Option<&Row>, after: Option<&Row>) -> Value {
+    json!({
+        "before": before,
+        "after": after,
+        "source": {"connector": "postgresql", "db": "app", "schema": "public", "table": table, "snapshot": "false"},
+        "op": op,
+        "ts_ms": 1_767_225_600_000_i64
+    })
+}
+
+/// Random changes of `domains` (id, user_id, name) and `users` (id, name): inserts, updates that
+/// move a domain to another user or to none, updates that change a primary key (a delete, a
+/// tombstone and a create, as Debezium sends them), deletes, and events sent twice. Returns the
+/// records as put (table, record key, value or tombstone) and the final tables.
+fn changes(rng: &mut StdRng, n: usize) -> (Vec<(String, String, Option<Value>)>, Tables) {
+    let mut tables: Tables = BTreeMap::new();
+    let mut records = Vec::new();
+    for _ in 0..n {
+        let table = if rng.random_bool(0.6) {
+            "domains"
+        } else {
+            "users"
+        };
+        let id: u32 = rng.random_range(0..8);
+        let rows = tables.entry(table.to_owned()).or_default();
+        let key = json!({"id": id}).to_string();
+        let fresh = |rng: &mut StdRng, id: u32| {
+            let mut r = Row::new();
+            r.insert("id".into(), json!(id));
+            r.insert("name".into(), json!(rng.random_range(0..3)));
+            if table == "domains" {
+                let user = rng.random_range(0..5);
+                r.insert(
+                    "user_id".into(),
+                    if user == 0 { Value::Null } else { json!(user) },
+                );
+            }
+            r
+        };
+        // Sometimes sent twice, as a connector that restarted sends what it sent before.
+        let put = |rng: &mut StdRng, records: &mut Vec<_>, key: &str, value: Option<Value>| {
+            let times = if rng.random_bool(0.05) { 2 } else { 1 };
+            for _ in 0..times {
+                records.push((table.to_owned(), key.to_owned(), value.clone()));
+            }
+        };
+        match rows.get(&id).cloned() {
+            None => {
+                let row = fresh(rng, id);
+                put(
+                    rng,
+                    &mut records,
+                    &key,
+                    Some(event(table, "c", None, Some(&row))),
+                );
+                rows.insert(id, row);
+            }
+            Some(old) => match rng.random_range(0..4) {
+                0 => {
+                    put(
+                        rng,
+                        &mut records,
+                        &key,
+                        Some(event(table, "d", Some(&old), None)),
+                    );
+                    put(rng, &mut records, &key, None);
+                    rows.remove(&id);
+                }
+                1 => {
+                    // The primary key changes: a delete, a tombstone, a create under the new key.
+                    let to: u32 = rng.random_range(8..16);
+                    if rows.contains_key(&to) {
+                        continue;
+                    }
+                    let mut new = fresh(rng, to);
+                    new.insert("id".into(), json!(to));
+                    put(
+                        rng,
+                        &mut records,
+                        &key,
+                        Some(event(table, "d", Some(&old), None)),
+                    );
+                    put(rng, &mut records, &key, None);
+                    let to_key = json!({"id": to}).to_string();
+                    put(
+                        rng,
+                        &mut records,
+                        &to_key,
+                        Some(event(table, "c", None, Some(&new))),
+                    );
+                    rows.remove(&id);
+                    rows.insert(to, new);
+                }
+                _ => {
+                    let new = fresh(rng, id);
+                    put(
+                        rng,
+                        &mut records,
+                        &key,
+                        Some(event(table, "u", Some(&old), Some(&new))),
+                    );
+                    rows.insert(id, new);
+                }
+            },
+        }
+    }
+    (records, tables)
+}
+
+type Tables = BTreeMap<String, BTreeMap<u32, Row>>;
+
+/// The join of the final tables, written plainly.
+fn oracle(kind: JoinKind, tables: &Tables) -> BTreeMap<JoinedId, Joined> {
+    let empty = BTreeMap::new();
+    let domains = tables.get("domains").unwrap_or(&empty);
+    let users = tables.get("users").unwrap_or(&empty);
+    let mut out = BTreeMap::new();
+    for (id, domain) in domains {
+        let partners: Vec<(&u32, &Row)> = users
+            .iter()
+            .filter(|(uid, _)| domain["user_id"] == json!(uid))
+            .collect();
+        let mut add = |right: Option<(&u32, &Row)>| {
+            let joined = Joined {
+                left_pk: id.to_string(),
+                left: domain.clone(),
+                right_pk: right.map(|(uid, _)| uid.to_string()),
+                right: right.map(|(_, u)| u.clone()),
+            };
+            out.insert(joined.id(), joined);
+        };
+        if partners.is_empty() && kind == JoinKind::LeftOuter {
+            add(None);
+        }
+        for partner in partners {
+            add(Some(partner));
+        }
+    }
+    out
+}
+
+/// Rows each operator holds in the world's table: the entries of its slots named `slots`.
+fn state_rows(world: &World, operator: &str, slots: &[&str]) -> usize {
+    world
+        .table
+        .items()
+        .iter()
+        .filter(|i| {
+            i["sk"].as_s().is_some_and(|sk| sk == "head")
+                && i["pk"]
+                    .as_s()
+                    .is_some_and(|pk| pk.starts_with(&format!("{operator}#")))
+        })
+        .map(|i| {
+            let doc: Value = serde_json::from_str(i["doc"].as_s().unwrap()).unwrap();
+            slots
+                .iter()
+                .map(|s| {
+                    assert!(
+                        doc["slots"][s].get("seg").is_none(),
+                        "small enough to inline"
+                    );
+                    doc["slots"][s]["e"].as_array().map_or(0, Vec::len)
+                })
+                .sum::<usize>()
+        })
+        .sum()
+}
+
+async fn run(seed: u64, kind: JoinKind) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let spec = JoinSpec::parse("domains.user_id=users.id", kind).unwrap();
+    let world = World::new(&[CHANGELOG.name, JOINED.name]);
+    let rekey = world.executor(Rekey { spec: spec.clone() });
+    // The join's view sink writes a table of its own, as the function's does.
+    let view_table = Arc::new(LocalTable::new());
+    let sinks = world.sinks_named([JOINED.name].into_iter()).with(
+        &VIEW,
+        Arc::new(ViewTable::new(view_table.clone(), world.clock.clone())),
+    );
+    let join = Executor::new(
+        Join { kind },
+        world.store.clone(),
+        sinks,
+        world.clock.clone(),
+    )
+    .unwrap();
+    let (records, tables) = changes(&mut rng, 250);
+
+    // The re-key, in batches of random size, one shard per table (a key's events in order).
+    let mut sources: BTreeMap<String, Shard> = BTreeMap::new();
+    let mut at = 0;
+    while at < records.len() {
+        let end = (at + rng.random_range(1..20)).min(records.len());
+        let mut by_table: BTreeMap<&str, Vec<(&str, Vec<u8>)>> = BTreeMap::new();
+        for (table, key, value) in &records[at..end] {
+            let data = value
+                .as_ref()
+                .map_or_else(Vec::new, |v| v.to_string().into_bytes());
+            by_table.entry(table).or_default().push((key, data));
+        }
+        for (table, batch) in by_table {
+            let shard = sources
+                .entry(table.to_owned())
+                .or_insert_with(|| Shard::new(&format!("app.public.{table}"), 0));
+            let report = rekey.run(decode_event(shard.batch(&batch)).unwrap()).await;
+            assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
+        }
+        at = end;
+    }
+
+    // The changelog, spread over 1-4 shards by group, each shard's steps in order.
+    let shards = rng.random_range(1..=4);
+    let mut queues: Vec<VecDeque<(String, Vec<u8>)>> = vec![VecDeque::new(); shards];
+    for message in world.outputs(CHANGELOG.name) {
+        let step: Step = serde_json::from_str(&message.body).unwrap();
+        let shard = keyway::domain::hash::kinesis_shard_index(&step.group, shards as u32) as usize;
+        queues[shard].push_back((step.group, message.body.into_bytes()));
+    }
+    let mut changelog: Vec<Shard> = (0..shards)
+        .map(|i| Shard::new("changelog", i as u32))
+        .collect();
+    while queues.iter().any(|q| !q.is_empty()) {
+        let i = rng.random_range(0..shards);
+        let take = rng.random_range(1..10).min(queues[i].len());
+        if take == 0 {
+            continue;
+        }
+        let batch: Vec<(String, Vec<u8>)> = queues[i].drain(..take).collect();
+        let batch: Vec<(&str, Vec<u8>)> =
+            batch.iter().map(|(k, d)| (k.as_str(), d.clone())).collect();
+        let report = join
+            .run(decode_event(changelog[i].batch(&batch)).unwrap())
+            .await;
+        assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
+    }
+
+    // Joined changes reach the view in the order the join sent them across shards.
+    let mut view = View::default();
+    for message in world.outputs(JOINED.name) {
+        let stamped: Stamped = serde_json::from_str(&message.body).unwrap();
+        view.apply(stamped);
+    }
+    let got: BTreeMap<JoinedId, Joined> = view.rows().map(|j| (j.id(), j.clone())).collect();
+    let expected = oracle(kind, &tables);
+    assert_eq!(
+        got.keys().collect::<BTreeSet<_>>(),
+        expected.keys().collect::<BTreeSet<_>>(),
+        "seed {seed} {kind:?}"
+    );
+    assert_eq!(got, expected, "seed {seed} {kind:?}: contents");
+    // The view table, written as the join sent its changes, holds the same rows.
+    let mut table: BTreeMap<JoinedId, Joined> = BTreeMap::new();
+    for item in view_table.items() {
+        if let Some(joined) = joined_of(&item).unwrap() {
+            table.insert(joined.id(), joined);
+        }
+    }
+    assert_eq!(table, expected, "seed {seed} {kind:?}: the view table");
+    let live: usize = tables.values().map(BTreeMap::len).sum();
+    assert_eq!(
+        state_rows(&world, "cdc-rekey", &["row"]),
+        live,
+        "seed {seed}: re-key"
+    );
+    assert_eq!(
+        state_rows(&world, "cdc-join", &["left", "right"]),
+        live,
+        "seed {seed}: join"
+    );
+    assert!(world.dead_letters().is_empty());
+}
+
+#[tokio::test]
+async fn random_changes_through_rekey_and_join_on_several_shards_build_the_join_of_the_final_tables(
+) {
+    for seed in 0..12 {
+        run(seed, JoinKind::Inner).await;
+        run(seed, JoinKind::LeftOuter).await;
+    }
+}
