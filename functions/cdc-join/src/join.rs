@@ -98,6 +98,17 @@ pub struct Stamped {
     pub change: RowChange<Joined>,
 }
 
+/// The joined rows a step can change.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    /// Those of this left row.
+    Left(&'a str),
+    /// Those of this right row, and the left rows without a partner.
+    Right(&'a str),
+    /// All of them.
+    All,
+}
+
 /// A joined row as of a group's state, with its pair.
 #[derive(Clone, PartialEq)]
 struct Current {
@@ -125,6 +136,20 @@ impl Group {
         stamp: Stamp,
         step: RowChange<Row>,
     ) -> Vec<Stamped> {
+        self.apply_within(kind, side, pk, stamp, step, false)
+    }
+
+    /// `apply`, looking at every joined row of the group when `whole` (what the scoped look
+    /// must equal).
+    fn apply_within(
+        &mut self,
+        kind: JoinKind,
+        side: Side,
+        pk: &str,
+        stamp: Stamp,
+        step: RowChange<Row>,
+        whole: bool,
+    ) -> Vec<Stamped> {
         let held = match side {
             Side::Left => self.left.get(pk),
             Side::Right => self.right.get(pk),
@@ -139,7 +164,14 @@ impl Group {
             // The row held goes, whatever version the delete names: it is what the view joined.
             RowChange::Delete(_) => None,
         };
-        let before = self.joined(kind);
+        // Only the joined rows of the row that changed can change: its pairs, and for a right
+        // row, the left rows without a partner when it was the only one or is the first.
+        let scope = match (side, whole) {
+            (_, true) => Scope::All,
+            (Side::Left, false) => Scope::Left(pk),
+            (Side::Right, false) => Scope::Right(pk),
+        };
+        let before = self.joined(kind, scope);
         self.clock += 1;
         let rows = match side {
             Side::Left => &mut self.left,
@@ -151,18 +183,28 @@ impl Group {
         };
         // What went is stamped as the step that took it: the step's stamp on its side.
         let gone = self.joined_with(&before, side, pk, &stamp);
-        diff(gone, self.joined(kind))
+        diff(gone, self.joined(kind, scope))
     }
 
-    /// The joined rows of this group, by identity, each with its pair.
-    fn joined(&self, kind: JoinKind) -> BTreeMap<JoinedId, Current> {
+    /// The joined rows of this group within `scope`, by identity, each with its pair.
+    fn joined(&self, kind: JoinKind, scope: Scope<'_>) -> BTreeMap<JoinedId, Current> {
         let mut out = BTreeMap::new();
-        for (left_pk, left) in &self.left {
+        let lefts: Vec<(&String, &Held)> = match scope {
+            Scope::Left(pk) => self.left.get_key_value(pk).into_iter().collect(),
+            Scope::Right(_) | Scope::All => self.left.iter().collect(),
+        };
+        for (left_pk, left) in lefts {
             let partners: Vec<(Option<&String>, Option<&Held>)> = if self.right.is_empty() {
                 match kind {
                     JoinKind::Inner => Vec::new(),
                     JoinKind::LeftOuter => vec![(None, None)],
                 }
+            } else if let Scope::Right(pk) = scope {
+                let partner = self.right.get_key_value(pk);
+                partner
+                    .map(|(k, r)| (Some(k), Some(r)))
+                    .into_iter()
+                    .collect()
             } else {
                 self.right.iter().map(|(k, r)| (Some(k), Some(r))).collect()
             };
@@ -446,7 +488,17 @@ mod tests {
                     queues.remove(&key);
                 }
                 let group = groups.entry(key).or_default();
-                for stamped in group.apply(kind, step.side, &step.pk, step.stamp, step.change) {
+                let mut whole = group.clone();
+                let Step {
+                    side,
+                    pk,
+                    stamp,
+                    change,
+                } = step;
+                let seen = whole.apply_within(kind, side, &pk, stamp.clone(), change.clone(), true);
+                let out = group.apply(kind, side, &pk, stamp, change);
+                assert_eq!(out, seen, "seed {seed}: the scoped look misses nothing");
+                for stamped in out {
                     view.apply(stamped);
                 }
             }
