@@ -2,6 +2,8 @@
 //! keys, through the re-key, its changelog spread over shards by join key and taken by the join
 //! in random interleavings and batch sizes, the joined changes applied to a view. The view ends as
 //! the join of the final tables, and the state of both operators holds exactly the live rows.
+//! Then the same through both functions as their environment wires them, on the embedded
+//! runtime's streams, mappings and tables.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -302,5 +304,104 @@ async fn random_changes_through_rekey_and_join_on_several_shards_build_the_join_
     for seed in 0..12 {
         run(seed, JoinKind::Inner).await;
         run(seed, JoinKind::LeftOuter).await;
+    }
+}
+
+/// Both functions wired from their environment on the embedded runtime: Debezium records on a
+/// source stream of 2 shards, the changelog on 3, event source mappings as the stack has them.
+async fn through_the_functions(seed: u64, kind: JoinKind) {
+    use keyway::local::{
+        FaultPlan, KeySchema, LocalRuntime, LocalServices, MappingSettings, MappingSource,
+    };
+    let mut rng = StdRng::seed_from_u64(seed);
+    let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+    for table in ["cdc-state", "cdc-view"] {
+        let ttl = Some(keyway::adapters::dynamodb::TTL.to_owned());
+        services
+            .dynamodb
+            .create_table(table, KeySchema::state_table(), ttl, false);
+    }
+    services.kinesis.create_stream("app.public.changes", 2);
+    services.kinesis.create_stream("changelog", 3);
+    services.kinesis.create_stream("joined", 1);
+    let dead_letters = services.sqs.create_queue("cdc-dead-letters");
+    let kind_name = match kind {
+        JoinKind::Inner => "inner",
+        JoinKind::LeftOuter => "left",
+    };
+    let env: keyway::lambda::Env = [
+        ("JOIN", "domains.user_id=users.id".to_owned()),
+        ("JOIN_KIND", kind_name.to_owned()),
+        ("STATE_TABLE", "cdc-state".to_owned()),
+        ("VIEW_TABLE", "cdc-view".to_owned()),
+        ("DEAD_LETTER_SINK", format!("sqs:{dead_letters}")),
+        ("CHANGELOG_SINK", "kinesis:changelog".to_owned()),
+        ("JOINED_SINK", "kinesis:joined".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let rekey = cdc_join::wiring::rekey_handler(services.as_ref(), &env).expect("wired");
+    let join = cdc_join::wiring::join_handler(services.as_ref(), &env).expect("wired");
+    let mut runtime = LocalRuntime::new(services.clone());
+    let settings = MappingSettings {
+        batch_size: 50,
+        report_batch_item_failures: true,
+        bisect_batch_on_function_error: true,
+        ..Default::default()
+    };
+    let source = |stream: &str| MappingSource::Kinesis {
+        kinesis: services.kinesis.clone(),
+        stream: stream.to_owned(),
+    };
+    runtime.add_mapping(
+        "rekey",
+        Arc::new(rekey),
+        source("app.public.changes"),
+        settings.clone(),
+    );
+    runtime.add_mapping("join", Arc::new(join), source("changelog"), settings);
+    let (records, tables) = changes(&mut rng, 250);
+    let put: Vec<(String, Vec<u8>)> = records
+        .into_iter()
+        .map(|(_, key, value)| {
+            let data = value.map_or_else(Vec::new, |v| v.to_string().into_bytes());
+            (key, data)
+        })
+        .collect();
+    services
+        .kinesis
+        .put_in_order("app.public.changes", &put)
+        .await
+        .unwrap();
+    runtime
+        .run_until_idle(std::time::Duration::from_secs(3600))
+        .await
+        .expect("the functions go idle");
+    let view = services.dynamodb.table("cdc-view").unwrap();
+    let mut got: BTreeMap<JoinedId, Joined> = BTreeMap::new();
+    for item in view.items() {
+        if let Some(joined) = joined_of(&item).unwrap() {
+            got.insert(joined.id(), joined);
+        }
+    }
+    assert_eq!(
+        got,
+        oracle(kind, &tables),
+        "seed {seed} {kind:?}: the view table"
+    );
+    let letters = services.sqs.receive(&dead_letters, usize::MAX);
+    assert!(letters.is_empty(), "{:?}", letters.first().map(|m| &m.body));
+    assert!(
+        !services.kinesis.trim("joined").is_empty(),
+        "the joined changelog"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn both_functions_wired_from_their_environment_build_the_view_table_of_the_join() {
+    for seed in 0..4 {
+        through_the_functions(seed, JoinKind::Inner).await;
+        through_the_functions(seed, JoinKind::LeftOuter).await;
     }
 }

@@ -7,8 +7,8 @@
 //! and says what each change does to the join, stamped so that `view` builds the join of the
 //! current rows from changes that reach it in any order between join keys. Two operators run
 //! them: `rekey` (Debezium events by primary key to steps by join key) and `joiner` (steps to
-//! stamped joined changes), whose view sink `view_table` keeps the view in DynamoDB. Their
-//! functions and wiring come next.
+//! stamped joined changes), whose view sink `view_table` keeps the view in DynamoDB; `wiring`
+//! makes each a Lambda handler from its environment. Their binaries and the stack come next.
 
 pub mod join;
 pub mod joiner;
@@ -16,3 +16,4 @@ pub mod rekey;
 pub mod spec;
 pub mod view;
 pub mod view_table;
+pub mod wiring;

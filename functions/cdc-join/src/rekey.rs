@@ -12,7 +12,7 @@
 //! row alone: emit-then-commit (DESIGN §3); a retry re-emits the same steps under the same ids.
 
 use keyway::domain::changelog::debezium_changes;
-use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Row};
+use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Row, RowEvent};
 use keyway::domain::{Payload, RowChange, SourceRecord};
 use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::{Ctx, InvalidInput, KeyedOperator, ProcessError, Sink, ValueState};
@@ -45,13 +45,19 @@ pub struct Step {
     pub change: RowChange<Row>,
 }
 
-/// A change event as read: which row of which table, and what happened to it.
+/// A record as read: a change of a row of a table of the join, or a tombstone, which follows a
+/// delete for Kafka's compaction, names no table and changes nothing.
 #[derive(Clone, Debug)]
-pub struct SourceChange {
-    pub table: String,
-    pub side: Side,
-    pub pk: String,
-    pub event: DebeziumEvent,
+pub enum SourceChange {
+    Change {
+        table: String,
+        side: Side,
+        pk: String,
+        event: Box<RowEvent>,
+    },
+    Tombstone {
+        pk: String,
+    },
 }
 
 /// The re-key of one join.
@@ -77,14 +83,12 @@ pub fn primary_key(key: &Row) -> String {
     }
 }
 
-/// The table of a record: the event's `source.table`, or else the stream's name, which
-/// Debezium Server makes the topic (`prefix.schema.table`): its last part.
-fn table_of(record: &SourceRecord, event: &DebeziumEvent) -> String {
-    match event {
-        DebeziumEvent::Change(change) if change.source.table.is_some() => {
-            change.source.table.clone().unwrap_or_default()
-        }
-        _ => {
+/// The table of a change: its `source.table`, or else the stream's name, which Debezium Server
+/// makes the topic (`prefix.schema.table`): its last part.
+fn table_of(record: &SourceRecord, event: &RowEvent) -> String {
+    match &event.source.table {
+        Some(table) => table.clone(),
+        None => {
             let stream = record.stream.rsplit('/').next().unwrap_or(&record.stream);
             stream.rsplit('.').next().unwrap_or(stream).to_owned()
         }
@@ -110,7 +114,6 @@ impl KeyedOperator for Rekey {
         let Payload::Bytes(data) = &record.payload else {
             return Err(InvalidInput::new("record", "expected a Kinesis record"));
         };
-        let event = decode_record(data)?;
         let key: Value = serde_json::from_str(&record.partition_key).map_err(|e| {
             InvalidInput::new(
                 "partitionKey",
@@ -118,6 +121,9 @@ impl KeyedOperator for Rekey {
             )
         })?;
         let pk = primary_key(&decode_key(&key)?);
+        let DebeziumEvent::Change(event) = decode_record(data)? else {
+            return Ok(SourceChange::Tombstone { pk });
+        };
         let table = table_of(record, &event);
         let side = self.spec.side(&table).ok_or_else(|| {
             InvalidInput::new(
@@ -128,26 +134,34 @@ impl KeyedOperator for Rekey {
                 ),
             )
         })?;
-        Ok(SourceChange {
+        Ok(SourceChange::Change {
             table,
             side,
             pk,
-            event,
+            event: Box::new(event),
         })
     }
 
     fn key(&self, input: &SourceChange) -> String {
-        format!("{}#{}", input.table, input.pk)
+        match input {
+            SourceChange::Change { table, pk, .. } => format!("{table}#{pk}"),
+            SourceChange::Tombstone { pk } => format!("tombstone#{pk}"),
+        }
     }
 
     fn process(&self, ctx: &mut Ctx<'_>, input: SourceChange) -> Result<(), ProcessError> {
-        let DebeziumEvent::Change(event) = &input.event else {
-            // A tombstone follows a delete for Kafka's compaction: nothing changes.
+        let SourceChange::Change {
+            table,
+            side,
+            pk,
+            event,
+        } = input
+        else {
             return Ok(());
         };
         let sequence = ctx.record().sequence.as_str().to_owned();
         let mut stored = ctx.value(&ROW)?;
-        let steps = debezium_changes(event, stored.get());
+        let steps = debezium_changes(&event, stored.get());
         let mut out = Vec::with_capacity(steps.len());
         for change in steps {
             let stamp = match &change {
@@ -161,10 +175,10 @@ impl KeyedOperator for Rekey {
                 }
             };
             out.push(Step {
-                group: group_of(&self.spec, input.side, &input.pk, change.row()),
-                side: input.side,
-                table: input.table.clone(),
-                pk: input.pk.clone(),
+                group: group_of(&self.spec, side, &pk, change.row()),
+                side,
+                table: table.clone(),
+                pk: pk.clone(),
                 stamp,
                 change,
             });

@@ -107,14 +107,9 @@ fn number<T: FromStr>(env: &Env, name: &str) -> Result<Option<T>, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use keyway::lambda::env_of as env;
 
-    fn env(pairs: &[(&str, &str)]) -> Env {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use super::*;
 
     #[test]
     fn the_environment_sets_the_customer_map_and_the_limits() {

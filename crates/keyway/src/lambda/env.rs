@@ -13,6 +13,14 @@ use crate::ports::{Sink, StateStore};
 /// A function's environment variables.
 pub type Env = BTreeMap<String, String>;
 
+/// An environment of `pairs`, as a test or a tool sets one.
+pub fn env_of(pairs: &[(&str, &str)]) -> Env {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
 /// The variable `name`, or an error naming it.
 pub fn required<'a>(env: &'a Env, name: &str) -> Result<&'a str, ConfigError> {
     env.get(name)

@@ -1,0 +1,99 @@
+//! The two functions as Lambda runs them: each operator wired to the ports its environment names.
+//!
+//! Environment of both: `JOIN` (`LEFT.COL=RIGHT.COL`, for example `domains.user_id=users.id`),
+//! `JOIN_KIND` (`inner`, the default, or `left`), `STATE_TABLE`, `DEAD_LETTER_SINK`, and the
+//! executor's variables (see `keyway::lambda::executor_config`). The re-key's: `CHANGELOG_SINK`
+//! (`kinesis:<stream>`, the changelog the join reads). The join's: `JOINED_SINK` (the joined
+//! changelog) and `VIEW_TABLE` (the materialized view, keyed `pk`, `sk`, TTL on `ttl`).
+
+use std::sync::Arc;
+
+use keyway::lambda::{
+    executor_config, required, sink_from, state_store_from, table_from, ConfigError, Env, Platform,
+    SetupError, StreamHandler,
+};
+use keyway::{Executor, Sinks};
+
+use crate::joiner::{Join, JOINED, VIEW};
+use crate::rekey::{Rekey, CHANGELOG};
+use crate::spec::{JoinKind, JoinSpec};
+use crate::view_table::ViewTable;
+
+/// The join the environment names.
+pub fn spec_from(env: &Env) -> Result<JoinSpec, ConfigError> {
+    let kind = match env.get("JOIN_KIND").map(|k| k.trim()) {
+        None | Some("" | "inner") => JoinKind::Inner,
+        Some("left") => JoinKind::LeftOuter,
+        Some(other) => {
+            return Err(ConfigError {
+                name: "JOIN_KIND".into(),
+                problem: format!("{other:?} is not inner or left"),
+            })
+        }
+    };
+    JoinSpec::parse(required(env, "JOIN")?, kind).map_err(|e| ConfigError {
+        name: "JOIN".into(),
+        problem: e.to_string(),
+    })
+}
+
+/// The re-key function.
+pub fn rekey_handler(
+    platform: &dyn Platform,
+    env: &Env,
+) -> Result<StreamHandler<Rekey>, SetupError> {
+    let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
+        .with(&CHANGELOG, sink_from(platform, env, "CHANGELOG_SINK")?);
+    let store = state_store_from(platform, env, "STATE_TABLE")?;
+    let operator = Rekey {
+        spec: spec_from(env)?,
+    };
+    let executor = Executor::new(operator, store, sinks, platform.clock())?;
+    Ok(StreamHandler::new(
+        executor.with_config(executor_config(env)?),
+    ))
+}
+
+/// The join function.
+pub fn join_handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<Join>, SetupError> {
+    let view = ViewTable::new(table_from(platform, env, "VIEW_TABLE")?, platform.clock());
+    let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
+        .with(&JOINED, sink_from(platform, env, "JOINED_SINK")?)
+        .with(&VIEW, Arc::new(view));
+    let store = state_store_from(platform, env, "STATE_TABLE")?;
+    let operator = Join {
+        kind: spec_from(env)?.kind,
+    };
+    let executor = Executor::new(operator, store, sinks, platform.clock())?;
+    Ok(StreamHandler::new(
+        executor.with_config(executor_config(env)?),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use keyway::lambda::env_of as env;
+
+    use super::*;
+
+    #[test]
+    fn the_environment_names_the_join_and_its_kind_and_a_bad_one_is_named() {
+        let spec = spec_from(&env(&[("JOIN", "domains.user_id=users.id")])).unwrap();
+        assert_eq!(
+            (spec.left.table.as_str(), spec.kind),
+            ("domains", JoinKind::Inner)
+        );
+        let left = env(&[("JOIN", "domains.user_id=users.id"), ("JOIN_KIND", "left")]);
+        assert_eq!(spec_from(&left).unwrap().kind, JoinKind::LeftOuter);
+        for (pairs, name) in [
+            (vec![], "JOIN"),
+            (vec![("JOIN", "domains=users")], "JOIN"),
+            (
+                vec![("JOIN", "a.b=c.d"), ("JOIN_KIND", "outer")],
+                "JOIN_KIND",
+            ),
+        ] {
+            assert_eq!(spec_from(&env(&pairs)).unwrap_err().name, name);
+        }
+    }
+}
