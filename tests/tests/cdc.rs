@@ -203,7 +203,11 @@ async fn run(seed: u64, kind: JoinKind) {
     let view_table = Arc::new(LocalTable::new());
     let sinks = world.sinks_named([JOINED.name].into_iter()).with(
         &VIEW,
-        Arc::new(ViewTable::new(view_table.clone(), world.clock.clone())),
+        Arc::new(ViewTable::new(
+            view_table.clone(),
+            world.clock.clone(),
+            std::time::Duration::from_secs(24 * 3600),
+        )),
     );
     let join = Executor::new(
         Join { kind },

@@ -38,10 +38,20 @@ pub struct Join {
 }
 
 impl Join {
-    /// The group as stored.
-    fn load(ctx: &mut Ctx<'_>) -> Result<Group, ProcessError> {
+    /// What a step of `pk` of `side` needs of the group as stored: every right row (the rows a
+    /// left row pairs with, and whether there is any), and of the left rows, that row alone for a
+    /// left step, since a join key with many left rows (a user's many domains) must not copy
+    /// them all for each change of one.
+    fn load(ctx: &mut Ctx<'_>, side: Side, pk: &str) -> Result<Group, ProcessError> {
         let left = ctx.map(&LEFT)?;
-        let left = left.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let left = match side {
+            Side::Left => left
+                .get(&pk.to_owned())
+                .map(|held| (pk.to_owned(), held.clone()))
+                .into_iter()
+                .collect(),
+            Side::Right => left.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        };
         let right = ctx.map(&RIGHT)?;
         let right = right.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let clock = ctx.value(&CLOCK)?.get().copied().unwrap_or(0);
@@ -59,8 +69,10 @@ impl Join {
             Some(held) => map.insert(pk.to_owned(), held.clone()),
             None => map.remove(&pk.to_owned()),
         };
+        // `group` may hold only part of the left rows: the stored maps say whether any is left.
+        let empty = ctx.map(&LEFT)?.is_empty() && ctx.map(&RIGHT)?.is_empty();
         let mut clock = ctx.value(&CLOCK)?;
-        if group.is_empty() {
+        if empty {
             clock.clear();
         } else {
             clock.set(group.clock);
@@ -101,7 +113,7 @@ impl KeyedOperator for Join {
     }
 
     fn process(&self, ctx: &mut Ctx<'_>, step: Step) -> Result<(), ProcessError> {
-        let mut group = Self::load(ctx)?;
+        let mut group = Self::load(ctx, step.side, &step.pk)?;
         let before = group.clock;
         let joined = group.apply(self.kind, step.side, &step.pk, step.stamp, step.change);
         if group.clock == before {

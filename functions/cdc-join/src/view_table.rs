@@ -5,8 +5,9 @@
 //!
 //! Layout (`pk`, `sk`): the left row's primary key, the right row's (`-` for a left row without a
 //! partner, which no primary key as JSON text can be); `rank`; `left` and `right`, the rows as
-//! JSON. A deleted row stays as a tombstone (`deleted`, no rows) for `TOMBSTONE_RETENTION`, past
-//! which no change can come late, then goes by TTL: readers skip items with `deleted`.
+//! JSON. A deleted row stays as a tombstone (`deleted`, no rows) as long as a change can still
+//! come late (the join's redelivery window: a shard can lag that far behind another), then goes
+//! by TTL: readers skip items with `deleted`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,10 +21,6 @@ use keyway::ports::{Clock, Sink, SinkError, StoreError};
 use crate::join::{Joined, Stamped};
 use crate::view::rank;
 
-/// How long a tombstone stays: longer than the streams keep a record (a day) and a redelivery
-/// takes, so no change older than the delete arrives after it went.
-pub const TOMBSTONE_RETENTION: Duration = Duration::from_secs(25 * 3600);
-
 const RANK: &str = "rank";
 const LEFT: &str = "left";
 const RIGHT: &str = "right";
@@ -35,15 +32,19 @@ pub const NO_PARTNER: &str = "-";
 pub struct ViewTable {
     table: Arc<dyn Table>,
     clock: Arc<dyn Clock>,
+    /// How long a tombstone stays: as long as a change older than the delete can still arrive.
+    tombstones: Duration,
     /// A throttle is retried after a backoff: a view write must not cost the batch a retry.
     backoff: Backoff,
 }
 
 impl ViewTable {
-    pub fn new(table: Arc<dyn Table>, clock: Arc<dyn Clock>) -> Self {
+    /// The view in `table`, its tombstones kept for `tombstones` (the join's redelivery window).
+    pub fn new(table: Arc<dyn Table>, clock: Arc<dyn Clock>, tombstones: Duration) -> Self {
         Self {
             table,
             clock,
+            tombstones,
             backoff: Backoff::default(),
         }
     }
@@ -79,7 +80,7 @@ impl ViewTable {
                 }
             }
             RowChange::Delete(_) => {
-                let ttl = self.clock.now_millis() / 1000 + TOMBSTONE_RETENTION.as_secs() as i64;
+                let ttl = self.clock.now_millis() / 1000 + self.tombstones.as_secs() as i64;
                 item.insert(DELETED.to_owned(), AttrValue::Bool(true));
                 item.insert(TTL.to_owned(), AttrValue::N(ttl.to_string()));
             }
@@ -142,5 +143,74 @@ impl Sink for ViewTable {
     /// Ranks order the changes of a row: the sink needs no order of its own.
     fn ordered(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keyway::local::LocalTable;
+    use keyway::ports::ManualClock;
+    use serde_json::json;
+
+    use super::*;
+    use crate::join::Stamp;
+
+    fn change(insert: bool, at: &str) -> Stamped {
+        let joined = Joined {
+            left_pk: "1".into(),
+            left: json!({"id": 1, "user_id": 7}).as_object().unwrap().clone(),
+            right_pk: Some("7".into()),
+            right: Some(json!({"id": 7}).as_object().unwrap().clone()),
+        };
+        let (stamp, change) = if insert {
+            (Stamp::insert(at), RowChange::Insert(joined))
+        } else {
+            (Stamp::delete(at), RowChange::Delete(joined))
+        };
+        Stamped {
+            stamp: (stamp, Stamp::insert("1")),
+            change,
+        }
+    }
+
+    /// The joined rows the view table holds, tombstones left out.
+    fn rows(table: &LocalTable) -> usize {
+        let items = table.items();
+        items.iter().filter_map(|i| joined_of(i).unwrap()).count()
+    }
+
+    /// A shard of the changelog that lags by its whole redelivery window (a sink down for a
+    /// day, a stream kept a week) delivers an insert older than a delete the view applied long
+    /// ago: the tombstone is still there to refuse it, and goes only after the window.
+    #[tokio::test]
+    async fn a_change_from_a_shard_lagging_by_the_whole_window_cannot_bring_a_deleted_row_back() {
+        let table = Arc::new(LocalTable::new());
+        let clock = ManualClock::at(1_767_225_600_000);
+        let week = Duration::from_secs(7 * 24 * 3600);
+        let view = ViewTable::new(table.clone(), clock.clone(), week);
+        view.apply(&change(true, "10")).await.unwrap();
+        view.apply(&change(false, "20")).await.unwrap();
+        // Six days on, DynamoDB's TTL process has run; the stale insert arrives.
+        clock.advance(6 * 24 * 3600 * 1000);
+        table.expire(clock.now_millis() / 1000);
+        view.apply(&change(true, "10")).await.unwrap();
+        assert_eq!(rows(&table), 0, "the deleted row stays deleted");
+        // Past the window the tombstone goes, and nothing of the row is left.
+        clock.advance(2 * 24 * 3600 * 1000);
+        table.expire(clock.now_millis() / 1000);
+        assert!(table.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_change_sent_again_after_a_lost_response_or_in_any_order_writes_the_latest() {
+        let table = Arc::new(LocalTable::new());
+        let clock = ManualClock::at(1_767_225_600_000);
+        let view = ViewTable::new(table.clone(), clock, Duration::from_secs(3600));
+        for stamped in [change(true, "30"), change(false, "20"), change(true, "30")] {
+            view.apply(&stamped).await.unwrap();
+        }
+        assert_eq!(rows(&table), 1);
+        let item = &table.items()[0];
+        assert_eq!(item[RANK].as_s(), Some(rank(&change(true, "30")).as_str()));
     }
 }

@@ -56,7 +56,13 @@ pub fn rekey_handler(
 
 /// The join function.
 pub fn join_handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<Join>, SetupError> {
-    let view = ViewTable::new(table_from(platform, env, "VIEW_TABLE")?, platform.clock());
+    let config = executor_config(env)?;
+    // A tombstone must outlive the lag of any shard of the changelog: its redelivery window.
+    let view = ViewTable::new(
+        table_from(platform, env, "VIEW_TABLE")?,
+        platform.clock(),
+        config.redelivery_window,
+    );
     let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
         .with(&JOINED, sink_from(platform, env, "JOINED_SINK")?)
         .with(&VIEW, Arc::new(view));
@@ -65,9 +71,7 @@ pub fn join_handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<
         kind: spec_from(env)?.kind,
     };
     let executor = Executor::new(operator, store, sinks, platform.clock())?;
-    Ok(StreamHandler::new(
-        executor.with_config(executor_config(env)?),
-    ))
+    Ok(StreamHandler::new(executor.with_config(config)))
 }
 
 #[cfg(test)]
