@@ -12,7 +12,10 @@ published as `cdk deploy` publishes them. For each stack:
   here) has passed and the schedule has swept the timers;
 - dynamic filtering: a consumer subscribes through `keyway subscriptions`, events sent to the
   events stream reach its queue as its pattern says, and after it unsubscribes, none do; the time
-  from a subscription change to the first event filtered by it is measured over several changes.
+  from a subscription change to the first event filtered by it is measured over several changes;
+- the CDC join: Debezium changes of `domains` put on the changes stream under their record keys
+  (a join key moved, a row deleted, a primary key changed) and `users` written to the stack's
+  DynamoDB table build a view table equal to the join of the final tables.
 Failure semantics (partial batch responses, bisection, retries) are the embedded runtime's tests:
 the emulator does not implement them.
 
@@ -84,15 +87,18 @@ def zipped(files):
 BUFFER_TTL_SECONDS = 5
 
 
-def create_stack(cfn, stack, template, parameters=None):
-    """Creates the stack and waits for it; returns its outputs."""
+def create_stack(cfn, stack, template, parameters=None, template_url=None):
+    """Creates the stack from its template's text (or from the template's copy in S3, as a
+    template over CloudFormation's 51,200 bytes must be given) and waits for it; returns its
+    outputs."""
     if parameters is None:
         parameters = {"BufferTtlSeconds": str(BUFFER_TTL_SECONDS)}
+    body = {"TemplateURL": template_url} if template_url else {"TemplateBody": template}
     cfn.create_stack(
         StackName=stack,
-        TemplateBody=template,
         Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
         Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"],
+        **body,
     )
 
     def created():
@@ -130,30 +136,37 @@ def deploy_sam(endpoint, template_path, functions, stack):
 
 
 def deploy_cdk(endpoint, cdk_out, stack):
-    """The CDK app's synthesized stack, its file assets published as `cdk deploy` publishes them:
-    each zipped into the bootstrap bucket under the key the template names."""
+    """The CDK app's synthesized stack, its assets published as `cdk deploy` publishes them: each
+    function's code zipped, and the template itself (over the 51,200 bytes CloudFormation takes
+    inline) copied, into the bootstrap bucket under the key the manifest names."""
     with open(os.path.join(cdk_out, "keyway.assets.json")) as f:
         manifest = json.load(f)
     s3 = client("s3", endpoint)
     made = set()
+    template_url = None
     for asset in manifest["files"].values():
         source = os.path.join(cdk_out, asset["source"]["path"])
-        if asset["source"]["packaging"] != "zip":
-            continue  # the template itself: given to CloudFormation directly
-        files = [
-            (os.path.relpath(os.path.join(d, n), source), os.path.join(d, n), os.access(os.path.join(d, n), os.X_OK))
-            for d, _, names in os.walk(source)
-            for n in names
-        ]
+        if asset["source"]["packaging"] == "zip":
+            files = [
+                (os.path.relpath(os.path.join(d, n), source), os.path.join(d, n), os.access(os.path.join(d, n), os.X_OK))
+                for d, _, names in os.walk(source)
+                for n in names
+            ]
+            body = zipped(files)
+        else:
+            with open(source, "rb") as f:
+                body = f.read()
         for destination in asset["destinations"].values():
             bucket = destination["bucketName"].replace("${AWS::AccountId}", "000000000000").replace("${AWS::Region}", "us-east-1")
             if bucket not in made:
                 s3.create_bucket(Bucket=bucket)
                 made.add(bucket)
-            s3.put_object(Bucket=bucket, Key=destination["objectKey"], Body=zipped(files))
-    with open(os.path.join(cdk_out, "keyway.template.json")) as f:
-        template = f.read()
-    return create_stack(client("cloudformation", endpoint), stack, template)
+            s3.put_object(Bucket=bucket, Key=destination["objectKey"], Body=body)
+            if asset["source"]["path"] == "keyway.template.json":
+                template_url = f"{endpoint}/{bucket}/{destination['objectKey']}"
+    if template_url is None:
+        sys.exit("e2e: the CDK assets manifest names no keyway.template.json")
+    return create_stack(client("cloudformation", endpoint), stack, None, template_url=template_url)
 
 
 def deploy_consumer(endpoint, template_path, stack, outputs, consumer):
@@ -189,6 +202,7 @@ def main():
     check_identity(args.endpoint, stack, outputs)
     consumer = deploy_consumer(args.endpoint, args.consumer_template, stack, outputs, "live")
     check_filter(args.endpoint, stack, outputs, consumer, args.keyway)
+    check_cdc(args.endpoint, stack, outputs)
     delete(args.endpoint, f"{stack}-live")
     delete(args.endpoint, stack)
     stack = f"keyway-e2e-cdk-{run}"
@@ -198,6 +212,7 @@ def main():
     consumer_template = os.path.join(args.cdk_out, "keyway-consumer.template.json")
     consumer = deploy_consumer(args.endpoint, consumer_template, stack, outputs, "live")
     check_filter(args.endpoint, stack, outputs, consumer, args.keyway)
+    check_cdc(args.endpoint, stack, outputs)
     delete(args.endpoint, f"{stack}-live")
     delete(args.endpoint, stack)
 
@@ -485,3 +500,68 @@ def check_filter(endpoint, stack, outputs, consumer, keyway):
 
 if __name__ == "__main__":
     main()
+
+
+def debezium(op, before, after):
+    """A Debezium change event of `domains` (PostgreSQL, no schema envelope)."""
+    source = {"connector": "postgresql", "db": "app", "schema": "public", "table": "domains", "snapshot": "false"}
+    return {"before": before, "after": after, "source": source, "op": op, "ts_ms": 1767225600000}
+
+
+def check_cdc(endpoint, stack, outputs):
+    """Debezium changes of `domains` on the changes stream, `users` in the stack's DynamoDB table:
+    the view table ends as the inner join domains.user_id = users.id of the final tables."""
+    kinesis = client("kinesis", endpoint)
+    dynamodb = client("dynamodb", endpoint)
+    users_table = outputs["CdcUsersTableName"]
+    users = {1: "alice", 2: "bob", 3: "carol"}
+    for uid, name in users.items():
+        dynamodb.put_item(TableName=users_table, Item={"id": {"N": str(uid)}, "name": {"S": name}})
+    dynamodb.put_item(TableName=users_table, Item={"id": {"N": "2"}, "name": {"S": "robert"}})
+    dynamodb.delete_item(TableName=users_table, Key={"id": {"N": "3"}})
+    users = {1: {"id": 1, "name": "alice"}, 2: {"id": 2, "name": "robert"}}
+
+    def domain(did, uid):
+        return {"id": did, "name": f"d{did}.example", "user_id": uid}
+
+    changes = [
+        (101, debezium("c", None, domain(101, 1))),
+        (102, debezium("c", None, domain(102, 2))),
+        (103, debezium("c", None, domain(103, 3))),
+        (104, debezium("c", None, domain(104, 1))),
+        # The join key moves: domain 101 to user 2.
+        (101, debezium("u", domain(101, 1), domain(101, 2))),
+        (104, debezium("d", domain(104, 1), None)),
+        (104, None),
+        # The primary key changes: 102 becomes 105, as Debezium sends it.
+        (102, debezium("d", domain(102, 2), None)),
+        (102, None),
+        (105, debezium("c", None, domain(105, 2))),
+    ]
+    for did, value in changes:
+        data = b"" if value is None else json.dumps(value).encode()
+        kinesis.put_record(StreamName=outputs["CdcChangesStreamName"], PartitionKey=json.dumps({"id": did}), Data=data)
+    domains = {101: domain(101, 2), 103: domain(103, 3), 105: domain(105, 2)}
+    expected = sorted(
+        (str(did), str(row["user_id"]), json.dumps(row, sort_keys=True), json.dumps(users[row["user_id"]], sort_keys=True))
+        for did, row in domains.items()
+        if row["user_id"] in users
+    )
+
+    def view():
+        items = dynamodb.scan(TableName=outputs["CdcViewTableName"], ConsistentRead=True)["Items"]
+        rows = sorted(
+            (i["pk"]["S"], i["sk"]["S"], json.dumps(json.loads(i["left"]["S"]), sort_keys=True), json.dumps(json.loads(i["right"]["S"]), sort_keys=True))
+            for i in items
+            if "deleted" not in i
+        )
+        return rows
+
+    put = time.time()
+    got = view()
+    while got != expected:
+        if time.time() > put + 120:
+            sys.exit(f"e2e: {stack}: the CDC view is {got}, the join of the final tables {expected}")
+        time.sleep(1)
+        got = view()
+    print(f"e2e: {stack}: the CDC view equals the join of the final tables ({len(got)} rows) after {time.time() - put:.1f} s: ok")

@@ -137,22 +137,29 @@ function stream(scope: Construct, id: string, shardCount: number): kinesis.Strea
   return made;
 }
 
+/** A table keyed `pk` and `sk` with TTL on `ttl`, as template.yaml declares the state tables:
+ * retained with the stack, as a stream engine keeps its savepoints. */
+function keyedTable(scope: Construct, id: string): dynamodb.Table {
+  const made = new dynamodb.Table(scope, id, {
+    billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
+    partitionKey: { name: 'pk', type: dynamodb.AttributeType.STRING },
+    sortKey: { name: 'sk', type: dynamodb.AttributeType.STRING },
+    timeToLiveAttribute: 'ttl',
+    removalPolicy: RemovalPolicy.RETAIN,
+  });
+  logicalId(made, id);
+  return made;
+}
+
 export class KeywayStack extends Stack {
   constructor(scope: Construct, id: string, props: KeywayStackProps) {
     super(scope, id, props);
 
     // One table for every operator's state: keys are `operator#signature#key` / `head` or a
     // segment, expired state is deleted by TTL (see the DynamoDB store's module doc).
-    const stateTable = new dynamodb.Table(this, 'StateTable', {
-      billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
-      partitionKey: { name: 'pk', type: dynamodb.AttributeType.STRING },
-      sortKey: { name: 'sk', type: dynamodb.AttributeType.STRING },
-      timeToLiveAttribute: 'ttl',
-      // State outlives the stack, as a stream engine's savepoints do: deleting the stack by
-      // mistake must not lose every key's state.
-      removalPolicy: RemovalPolicy.RETAIN,
-    });
-    logicalId(stateTable, 'StateTable');
+    // State outlives the stack, as a stream engine's savepoints do: deleting the stack by
+    // mistake must not lose every key's state.
+    const stateTable = keyedTable(this, 'StateTable');
 
     const customerMap = new CfnParameter(this, 'CustomerMap', {
       type: 'String',
@@ -266,6 +273,7 @@ export class KeywayStack extends Stack {
     logicalId(sweep, 'IdentityEnricherFunctionSweepTimers');
 
     this.filtering(stateTable, deadLetters, failedBatches, props.functionsDir);
+    this.cdcJoin(stateTable, deadLetters, failedBatches, props.functionsDir);
 
     new CfnOutput(this, 'ClicksStreamName', { value: clicks.streamName });
     new CfnOutput(this, 'CloudTrailStreamName', { value: cloudTrail.streamName });
@@ -305,14 +313,7 @@ export class KeywayStack extends Stack {
 
     // The dynamic filter's state: every subscription as of its last change, and the journal of
     // changes the filter catches up from once a batch (functions/dynamic-filter/src/store.rs).
-    const filterState = new dynamodb.Table(this, 'FilterStateTable', {
-      billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
-      partitionKey: { name: 'pk', type: dynamodb.AttributeType.STRING },
-      sortKey: { name: 'sk', type: dynamodb.AttributeType.STRING },
-      timeToLiveAttribute: 'ttl',
-      removalPolicy: RemovalPolicy.RETAIN,
-    });
-    logicalId(filterState, 'FilterStateTable');
+    const filterState = keyedTable(this, 'FilterStateTable');
     // Subscriptions, one item each, written by consumers through the subscription client: the table
     // consumers may share. A consumer that owns its table (consumer-stack.ts, deployed once per
     // consumer) keeps its subscriptions, permissions and traffic apart from the others'.
@@ -391,5 +392,102 @@ export class KeywayStack extends Stack {
     new CfnOutput(this, 'FailedBatchesQueueArn', { value: failedBatches.queueArn });
     new CfnOutput(this, 'FilterStateTableName', { value: filterState.tableName });
     new CfnOutput(this, 'FilterEventsStreamName', { value: events.streamName });
+  }
+
+  /** The CDC join: Debezium's changes on a stream and a DynamoDB table's on its own, re-keyed by
+   * join key onto the changelog stream, joined into the joined changelog and the view table. */
+  private cdcJoin(
+    stateTable: dynamodb.ITable,
+    deadLetters: sqs.IQueue,
+    failedBatches: sqs.IQueue,
+    functionsDir: string,
+  ): void {
+    const join = new CfnParameter(this, 'CdcJoin', {
+      type: 'String',
+      default: 'domains.user_id=users.id',
+      allowedPattern: '[^.=]+\\.[^.=]+=[^.=]+\\.[^.=]+',
+      description:
+        "The CDC join's equi-join, LEFT_TABLE.COLUMN=RIGHT_TABLE.COLUMN. Tables are named as their " +
+        "changes name them (Debezium's source.table); the stack's DynamoDB source table is `users`.",
+    });
+    const kind = new CfnParameter(this, 'CdcJoinKind', {
+      type: 'String',
+      default: 'inner',
+      allowedValues: ['inner', 'left'],
+      description:
+        'inner keeps joined rows only; left also keeps each left row without a partner, joined ' +
+        'with null.',
+    });
+
+    // Debezium change events (Debezium Server's Kinesis sink: partitioned by record key, every
+    // table routed to this stream), read by the re-key.
+    const changes = stream(this, 'CdcChangesStream', 2);
+    // A source table of the join on DynamoDB: its stream's changes are re-keyed like Debezium's.
+    const users = new dynamodb.Table(this, 'CdcUsersTable', {
+      billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
+      partitionKey: { name: 'id', type: dynamodb.AttributeType.NUMBER },
+      stream: dynamodb.StreamViewType.NEW_AND_OLD_IMAGES,
+      removalPolicy: RemovalPolicy.RETAIN,
+    });
+    logicalId(users, 'CdcUsersTable');
+    // The source rows' changes as deletes and inserts, partitioned by join key; the joined changelog.
+    const changelog = stream(this, 'CdcChangelogStream', 2);
+    const joined = stream(this, 'CdcJoinedStream', 2);
+    // The join of the current source rows, a row per joined pair (pk: the left row, sk: the right
+    // row or "-"); a deleted row stays as a tombstone until its TTL (functions/cdc-join view_table).
+    const view = keyedTable(this, 'CdcViewTable');
+
+    const rekey = rustFunction(
+      this,
+      'CdcRekeyFunction',
+      'cdc-rekey',
+      functionsDir,
+      "Re-publishes source rows' changes as deletes and inserts by join key.",
+      {
+        JOIN: join.valueAsString,
+        JOIN_KIND: kind.valueAsString,
+        STATE_TABLE: stateTable.tableName,
+        CHANGELOG_SINK: `kinesis:${changelog.streamName}`,
+        DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
+        TABLE_NAMES: `{"${users.tableName}": "users"}`,
+        // The streams keep records 24 hours; an hour more covers clock skew.
+        KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
+      },
+    );
+    stateTable.grantReadWriteData(rekey);
+    changelog.grantReadWrite(rekey);
+    deadLetters.grantSendMessages(rekey);
+    addTrigger(rekey, 'CdcRekeyFunction', 'Changes', streamTrigger(changes, failedBatches));
+    addTrigger(rekey, 'CdcRekeyFunction', 'Users', tableTrigger(users, failedBatches));
+
+    const joiner = rustFunction(
+      this,
+      'CdcJoinFunction',
+      'cdc-join',
+      functionsDir,
+      "Joins the two tables' changes per join key into a joined changelog and a view.",
+      {
+        JOIN: join.valueAsString,
+        JOIN_KIND: kind.valueAsString,
+        STATE_TABLE: stateTable.tableName,
+        JOINED_SINK: `kinesis:${joined.streamName}`,
+        VIEW_TABLE: view.tableName,
+        DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
+        // The changelog keeps records 24 hours; an hour more covers clock skew. A deleted view
+        // row's tombstone stays as long.
+        KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
+      },
+    );
+    stateTable.grantReadWriteData(joiner);
+    view.grantReadWriteData(joiner);
+    joined.grantReadWrite(joiner);
+    deadLetters.grantSendMessages(joiner);
+    addTrigger(joiner, 'CdcJoinFunction', 'Changelog', streamTrigger(changelog, failedBatches));
+
+    new CfnOutput(this, 'CdcChangesStreamName', { value: changes.streamName });
+    new CfnOutput(this, 'CdcUsersTableName', { value: users.tableName });
+    new CfnOutput(this, 'CdcChangelogStreamName', { value: changelog.streamName });
+    new CfnOutput(this, 'CdcJoinedStreamName', { value: joined.streamName });
+    new CfnOutput(this, 'CdcViewTableName', { value: view.tableName });
   }
 }

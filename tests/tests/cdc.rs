@@ -198,7 +198,7 @@ async fn run(seed: u64, kind: JoinKind) {
     let mut rng = StdRng::seed_from_u64(seed);
     let spec = JoinSpec::parse("domains.user_id=users.id", kind).unwrap();
     let world = World::new(&[CHANGELOG.name, JOINED.name]);
-    let rekey = world.executor(Rekey { spec: spec.clone() });
+    let rekey = world.executor(Rekey::new(spec.clone()));
     // The join's view sink writes a table of its own, as the function's does.
     let view_table = Arc::new(LocalTable::new());
     let sinks = world.sinks_named([JOINED.name].into_iter()).with(
@@ -407,5 +407,101 @@ async fn both_functions_wired_from_their_environment_build_the_view_table_of_the
     for seed in 0..4 {
         through_the_functions(seed, JoinKind::Inner).await;
         through_the_functions(seed, JoinKind::LeftOuter).await;
+    }
+}
+
+/// A user row as the stack's DynamoDB source table holds it.
+fn user_item(row: &Row) -> keyway::domain::Item {
+    use keyway::domain::AttrValue;
+    row.iter()
+        .map(|(column, value)| {
+            let value = match value {
+                Value::Number(n) => AttrValue::N(n.to_string()),
+                Value::Null => AttrValue::Null,
+                other => AttrValue::S(other.to_string()),
+            };
+            (column.clone(), value)
+        })
+        .collect()
+}
+
+/// The stack as template.yaml deploys it, on the embedded runtime: `domains` from Debezium on
+/// the changes stream, `users` written to the stack's DynamoDB table and re-keyed from its
+/// stream; the view table ends as the join of the final tables.
+async fn through_the_stack(seed: u64, kind: &str) {
+    use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+    let parameters = BTreeMap::from([("CdcJoinKind".to_owned(), kind.to_owned())]);
+    let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+    let mut runtime = LocalRuntime::from_template_with(
+        keyway_stack::TEMPLATE,
+        &parameters,
+        services,
+        &keyway_stack::functions(),
+    )
+    .expect("the template runs");
+    let resources: BTreeMap<&str, String> = [
+        "CdcChangesStream",
+        "CdcUsersTable",
+        "CdcViewTable",
+        "DeadLetterQueue",
+    ]
+    .into_iter()
+    .map(|id| (id, runtime.resource(id).unwrap()))
+    .collect();
+    let resource = |id: &str| resources[id].clone();
+    let (changes_stream, users) = (resource("CdcChangesStream"), resource("CdcUsersTable"));
+    let services = runtime.services.clone();
+    let users = services.dynamodb.table(&users).unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (records, tables) = changes(&mut rng, 250);
+    for (table, key, value) in records {
+        match (table.as_str(), value) {
+            ("users", Some(event)) if event["op"] == "d" => {
+                let id: Row = serde_json::from_str(&key).unwrap();
+                users.delete_item(&user_item(&id)).unwrap();
+            }
+            ("users", Some(event)) => {
+                let row: Row = serde_json::from_value(event["after"].clone()).unwrap();
+                users.put_item(user_item(&row)).unwrap();
+            }
+            ("users", None) => {}
+            (_, value) => {
+                let data = value.map_or_else(Vec::new, |v| v.to_string().into_bytes());
+                services
+                    .kinesis
+                    .put_record(&changes_stream, &key, &data)
+                    .unwrap();
+            }
+        }
+    }
+    runtime
+        .run_until_idle(std::time::Duration::from_secs(3600))
+        .await
+        .expect("the stack goes idle");
+    let view = services.dynamodb.table(&resource("CdcViewTable")).unwrap();
+    let mut got: BTreeMap<JoinedId, Joined> = BTreeMap::new();
+    for item in view.items() {
+        if let Some(joined) = joined_of(&item).unwrap() {
+            got.insert(joined.id(), joined);
+        }
+    }
+    let kind = if kind == "left" {
+        JoinKind::LeftOuter
+    } else {
+        JoinKind::Inner
+    };
+    let joined_users = got.values().filter(|j| j.right.is_some()).count();
+    assert!(joined_users > 0, "seed {seed}: no domain joined a user");
+    assert_eq!(got, oracle(kind, &tables), "seed {seed} {kind:?}: the view");
+    let dead_letters =
+        keyway_tests::dead_letter_reasons(&services.sqs, &resource("DeadLetterQueue"));
+    assert!(dead_letters.is_empty(), "{dead_letters:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stack_joins_debezium_changes_with_a_dynamodb_tables_changes_into_its_view_table() {
+    for seed in 0..3 {
+        through_the_stack(seed, "inner").await;
+        through_the_stack(seed, "left").await;
     }
 }

@@ -86,6 +86,18 @@ pub fn functions() -> BTreeMap<String, Factory> {
             Ok(Arc::new(dynamic_filter::handler(platform, env)?) as Arc<dyn Handler>)
         }),
     );
+    functions.insert(
+        "CdcRekeyFunction".into(),
+        Box::new(|platform, env| {
+            Ok(Arc::new(cdc_join::wiring::rekey_handler(platform, env)?) as Arc<dyn Handler>)
+        }),
+    );
+    functions.insert(
+        "CdcJoinFunction".into(),
+        Box::new(|platform, env| {
+            Ok(Arc::new(cdc_join::wiring::join_handler(platform, env)?) as Arc<dyn Handler>)
+        }),
+    );
     functions
 }
 
@@ -94,9 +106,15 @@ pub fn operators() -> Vec<(String, Vec<StateDescriptor>)> {
     let counter = keyed_counter::KeyedCounter;
     let enricher = identity_enricher::enricher::IdentityEnricher::new(Default::default());
     let sync = filter_policy_sync::PolicySync::default();
+    let spec = cdc_join::spec::JoinSpec::parse("left.id=right.id", cdc_join::spec::JoinKind::Inner)
+        .expect("a join of two tables");
+    let join = cdc_join::joiner::Join { kind: spec.kind };
+    let rekey = cdc_join::rekey::Rekey::new(spec);
     vec![
         (counter.name().to_owned(), counter.states()),
         (enricher.name().to_owned(), enricher.states()),
         (sync.name().to_owned(), sync.states()),
+        (rekey.name().to_owned(), rekey.states()),
+        (join.name().to_owned(), join.states()),
     ]
 }

@@ -1,6 +1,7 @@
 //! The re-key: Debezium change events, partitioned by primary key (Debezium Server's Kinesis sink
-//! puts a record under its record key), decomposed into deletes and inserts and re-published to
-//! the changelog stream partitioned by join key, the delete before the insert.
+//! puts a record under its record key), and a DynamoDB table's changes from its stream (one
+//! item's in order), decomposed into deletes and inserts and re-published to the changelog
+//! stream partitioned by join key, the delete before the insert.
 //!
 //! Per source row (`table#pk`) it keeps the row as last stored: what a delete retracts when its
 //! event has no whole before image (PostgreSQL's REPLICA IDENTITY DEFAULT), never guessed. Each
@@ -11,9 +12,12 @@
 //! One writer per key (one input stream) and outputs computed from the record and the stored
 //! row alone: emit-then-commit (DESIGN §3); a retry re-emits the same steps under the same ids.
 
-use keyway::domain::changelog::debezium_changes;
+use std::collections::BTreeMap;
+
+use keyway::domain::changelog::{debezium_changes, dynamodb_row_event};
 use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Row, RowEvent};
-use keyway::domain::{Payload, RowChange, SourceRecord};
+use keyway::domain::item::item_to_plain_json;
+use keyway::domain::{Change, Payload, RowChange, SourceRecord};
 use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::{Ctx, InvalidInput, KeyedOperator, ProcessError, Sink, ValueState};
 use serde::{Deserialize, Serialize};
@@ -64,6 +68,80 @@ pub enum SourceChange {
 #[derive(Clone, Debug)]
 pub struct Rekey {
     pub spec: JoinSpec,
+    /// A source table's name in the join by the name its changes carry, where the two differ: a
+    /// DynamoDB table's changes carry its physical name (`stack-UsersTable-1A2B`).
+    pub table_names: BTreeMap<String, String>,
+}
+
+impl Rekey {
+    /// The re-key of `spec`, its tables named in their changes as in the join.
+    pub fn new(spec: JoinSpec) -> Self {
+        Self {
+            spec,
+            table_names: BTreeMap::new(),
+        }
+    }
+
+    /// A change's table under its name in the join.
+    fn joined_name(&self, table: String) -> String {
+        self.table_names.get(&table).cloned().unwrap_or(table)
+    }
+
+    /// The change of a row of a table of the join: refused, naming `field`, for another table.
+    fn change(
+        &self,
+        table: String,
+        field: &str,
+        pk: String,
+        event: RowEvent,
+    ) -> Result<SourceChange, InvalidInput> {
+        let table = self.joined_name(table);
+        let side = self.spec.side(&table).ok_or_else(|| {
+            InvalidInput::new(
+                field,
+                format!(
+                    "{table:?} is neither side of the join {}",
+                    self.spec.describe()
+                ),
+            )
+        })?;
+        Ok(SourceChange::Change {
+            table,
+            side,
+            pk,
+            event: Box::new(event),
+        })
+    }
+
+    /// A Debezium change event on Kinesis, under its record key.
+    fn decode_debezium(
+        &self,
+        record: &SourceRecord,
+        data: &[u8],
+    ) -> Result<SourceChange, InvalidInput> {
+        let key: Value = serde_json::from_str(&record.partition_key).map_err(|e| {
+            InvalidInput::new(
+                "partitionKey",
+                format!("expected the record key as JSON: {e}"),
+            )
+        })?;
+        let pk = primary_key(&decode_key(&key)?);
+        let DebeziumEvent::Change(event) = decode_record(data)? else {
+            return Ok(SourceChange::Tombstone { pk });
+        };
+        let table = table_of(record, &event);
+        self.change(table, "source.table", pk, event)
+    }
+
+    /// A change of a DynamoDB table from its stream: the item's keys are its primary key.
+    fn decode_dynamodb(&self, change: &Change) -> Result<SourceChange, InvalidInput> {
+        let table = change.table.clone().ok_or_else(|| {
+            InvalidInput::new("eventSourceARN", "missing: the change names no table")
+        })?;
+        let pk = primary_key(&item_to_plain_json(&change.keys));
+        let event = dynamodb_row_event(change)?;
+        self.change(table, "eventSourceARN", pk, event)
+    }
 }
 
 /// The group a row of `table` (on `side`) with primary key `pk` joins in: its join key, or for a
@@ -111,35 +189,14 @@ impl KeyedOperator for Rekey {
     }
 
     fn decode(&self, record: &SourceRecord) -> Result<SourceChange, InvalidInput> {
-        let Payload::Bytes(data) = &record.payload else {
-            return Err(InvalidInput::new("record", "expected a Kinesis record"));
-        };
-        let key: Value = serde_json::from_str(&record.partition_key).map_err(|e| {
-            InvalidInput::new(
-                "partitionKey",
-                format!("expected the record key as JSON: {e}"),
-            )
-        })?;
-        let pk = primary_key(&decode_key(&key)?);
-        let DebeziumEvent::Change(event) = decode_record(data)? else {
-            return Ok(SourceChange::Tombstone { pk });
-        };
-        let table = table_of(record, &event);
-        let side = self.spec.side(&table).ok_or_else(|| {
-            InvalidInput::new(
-                "source.table",
-                format!(
-                    "{table:?} is neither side of the join {}",
-                    self.spec.describe()
-                ),
-            )
-        })?;
-        Ok(SourceChange::Change {
-            table,
-            side,
-            pk,
-            event: Box::new(event),
-        })
+        match &record.payload {
+            Payload::Bytes(data) => self.decode_debezium(record, data),
+            Payload::Change(change) => self.decode_dynamodb(change),
+            Payload::Timer { .. } => Err(InvalidInput::new(
+                "record",
+                "expected a Debezium change on Kinesis or a DynamoDB Streams change",
+            )),
+        }
     }
 
     fn key(&self, input: &SourceChange) -> String {

@@ -3,9 +3,12 @@
 //! Environment of both: `JOIN` (`LEFT.COL=RIGHT.COL`, for example `domains.user_id=users.id`),
 //! `JOIN_KIND` (`inner`, the default, or `left`), `STATE_TABLE`, `DEAD_LETTER_SINK`, and the
 //! executor's variables (see `keyway::lambda::executor_config`). The re-key's: `CHANGELOG_SINK`
-//! (`kinesis:<stream>`, the changelog the join reads). The join's: `JOINED_SINK` (the joined
+//! (`kinesis:<stream>`, the changelog the join reads) and `TABLE_NAMES` (optional: a JSON object
+//! of a source table's name in its changes to its name in the join, for a DynamoDB table, whose
+//! changes carry its physical name). The join's: `JOINED_SINK` (the joined
 //! changelog) and `VIEW_TABLE` (the materialized view, keyed `pk`, `sk`, TTL on `ttl`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use keyway::lambda::{
@@ -37,6 +40,20 @@ pub fn spec_from(env: &Env) -> Result<JoinSpec, ConfigError> {
     })
 }
 
+/// A source table's name in the join by the name its changes carry (`TABLE_NAMES`, a JSON object;
+/// none when unset or empty).
+pub fn table_names_from(env: &Env) -> Result<BTreeMap<String, String>, ConfigError> {
+    match env.get("TABLE_NAMES").filter(|t| !t.trim().is_empty()) {
+        None => Ok(BTreeMap::new()),
+        Some(text) => serde_json::from_str(text).map_err(|e| ConfigError {
+            name: "TABLE_NAMES".into(),
+            problem: format!(
+                "expected a JSON object of a table's name in its changes to its name in the join: {e}"
+            ),
+        }),
+    }
+}
+
 /// The re-key function.
 pub fn rekey_handler(
     platform: &dyn Platform,
@@ -47,6 +64,7 @@ pub fn rekey_handler(
     let store = state_store_from(platform, env, "STATE_TABLE")?;
     let operator = Rekey {
         spec: spec_from(env)?,
+        table_names: table_names_from(env)?,
     };
     let executor = Executor::new(operator, store, sinks, platform.clock())?;
     Ok(StreamHandler::new(
@@ -99,5 +117,14 @@ mod tests {
         ] {
             assert_eq!(spec_from(&env(&pairs)).unwrap_err().name, name);
         }
+    }
+
+    #[test]
+    fn table_names_map_a_physical_table_name_to_its_name_in_the_join() {
+        let names = table_names_from(&env(&[("TABLE_NAMES", r#"{"stack-Users-1A": "users"}"#)]));
+        assert_eq!(names.unwrap()["stack-Users-1A"], "users");
+        assert!(table_names_from(&env(&[])).unwrap().is_empty());
+        let err = table_names_from(&env(&[("TABLE_NAMES", "[1]")])).unwrap_err();
+        assert_eq!(err.name, "TABLE_NAMES");
     }
 }

@@ -10,6 +10,7 @@
 //! is nothing to delete.
 
 use super::debezium::{Op, Row, RowEvent};
+use super::item::item_to_plain_json;
 use super::{Change, ChangeKind, InvalidInput, Item};
 
 /// One step of a changelog; as JSON `{"op": "delete" | "insert", "row": ...}`.
@@ -61,6 +62,30 @@ pub fn dynamodb_changes(
                 .collect()
         }
     })
+}
+
+/// A DynamoDB Streams change as a row event of plain JSON rows (`AttrValue::to_plain_json`), for
+/// a consumer that handles Debezium's and DynamoDB's changes alike: INSERT creates, MODIFY
+/// updates, REMOVE deletes (a TTL deletion too: the row is gone). The new image is required where
+/// the row goes on; the old image may be missing (a stream of new images only) and is then taken
+/// from the stored row by `debezium_changes`.
+pub fn dynamodb_row_event(change: &Change) -> Result<RowEvent, InvalidInput> {
+    let row = |image: &Option<Item>| image.as_ref().map(item_to_plain_json);
+    let after = || {
+        row(&change.new_image).map(Some).ok_or_else(|| {
+            InvalidInput::new(
+                "dynamodb.NewImage",
+                "missing: a stream that does not carry new images (KEYS_ONLY, OLD_IMAGE) cannot \
+                 say what the row became; use NEW_IMAGE or NEW_AND_OLD_IMAGES",
+            )
+        })
+    };
+    let (op, after) = match change.kind {
+        ChangeKind::Insert => (Op::Create, after()?),
+        ChangeKind::Modify => (Op::Update, after()?),
+        ChangeKind::Remove => (Op::Delete, None),
+    };
+    Ok(RowEvent::new(op, row(&change.old_image), after))
 }
 
 /// A Debezium change as changelog steps: a create or a snapshot read inserts `after`, a delete
@@ -259,5 +284,32 @@ mod tests {
         for op in [Op::Truncate, Op::Message] {
             assert_eq!(debezium_changes(&debezium(op, None, None), None), []);
         }
+    }
+
+    #[test]
+    fn a_dynamodb_change_is_the_row_event_of_its_plain_rows_and_decomposes_like_debezium() {
+        let modify = change(ChangeKind::Modify, Some(row("1", "a")), Some(row("1", "b")));
+        let event = dynamodb_row_event(&modify).unwrap();
+        let plain = |key: &str| json_row(json!({"id": "1", "filterKey": key}));
+        assert_eq!(
+            event,
+            debezium(Op::Update, Some(plain("a")), Some(plain("b")))
+        );
+        assert_eq!(
+            debezium_changes(&event, None),
+            vec![RowChange::Delete(plain("a")), RowChange::Insert(plain("b"))]
+        );
+        // A removal from a stream of new images only deletes the row stored, or nothing.
+        let remove = dynamodb_row_event(&change(ChangeKind::Remove, None, None)).unwrap();
+        assert_eq!(debezium_changes(&remove, None), vec![]);
+        assert_eq!(
+            debezium_changes(&remove, Some(&plain("b"))),
+            vec![RowChange::Delete(plain("b"))]
+        );
+        let keys_only = change(ChangeKind::Insert, None, None);
+        assert_eq!(
+            dynamodb_row_event(&keys_only).unwrap_err().field,
+            "dynamodb.NewImage"
+        );
     }
 }

@@ -142,6 +142,37 @@ impl AttrValue {
         map.insert(tag.to_owned(), inner);
         Value::Object(map)
     }
+
+    /// This value as plain JSON, the way a Debezium row holds its columns: a number as a JSON
+    /// number (as text when JSON cannot hold it, so no digit is lost), a set as an array, binary
+    /// as base64 text. Rows from a DynamoDB stream and from Debezium then join on equal values.
+    pub fn to_plain_json(&self) -> Value {
+        let b64 = |b: &Vec<u8>| Value::String(base64::engine::general_purpose::STANDARD.encode(b));
+        let number = |n: &String| {
+            n.parse::<serde_json::Number>()
+                .map(Value::Number)
+                .unwrap_or_else(|_| Value::String(n.clone()))
+        };
+        match self {
+            AttrValue::S(s) => Value::String(s.clone()),
+            AttrValue::N(n) => number(n),
+            AttrValue::B(b) => b64(b),
+            AttrValue::Bool(b) => Value::Bool(*b),
+            AttrValue::Null => Value::Null,
+            AttrValue::L(items) => items.iter().map(AttrValue::to_plain_json).collect(),
+            AttrValue::M(map) => Value::Object(item_to_plain_json(map)),
+            AttrValue::Ss(items) => items.iter().cloned().map(Value::String).collect(),
+            AttrValue::Ns(items) => items.iter().map(number).collect(),
+            AttrValue::Bs(items) => items.iter().map(b64).collect(),
+        }
+    }
+}
+
+/// An item as a plain JSON object (see `AttrValue::to_plain_json`).
+pub fn item_to_plain_json(item: &Item) -> Map<String, Value> {
+    item.iter()
+        .map(|(k, v)| (k.clone(), v.to_plain_json()))
+        .collect()
 }
 
 /// Parses a DynamoDB JSON item (`{"id": {"S": "1"}}`).
@@ -191,6 +222,24 @@ fn number_size(text: &str) -> usize {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_item_as_plain_json_holds_numbers_as_numbers_and_sets_as_arrays() {
+        let image = json!({
+            "id": {"N": "1001"}, "price": {"N": "12.5"}, "huge": {"N": "1e400"},
+            "name": {"S": "a"}, "b": {"B": "AAEC"}, "ok": {"BOOL": true}, "none": {"NULL": true},
+            "tags": {"SS": ["x"]}, "ns": {"NS": ["1", "2"]},
+            "m": {"M": {"l": {"L": [{"N": "3"}, {"S": "c"}]}}}
+        });
+        let item = item_from_dynamodb_json(&image, "image").unwrap();
+        assert_eq!(
+            Value::Object(item_to_plain_json(&item)),
+            json!({
+                "id": 1001, "price": 12.5, "huge": "1e400", "name": "a", "b": "AAEC", "ok": true,
+                "none": null, "tags": ["x"], "ns": [1, 2], "m": {"l": [3, "c"]}
+            })
+        );
+    }
 
     #[test]
     fn every_dynamodb_json_type_round_trips() {
