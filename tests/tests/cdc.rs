@@ -505,3 +505,106 @@ async fn the_stack_joins_debezium_changes_with_a_dynamodb_tables_changes_into_it
         through_the_stack(seed, "left").await;
     }
 }
+
+/// The joined changelog folded into a view: what a consumer of it ends with.
+fn folded(joined: &[Stamped]) -> BTreeMap<JoinedId, Joined> {
+    let mut view = View::default();
+    for stamped in joined {
+        view.apply(stamped.clone());
+    }
+    view.rows().map(|j| (j.id(), j.clone())).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn generated_changes_replayed_in_any_interleaving_on_any_shards_end_as_the_join_of_the_final_tables(
+) {
+    use keyway_stack::cdc::{final_tables, interleave, replay, Settings};
+    use keyway_stack::cdc_changes::{generate, Workload, JOIN};
+    for seed in 0..4 {
+        let workload = Workload {
+            changes: 1_500,
+            domains: 200,
+            users: 50,
+            seed,
+            ..Workload::default()
+        };
+        let events = generate(&workload);
+        let kind = [JoinKind::Inner, JoinKind::LeftOuter][seed as usize % 2];
+        let spec = JoinSpec::parse(JOIN, kind).unwrap();
+        let expected = final_tables(&events).join(&spec);
+        assert!(expected.len() > 20, "the workload joins rows");
+        let settings = Settings {
+            shards: 1 + seed as usize,
+            batch_size: [7, 50, 100, 500][seed as usize],
+            ..Settings::new(spec)
+        };
+        let outcome = replay(&settings, &interleave(events, seed)).await.unwrap();
+        assert_eq!(outcome.view, expected, "seed {seed}: the view table");
+        assert_eq!(
+            folded(&outcome.joined),
+            expected,
+            "seed {seed}: the changelog"
+        );
+        assert!(
+            outcome.dead_letters.is_empty(),
+            "{:?}",
+            outcome.dead_letters
+        );
+    }
+}
+
+/// Changes in the chaos run: 20,000 in a plain `cargo test`, more with
+/// `KEYWAY_CDC_CHAOS_CHANGES` (the test command runs 200,000).
+fn chaos_changes() -> usize {
+    std::env::var("KEYWAY_CDC_CHAOS_CHANGES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20_000)
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_every_fault_at_two_percent_the_view_and_the_folded_changelog_equal_a_fault_free_runs(
+) {
+    use keyway::local::FaultPlan;
+    use keyway_stack::cdc::{final_tables, interleave, replay, Settings};
+    use keyway_stack::cdc_changes::{generate, Workload, JOIN};
+    // A large customer's join key holds hundreds of domains: its state outgrows an item's
+    // head and is written in segments, where a crash can come between segment and head.
+    let workload = Workload {
+        changes: chaos_changes(),
+        hot_user: 0.25,
+        seed: 21,
+        ..Workload::default()
+    };
+    let events = interleave(generate(&workload), 21);
+    let spec = JoinSpec::parse(JOIN, JoinKind::LeftOuter).unwrap();
+    let expected = final_tables(&events).join(&spec);
+    let settings = Settings {
+        shards: 4,
+        ..Settings::new(spec)
+    };
+    let clean = replay(&settings, &events).await.unwrap();
+    assert_eq!(clean.view, expected, "the fault-free view");
+    let faulty_settings = Settings {
+        faults: FaultPlan::all(0.02, 9),
+        ..settings
+    };
+    let faulty = replay(&faulty_settings, &events).await.unwrap();
+    assert!(
+        faulty.faults_missing.is_empty(),
+        "faults that never fired: {:?}",
+        faulty.faults_missing
+    );
+    assert_eq!(faulty.view, clean.view, "the view under faults");
+    assert_eq!(folded(&faulty.joined), folded(&clean.joined));
+    assert!(clean.dead_letters.is_empty(), "{:?}", clean.dead_letters);
+    assert!(faulty.dead_letters.is_empty(), "{:?}", faulty.dead_letters);
+    println!(
+        "{} events, view {} rows, joined changes {} clean, {} under faults ({:?})",
+        events.len(),
+        clean.view.len(),
+        clean.joined.len(),
+        faulty.joined.len(),
+        faulty.faults_fired
+    );
+}

@@ -138,15 +138,22 @@ fn summary(outcome: &Outcome, took: std::time::Duration) -> String {
         latency.last().copied().unwrap_or(0),
         latency.len()
     ));
-    if !outcome.dead_letters.is_empty() {
-        text.push_str(&format!("dead letters {}\n", outcome.dead_letters.len()));
-        let mut reasons: BTreeMap<&str, u64> = BTreeMap::new();
-        for reason in &outcome.dead_letters {
-            *reasons.entry(reason.as_str()).or_default() += 1;
-        }
-        for (reason, count) in reasons.iter().take(10) {
-            text.push_str(&format!("  {count} × {reason}\n"));
-        }
+    text.push_str(&dead_letter_summary(&outcome.dead_letters));
+    text
+}
+
+/// Dead letters counted, and the first ten reasons with their counts: nothing when there are none.
+pub(crate) fn dead_letter_summary(reasons: &[String]) -> String {
+    if reasons.is_empty() {
+        return String::new();
+    }
+    let mut text = format!("dead letters {}\n", reasons.len());
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    for reason in reasons {
+        *counts.entry(reason.as_str()).or_default() += 1;
+    }
+    for (reason, count) in counts.iter().take(10) {
+        text.push_str(&format!("  {count} × {reason}\n"));
     }
     text
 }

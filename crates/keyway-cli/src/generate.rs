@@ -1,12 +1,15 @@
 //! `keyway generate trail`: generated CloudTrail traffic written to disk, for `keyway enrich` and
 //! for trying the enricher on a trail of any length: customers drawn from Zipf(1.2), role chains
 //! of up to six sessions across each customer's accounts, interleaved, some orphaned (their first
-//! AssumeRole missing), records 10 ms apart.
+//! AssumeRole missing), records 10 ms apart. `keyway generate cdc`: change events of two tables
+//! (`keyway_stack::cdc_changes`), for `keyway cdc`.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use identity_enricher::traffic::{Traffic, TrafficConfig};
+use keyway_stack::cdc_changes::{generate, Workload};
+use serde_json::json;
 
 use crate::error::CliError;
 
@@ -37,6 +40,17 @@ pub fn trail(options: &TrailOptions, out: &mut dyn Write) -> Result<(), CliError
             .map_err(|e| format!("writing the trail: {e}"))?;
     }
     out.flush().map_err(|e| format!("writing the trail: {e}"))?;
+    Ok(())
+}
+
+/// Writes `workload`'s change events to `out` as records `{"topic", "key", "value"}`, a line each.
+pub fn cdc(workload: &Workload, out: &mut dyn Write) -> Result<(), CliError> {
+    for event in generate(workload) {
+        let record = json!({"topic": event.topic, "key": event.key, "value": event.value});
+        writeln!(out, "{record}").map_err(|e| format!("writing the changes: {e}"))?;
+    }
+    out.flush()
+        .map_err(|e| format!("writing the changes: {e}"))?;
     Ok(())
 }
 

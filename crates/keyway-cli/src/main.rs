@@ -3,6 +3,7 @@
 mod bench;
 mod bench_filter;
 mod bench_identity;
+mod cdc;
 mod demo;
 mod demo_filter;
 mod demo_identity;
@@ -109,6 +110,10 @@ enum Command {
         #[arg(long)]
         shared_table: bool,
     },
+    /// Debezium change events through the CDC join's re-key and join on the embedded runtime:
+    /// the joined changelog as JSON Lines on standard output ({"op", "<left table>", "<right
+    /// table>"}), a summary on standard error.
+    Cdc(cdc::CdcOptions),
     /// A consumer's subscriptions in a deployed stack's policy table (the AWS SDK's own
     /// configuration: AWS_REGION, AWS_PROFILE, AWS_ENDPOINT_URL ...).
     Subscriptions {
@@ -214,6 +219,19 @@ enum GenerateCommand {
         /// Writes the generated accounts' customer map here, for `keyway enrich --customer-map`.
         #[arg(long)]
         customer_map: Option<std::path::PathBuf>,
+    },
+    /// Debezium change events of `domains` (id, name, user_id) and `users` (id, name) as JSON
+    /// Lines of records {"topic", "key", "value"}, for `keyway cdc --join
+    /// domains.user_id=users.id`: inserts, updates (a share of them moving a domain to another
+    /// user), primary-key changes, deletes with their tombstones, events sent twice.
+    Cdc {
+        #[arg(long, default_value_t = 10_000)]
+        changes: usize,
+        /// Of the updates of a domain, the share that moves it to another user.
+        #[arg(long, default_value_t = 0.1)]
+        join_key_updates: f64,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
     },
 }
 
@@ -364,6 +382,7 @@ fn main() -> std::process::ExitCode {
             shards,
             shared_table,
         }),
+        Command::Cdc(options) => cdc::run(options),
         Command::Subscriptions {
             table,
             consumer,
@@ -388,6 +407,22 @@ fn main() -> std::process::ExitCode {
                 records,
                 seed,
                 customer_map,
+            },
+            &mut std::io::BufWriter::new(std::io::stdout().lock()),
+        ),
+        Command::Generate {
+            what:
+                GenerateCommand::Cdc {
+                    changes,
+                    join_key_updates,
+                    seed,
+                },
+        } => generate::cdc(
+            &keyway_stack::cdc_changes::Workload {
+                changes,
+                join_key_updates,
+                seed,
+                ..Default::default()
             },
             &mut std::io::BufWriter::new(std::io::stdout().lock()),
         ),

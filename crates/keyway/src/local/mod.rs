@@ -24,7 +24,7 @@ pub use runtime::{
 };
 pub use services::clock::VirtualClock;
 pub use services::dynamodb::{KeySchema, LocalDynamoDb, LocalTable, StreamRecord};
-pub use services::faults::{FaultPlan, Faults};
+pub use services::faults::{Fault, FaultCounts, FaultPlan, Faults};
 pub use services::kinesis::{LocalKinesis, StoredRecord};
 pub use services::meter::{thread_cpu_time, Meter, MeterSnapshot};
 pub use services::sqs::{LocalSqs, QueuedMessage};

@@ -1,0 +1,275 @@
+//! The CDC join replayed on the embedded runtime: Debezium change events through the re-key and
+//! the join, wired from their environment as the stack wires them, the view built in a DynamoDB
+//! table. What `keyway cdc`, its benchmark, the demo and the tests share.
+//!
+//! Each topic is a stream of its own, as Debezium Server's Kinesis sink makes it (a change
+//! without a source block is of the table the topic names), its records under their record
+//! keys: one row's changes stay in order, and `interleave` mixes everything else.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cdc_join::join::{Joined, JoinedId, Stamped};
+use cdc_join::oracle::Tables;
+use cdc_join::rekey::primary_key;
+use cdc_join::spec::{JoinKind, JoinSpec};
+use cdc_join::view_table::joined_of;
+use cdc_join::wiring::{join_handler, rekey_handler};
+use keyway::adapters::dynamodb::TTL;
+use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent};
+use keyway::domain::InvalidInput;
+use keyway::local::{
+    Fault, FaultCounts, FaultPlan, KeySchema, LocalError, LocalRuntime, LocalServices,
+    MappingSettings, MappingSource,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+use crate::filtering::dead_letter_reasons;
+
+/// The virtual time the replay starts at.
+const EPOCH: i64 = 1_767_225_600_000;
+/// How long the functions may take to settle (virtual time): retries under faults included.
+const SETTLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
+/// The streams' and the tables' names on the embedded services.
+const CHANGELOG: &str = "cdc-changelog";
+const JOINED: &str = "cdc-joined";
+const STATE_TABLE: &str = "cdc-state";
+const VIEW_TABLE: &str = "cdc-view";
+
+/// One record of a topic: a Debezium change event (or a tombstone: no value) under its record key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourceEvent {
+    pub topic: String,
+    /// The record key as Debezium writes it (`{"id": 1001}`, or with its schema envelope).
+    pub key: Value,
+    pub value: Option<Value>,
+}
+
+/// How the join runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub spec: JoinSpec,
+    /// Shards of every topic's stream and of the changelog.
+    pub shards: usize,
+    pub batch_size: usize,
+    pub faults: FaultPlan,
+}
+
+impl Settings {
+    pub fn new(spec: JoinSpec) -> Self {
+        Self {
+            spec,
+            shards: 2,
+            batch_size: 100,
+            faults: FaultPlan::default(),
+        }
+    }
+}
+
+/// What the run made.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The joined changelog, in the order the join published it.
+    pub joined: Vec<Stamped>,
+    /// The view table at the end, tombstones left out.
+    pub view: BTreeMap<JoinedId, Joined>,
+    /// Records refused, as "field: problem".
+    pub dead_letters: Vec<String>,
+    /// DynamoDB capacity units the functions used (state and view), per table.
+    pub capacity: BTreeMap<String, f64>,
+    pub faults_fired: BTreeMap<&'static str, FaultCounts>,
+    /// Kinds of fault the plan names that never fired.
+    pub faults_missing: Vec<Fault>,
+}
+
+/// `events` in an order that keeps each row's changes (one topic's record key) in order and
+/// interleaves the rows at random, as streams sharded by record key deliver them.
+pub fn interleave(events: Vec<SourceEvent>, seed: u64) -> Vec<SourceEvent> {
+    let mut rows: BTreeMap<(String, String), VecDeque<SourceEvent>> = BTreeMap::new();
+    for event in events {
+        let row = (event.topic.clone(), event.key.to_string());
+        rows.entry(row).or_default().push_back(event);
+    }
+    let mut queues: Vec<VecDeque<SourceEvent>> = rows.into_values().collect();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    while !queues.is_empty() {
+        let i = rng.random_range(0..queues.len());
+        out.extend(queues[i].pop_front());
+        if queues[i].is_empty() {
+            queues.swap_remove(i);
+        }
+    }
+    out
+}
+
+/// The table a change is of: its `source.table`, or the table its topic names (the last part of
+/// `prefix.schema.table`), as the re-key reads it.
+fn table_of(topic: &str, table: Option<&String>) -> String {
+    table
+        .cloned()
+        .unwrap_or_else(|| topic.rsplit('.').next().unwrap_or(topic).to_owned())
+}
+
+/// The tables as `events` leave them, each row's changes taken in their order; events that do
+/// not decode change nothing, as the re-key dead-letters them.
+pub fn final_tables(events: &[SourceEvent]) -> Tables {
+    let mut tables = Tables::default();
+    for event in events {
+        let Some(value) = &event.value else { continue };
+        let decoded = decode_record(value.to_string().as_bytes());
+        let (Ok(DebeziumEvent::Change(change)), Ok(key)) = (decoded, decode_key(&event.key)) else {
+            continue;
+        };
+        let table = table_of(&event.topic, change.source.table.as_ref());
+        tables.apply(&table, &primary_key(&key), &change);
+    }
+    tables
+}
+
+/// The environment the stack gives both functions, here.
+fn environment(spec: &JoinSpec, dead_letters: &str) -> keyway::lambda::Env {
+    let kind = match spec.kind {
+        JoinKind::Inner => "inner",
+        JoinKind::LeftOuter => "left",
+    };
+    let join = spec.describe();
+    let join = join.split(' ').next().unwrap_or_default();
+    [
+        ("JOIN", join.to_owned()),
+        ("JOIN_KIND", kind.to_owned()),
+        ("STATE_TABLE", STATE_TABLE.to_owned()),
+        ("VIEW_TABLE", VIEW_TABLE.to_owned()),
+        ("DEAD_LETTER_SINK", format!("sqs:{dead_letters}")),
+        ("CHANGELOG_SINK", format!("kinesis:{CHANGELOG}")),
+        ("JOINED_SINK", format!("kinesis:{JOINED}")),
+        ("KEYWAY_REDELIVERY_WINDOW_SECONDS", "90000".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// Runs `events`, in their order (see `interleave`), through the re-key and the join.
+pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outcome, LocalError> {
+    let services = LocalServices::new(EPOCH, settings.faults.clone());
+    for table in [STATE_TABLE, VIEW_TABLE] {
+        let schema = KeySchema::state_table();
+        services
+            .dynamodb
+            .create_table(table, schema, Some(TTL.to_owned()), false);
+    }
+    let mut topics: Vec<&str> = events.iter().map(|e| e.topic.as_str()).collect();
+    topics.sort_unstable();
+    topics.dedup();
+    for topic in &topics {
+        services.kinesis.create_stream(topic, settings.shards);
+    }
+    services.kinesis.create_stream(CHANGELOG, settings.shards);
+    services.kinesis.create_stream(JOINED, 1);
+    let dead_letters = services.sqs.create_queue("cdc-dead-letters");
+    let env = environment(&settings.spec, &dead_letters);
+    let mut runtime = LocalRuntime::new(services.clone());
+    // As the stack's mappings have it.
+    let mapping = MappingSettings {
+        batch_size: settings.batch_size,
+        report_batch_item_failures: true,
+        bisect_batch_on_function_error: true,
+        parallelization_factor: 2,
+        ..Default::default()
+    };
+    let source = |stream: &str| MappingSource::Kinesis {
+        kinesis: services.kinesis.clone(),
+        stream: stream.to_owned(),
+    };
+    let rekey = Arc::new(rekey_handler(services.as_ref(), &env).map_err(failed("cdc-rekey"))?);
+    for topic in &topics {
+        runtime.add_mapping(
+            &format!("rekey-{topic}"),
+            rekey.clone(),
+            source(topic),
+            mapping.clone(),
+        );
+    }
+    let join = join_handler(services.as_ref(), &env).map_err(failed("cdc-join"))?;
+    runtime.add_mapping("join", Arc::new(join), source(CHANGELOG), mapping);
+    for event in events {
+        let data = event
+            .value
+            .as_ref()
+            .map_or_else(Vec::new, |v| v.to_string().into_bytes());
+        let record = [(event.key.to_string(), data)];
+        services
+            .kinesis
+            .put_in_order(&event.topic, &record)
+            .await
+            .map_err(failed(&event.topic))?;
+    }
+    runtime.run_until_idle(SETTLE_LIMIT).await?;
+    outcome(&services, &dead_letters)
+}
+
+/// An error of `what`, as the embedded runtime reports a function's.
+fn failed<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> LocalError + '_ {
+    move |e| LocalError::Function {
+        path: what.to_owned(),
+        problem: e.to_string(),
+    }
+}
+
+fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, LocalError> {
+    let joined = services
+        .kinesis
+        .trim(JOINED)
+        .iter()
+        .map(|r| serde_json::from_slice::<Stamped>(&r.data))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(failed(JOINED))?;
+    let mut view = BTreeMap::new();
+    let mut capacity = BTreeMap::new();
+    for table in services.dynamodb.tables() {
+        capacity.insert(
+            table.name().to_owned(),
+            table.meter().snapshot().capacity_units(),
+        );
+    }
+    let table = services
+        .dynamodb
+        .table(VIEW_TABLE)
+        .expect("the view table was made");
+    for item in table.items() {
+        if let Some(row) = joined_of(&item).map_err(failed(VIEW_TABLE))? {
+            view.insert(row.id(), row);
+        }
+    }
+    Ok(Outcome {
+        joined,
+        view,
+        dead_letters: dead_letter_reasons(&services.sqs, dead_letters),
+        capacity,
+        faults_fired: services.faults_fired(),
+        faults_missing: services.faults_missing(),
+    })
+}
+
+/// A record key for a change that came without one: the row's `column`, from the row after the
+/// change or, for a delete, before it. Refused, naming the field, when the row has no such column.
+pub fn key_of(value: &Value, column: &str) -> Result<Value, InvalidInput> {
+    let DebeziumEvent::Change(change) = decode_record(value.to_string().as_bytes())? else {
+        return Err(InvalidInput::new(
+            "value",
+            "a tombstone without its record key names no row",
+        ));
+    };
+    let row = change.after.as_ref().or(change.before.as_ref());
+    match row.and_then(|r| r.get(column)) {
+        Some(id) => Ok(serde_json::json!({ column: id })),
+        None => Err(InvalidInput::new(
+            column,
+            "missing from the row: give the record key, or the key column with --key",
+        )),
+    }
+}
