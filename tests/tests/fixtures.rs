@@ -82,6 +82,8 @@ fn kinesis_fixtures_survive_a_round_trip_through_the_event_builder() {
     for path in [
         "keyed-counter/kinesis-batch.json",
         "kinesis/arrival-precision.json",
+        "cdc-rekey/debezium-batch.json",
+        "cdc-join/changelog-batch.json",
     ] {
         let event = fixture(path);
         let arn = event["Records"][0]["eventSourceARN"]
@@ -134,6 +136,9 @@ fn fixtures_round_trip_through_the_aws_lambda_events_types_unchanged() {
     for path in [
         "keyed-counter/kinesis-batch.json",
         "dynamic-filter/events-batch.json",
+        // A tombstone's empty data, too.
+        "cdc-rekey/debezium-batch.json",
+        "cdc-join/changelog-batch.json",
     ] {
         let event = fixture(path);
         let typed: aws_lambda_events::event::kinesis::KinesisEvent =
@@ -152,6 +157,7 @@ fn fixtures_round_trip_through_the_aws_lambda_events_types_unchanged() {
         ("dynamodb/insert-modify-remove.json", 3),
         ("filter-policy-sync/policy-changes.json", 6),
         ("filter-policy-sync/own-table-changes.json", 2),
+        ("cdc-rekey/users-stream-batch.json", 3),
     ] {
         let event = fixture(path);
         let typed: aws_lambda_events::event::dynamodb::Event =
@@ -407,5 +413,311 @@ async fn a_consumers_own_table_subscribes_that_consumer_and_dead_letters_an_item
             "consumer: \"audit\" in the policy table \"keyway-policies-live\" of consumer \"live\""
         ),
         "{reasons:?}"
+    );
+}
+
+/// The CDC join's two functions on the embedded services, wired as events/README.md says: the
+/// streams and tables named as the stack names them, the users table as its payload's ARN does.
+struct CdcJoin {
+    services: std::sync::Arc<keyway::local::LocalServices>,
+    env: keyway::lambda::Env,
+    dead_letters: String,
+}
+
+const CDC_CHANGELOG: &str = "keyway-CdcChangelogStream-5NQ2R8XZ7T1M";
+const CDC_JOINED: &str = "keyway-CdcJoinedStream-H6V3K9W2P4RA";
+const CDC_VIEW: &str = "keyway-CdcViewTable-2F7G9J4K6L8M";
+
+impl CdcJoin {
+    fn new() -> Self {
+        use keyway::adapters::dynamodb::TTL;
+        use keyway::local::{FaultPlan, KeySchema, LocalServices};
+        let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+        for table in ["keyway-StateTable-8QW3E5R7T9YU", CDC_VIEW] {
+            let schema = KeySchema::state_table();
+            services
+                .dynamodb
+                .create_table(table, schema, Some(TTL.into()), false);
+        }
+        // One shard each: the changelog fixture is one batch of one shard, in the order put.
+        services.kinesis.create_stream(CDC_CHANGELOG, 1);
+        services.kinesis.create_stream(CDC_JOINED, 1);
+        let dead = services
+            .sqs
+            .create_queue("keyway-DeadLetterQueue-4T6Y8U0I2O4P");
+        let env = [
+            ("JOIN", "domains.user_id=users.id".to_owned()),
+            ("JOIN_KIND", "inner".to_owned()),
+            ("STATE_TABLE", "keyway-StateTable-8QW3E5R7T9YU".to_owned()),
+            ("DEAD_LETTER_SINK", format!("sqs:{dead}")),
+            ("CHANGELOG_SINK", format!("kinesis:{CDC_CHANGELOG}")),
+            (
+                "TABLE_NAMES",
+                r#"{"keyway-CdcUsersTable-1A2B3C": "users"}"#.to_owned(),
+            ),
+            ("JOINED_SINK", format!("kinesis:{CDC_JOINED}")),
+            ("VIEW_TABLE", CDC_VIEW.to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        Self {
+            services,
+            env,
+            dead_letters: dead,
+        }
+    }
+
+    /// The records put on `stream` since the last call, as (partition key, data).
+    fn taken(&self, stream: &str) -> Vec<(String, Vec<u8>)> {
+        self.services
+            .kinesis
+            .trim(stream)
+            .iter()
+            .map(|r| (r.partition_key.clone(), r.data.clone()))
+            .collect()
+    }
+}
+
+/// A source row's steps, by (group, table, primary key), each as (op, row, stamp): what the
+/// re-key promises to keep in order is one row's steps under one join key, nothing across rows.
+type StepsByRow =
+    std::collections::BTreeMap<(String, String, String), Vec<(String, Value, String)>>;
+
+/// Changelog records as the steps of each row; every record is put under its step's group.
+fn steps_by_row(records: &[(String, Vec<u8>)]) -> StepsByRow {
+    let mut rows = StepsByRow::new();
+    for (partition_key, data) in records {
+        let step: cdc_join::rekey::Step = serde_json::from_slice(data).expect("a step");
+        assert_eq!(partition_key, &step.group, "a step goes under its join key");
+        let side = match step.table.as_str() {
+            "domains" => cdc_join::spec::Side::Left,
+            _ => cdc_join::spec::Side::Right,
+        };
+        assert_eq!(step.side, side, "{} is on its side of the join", step.table);
+        let (op, row) = match step.change {
+            keyway::domain::RowChange::Delete(row) => ("delete", row),
+            keyway::domain::RowChange::Insert(row) => ("insert", row),
+        };
+        rows.entry((step.group, step.table, step.pk))
+            .or_default()
+            .push((op.to_owned(), Value::Object(row), step.stamp.0));
+    }
+    rows
+}
+
+/// The Kinesis records of a fixture, as (partition key, data, sequence number).
+fn kinesis_records(path: &str) -> Vec<(String, Vec<u8>, String)> {
+    decoded(kinesis::decode_event(fixture(path)).unwrap())
+        .into_iter()
+        .map(|r| match r.payload {
+            Payload::Bytes(data) => (r.partition_key, data, r.sequence.to_string()),
+            other => unreachable!("{other:?}"),
+        })
+        .collect()
+}
+
+/// One step as `steps_by_row` gives it: `op` of `row` at the stamp of the change at `sequence`.
+fn step(op: &str, row: Value, sequence: &str) -> (String, Value, String) {
+    use cdc_join::join::Stamp;
+    let stamp = match op {
+        "delete" => Stamp::delete(sequence),
+        _ => Stamp::insert(sequence),
+    };
+    (op.to_owned(), row, stamp.0)
+}
+
+/// The key `steps_by_row` files a row's steps under.
+fn row_key(group: &str, table: &str, pk: &str) -> (String, String, String) {
+    (group.to_owned(), table.to_owned(), pk.to_owned())
+}
+
+#[tokio::test]
+async fn the_rekey_publishes_each_rows_changes_as_deletes_and_inserts_by_join_key_and_the_changelog_fixture_is_what_it_published(
+) {
+    use serde_json::json;
+    let f = CdcJoin::new();
+    let rekey = cdc_join::wiring::rekey_handler(f.services.as_ref(), &f.env).unwrap();
+    let response = invoke_with(&rekey, "cdc-rekey/debezium-batch.json").await;
+    assert_eq!(response, fixture("cdc-rekey/batch.response.json"));
+    let seq: Vec<String> = kinesis_records("cdc-rekey/debezium-batch.json")
+        .into_iter()
+        .map(|(_, _, sequence)| sequence)
+        .collect();
+    let debezium = f.taken(CDC_CHANGELOG);
+    // Domain 101 moves from user 1 to user 2: a delete under 1 and an insert under 2, both at
+    // the update's position. Domain 102's delete carries its key alone (REPLICA IDENTITY
+    // DEFAULT): the re-key retracts the row it stored. The tombstone changes nothing.
+    let ada = json!({"id": 101, "name": "ada.example.org", "user_id": 1});
+    let moved = json!({"id": 101, "name": "ada.example.org", "user_id": 2});
+    let grace = json!({"id": 102, "name": "grace.example.org", "user_id": 2});
+    let katherine = json!({"id": 103, "name": "katherine.example.org", "user_id": 3});
+    let expected = StepsByRow::from([
+        (
+            row_key("1", "users", "1"),
+            vec![step("insert", json!({"id": 1, "name": "ada"}), &seq[0])],
+        ),
+        (
+            row_key("2", "users", "2"),
+            vec![step("insert", json!({"id": 2, "name": "grace"}), &seq[1])],
+        ),
+        (
+            row_key("1", "domains", "101"),
+            vec![
+                step("insert", ada.clone(), &seq[2]),
+                step("delete", ada, &seq[5]),
+            ],
+        ),
+        (
+            row_key("2", "domains", "102"),
+            vec![
+                step("insert", grace.clone(), &seq[3]),
+                step("delete", grace, &seq[6]),
+            ],
+        ),
+        (
+            row_key("3", "domains", "103"),
+            vec![step("insert", katherine, &seq[4])],
+        ),
+        (
+            row_key("2", "domains", "101"),
+            vec![step("insert", moved, &seq[5])],
+        ),
+    ]);
+    assert_eq!(steps_by_row(&debezium), expected);
+    // The record cut off mid-JSON goes to the dead letters; the batch does not fail for it.
+    let reasons = keyway_tests::dead_letter_reasons(&f.services.sqs, &f.dead_letters);
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(reasons[0].starts_with("data: not JSON: EOF"), "{reasons:?}");
+
+    // The users table's changes, under its name in the join (TABLE_NAMES): the MODIFY is a
+    // delete and an insert at its position; the REMOVE of a user never seen retracts its old
+    // image, which is whole.
+    let response = invoke_with(&rekey, "cdc-rekey/users-stream-batch.json").await;
+    assert_eq!(response, fixture("cdc-rekey/batch.response.json"));
+    let users = f.taken(CDC_CHANGELOG);
+    let katherine = json!({"id": 3, "name": "katherine"});
+    let expected = StepsByRow::from([
+        (
+            row_key("3", "users", "3"),
+            vec![
+                step("insert", katherine.clone(), "800000000034512673201"),
+                step("delete", katherine, "800000000034512681547"),
+                step(
+                    "insert",
+                    json!({"id": 3, "name": "kate"}),
+                    "800000000034512681547",
+                ),
+            ],
+        ),
+        (
+            row_key("4", "users", "4"),
+            vec![step(
+                "delete",
+                json!({"id": 4, "name": "margaret"}),
+                "800000000034512693012",
+            )],
+        ),
+    ]);
+    assert_eq!(steps_by_row(&users), expected);
+    let reasons = keyway_tests::dead_letter_reasons(&f.services.sqs, &f.dead_letters);
+    assert!(reasons.is_empty(), "{reasons:?}");
+
+    // The join's payload holds exactly what the re-key published for both batches, each row's
+    // steps in order, besides its one record that is no step.
+    let published: Vec<(String, Vec<u8>)> = debezium.into_iter().chain(users).collect();
+    let recorded: Vec<(String, Vec<u8>)> = kinesis_records("cdc-join/changelog-batch.json")
+        .into_iter()
+        .filter(|(_, data, _)| serde_json::from_slice::<cdc_join::rekey::Step>(data).is_ok())
+        .map(|(key, data, _)| (key, data))
+        .collect();
+    assert_eq!(recorded.len(), published.len());
+    assert_eq!(steps_by_row(&recorded), steps_by_row(&published));
+}
+
+#[tokio::test]
+async fn the_changelog_batch_builds_the_view_of_each_domain_with_its_users_current_row_and_dead_letters_a_record_that_is_no_step(
+) {
+    use cdc_join::view_table::joined_of;
+    use serde_json::json;
+    let f = CdcJoin::new();
+    let join = cdc_join::wiring::join_handler(f.services.as_ref(), &f.env).unwrap();
+    let response = invoke_with(&join, "cdc-join/changelog-batch.json").await;
+    assert_eq!(response, fixture("cdc-join/batch.response.json"));
+    // The record of op update, which the re-key would have decomposed into a delete and an
+    // insert, is refused, naming the record's data; the batch does not fail for it.
+    let reasons = keyway_tests::dead_letter_reasons(&f.services.sqs, &f.dead_letters);
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("data: expected a changelog step"),
+        "{reasons:?}"
+    );
+
+    // Domain 101 with its new user, domain 103 with its user's new name; 101's pair with user 1
+    // and domain 102's are tombstones. User 4's delete retracted a row the join never held.
+    let view = f.services.dynamodb.table(CDC_VIEW).unwrap();
+    let (mut rows, mut tombstones) = (Vec::new(), Vec::new());
+    for item in view.items() {
+        match joined_of(&item).unwrap() {
+            Some(joined) => rows.push(joined),
+            None => tombstones.push((
+                item["pk"].as_s().unwrap().to_owned(),
+                item["sk"].as_s().unwrap().to_owned(),
+            )),
+        }
+    }
+    rows.sort_by_key(|j| j.id());
+    tombstones.sort();
+    let row = |v: Value| v.as_object().unwrap().clone();
+    let expected = [
+        cdc_join::join::Joined {
+            left_pk: "101".into(),
+            left: row(json!({"id": 101, "name": "ada.example.org", "user_id": 2})),
+            right_pk: Some("2".into()),
+            right: Some(row(json!({"id": 2, "name": "grace"}))),
+        },
+        cdc_join::join::Joined {
+            left_pk: "103".into(),
+            left: row(json!({"id": 103, "name": "katherine.example.org", "user_id": 3})),
+            right_pk: Some("3".into()),
+            right: Some(row(json!({"id": 3, "name": "kate"}))),
+        },
+    ];
+    assert_eq!(rows, expected);
+    assert_eq!(
+        tombstones,
+        [
+            ("101".to_owned(), "1".to_owned()),
+            ("102".to_owned(), "2".to_owned())
+        ]
+    );
+
+    // The joined changelog, in no order across join keys: each pair inserted once both its rows
+    // were there, and retracted when either changed or went.
+    let mut joined: Vec<(String, String, &str)> = f
+        .taken(CDC_JOINED)
+        .iter()
+        .map(|(_, data)| {
+            let stamped: cdc_join::join::Stamped = serde_json::from_slice(data).unwrap();
+            let op = if stamped.change.is_insert() { "+" } else { "-" };
+            let j = stamped.change.row();
+            let user = j.right.as_ref().expect("an inner join's pair")["name"].as_str();
+            (j.left_pk.clone(), user.unwrap().to_owned(), op)
+        })
+        .collect();
+    joined.sort();
+    let pair = |domain: &str, user: &str, op| (domain.to_owned(), user.to_owned(), op);
+    assert_eq!(
+        joined,
+        [
+            pair("101", "ada", "+"),
+            pair("101", "ada", "-"),
+            pair("101", "grace", "+"),
+            pair("102", "grace", "+"),
+            pair("102", "grace", "-"),
+            pair("103", "kate", "+"),
+            pair("103", "katherine", "+"),
+            pair("103", "katherine", "-"),
+        ]
     );
 }

@@ -30,6 +30,8 @@ pub struct DemoOptions {
     pub identity_records: usize,
     /// Events of the filtering section.
     pub filter_events: usize,
+    /// Changes of the CDC section.
+    pub cdc_changes: usize,
 }
 
 pub fn run(options: DemoOptions) -> Result<(), CliError> {
@@ -40,6 +42,7 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
     let runtime = crate::bench::runtime_builder(true);
     let identity_records = options.identity_records;
     let (filter_events, faults, seed) = (options.filter_events, options.faults, options.seed);
+    let cdc_changes = options.cdc_changes;
     runtime.block_on(async {
         demo(options).await?;
         if identity_records > 0 {
@@ -47,6 +50,9 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
         }
         if filter_events > 0 {
             crate::demo_filter::run(filter_events, faults, seed).await?;
+        }
+        if cdc_changes > 0 {
+            crate::demo_cdc::run(cdc_changes, faults, seed).await?;
         }
         Ok(())
     })

@@ -1,10 +1,12 @@
 //! The `keyway` command. `main` only parses arguments and hands over to the subcommands.
 
 mod bench;
+mod bench_cdc;
 mod bench_filter;
 mod bench_identity;
 mod cdc;
 mod demo;
+mod demo_cdc;
 mod demo_filter;
 mod demo_identity;
 mod enrich;
@@ -54,6 +56,9 @@ enum Command {
         /// Events through the dynamic filter (0 leaves the section out).
         #[arg(long, default_value_t = 20_000)]
         filter_events: usize,
+        /// Changes through the CDC join (0 leaves the section out).
+        #[arg(long, default_value_t = 20_000)]
+        cdc_changes: usize,
     },
     /// Traces CloudTrail records to their original actors: the identity enricher of
     /// template.yaml on the embedded runtime. Enriched records go to standard output as JSON
@@ -275,6 +280,17 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The CDC join against a design that keeps the whole joined row set of a join key in one
+    /// item (DynamoDB capacity units per 1,000 changes, changes per second per core), in one run.
+    Cdc {
+        #[arg(long, default_value_t = 20_000)]
+        changes: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The dynamic filter against the per-event lookup design it replaces (DynamoDB capacity,
     /// CPU, SQS calls) and the monthly cost against the article's brute force, in one run.
     Filter {
@@ -308,6 +324,11 @@ fn bench(which: BenchCommand) -> Result<(), error::CliError> {
         BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
         BenchCommand::Package { function, json } => package::run(&function, json),
         BenchCommand::Filter { events, seed, json } => bench_filter::run(events, seed, json),
+        BenchCommand::Cdc {
+            changes,
+            seed,
+            json,
+        } => bench_cdc::run(changes, seed, json),
         BenchCommand::Identity {
             records,
             enrich_records,
@@ -333,12 +354,14 @@ fn main() -> std::process::ExitCode {
             seed,
             identity_records,
             filter_events,
+            cdc_changes,
         } => demo::run(demo::DemoOptions {
             events,
             faults,
             seed,
             identity_records,
             filter_events,
+            cdc_changes,
         }),
         Command::Signatures {
             check,

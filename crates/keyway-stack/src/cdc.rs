@@ -18,10 +18,11 @@ use cdc_join::view_table::joined_of;
 use cdc_join::wiring::{join_handler, rekey_handler};
 use keyway::adapters::dynamodb::TTL;
 use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent};
+use keyway::domain::item::item_size;
 use keyway::domain::InvalidInput;
 use keyway::local::{
     Fault, FaultCounts, FaultPlan, KeySchema, LocalError, LocalRuntime, LocalServices,
-    MappingSettings, MappingSource,
+    MappingSettings, MappingSource, MeterSnapshot,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -78,8 +79,10 @@ pub struct Outcome {
     pub view: BTreeMap<JoinedId, Joined>,
     /// Records refused, as "field: problem".
     pub dead_letters: Vec<String>,
-    /// DynamoDB capacity units the functions used (state and view), per table.
-    pub capacity: BTreeMap<String, f64>,
+    /// What the functions asked of DynamoDB (state and view), per table.
+    pub meters: BTreeMap<String, MeterSnapshot>,
+    /// The largest item of either table at the end, in bytes.
+    pub largest_item: usize,
     pub faults_fired: BTreeMap<&'static str, FaultCounts>,
     /// Kinds of fault the plan names that never fired.
     pub faults_missing: Vec<Fault>,
@@ -229,12 +232,12 @@ fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, Loca
         .collect::<Result<Vec<_>, _>>()
         .map_err(failed(JOINED))?;
     let mut view = BTreeMap::new();
-    let mut capacity = BTreeMap::new();
+    let mut meters = BTreeMap::new();
+    let mut largest_item = 0;
     for table in services.dynamodb.tables() {
-        capacity.insert(
-            table.name().to_owned(),
-            table.meter().snapshot().capacity_units(),
-        );
+        meters.insert(table.name().to_owned(), table.meter().snapshot());
+        let largest = table.items().iter().map(item_size).max().unwrap_or(0);
+        largest_item = largest_item.max(largest);
     }
     let table = services
         .dynamodb
@@ -249,7 +252,8 @@ fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, Loca
         joined,
         view,
         dead_letters: dead_letter_reasons(&services.sqs, dead_letters),
-        capacity,
+        meters,
+        largest_item,
         faults_fired: services.faults_fired(),
         faults_missing: services.faults_missing(),
     })
