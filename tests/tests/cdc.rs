@@ -608,3 +608,41 @@ async fn under_every_fault_at_two_percent_the_view_and_the_folded_changelog_equa
         faulty.faults_fired
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_truncate_is_dead_lettered_with_its_reason_and_changes_no_row_of_the_view() {
+    use keyway_stack::cdc::{replay, Settings, SourceEvent};
+    let record = |topic: &str, key: Value, value: Value| SourceEvent {
+        topic: topic.to_owned(),
+        key,
+        value: Some(value),
+    };
+    let user = json!({"id": 1, "name": "ada"});
+    let domain = json!({"id": 7, "user_id": 1, "name": "a.example"});
+    let as_row = |v: &Value| v.as_object().unwrap().clone();
+    let events = vec![
+        record(
+            "app.public.users",
+            json!({"id": 1}),
+            event("users", "c", None, Some(&as_row(&user))),
+        ),
+        record(
+            "app.public.domains",
+            json!({"id": 7}),
+            event("domains", "c", None, Some(&as_row(&domain))),
+        ),
+        // Debezium Server puts a truncate, which has no record key, under its null key.
+        record(
+            "app.public.users",
+            json!("default"),
+            event("users", "t", None, None),
+        ),
+    ];
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+    let outcome = replay(&Settings::new(spec), &events).await.unwrap();
+    assert_eq!(
+        outcome.dead_letters,
+        ["op: a truncate of \"users\" is not applied by the join; its rows stay until deleted"]
+    );
+    assert_eq!(outcome.view.len(), 1, "the joined row stays");
+}

@@ -17,9 +17,9 @@ use cdc_join::spec::{JoinKind, JoinSpec};
 use cdc_join::view_table::joined_of;
 use cdc_join::wiring::{join_handler, rekey_handler};
 use keyway::adapters::dynamodb::TTL;
-use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent};
+use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Op};
 use keyway::domain::item::item_size;
-use keyway::domain::InvalidInput;
+use keyway::domain::{InvalidInput, Item};
 use keyway::local::{
     Fault, FaultCounts, FaultPlan, KeySchema, LocalError, LocalRuntime, LocalServices,
     MappingSettings, MappingSource, MeterSnapshot,
@@ -83,6 +83,8 @@ pub struct Outcome {
     pub meters: BTreeMap<String, MeterSnapshot>,
     /// The largest item of either table at the end, in bytes.
     pub largest_item: usize,
+    /// The state table's items at the end: what the functions keep.
+    pub state_items: Vec<Item>,
     pub faults_fired: BTreeMap<&'static str, FaultCounts>,
     /// Kinds of fault the plan names that never fired.
     pub faults_missing: Vec<Fault>,
@@ -254,6 +256,11 @@ fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, Loca
         dead_letters: dead_letter_reasons(&services.sqs, dead_letters),
         meters,
         largest_item,
+        state_items: services
+            .dynamodb
+            .table(STATE_TABLE)
+            .expect("the state table was made")
+            .items(),
         faults_fired: services.faults_fired(),
         faults_missing: services.faults_missing(),
     })
@@ -268,6 +275,10 @@ pub fn key_of(value: &Value, column: &str) -> Result<Value, InvalidInput> {
             "a tombstone without its record key names no row",
         ));
     };
+    if change.op == Op::Truncate {
+        // A truncate has no record key; the re-key refuses it for what it is.
+        return Ok(Value::Null);
+    }
     let row = change.after.as_ref().or(change.before.as_ref());
     match row.and_then(|r| r.get(column)) {
         Some(id) => Ok(serde_json::json!({ column: id })),

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use keyway::domain::changelog::{debezium_changes, dynamodb_row_event};
-use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Row, RowEvent};
+use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Op, Row, RowEvent};
 use keyway::domain::item::item_to_plain_json;
 use keyway::domain::{Change, Payload, RowChange, SourceRecord};
 use keyway::operator::{SinkDescriptor, StateDescriptor};
@@ -119,6 +119,19 @@ impl Rekey {
         record: &SourceRecord,
         data: &[u8],
     ) -> Result<SourceChange, InvalidInput> {
+        let decoded = decode_record(data)?;
+        if let DebeziumEvent::Change(event) = &decoded {
+            if event.op == Op::Truncate {
+                // Refused whole rather than applied to some rows: see the README's CDC section.
+                return Err(InvalidInput::new(
+                    "op",
+                    format!(
+                        "a truncate of {:?} is not applied by the join; its rows stay until deleted",
+                        table_of(record, event)
+                    ),
+                ));
+            }
+        }
         let key: Value = serde_json::from_str(&record.partition_key).map_err(|e| {
             InvalidInput::new(
                 "partitionKey",
@@ -126,7 +139,7 @@ impl Rekey {
             )
         })?;
         let pk = primary_key(&decode_key(&key)?);
-        let DebeziumEvent::Change(event) = decode_record(data)? else {
+        let DebeziumEvent::Change(event) = decoded else {
             return Ok(SourceChange::Tombstone { pk });
         };
         let table = table_of(record, &event);

@@ -1,0 +1,194 @@
+//! The CDC join's promises as properties: for random sequences of changes to both tables
+//! (inserts, renames, domains moved to another user or to none, primary keys changed as Debezium
+//! sends it, deletes with their tombstones, events sent twice), random shard counts, batch sizes
+//! and interleavings of the rows, with and without every fault of the embedded runtime, the view
+//! table and the folded joined changelog equal the join of the final tables, and both operators'
+//! state holds exactly the live source rows.
+
+use std::collections::BTreeMap;
+
+use cdc_join::join::{Joined, JoinedId, Stamped};
+use cdc_join::spec::{JoinKind, JoinSpec};
+use cdc_join::view::View;
+use keyway::domain::Item;
+use keyway::local::FaultPlan;
+use keyway_stack::cdc::{final_tables, interleave, replay, Settings, SourceEvent};
+use proptest::prelude::*;
+use serde_json::{json, Map, Value};
+
+type Row = Map<String, Value>;
+
+/// One change a script asks for; what it does depends on the rows as they are then.
+#[derive(Clone, Debug)]
+struct Op {
+    domains: bool,
+    id: u32,
+    /// 0: insert or rename, 1: move to another user, 2: change the primary key, 3: delete.
+    kind: u8,
+    /// A domain's user, 0 for none.
+    user: u32,
+    /// The primary key a row moves to.
+    to: u32,
+    twice: bool,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    (
+        any::<bool>(),
+        0..6u32,
+        0..4u8,
+        0..4u32,
+        6..10u32,
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(domains, id, kind, user, to, twice)| Op {
+            domains,
+            id,
+            kind,
+            user,
+            to,
+            twice,
+        })
+}
+
+/// The script as Debezium change events, under their record keys, in the order made.
+fn events(script: &[Op]) -> Vec<SourceEvent> {
+    let mut rows: BTreeMap<(bool, u32), Row> = BTreeMap::new();
+    let mut out = Vec::new();
+    let mut name = 0;
+    for op in script {
+        let table = if op.domains { "domains" } else { "users" };
+        let mut put = |id: u32, value: Option<Value>| {
+            let event = SourceEvent {
+                topic: format!("app.public.{table}"),
+                key: json!({ "id": id }),
+                value,
+            };
+            if op.twice {
+                out.push(event.clone());
+            }
+            out.push(event);
+        };
+        let change = |op: &str, before: Option<&Row>, after: Option<&Row>| {
+            json!({"before": before, "after": after, "op": op,
+                   "source": {"connector": "postgresql", "table": table, "snapshot": "false"}})
+        };
+        name += 1;
+        let mut row = Row::new();
+        row.insert("id".into(), json!(op.id));
+        row.insert("name".into(), json!(name));
+        if op.domains {
+            let user = if op.user == 0 {
+                Value::Null
+            } else {
+                json!(op.user)
+            };
+            row.insert("user_id".into(), user);
+        }
+        let key = (op.domains, op.id);
+        match (rows.get(&key).cloned(), op.kind) {
+            (None, _) => {
+                put(op.id, Some(change("c", None, Some(&row))));
+                rows.insert(key, row);
+            }
+            (Some(old), 0 | 1) => {
+                let mut new = old.clone();
+                if op.kind == 0 || !op.domains {
+                    new.insert("name".into(), json!(name));
+                } else {
+                    new.insert("user_id".into(), row["user_id"].clone());
+                }
+                put(op.id, Some(change("u", Some(&old), Some(&new))));
+                rows.insert(key, new);
+            }
+            (Some(old), 2) if !rows.contains_key(&(op.domains, op.to)) => {
+                put(op.id, Some(change("d", Some(&old), None)));
+                put(op.id, None);
+                let mut moved = old.clone();
+                moved.insert("id".into(), json!(op.to));
+                put(op.to, Some(change("c", None, Some(&moved))));
+                rows.remove(&key);
+                rows.insert((op.domains, op.to), moved);
+            }
+            (Some(old), _) => {
+                put(op.id, Some(change("d", Some(&old), None)));
+                put(op.id, None);
+                rows.remove(&key);
+            }
+        }
+    }
+    out
+}
+
+/// Rows `operator` keeps in the state table's items: the entries of its slots named `slots`.
+fn state_rows(items: &[Item], operator: &str, slots: &[&str]) -> usize {
+    let heads = items.iter().filter(|i| {
+        i["sk"].as_s() == Some("head")
+            && i["pk"]
+                .as_s()
+                .is_some_and(|pk| pk.starts_with(&format!("{operator}#")))
+    });
+    heads
+        .map(|i| {
+            let doc: Value = serde_json::from_str(i["doc"].as_s().unwrap()).unwrap();
+            slots
+                .iter()
+                .map(|s| {
+                    assert!(
+                        doc["slots"][s].get("seg").is_none(),
+                        "small enough to inline"
+                    );
+                    doc["slots"][s]["e"].as_array().map_or(0, Vec::len)
+                })
+                .sum::<usize>()
+        })
+        .sum()
+}
+
+fn folded(joined: &[Stamped]) -> BTreeMap<JoinedId, Joined> {
+    let mut view = View::default();
+    for stamped in joined {
+        view.apply(stamped.clone());
+    }
+    view.rows().map(|j| (j.id(), j.clone())).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn any_changes_on_any_shards_in_any_interleaving_under_faults_leave_the_join_of_the_final_tables_and_no_stale_state(
+        script in prop::collection::vec(op(), 1..80),
+        shards in 1..5usize,
+        batch_size in prop::sample::select(vec![1usize, 3, 10, 100]),
+        order in any::<u64>(),
+        faults in prop::option::of(any::<u64>()),
+        left_outer in any::<bool>(),
+    ) {
+        let kind = if left_outer { JoinKind::LeftOuter } else { JoinKind::Inner };
+        let spec = JoinSpec::parse("domains.user_id=users.id", kind).unwrap();
+        let events = events(&script);
+        let tables = final_tables(&events);
+        let expected = tables.join(&spec);
+        let settings = Settings {
+            shards,
+            batch_size,
+            faults: faults.map_or_else(FaultPlan::default, |seed| FaultPlan::all(0.05, seed)),
+            ..Settings::new(spec)
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let outcome = runtime
+            .block_on(replay(&settings, &interleave(events, order)))
+            .unwrap();
+        prop_assert_eq!(&outcome.view, &expected, "the view table");
+        prop_assert_eq!(&folded(&outcome.joined), &expected, "the joined changelog");
+        prop_assert!(outcome.dead_letters.is_empty(), "{:?}", outcome.dead_letters);
+        let live = tables.len();
+        prop_assert_eq!(state_rows(&outcome.state_items, "cdc-rekey", &["row"]), live);
+        prop_assert_eq!(state_rows(&outcome.state_items, "cdc-join", &["left", "right"]), live);
+    }
+}
