@@ -7,12 +7,10 @@
 
 use std::collections::BTreeMap;
 
-use cdc_join::join::{Joined, JoinedId, Stamped};
 use cdc_join::spec::{JoinKind, JoinSpec};
-use cdc_join::view::View;
-use keyway::domain::Item;
 use keyway::local::FaultPlan;
 use keyway_stack::cdc::{final_tables, interleave, replay, Settings, SourceEvent};
+use keyway_tests::cdc::{folded, state_rows};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -118,39 +116,6 @@ fn events(script: &[Op]) -> Vec<SourceEvent> {
         }
     }
     out
-}
-
-/// Rows `operator` keeps in the state table's items: the entries of its slots named `slots`.
-fn state_rows(items: &[Item], operator: &str, slots: &[&str]) -> usize {
-    let heads = items.iter().filter(|i| {
-        i["sk"].as_s() == Some("head")
-            && i["pk"]
-                .as_s()
-                .is_some_and(|pk| pk.starts_with(&format!("{operator}#")))
-    });
-    heads
-        .map(|i| {
-            let doc: Value = serde_json::from_str(i["doc"].as_s().unwrap()).unwrap();
-            slots
-                .iter()
-                .map(|s| {
-                    assert!(
-                        doc["slots"][s].get("seg").is_none(),
-                        "small enough to inline"
-                    );
-                    doc["slots"][s]["e"].as_array().map_or(0, Vec::len)
-                })
-                .sum::<usize>()
-        })
-        .sum()
-}
-
-fn folded(joined: &[Stamped]) -> BTreeMap<JoinedId, Joined> {
-    let mut view = View::default();
-    for stamped in joined {
-        view.apply(stamped.clone());
-    }
-    view.rows().map(|j| (j.id(), j.clone())).collect()
 }
 
 proptest! {

@@ -110,7 +110,10 @@ pub fn operators() -> Vec<(String, Vec<StateDescriptor>)> {
     let sync = filter_policy_sync::PolicySync::default();
     let spec = cdc_join::spec::JoinSpec::parse("left.id=right.id", cdc_join::spec::JoinKind::Inner)
         .expect("a join of two tables");
-    let join = cdc_join::joiner::Join { kind: spec.kind };
+    let join = cdc_join::joiner::Join {
+        kind: spec.kind,
+        replays_within: std::time::Duration::ZERO,
+    };
     let rekey = cdc_join::rekey::Rekey::new(spec);
     vec![
         (counter.name().to_owned(), counter.states()),

@@ -11,6 +11,13 @@
 //! already holds make no joined change and never fail. An insert of another version of a row the
 //! group holds replaces it.
 //!
+//! **Replays.** The re-key emits before it commits: a retried batch sends its steps again, after
+//! steps of the same rows it sent already, so a group can meet a row's delete once more after
+//! the row came back, or its insert once more after it went. A step is applied only over an older
+//! one of its row: the row held carries the stamp of its insert, and a row the group deleted
+//! leaves its delete's stamp (`Group::gone`) for as long as a replay can come (the operator
+//! forgets it after the redelivery window).
+//!
 //! **Stamps.** The groups of two join keys run on different shards, in no order between them: a
 //! row that moves from one join key to another is inserted under the new one, maybe before it is
 //! deleted under the old. Each step carries the stamp the re-key gave it (`Stamp`: the sequence
@@ -71,6 +78,23 @@ pub struct Group {
     /// Steps applied: orders the changes of a left row without a partner, which no right stamp
     /// does.
     pub clock: u64,
+    /// The rows this group deleted, by `gone_key`: the stamp of the delete, and when (the
+    /// operator's `now`).
+    pub gone: Gone,
+    /// When the step applied now is applied, in epoch milliseconds: what a new entry of `gone`
+    /// records.
+    pub now: i64,
+}
+
+/// The stamps of the deletes of rows a group no longer holds, with when each was applied.
+pub type Gone = BTreeMap<String, (Stamp, i64)>;
+
+/// A row's key in `Group::gone`.
+pub fn gone_key(side: Side, pk: &str) -> String {
+    match side {
+        Side::Left => format!("left#{pk}"),
+        Side::Right => format!("right#{pk}"),
+    }
 }
 
 /// A row of the join: a left row with a right partner, or with none (left outer).
@@ -154,6 +178,15 @@ impl Group {
             Side::Left => self.left.get(pk),
             Side::Right => self.right.get(pk),
         };
+        let gone = self.gone.get(&gone_key(side, pk)).map(|(at, _)| at);
+        if held
+            .map(|h| &h.stamp)
+            .or(gone)
+            .is_some_and(|last| *last >= stamp)
+        {
+            // A replayed step: the row has moved on since.
+            return Vec::new();
+        }
         let new = match step {
             RowChange::Insert(row) if held.is_some_and(|h| h.row == row) => return Vec::new(),
             RowChange::Insert(row) => Some(Held {
@@ -178,8 +211,15 @@ impl Group {
             Side::Right => &mut self.right,
         };
         match new {
-            Some(held) => rows.insert(pk.to_owned(), held),
-            None => rows.remove(pk),
+            Some(held) => {
+                rows.insert(pk.to_owned(), held);
+                self.gone.remove(&gone_key(side, pk));
+            }
+            None => {
+                rows.remove(pk);
+                self.gone
+                    .insert(gone_key(side, pk), (stamp.clone(), self.now));
+            }
         };
         // What went is stamped as the step that took it: the step's stamp on its side.
         let gone = self.joined_with(&before, side, pk, &stamp);
@@ -394,6 +434,47 @@ mod tests {
             assert_eq!(rows.len(), 1);
             assert_eq!(rows[0].left["v"], 2);
         }
+    }
+
+    #[test]
+    fn a_replayed_run_of_steps_after_the_rows_moved_on_changes_nothing() {
+        // A retried re-key batch sends a domain's update again after the group saw the update
+        // and then the user's delete: neither the old delete nor the old insert may apply.
+        let kind = JoinKind::LeftOuter;
+        let user = row(json!({"id": 7}));
+        let (v1, v2) = (
+            row(json!({"id": 1, "user_id": 7, "v": 1})),
+            row(json!({"id": 1, "user_id": 7, "v": 2})),
+        );
+        let steps = [
+            (Side::Right, "7", Stamp::insert("10"), ins(&user)),
+            (Side::Left, "1", Stamp::insert("11"), ins(&v1)),
+            (Side::Left, "1", Stamp::delete("12"), del(&v1)),
+            (Side::Left, "1", Stamp::insert("12"), ins(&v2)),
+            // The replay of the update's delete, the user's delete, the replay of the insert.
+            (Side::Left, "1", Stamp::delete("12"), del(&v1)),
+            (Side::Right, "7", Stamp::delete("13"), del(&user)),
+            (Side::Left, "1", Stamp::insert("12"), ins(&v2)),
+            // A row deleted, then its insert replayed: it stays deleted.
+            (Side::Left, "1", Stamp::delete("14"), del(&v2)),
+            (Side::Left, "1", Stamp::insert("12"), ins(&v2)),
+        ];
+        let mut group = Group::default();
+        let mut view = View::default();
+        for (i, (side, pk, stamp, step)) in steps.into_iter().enumerate() {
+            for change in group.apply(kind, side, pk, stamp, step) {
+                view.apply(change);
+            }
+            let expected: Vec<JoinedId> = match i {
+                1 | 3 | 4 => vec![("1".into(), Some("7".into()))],
+                5 | 6 => vec![("1".into(), None)],
+                _ => vec![],
+            };
+            let ids: Vec<JoinedId> = view.rows().map(Joined::id).collect();
+            assert_eq!(ids, expected, "after step {i}");
+        }
+        assert!(group.is_empty(), "no row held");
+        assert_eq!(group.gone.len(), 2, "the deletes' stamps, for replays");
     }
 
     /// A row of `side` under join key `key`, in a group of its own when the key is NULL.

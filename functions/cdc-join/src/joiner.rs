@@ -2,16 +2,20 @@
 //! put them under), applied to the rows of the group (`join::Group`); the joined changes go out
 //! stamped to the joined changelog and to the view (`view_table`), which keeps each row's latest.
 //!
-//! Per group it keeps the rows of both sides, by primary key, and the group's count of steps:
-//! nothing else, and nothing once the group's last row went (the state holds exactly the live
-//! source rows). One writer per key (the changelog stream alone) and outputs computed from the
-//! step and the group's rows: emit-then-commit (DESIGN §3).
+//! Per group it keeps the rows of both sides, by primary key, and the group's count of steps;
+//! besides, the stamps of the rows it deleted within the redelivery window (`join::Gone`: a
+//! replay of a retried re-key batch can come that long), then nothing once the group's last row
+//! went: the state holds exactly the live source rows, and for a while what went. One writer per
+//! key (the changelog stream alone) and outputs computed from the step and the group's state:
+//! emit-then-commit (DESIGN §3).
 
 use keyway::domain::{Payload, SourceRecord};
 use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::{Ctx, InvalidInput, KeyedOperator, MapState, ProcessError, Sink, ValueState};
 
-use crate::join::{Group, Held, Stamped};
+use std::time::Duration;
+
+use crate::join::{Gone, Group, Held, Stamped};
 use crate::rekey::Step;
 use crate::spec::{JoinKind, Side};
 
@@ -25,6 +29,11 @@ pub const LEFT: MapState<String, Held> = MapState::with_shape("left", HELD);
 pub const RIGHT: MapState<String, Held> = MapState::with_shape("right", HELD);
 /// Steps the group applied (`Group::clock`).
 pub const CLOCK: ValueState<u64> = ValueState::new("clock");
+/// The stamps of the rows the group deleted within the redelivery window (`Group::gone`).
+pub const GONE: ValueState<Gone> = ValueState::with_shape(
+    "gone",
+    "BTreeMap<String, (Stamp(String), i64)>: a deleted row's key, its delete's stamp, when",
+);
 
 /// The joined changelog: each joined row inserted or deleted, with the pair that orders it.
 pub const JOINED: Sink<Stamped> = Sink::new("joined");
@@ -35,6 +44,9 @@ pub const VIEW: Sink<Stamped> = Sink::new("view");
 #[derive(Clone, Copy, Debug)]
 pub struct Join {
     pub kind: JoinKind,
+    /// How long a replay of a step can come after it: the re-key's redelivery window. A deleted
+    /// row's stamp is kept that long.
+    pub replays_within: Duration,
 }
 
 impl Join {
@@ -42,7 +54,7 @@ impl Join {
     /// left row pairs with, and whether there is any), and of the left rows, that row alone for a
     /// left step, since a join key with many left rows (a user's many domains) must not copy
     /// them all for each change of one.
-    fn load(ctx: &mut Ctx<'_>, side: Side, pk: &str) -> Result<Group, ProcessError> {
+    fn load(&self, ctx: &mut Ctx<'_>, side: Side, pk: &str) -> Result<Group, ProcessError> {
         let left = ctx.map(&LEFT)?;
         let left = match side {
             Side::Left => left
@@ -55,11 +67,28 @@ impl Join {
         let right = ctx.map(&RIGHT)?;
         let right = right.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let clock = ctx.value(&CLOCK)?.get().copied().unwrap_or(0);
-        Ok(Group { left, right, clock })
+        let now = ctx.now_millis();
+        let horizon = now - self.replays_within.as_millis() as i64;
+        let mut gone = ctx.value(&GONE)?.get().cloned().unwrap_or_default();
+        gone.retain(|_, (_, at)| *at >= horizon);
+        Ok(Group {
+            left,
+            right,
+            clock,
+            gone,
+            now,
+        })
     }
 
-    /// Stores what a step of `pk` of `side` changed in `group`; a group left empty keeps nothing.
-    fn store(ctx: &mut Ctx<'_>, group: &Group, side: Side, pk: &str) -> Result<(), ProcessError> {
+    /// Stores what a step of `pk` of `side` changed in `group`; a group left empty keeps only the
+    /// stamps of its deletes, until no replay can come.
+    fn store(
+        &self,
+        ctx: &mut Ctx<'_>,
+        group: &Group,
+        side: Side,
+        pk: &str,
+    ) -> Result<(), ProcessError> {
         let (state, rows) = match side {
             Side::Left => (&LEFT, &group.left),
             Side::Right => (&RIGHT, &group.right),
@@ -77,6 +106,15 @@ impl Join {
         } else {
             clock.set(group.clock);
         }
+        let mut gone = ctx.value(&GONE)?;
+        match group.gone.values().map(|(_, at)| *at).max() {
+            None => gone.clear(),
+            // The newest stamp is kept the window long; older ones go as later steps load them.
+            Some(newest) => gone.set_expiring(
+                group.gone.clone(),
+                newest + self.replays_within.as_millis() as i64,
+            ),
+        }
         Ok(())
     }
 }
@@ -89,7 +127,12 @@ impl KeyedOperator for Join {
     }
 
     fn states(&self) -> Vec<StateDescriptor> {
-        vec![LEFT.descriptor(), RIGHT.descriptor(), CLOCK.descriptor()]
+        vec![
+            LEFT.descriptor(),
+            RIGHT.descriptor(),
+            CLOCK.descriptor(),
+            GONE.descriptor(),
+        ]
     }
 
     fn sinks(&self) -> Vec<SinkDescriptor> {
@@ -113,14 +156,14 @@ impl KeyedOperator for Join {
     }
 
     fn process(&self, ctx: &mut Ctx<'_>, step: Step) -> Result<(), ProcessError> {
-        let mut group = Self::load(ctx, step.side, &step.pk)?;
+        let mut group = self.load(ctx, step.side, &step.pk)?;
         let before = group.clock;
         let joined = group.apply(self.kind, step.side, &step.pk, step.stamp, step.change);
         if group.clock == before {
             // A duplicate, or a retraction of a row not held: nothing changed.
             return Ok(());
         }
-        Self::store(ctx, &group, step.side, &step.pk)?;
+        self.store(ctx, &group, step.side, &step.pk)?;
         for stamped in joined {
             let partition = stamped.change.row().left_pk.clone();
             ctx.emit(&JOINED, partition.clone(), &stamped)?;

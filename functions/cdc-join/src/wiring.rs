@@ -85,8 +85,11 @@ pub fn join_handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<
         .with(&JOINED, sink_from(platform, env, "JOINED_SINK")?)
         .with(&VIEW, Arc::new(view));
     let store = state_store_from(platform, env, "STATE_TABLE")?;
+    // The re-key's retries replay its steps within its own redelivery window, which the stack
+    // sets alike for both functions.
     let operator = Join {
         kind: spec_from(env)?.kind,
+        replays_within: config.redelivery_window,
     };
     let executor = Executor::new(operator, store, sinks, platform.clock())?;
     Ok(StreamHandler::new(executor.with_config(config)))
