@@ -498,9 +498,6 @@ def check_filter(endpoint, stack, outputs, consumer, keyway):
     )
 
 
-if __name__ == "__main__":
-    main()
-
 
 def debezium(op, before, after):
     """A Debezium change event of `domains` (PostgreSQL, no schema envelope)."""
@@ -565,3 +562,7 @@ def check_cdc(endpoint, stack, outputs):
         time.sleep(1)
         got = view()
     print(f"e2e: {stack}: the CDC view equals the join of the final tables ({len(got)} rows) after {time.time() - put:.1f} s: ok")
+
+
+if __name__ == "__main__":
+    main()
