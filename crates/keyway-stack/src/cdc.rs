@@ -141,10 +141,8 @@ fn environment(spec: &JoinSpec, dead_letters: &str) -> keyway::lambda::Env {
         JoinKind::Inner => "inner",
         JoinKind::LeftOuter => "left",
     };
-    let join = spec.describe();
-    let join = join.split(' ').next().unwrap_or_default();
     [
-        ("JOIN", join.to_owned()),
+        ("JOIN", spec.expression()),
         ("JOIN_KIND", kind.to_owned()),
         ("STATE_TABLE", STATE_TABLE.to_owned()),
         ("VIEW_TABLE", VIEW_TABLE.to_owned()),

@@ -9,11 +9,11 @@
 //! key (the changelog stream alone) and outputs computed from the step and the group's state:
 //! emit-then-commit (DESIGN §3).
 
+use std::time::Duration;
+
 use keyway::domain::{Payload, SourceRecord};
 use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::{Ctx, InvalidInput, KeyedOperator, MapState, ProcessError, Sink, ValueState};
-
-use std::time::Duration;
 
 use crate::join::{Gone, Group, Held, Stamped};
 use crate::rekey::Step;

@@ -101,12 +101,17 @@ impl JoinSpec {
         }
     }
 
-    /// The join as written: `domains.user_id=users.id`, and `(left outer)` when it is.
-    pub fn describe(&self) -> String {
-        let join = format!(
+    /// The join's columns as `parse` reads them: `domains.user_id=users.id`.
+    pub fn expression(&self) -> String {
+        format!(
             "{}.{}={}.{}",
             self.left.table, self.left.column, self.right.table, self.right.column
-        );
+        )
+    }
+
+    /// The join as written: `domains.user_id=users.id`, and `(left outer)` when it is.
+    pub fn describe(&self) -> String {
+        let join = self.expression();
         match self.kind {
             JoinKind::Inner => join,
             JoinKind::LeftOuter => format!("{join} (left outer)"),
@@ -139,6 +144,10 @@ mod tests {
         assert_eq!(spec.right.column, "id");
         assert_eq!(spec.side("users"), Some(Side::Right));
         assert_eq!(spec.side("orders"), None);
+        let written = " domains.user_id = users.id ";
+        let left = JoinSpec::parse(written, JoinKind::LeftOuter).unwrap();
+        assert_eq!(left.expression(), "domains.user_id=users.id");
+        assert_eq!(left.describe(), "domains.user_id=users.id (left outer)");
         let row = json!({"id": 1, "user_id": 7}).as_object().unwrap().clone();
         assert_eq!(spec.join_key(Side::Left, &row), JoinKey::Value("7".into()));
         let null = json!({"id": 2, "user_id": null})
