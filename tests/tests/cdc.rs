@@ -657,3 +657,42 @@ async fn a_truncate_is_dead_lettered_with_its_reason_and_changes_no_row_of_the_v
     );
     assert_eq!(outcome.view.len(), 1, "the joined row stays");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_join_key_whose_rows_come_and_go_by_the_thousand_keeps_every_deletes_stamp_and_loses_no_change(
+) {
+    use keyway_stack::cdc::{final_tables, replay, Settings, SourceEvent};
+    // Primary keys near Kinesis's 256-character partition key limit: the stamps of 1,600
+    // deleted rows of one join key come to some 480 KB, more than one state entry holds.
+    let long_id = |n: usize| format!("{n:0>200}");
+    let user = json!({"id": 1, "name": "ada"});
+    let as_row = |v: &Value| v.as_object().unwrap().clone();
+    let mut events = vec![SourceEvent {
+        topic: "app.public.users".into(),
+        key: json!({"id": 1}),
+        value: Some(event("users", "c", None, Some(&as_row(&user)))),
+    }];
+    for n in 0..1_600 {
+        let domain = json!({"id": long_id(n), "user_id": 1});
+        let key = json!({ "id": long_id(n) });
+        let change = |op: &str, before: Option<&Row>, after: Option<&Row>| SourceEvent {
+            topic: "app.public.domains".into(),
+            key: key.clone(),
+            value: Some(event("domains", op, before, after)),
+        };
+        events.push(change("c", None, Some(&as_row(&domain))));
+        if n % 800 != 0 {
+            events.push(change("d", Some(&as_row(&domain)), None));
+        }
+    }
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+    let expected = final_tables(&events).join(&spec);
+    assert_eq!(expected.len(), 2, "two domains stay");
+    let outcome = replay(&Settings::new(spec), &events).await.unwrap();
+    assert!(
+        outcome.dead_letters.is_empty(),
+        "{:?}",
+        outcome.dead_letters.first()
+    );
+    assert_eq!(differences(&outcome.view, &expected), "");
+}

@@ -4,8 +4,10 @@
 //!
 //! Per group it keeps the rows of both sides, by primary key, and the group's count of steps;
 //! besides, the stamps of the rows it deleted within the redelivery window (`join::Gone`: a
-//! replay of a retried re-key batch can come that long), then nothing once the group's last row
-//! went: the state holds exactly the live source rows, and for a while what went. One writer per
+//! replay of a retried re-key batch can come that long), each dropped by the group's first step
+//! after the window. The rows held are exactly the live source rows; the stamps of what went stay
+//! until the group's next step, a small entry each (a group that never sees another step keeps
+//! the stamps of its last window's deletes). One writer per
 //! key (the changelog stream alone) and outputs computed from the step and the group's state:
 //! emit-then-commit (DESIGN §3).
 
@@ -15,7 +17,7 @@ use keyway::domain::{Payload, SourceRecord};
 use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::{Ctx, InvalidInput, KeyedOperator, MapState, ProcessError, Sink, ValueState};
 
-use crate::join::{Gone, Group, Held, Stamped};
+use crate::join::{gone_key, Gone, Group, Held, Stamp, Stamped};
 use crate::rekey::Step;
 use crate::spec::{JoinKind, Side};
 
@@ -29,10 +31,12 @@ pub const LEFT: MapState<String, Held> = MapState::with_shape("left", HELD);
 pub const RIGHT: MapState<String, Held> = MapState::with_shape("right", HELD);
 /// Steps the group applied (`Group::clock`).
 pub const CLOCK: ValueState<u64> = ValueState::new("clock");
-/// The stamps of the rows the group deleted within the redelivery window (`Group::gone`).
-pub const GONE: ValueState<Gone> = ValueState::with_shape(
+/// The stamps of the rows the group deleted within the redelivery window (`Group::gone`), an
+/// entry each: a join key whose rows come and go by the thousand a day keeps thousands, more than
+/// one item holds.
+pub const GONE: MapState<String, (Stamp, i64)> = MapState::with_shape(
     "gone",
-    "BTreeMap<String, (Stamp(String), i64)>: a deleted row's key, its delete's stamp, when",
+    "(Stamp(String), i64): a deleted row's delete's stamp, when",
 );
 
 /// The joined changelog: each joined row inserted or deleted, with the pair that orders it.
@@ -69,8 +73,16 @@ impl Join {
         let clock = ctx.value(&CLOCK)?.get().copied().unwrap_or(0);
         let now = ctx.now_millis();
         let horizon = now - self.replays_within.as_millis() as i64;
-        let mut gone = ctx.value(&GONE)?.get().cloned().unwrap_or_default();
-        gone.retain(|_, (_, at)| *at >= horizon);
+        let mut stored = ctx.map(&GONE)?;
+        let expired: Vec<String> = stored
+            .iter()
+            .filter(|(_, (_, at))| *at < horizon)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &expired {
+            stored.remove(key);
+        }
+        let gone: Gone = stored.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         Ok(Group {
             left,
             right,
@@ -81,7 +93,7 @@ impl Join {
     }
 
     /// Stores what a step of `pk` of `side` changed in `group`; a group left empty keeps only the
-    /// stamps of its deletes, until no replay can come.
+    /// stamps of its deletes, each until a later step finds it past the redelivery window.
     fn store(
         &self,
         ctx: &mut Ctx<'_>,
@@ -106,15 +118,11 @@ impl Join {
         } else {
             clock.set(group.clock);
         }
-        let mut gone = ctx.value(&GONE)?;
-        match group.gone.values().map(|(_, at)| *at).max() {
-            None => gone.clear(),
-            // The newest stamp is kept the window long; older ones go as later steps load them.
-            Some(newest) => gone.set_expiring(
-                group.gone.clone(),
-                newest + self.replays_within.as_millis() as i64,
-            ),
-        }
+        let mut gone = ctx.map(&GONE)?;
+        match group.gone.get(&gone_key(side, pk)) {
+            Some(stamp) => gone.insert(gone_key(side, pk), stamp.clone()),
+            None => gone.remove(&gone_key(side, pk)),
+        };
         Ok(())
     }
 }
