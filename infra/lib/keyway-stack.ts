@@ -418,6 +418,13 @@ export class KeywayStack extends Stack {
         'inner keeps joined rows only; left also keeps each left row without a partner, joined ' +
         'with null.',
     });
+    const filter = new CfnParameter(this, 'CdcFilter', {
+      type: 'String',
+      default: '',
+      description:
+        'The rows that take part in the CDC join: conditions on either table\'s columns joined by ' +
+        'AND, values as JSON (domains.status = "active" AND users.tier >= 2); empty for every row.',
+    });
 
     // Debezium change events (Debezium Server's Kinesis sink: partitioned by record key, every
     // table routed to this stream), read by the re-key.
@@ -446,6 +453,7 @@ export class KeywayStack extends Stack {
       {
         JOIN: join.valueAsString,
         JOIN_KIND: kind.valueAsString,
+        FILTER: filter.valueAsString,
         STATE_TABLE: stateTable.tableName,
         CHANGELOG_SINK: `kinesis:${changelog.streamName}`,
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,

@@ -1,12 +1,14 @@
 //! The CDC join's promises as properties: for random sequences of changes to both tables
 //! (inserts, renames, domains moved to another user or to none, primary keys changed as Debezium
 //! sends it, deletes with their tombstones, events sent twice), random shard counts, batch sizes
-//! and interleavings of the rows, with and without every fault of the embedded runtime, the view
-//! table and the folded joined changelog equal the join of the final tables, and both operators'
-//! state holds exactly the live source rows.
+//! and interleavings of the rows, with and without a filter on a column that updates change, with
+//! and without every fault of the embedded runtime, the view table and the folded joined changelog
+//! equal the join of the final tables, the re-key holds exactly the live source rows and the join
+//! exactly those the filter lets through.
 
 use std::collections::BTreeMap;
 
+use cdc_join::filter::Filter;
 use cdc_join::spec::{JoinKind, JoinSpec};
 use keyway::local::FaultPlan;
 use keyway_stack::cdc::{final_tables, interleave, replay, Settings, SourceEvent};
@@ -129,9 +131,19 @@ proptest! {
         order in any::<u64>(),
         faults in prop::option::of(any::<u64>()),
         left_outer in any::<bool>(),
+        filter in prop::option::of((any::<bool>(), any::<bool>(), 0..60u32)),
     ) {
         let kind = if left_outer { JoinKind::LeftOuter } else { JoinKind::Inner };
-        let spec = JoinSpec::parse("domains.user_id=users.id", kind).unwrap();
+        // A filter on a column that updates change (names only grow): rows leave it (`<`) or
+        // come into it (`>=`).
+        let filter = filter.map_or_else(String::new, |(domains, below, name)| {
+            let table = if domains { "domains" } else { "users" };
+            format!("{table}.name {} {name}", if below { "<" } else { ">=" })
+        });
+        let spec = JoinSpec::parse("domains.user_id=users.id", kind)
+            .unwrap()
+            .with_filter(Filter::parse(&filter).unwrap())
+            .unwrap();
         let events = events(&script);
         let tables = final_tables(&events);
         let expected = tables.join(&spec);
@@ -139,7 +151,7 @@ proptest! {
             shards,
             batch_size,
             faults: faults.map_or_else(FaultPlan::default, |seed| FaultPlan::all(0.05, seed)),
-            ..Settings::new(spec)
+            ..Settings::new(spec.clone())
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -154,6 +166,15 @@ proptest! {
         prop_assert!(outcome.dead_letters.is_empty(), "{:?}", outcome.dead_letters);
         let live = tables.len();
         prop_assert_eq!(state_rows(&outcome.state_items, "cdc-rekey", &["row"]), live);
-        prop_assert_eq!(state_rows(&outcome.state_items, "cdc-join", &["left", "right"]), live);
+        // The join holds the rows the filter lets through, and no other.
+        let taking_part = tables
+            .rows
+            .iter()
+            .map(|(table, rows)| rows.values().filter(|row| spec.takes_part(table, row)).count())
+            .sum::<usize>();
+        prop_assert_eq!(
+            state_rows(&outcome.state_items, "cdc-join", &["left", "right"]),
+            taking_part
+        );
     }
 }

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use cdc_join::filter::Filter;
 use cdc_join::join::{Joined, JoinedId};
 use cdc_join::spec::{JoinKind, JoinSpec, Side};
 use keyway::domain::RowChange;
@@ -30,6 +31,10 @@ pub struct CdcOptions {
     /// inner, or left (every left row, with null when it has no partner).
     #[arg(long, default_value = "inner", value_parser = ["inner", "left"])]
     pub kind: String,
+    /// The rows that take part: conditions on either table's columns joined by AND, values as
+    /// JSON (`domains.status = "active" AND users.tier >= 2`).
+    #[arg(long)]
+    pub filter: Option<String>,
     /// Shards of each topic's stream and of the changelog.
     #[arg(long, default_value_t = 2)]
     pub shards: usize,
@@ -60,6 +65,11 @@ pub fn run(options: CdcOptions) -> Result<(), CliError> {
     };
     let spec =
         JoinSpec::parse(&options.join, kind).map_err(|e| CliError::from(format!("--join: {e}")))?;
+    let filter = Filter::parse(options.filter.as_deref().unwrap_or_default())
+        .map_err(|e| CliError::from(format!("--filter: {e}")))?;
+    let spec = spec
+        .with_filter(filter)
+        .map_err(|e| CliError::from(format!("--filter: {e}")))?;
     let mut problems = Vec::new();
     let mut events = Vec::new();
     for path in &options.paths {

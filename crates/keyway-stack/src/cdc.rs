@@ -144,6 +144,7 @@ fn environment(spec: &JoinSpec, dead_letters: &str) -> keyway::lambda::Env {
     [
         ("JOIN", spec.expression()),
         ("JOIN_KIND", kind.to_owned()),
+        ("FILTER", spec.filter.expression()),
         ("STATE_TABLE", STATE_TABLE.to_owned()),
         ("VIEW_TABLE", VIEW_TABLE.to_owned()),
         ("DEAD_LETTER_SINK", format!("sqs:{dead_letters}")),

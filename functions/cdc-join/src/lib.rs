@@ -3,7 +3,7 @@
 //! into a joined changelog whose inserts and deletes keep a view equal to the join of the current
 //! source rows.
 //!
-//! `spec` says which columns join and how; `join` holds the rows of both sides under one join key
+//! `spec` says which columns join and how, and `filter` which rows take part; `join` holds the rows of both sides under one join key
 //! and says what each change does to the join, stamped so that `view` builds the join of the
 //! current rows from changes that reach it in any order between join keys. Two operators run
 //! them: `rekey` (Debezium events by primary key to steps by join key) and `joiner` (steps to
@@ -11,6 +11,7 @@
 //! makes each a Lambda handler from its environment (the binaries in `src/bin`). `oracle` joins the
 //! tables as their changes leave them: what the view must equal.
 
+pub mod filter;
 pub mod join;
 pub mod joiner;
 pub mod oracle;

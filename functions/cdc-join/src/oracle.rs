@@ -42,10 +42,17 @@ impl Tables {
         self.len() == 0
     }
 
-    /// The join of the tables as they are.
+    /// The join of the tables as they are, of the rows the join's filter lets through.
     pub fn join(&self, spec: &JoinSpec) -> BTreeMap<JoinedId, Joined> {
-        let empty = BTreeMap::new();
-        let side = |s: Side| self.rows.get(spec.table(s)).unwrap_or(&empty);
+        let side = |s: Side| -> BTreeMap<&String, &Row> {
+            let table = spec.table(s);
+            self.rows
+                .get(table)
+                .into_iter()
+                .flatten()
+                .filter(|(_, row)| spec.takes_part(table, row))
+                .collect()
+        };
         let (left, right) = (side(Side::Left), side(Side::Right));
         let mut out = BTreeMap::new();
         for (left_pk, left_row) in left {
@@ -55,6 +62,7 @@ impl Tables {
                 JoinKey::Value(_) => right
                     .iter()
                     .filter(|(_, row)| spec.join_key(Side::Right, row) == key)
+                    .map(|(pk, row)| (*pk, *row))
                     .collect(),
             };
             let mut add = |right: Option<(&String, &Row)>| {

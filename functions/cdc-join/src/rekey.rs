@@ -8,6 +8,8 @@
 //! step is stamped with the position of the change it came from (`join::Stamp`): one row's changes
 //! arrive in order under its primary key, so its steps' stamps grow, and the join and its view
 //! keep a row's order even when its join key moves between shards. A deleted row leaves no state.
+//! The join's filter applies here, to each step alone (see `filter`): the join never sees a row
+//! that does not match.
 //!
 //! One writer per key (one input stream) and outputs computed from the record and the stored
 //! row alone: emit-then-commit (DESIGN §3); a retry re-emits the same steps under the same ids.
@@ -244,6 +246,11 @@ impl KeyedOperator for Rekey {
                     Stamp::insert(&sequence)
                 }
             };
+            // The row is stored whether or not it matches the filter: a later delete without a
+            // before image retracts what was there. Only matching rows go on (see `filter`).
+            if !self.spec.takes_part(&table, change.row()) {
+                continue;
+            }
             out.push(Step {
                 group: group_of(&self.spec, side, &pk, change.row()),
                 side,

@@ -1,8 +1,10 @@
 //! Which columns join, and how: `LEFT.COL=RIGHT.COL` (for example `domains.user_id=users.id`),
-//! inner or left outer.
+//! inner or left outer, of the rows a filter lets through (`filter`).
 
 use keyway::domain::debezium::Row;
 use serde_json::Value;
+
+use crate::filter::Filter;
 
 /// A column of a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +45,8 @@ pub struct JoinSpec {
     pub left: Column,
     pub right: Column,
     pub kind: JoinKind,
+    /// The rows that take part; every row without one.
+    pub filter: Filter,
 }
 
 /// A join that cannot be read.
@@ -80,7 +84,37 @@ impl JoinSpec {
         if left.table == right.table {
             return Err(problem("a table joined with itself is not supported"));
         }
-        Ok(Self { left, right, kind })
+        Ok(Self {
+            left,
+            right,
+            kind,
+            filter: Filter::default(),
+        })
+    }
+
+    /// The join of the rows `filter` lets through: refused when a condition names a table that
+    /// is neither side of the join (a typo would otherwise filter nothing, silently).
+    pub fn with_filter(self, filter: Filter) -> Result<Self, SpecError> {
+        if let Some(stray) = filter
+            .conditions
+            .iter()
+            .find(|c| self.side(&c.table).is_none())
+        {
+            return Err(SpecError {
+                text: filter.expression(),
+                problem: format!(
+                    "the filter names {:?}, which is neither side of the join {}",
+                    stray.table,
+                    self.expression()
+                ),
+            });
+        }
+        Ok(Self { filter, ..self })
+    }
+
+    /// Whether `row` of `table` takes part in the join: the filter lets it through.
+    pub fn takes_part(&self, table: &str, row: &Row) -> bool {
+        self.filter.matches(table, row)
     }
 
     /// The side `table` is on, if either.
@@ -109,13 +143,17 @@ impl JoinSpec {
         )
     }
 
-    /// The join as written: `domains.user_id=users.id`, and `(left outer)` when it is.
+    /// The join as written: `domains.user_id=users.id`, `(left outer)` when it is, and its
+    /// filter after `where`.
     pub fn describe(&self) -> String {
-        let join = self.expression();
-        match self.kind {
-            JoinKind::Inner => join,
-            JoinKind::LeftOuter => format!("{join} (left outer)"),
+        let mut join = self.expression();
+        if self.kind == JoinKind::LeftOuter {
+            join.push_str(" (left outer)");
         }
+        if !self.filter.is_empty() {
+            join = format!("{join} where {}", self.filter.expression());
+        }
+        join
     }
 
     /// What `row` of `side` joins on.
@@ -155,6 +193,27 @@ mod tests {
             .unwrap()
             .clone();
         assert_eq!(spec.join_key(Side::Left, &null), JoinKey::Null);
+    }
+
+    #[test]
+    fn a_filter_applies_to_the_rows_of_its_table_and_one_on_a_stranger_table_is_refused() {
+        let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+        let filter = Filter::parse(r#"domains.status = "active""#).unwrap();
+        let spec = spec.with_filter(filter).unwrap();
+        let row = |status: &str| json!({"status": status}).as_object().unwrap().clone();
+        assert!(spec.takes_part("domains", &row("active")));
+        assert!(!spec.takes_part("domains", &row("parked")));
+        assert!(spec.takes_part("users", &row("parked")));
+        assert_eq!(
+            spec.describe(),
+            r#"domains.user_id=users.id where domains.status = "active""#
+        );
+        let stray = Filter::parse("orders.total > 3").unwrap();
+        let e = spec.with_filter(stray).unwrap_err();
+        assert!(
+            e.problem.contains("\"orders\", which is neither side"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The two functions as Lambda runs them: each operator wired to the ports its environment names.
 //!
 //! Environment of both: `JOIN` (`LEFT.COL=RIGHT.COL`, for example `domains.user_id=users.id`),
-//! `JOIN_KIND` (`inner`, the default, or `left`), `STATE_TABLE`, `DEAD_LETTER_SINK`, and the
+//! `JOIN_KIND` (`inner`, the default, or `left`), `FILTER` (optional: the rows that take part,
+//! `domains.status = "active" AND users.tier >= 2`, see `filter`), `STATE_TABLE`, `DEAD_LETTER_SINK`, and the
 //! executor's variables (see `keyway::lambda::executor_config`). The re-key's: `CHANGELOG_SINK`
 //! (`kinesis:<stream>`, the changelog the join reads) and `TABLE_NAMES` (optional: a JSON object
 //! of a source table's name in its changes to its name in the join, for a DynamoDB table, whose
@@ -17,6 +18,7 @@ use keyway::lambda::{
 };
 use keyway::{Executor, Sinks};
 
+use crate::filter::Filter;
 use crate::joiner::{Join, JOINED, VIEW};
 use crate::rekey::{Rekey, CHANGELOG};
 use crate::spec::{JoinKind, JoinSpec};
@@ -34,10 +36,18 @@ pub fn spec_from(env: &Env) -> Result<JoinSpec, ConfigError> {
             })
         }
     };
-    JoinSpec::parse(required(env, "JOIN")?, kind).map_err(|e| ConfigError {
+    let spec = JoinSpec::parse(required(env, "JOIN")?, kind).map_err(|e| ConfigError {
         name: "JOIN".into(),
         problem: e.to_string(),
-    })
+    })?;
+    let filter_problem = |problem: String| ConfigError {
+        name: "FILTER".into(),
+        problem,
+    };
+    let filter = Filter::parse(env.get("FILTER").map_or("", String::as_str))
+        .map_err(|e| filter_problem(e.to_string()))?;
+    spec.with_filter(filter)
+        .map_err(|e| filter_problem(e.to_string()))
 }
 
 /// A source table's name in the join by the name its changes carry (`TABLE_NAMES`, a JSON object;
@@ -119,6 +129,21 @@ mod tests {
             ),
         ] {
             assert_eq!(spec_from(&env(&pairs)).unwrap_err().name, name);
+        }
+    }
+
+    #[test]
+    fn the_environment_may_filter_the_rows_and_a_filter_on_another_table_is_named() {
+        let join = ("JOIN", "domains.user_id=users.id");
+        let spec = spec_from(&env(&[join, ("FILTER", "domains.status = 'active'")])).unwrap();
+        assert_eq!(spec.filter.conditions.len(), 1);
+        assert!(spec_from(&env(&[join, ("FILTER", "")]))
+            .unwrap()
+            .filter
+            .is_empty());
+        for filter in ["orders.total > 1", "domains.status = active"] {
+            let err = spec_from(&env(&[join, ("FILTER", filter)])).unwrap_err();
+            assert_eq!(err.name, "FILTER", "{filter}");
         }
     }
 
