@@ -467,6 +467,13 @@ export class KeywayStack extends Stack {
     deadLetters.grantSendMessages(rekey);
     addTrigger(rekey, 'CdcRekeyFunction', 'Changes', streamTrigger(changes, failedBatches));
     addTrigger(rekey, 'CdcRekeyFunction', 'Users', tableTrigger(users, failedBatches));
+    // A truncated table's rows that no change touches again are retracted by a sweep this
+    // schedule runs (functions/cdc-join/src/truncate.rs).
+    const sweepTruncates = new events.Rule(this, 'CdcRekeyFunctionSweepTruncates', {
+      schedule: events.Schedule.rate(Duration.minutes(1)),
+      targets: [new targets.LambdaFunction(rekey)],
+    });
+    logicalId(sweepTruncates, 'CdcRekeyFunctionSweepTruncates');
 
     const joiner = rustFunction(
       this,

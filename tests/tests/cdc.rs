@@ -16,6 +16,7 @@ use cdc_join::view_table::{joined_of, ViewTable};
 use keyway::local::LocalTable;
 use keyway::sources::kinesis::decode_event;
 use keyway::Executor;
+use keyway_stack::cdc::SourceEvent;
 use keyway_tests::cdc::{folded, state_rows};
 use keyway_tests::harness::{Shard, World};
 use rand::rngs::StdRng;
@@ -529,6 +530,7 @@ async fn generated_changes_replayed_in_any_interleaving_on_any_shards_end_as_the
             changes: 1_500,
             domains: 200,
             users: 50,
+            truncates: seed as usize % 3,
             seed,
             ..Workload::default()
         };
@@ -598,15 +600,21 @@ fn under_every_fault_at_two_percent_the_view_and_the_folded_changelog_equal_a_fa
     use keyway_stack::cdc_changes::{generate, Workload, JOIN};
     // A large customer's join key holds hundreds of domains: its state outgrows an item's
     // head and is written in segments, where a crash can come between segment and head.
+    // Two truncates (domains, then users): their sweeps run under the faults too.
     let workload = Workload {
         changes: chaos_changes(),
         hot_user: 0.25,
+        truncates: 2,
         seed: 21,
         ..Workload::default()
     };
-    let events = interleave(generate(&workload), 21);
+    // The oracle applies the changes in the order the database made them: a truncate removes
+    // the rows changed before it there, wherever an interleaving puts it.
+    let made = generate(&workload);
+    let tables = final_tables(&made);
+    let events = interleave(made, 21);
     let spec = JoinSpec::parse(JOIN, JoinKind::LeftOuter).unwrap();
-    let expected = final_tables(&events).join(&spec);
+    let expected = tables.join(&spec);
     let settings = Settings {
         shards: 4,
         ..Settings::new(spec)
@@ -627,7 +635,11 @@ fn under_every_fault_at_two_percent_the_view_and_the_folded_changelog_equal_a_fa
         let faulty = replay_apart(&faulty_settings, &events);
         (clean.join().expect("the fault-free run"), faulty)
     });
-    assert_eq!(clean.view, expected, "the fault-free view");
+    assert_eq!(
+        differences(&clean.view, &expected),
+        "",
+        "the fault-free view"
+    );
     assert!(
         faulty.faults_missing.is_empty(),
         "faults that never fired: {:?}",
@@ -642,6 +654,12 @@ fn under_every_fault_at_two_percent_the_view_and_the_folded_changelog_equal_a_fa
     assert_eq!(changelog, "", "the folded changelog under faults");
     assert!(clean.dead_letters.is_empty(), "{:?}", clean.dead_letters);
     assert!(faulty.dead_letters.is_empty(), "{:?}", faulty.dead_letters);
+    // No row leaks, the truncated tables' included.
+    let live = tables.len();
+    for (run, outcome) in [("fault-free", &clean), ("faulty", &faulty)] {
+        let rows = state_rows(&outcome.state_items, "cdc-rekey", &["row"]);
+        assert_eq!(rows, live, "the re-key's rows, {run}");
+    }
     println!(
         "{} events, view {} rows, joined changes {} clean, {} under faults ({:?})",
         events.len(),
@@ -652,42 +670,128 @@ fn under_every_fault_at_two_percent_the_view_and_the_folded_changelog_equal_a_fa
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_truncate_is_dead_lettered_with_its_reason_and_changes_no_row_of_the_view() {
-    use keyway_stack::cdc::{replay, Settings, SourceEvent};
-    let record = |topic: &str, key: Value, value: Value| SourceEvent {
-        topic: topic.to_owned(),
-        key,
-        value: Some(value),
+/// Checks that a run ended with the view and the folded joined changelog `expected`, no dead
+/// letter, and `rows` source rows held by the re-key and by the join.
+fn ends_as(
+    outcome: &keyway_stack::cdc::Outcome,
+    expected: &BTreeMap<JoinedId, Joined>,
+    rows: (usize, usize),
+    run: &str,
+) {
+    assert!(
+        outcome.dead_letters.is_empty(),
+        "{run} {:?}",
+        outcome.dead_letters
+    );
+    assert_eq!(differences(&outcome.view, expected), "", "{run}: the view");
+    assert_eq!(
+        &folded(&outcome.joined),
+        expected,
+        "{run}: the joined changelog"
+    );
+    let held = (
+        state_rows(&outcome.state_items, "cdc-rekey", &["row"]),
+        state_rows(&outcome.state_items, "cdc-join", &["left", "right"]),
+    );
+    assert_eq!(held, rows, "{run}: the rows the re-key and the join hold");
+}
+
+/// A change of `table` at `lsn` in the source's log, under its record key.
+fn at_lsn(table: &str, key: Value, op: &str, row: Option<Value>, lsn: u64) -> SourceEvent {
+    let (before, after) = match op {
+        "d" => (row, None),
+        _ => (None, row),
     };
-    let user = json!({"id": 1, "name": "ada"});
-    let domain = json!({"id": 7, "user_id": 1, "name": "a.example"});
-    let as_row = |v: &Value| v.as_object().unwrap().clone();
+    SourceEvent {
+        topic: format!("app.public.{table}"),
+        key,
+        value: Some(json!({
+            "before": before, "after": after, "op": op,
+            "source": {"connector": "postgresql", "table": table, "snapshot": "false", "lsn": lsn},
+        })),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_truncate_removes_the_rows_changed_before_it_and_keeps_those_changed_after_wherever_each_travels(
+) {
+    use keyway_stack::cdc::{final_tables, interleave, replay, Settings};
+    let user = |id: u32, lsn: u64| {
+        at_lsn(
+            "users",
+            json!({"id": id}),
+            "c",
+            Some(json!({"id": id, "name": "u"})),
+            lsn,
+        )
+    };
+    let domain = |id: u32, user: u32, op: &str, lsn: u64| {
+        let row = json!({"id": id, "user_id": user});
+        at_lsn("domains", json!({"id": id}), op, Some(row), lsn)
+    };
+    let mut events = vec![user(1, 1), user(2, 2)];
+    // 40 domains before the truncate, some deleted again, some re-created after it.
+    for id in 0..40 {
+        events.push(domain(id, 1 + id % 2, "c", 10 + u64::from(id)));
+    }
+    events.push(domain(3, 2, "d", 60));
+    // Debezium Server puts a truncate, which has no record key, under its null key.
+    events.push(at_lsn("domains", json!("default"), "t", None, 100));
+    for id in [5, 7, 50] {
+        events.push(domain(id, 2, "c", 200 + u64::from(id)));
+    }
+    events.push(domain(7, 2, "d", 300));
+    events.push(user(3, 301));
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::LeftOuter).unwrap();
+    let expected = final_tables(&events).join(&spec);
+    let kept: Vec<&str> = expected.keys().map(|(left, _)| left.as_str()).collect();
+    assert_eq!(
+        kept,
+        ["5", "50"],
+        "the oracle: only the domains created after the truncate"
+    );
+    for order in 0..6 {
+        // The truncate travels on its own key: any interleaving may put it before or after the
+        // changes around it, on another shard.
+        let ordered = interleave(events.clone(), order);
+        let settings = Settings {
+            shards: 1 + order as usize % 3,
+            batch_size: [1, 7, 100][order as usize % 3],
+            ..Settings::new(spec.clone())
+        };
+        let outcome = replay(&settings, &ordered).await.unwrap();
+        assert_eq!(outcome.failed_sweeps, 0, "order {order}");
+        // The users, and the two domains that live on, and nothing of the truncated ones.
+        ends_as(&outcome, &expected, (5, 5), &format!("order {order}"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_truncate_that_says_nothing_of_where_it_stands_is_dead_lettered_with_its_reason() {
+    use keyway_stack::cdc::{replay, Settings};
     let events = vec![
-        record(
-            "app.public.users",
-            json!({"id": 1}),
-            event("users", "c", None, Some(&as_row(&user))),
-        ),
-        record(
-            "app.public.domains",
-            json!({"id": 7}),
-            event("domains", "c", None, Some(&as_row(&domain))),
-        ),
-        // Debezium Server puts a truncate, which has no record key, under its null key.
-        record(
-            "app.public.users",
-            json!("default"),
-            event("users", "t", None, None),
-        ),
+        at_lsn("users", json!({"id": 1}), "c", Some(json!({"id": 1})), 1),
+        SourceEvent {
+            topic: "app.public.users".into(),
+            key: json!("default"),
+            value: Some(json!({"op": "t", "before": null, "after": null,
+                               "source": {"connector": "postgresql", "table": "users"}})),
+        },
     ];
     let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
     let outcome = replay(&Settings::new(spec), &events).await.unwrap();
-    assert_eq!(
-        outcome.dead_letters,
-        ["op: a truncate of \"users\" is not applied by the join; its rows stay until deleted"]
+    assert_eq!(outcome.dead_letters.len(), 1);
+    assert!(
+        outcome.dead_letters[0]
+            .starts_with("source: a truncate of \"users\" says nothing of where it stands"),
+        "{:?}",
+        outcome.dead_letters
     );
-    assert_eq!(outcome.view.len(), 1, "the joined row stays");
+    assert_eq!(
+        state_rows(&outcome.state_items, "cdc-rekey", &["row"]),
+        1,
+        "the row stays"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -794,17 +898,189 @@ async fn a_row_that_an_update_takes_out_of_the_filter_leaves_no_phantom_row_in_t
     let ids: Vec<_> = expected.keys().cloned().collect();
     assert_eq!(ids, [("9".to_owned(), Some("1".to_owned()))]);
     let outcome = replay(&Settings::new(spec), &events).await.unwrap();
-    assert!(
-        outcome.dead_letters.is_empty(),
-        "{:?}",
-        outcome.dead_letters
-    );
-    assert_eq!(differences(&outcome.view, &expected), "");
-    assert_eq!(folded(&outcome.joined), expected, "the joined changelog");
     // The re-key stores every live row (8 and 9, and the user), the join only those that match.
-    assert_eq!(state_rows(&outcome.state_items, "cdc-rekey", &["row"]), 3);
+    ends_as(&outcome, &expected, (3, 2), "");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_from_before_a_truncate_that_comes_after_its_sweeps_leaves_no_row() {
+    use keyway_stack::cdc::{final_tables, replay, Settings};
+    let user = |id: u32, op: &str, lsn: u64| {
+        let row = json!({"id": id, "name": "u"});
+        at_lsn("users", json!({ "id": id }), op, Some(row), lsn)
+    };
+    let domain = |id: u32, user: u32, lsn: u64| {
+        let row = json!({"id": id, "user_id": user});
+        at_lsn("domains", json!({ "id": id }), "c", Some(row), lsn)
+    };
+    let events = vec![
+        user(1, "c", 1),
+        domain(10, 1, 2),
+        domain(11, 2, 3),
+        at_lsn("users", json!("default"), "t", None, 100),
+        user(1, "c", 101),
+    ];
+    // Changes made before the truncate, on a shard that lags behind until both sweeps are done:
+    // a user created and one deleted again, neither of which the truncate left.
+    let late = vec![user(2, "c", 5), user(3, "c", 6), user(3, "d", 7)];
+    let mut all = events.clone();
+    all.splice(3..3, late.clone());
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::LeftOuter).unwrap();
+    let expected = final_tables(&all).join(&spec);
+    let partners: Vec<_> = expected.keys().cloned().collect();
     assert_eq!(
-        state_rows(&outcome.state_items, "cdc-join", &["left", "right"]),
-        2
+        partners,
+        [
+            ("10".to_owned(), Some("1".to_owned())),
+            ("11".to_owned(), None)
+        ]
     );
+    let settings = Settings {
+        late,
+        ..Settings::new(spec)
+    };
+    let outcome = replay(&settings, &events).await.unwrap();
+    ends_as(&outcome, &expected, (3, 3), "");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stacks_schedule_sweeps_the_rows_of_a_truncated_table_out_of_its_view_table() {
+    use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+    let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+    let mut runtime = LocalRuntime::from_template_with(
+        keyway_stack::TEMPLATE,
+        &BTreeMap::from([("CdcJoinKind".to_owned(), "left".to_owned())]),
+        services,
+        &keyway_stack::functions(),
+    )
+    .expect("the template runs");
+    let changes = runtime.resource("CdcChangesStream").unwrap();
+    let (view, dead_letter_queue) = (
+        runtime.resource("CdcViewTable").unwrap(),
+        runtime.resource("DeadLetterQueue").unwrap(),
+    );
+    let services = runtime.services.clone();
+    let domain = |id: u32, op: &str, lsn: u64| {
+        let row = json!({"id": id, "user_id": 1});
+        at_lsn("domains", json!({ "id": id }), op, Some(row), lsn)
+    };
+    let mut events: Vec<SourceEvent> = (0..30)
+        .map(|id| domain(id, "c", 1 + u64::from(id)))
+        .collect();
+    events.push(at_lsn("domains", json!("default"), "t", None, 100));
+    events.push(domain(7, "c", 101));
+    for event in &events {
+        let data = event.value.as_ref().unwrap().to_string().into_bytes();
+        services
+            .kinesis
+            .put_record(&changes, &event.key.to_string(), &data)
+            .unwrap();
+    }
+    runtime
+        .run_until_idle(std::time::Duration::from_secs(3600))
+        .await
+        .expect("the stack goes idle");
+    // The stack's settle time (30 minutes) and a few sweeps more.
+    runtime
+        .run_for(std::time::Duration::from_secs(40 * 60))
+        .await;
+    runtime
+        .run_until_idle(std::time::Duration::from_secs(3600))
+        .await
+        .expect("the stack goes idle");
+    let rows: Vec<JoinedId> = services
+        .dynamodb
+        .table(&view)
+        .unwrap()
+        .items()
+        .iter()
+        .filter_map(|item| joined_of(item).unwrap())
+        .map(|joined| joined.id())
+        .collect();
+    assert_eq!(
+        rows,
+        [("7".to_owned(), None)],
+        "only the domain created after the truncate"
+    );
+    let sweeps: Vec<_> = runtime
+        .schedules()
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("CdcRekeyFunction/"))
+        .collect();
+    assert_eq!(sweeps.len(), 1, "{sweeps:?}");
+    assert!(
+        sweeps[0].1.invocations >= 40 && sweeps[0].1.errors == 0,
+        "{sweeps:?}"
+    );
+    let dead_letters = keyway_tests::dead_letter_reasons(&services.sqs, &dead_letter_queue);
+    assert!(dead_letters.is_empty(), "{dead_letters:?}");
+}
+
+#[tokio::test]
+async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and_sweeps_each_row_once(
+) {
+    use keyway::domain::{KeyState, SlotData};
+    use keyway::local::{FaultPlan, KeySchema, LocalServices};
+    use keyway::operator::BROADCAST_KEY;
+    use keyway::ports::{Clock, Commit};
+    use serde_json::value::RawValue;
+    let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+    services
+        .dynamodb
+        .create_table("state", KeySchema::state_table(), None, false);
+    services.kinesis.create_stream("changelog", 1);
+    let dead = services.sqs.create_queue("dead");
+    let env = keyway::lambda::env_of(&[
+        ("JOIN", "domains.user_id=users.id"),
+        ("STATE_TABLE", "state"),
+        ("CHANGELOG_SINK", "kinesis:changelog"),
+        ("DEAD_LETTER_SINK", &format!("sqs:{dead}")),
+    ]);
+    let sweeper = cdc_join::wiring::rekey_handler(services.as_ref(), &env)
+        .unwrap()
+        .sweeper;
+    let state = |slot: &str, value: Value| {
+        let mut state = KeyState::default();
+        let raw = RawValue::from_string(value.to_string()).unwrap();
+        state.slots.insert(slot.into(), SlotData::fresh(vec![raw]));
+        state
+    };
+    // 2,500 domains stored before a truncate at lsn 10,000, 10 after it: pages of the scan
+    // hold 1,000 items.
+    let mut commits: Vec<Commit> = (0..2_510u64)
+        .map(|id| {
+            let lsn = if id < 2_500 { id } else { 20_000 + id };
+            let stored = json!({"row": {"id": id, "user_id": 1}, "at": {"lsn": lsn}, "seq": "7"});
+            Commit::new(format!("domains#{id}"), 0, state("row", stored))
+        })
+        .collect();
+    let fence = json!({"domains": {"lsn": 10_000}});
+    commits.push(Commit::new(BROADCAST_KEY, 0, state("truncated", fence)));
+    for result in sweeper.store.commit(&sweeper.namespace, commits).await {
+        result.unwrap();
+    }
+    // Each run's deadline is already near: it sweeps a page and stops.
+    let (mut runs, mut rows) = (0, 0);
+    loop {
+        let report = sweeper
+            .sweep(Some(services.clock.now_millis()))
+            .await
+            .unwrap();
+        runs += 1;
+        rows += report.rows;
+        if !report.unfinished {
+            assert_eq!(report.tables, 1);
+            break;
+        }
+        assert!(runs < 100, "the sweep never ends");
+    }
+    assert!(runs > 2, "the sweep went in {runs} runs");
+    assert_eq!(rows, 2_500);
+    assert_eq!(
+        services.kinesis.trim("changelog").len(),
+        2_500,
+        "one delete a row"
+    );
+    let items = services.dynamodb.table("state").unwrap().items();
+    assert_eq!(state_rows(&items, "cdc-rekey", &["row"]), 10);
 }

@@ -83,6 +83,7 @@ fn kinesis_fixtures_survive_a_round_trip_through_the_event_builder() {
         "keyed-counter/kinesis-batch.json",
         "kinesis/arrival-precision.json",
         "cdc-rekey/debezium-batch.json",
+        "cdc-rekey/truncate-batch.json",
         "cdc-join/changelog-batch.json",
     ] {
         let event = fixture(path);
@@ -530,6 +531,38 @@ fn step(op: &str, row: Value, sequence: &str) -> (String, Value, String) {
 /// The key `steps_by_row` files a row's steps under.
 fn row_key(group: &str, table: &str, pk: &str) -> (String, String, String) {
     (group.to_owned(), table.to_owned(), pk.to_owned())
+}
+
+#[tokio::test]
+async fn after_the_truncate_payload_the_rekeys_schedule_retracts_the_truncated_rows_no_change_touched_again(
+) {
+    use serde_json::json;
+    let f = CdcJoin::new();
+    let rekey = cdc_join::wiring::rekey_handler(f.services.as_ref(), &f.env).unwrap();
+    invoke_with(&rekey, "cdc-rekey/debezium-batch.json").await;
+    let seq: Vec<String> = kinesis_records("cdc-rekey/debezium-batch.json")
+        .into_iter()
+        .map(|(_, _, sequence)| sequence)
+        .collect();
+    f.taken(CDC_CHANGELOG);
+    // The truncate of domains, and domain 103 created again after it as it was before.
+    let response = invoke_with(&rekey, "cdc-rekey/truncate-batch.json").await;
+    assert_eq!(response, fixture("cdc-rekey/batch.response.json"));
+    assert!(f.taken(CDC_CHANGELOG).is_empty(), "nothing changed yet");
+    // The sweep retracts domain 101, under its join key, at its insert's stamp's truncate
+    // step; 103 was created after the truncate and stays.
+    let report = invoke_with(&rekey, "cdc-rekey/scheduled-event.json").await;
+    assert_eq!(report, json!({"tables": 1, "rows": 1}));
+    let moved = json!({"id": 101, "name": "ada.example.org", "user_id": 2});
+    let stamp = cdc_join::join::Stamp::truncated(&seq[5]).0;
+    let expected = StepsByRow::from([(
+        row_key("2", "domains", "101"),
+        vec![("delete".to_owned(), moved, stamp)],
+    )]);
+    assert_eq!(steps_by_row(&f.taken(CDC_CHANGELOG)), expected);
+    // The second sweep comes only once the settle time has passed.
+    let report = invoke_with(&rekey, "cdc-rekey/scheduled-event.json").await;
+    assert_eq!(report, json!({"tables": 0, "rows": 0}));
 }
 
 #[tokio::test]

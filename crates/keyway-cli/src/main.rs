@@ -228,13 +228,17 @@ enum GenerateCommand {
     /// Debezium change events of `domains` (id, name, user_id) and `users` (id, name) as JSON
     /// Lines of records {"topic", "key", "value"}, for `keyway cdc --join
     /// domains.user_id=users.id`: inserts, updates (a share of them moving a domain to another
-    /// user), primary-key changes, deletes with their tombstones, events sent twice.
+    /// user), primary-key changes, deletes with their tombstones, events sent twice, and
+    /// `--truncates` truncates.
     Cdc {
         #[arg(long, default_value_t = 10_000)]
         changes: usize,
         /// Of the updates of a domain, the share that moves it to another user.
         #[arg(long, default_value_t = 0.1)]
         join_key_updates: f64,
+        /// Truncates among the changes, evenly spread, of domains and users in turn.
+        #[arg(long, default_value_t = 0)]
+        truncates: usize,
         #[arg(long, default_value_t = 42)]
         seed: u64,
     },
@@ -438,12 +442,14 @@ fn main() -> std::process::ExitCode {
                 GenerateCommand::Cdc {
                     changes,
                     join_key_updates,
+                    truncates,
                     seed,
                 },
         } => generate::cdc(
             &keyway_stack::cdc_changes::Workload {
                 changes,
                 join_key_updates,
+                truncates,
                 seed,
                 ..Default::default()
             },

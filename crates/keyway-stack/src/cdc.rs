@@ -34,6 +34,10 @@ use crate::filtering::dead_letter_reasons;
 const EPOCH: i64 = 1_767_225_600_000;
 /// How long the functions may take to settle (virtual time): retries under faults included.
 const SETTLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
+/// The re-key's schedule, which sweeps truncated tables, and how long a batch may run.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// How long after a truncate's first sweep the second runs, here.
+const TRUNCATE_SETTLE: Duration = Duration::from_secs(5 * 60);
 /// The streams' and the tables' names on the embedded services.
 const CHANGELOG: &str = "cdc-changelog";
 const JOINED: &str = "cdc-joined";
@@ -57,6 +61,9 @@ pub struct Settings {
     pub shards: usize,
     pub batch_size: usize,
     pub faults: FaultPlan,
+    /// Events put on their streams only once every truncate was swept twice: a shard far
+    /// behind the others.
+    pub late: Vec<SourceEvent>,
 }
 
 impl Settings {
@@ -66,6 +73,7 @@ impl Settings {
             shards: 2,
             batch_size: 100,
             faults: FaultPlan::default(),
+            late: Vec::new(),
         }
     }
 }
@@ -79,6 +87,8 @@ pub struct Outcome {
     pub view: BTreeMap<JoinedId, Joined>,
     /// Records refused, as "field: problem".
     pub dead_letters: Vec<String>,
+    /// Runs of the truncate sweep that failed (the next one goes on).
+    pub failed_sweeps: u64,
     /// What the functions asked of DynamoDB (state and view), per table.
     pub meters: BTreeMap<String, MeterSnapshot>,
     /// The largest item of either table at the end, in bytes.
@@ -125,12 +135,17 @@ pub fn final_tables(events: &[SourceEvent]) -> Tables {
     let mut tables = Tables::default();
     for event in events {
         let Some(value) = &event.value else { continue };
-        let decoded = decode_record(value.to_string().as_bytes());
-        let (Ok(DebeziumEvent::Change(change)), Ok(key)) = (decoded, decode_key(&event.key)) else {
+        let Ok(DebeziumEvent::Change(change)) = decode_record(value.to_string().as_bytes()) else {
             continue;
         };
+        // A truncate has no record key: it names no row.
+        let pk = match decode_key(&event.key) {
+            Ok(key) => primary_key(&key),
+            Err(_) if change.op == Op::Truncate => String::new(),
+            Err(_) => continue,
+        };
         let table = table_of(&event.topic, change.source.table.as_ref());
-        tables.apply(&table, &primary_key(&key), &change);
+        tables.apply(&table, &pk, &change);
     }
     tables
 }
@@ -151,6 +166,10 @@ fn environment(spec: &JoinSpec, dead_letters: &str) -> keyway::lambda::Env {
         ("CHANGELOG_SINK", format!("kinesis:{CHANGELOG}")),
         ("JOINED_SINK", format!("kinesis:{JOINED}")),
         ("KEYWAY_REDELIVERY_WINDOW_SECONDS", "90000".to_owned()),
+        (
+            "TRUNCATE_SETTLE_SECONDS",
+            TRUNCATE_SETTLE.as_secs().to_string(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -166,7 +185,11 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
             .dynamodb
             .create_table(table, schema, Some(TTL.to_owned()), false);
     }
-    let mut topics: Vec<&str> = events.iter().map(|e| e.topic.as_str()).collect();
+    let mut topics: Vec<&str> = events
+        .iter()
+        .chain(&settings.late)
+        .map(|e| e.topic.as_str())
+        .collect();
     topics.sort_unstable();
     topics.dedup();
     for topic in &topics {
@@ -190,6 +213,7 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
         stream: stream.to_owned(),
     };
     let rekey = Arc::new(rekey_handler(services.as_ref(), &env).map_err(failed("cdc-rekey"))?);
+    runtime.add_schedule("cdc-rekey/sweep", rekey.clone(), SWEEP_EVERY, SWEEP_EVERY);
     for topic in &topics {
         runtime.add_mapping(
             &format!("rekey-{topic}"),
@@ -200,6 +224,24 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     }
     let join = join_handler(services.as_ref(), &env).map_err(failed("cdc-join"))?;
     runtime.add_mapping("join", Arc::new(join), source(CHANGELOG), mapping);
+    put_all(&services, events).await?;
+    runtime.run_until_idle(SETTLE_LIMIT).await?;
+    if events.iter().any(is_truncate) {
+        // Both sweeps of every truncate, and the changes they make.
+        runtime.run_for(TRUNCATE_SETTLE + SWEEP_EVERY * 10).await;
+        runtime.run_until_idle(SETTLE_LIMIT).await?;
+    }
+    if !settings.late.is_empty() {
+        put_all(&services, &settings.late).await?;
+        runtime.run_until_idle(SETTLE_LIMIT).await?;
+    }
+    let mut outcome = outcome(&services, &dead_letters)?;
+    outcome.failed_sweeps = runtime.schedules().iter().map(|(_, s)| s.errors).sum();
+    Ok(outcome)
+}
+
+/// Puts `events` on their topics' streams, in their order.
+async fn put_all(services: &LocalServices, events: &[SourceEvent]) -> Result<(), LocalError> {
     for event in events {
         let data = event
             .value
@@ -212,8 +254,15 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
             .await
             .map_err(failed(&event.topic))?;
     }
-    runtime.run_until_idle(SETTLE_LIMIT).await?;
-    outcome(&services, &dead_letters)
+    Ok(())
+}
+
+/// Whether `event` is a truncate.
+fn is_truncate(event: &SourceEvent) -> bool {
+    event
+        .value
+        .as_ref()
+        .is_some_and(|v| v["op"] == "t" || v["payload"]["op"] == "t")
 }
 
 /// An error of `what`, as the embedded runtime reports a function's.
@@ -262,6 +311,7 @@ fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, Loca
             .items(),
         faults_fired: services.faults_fired(),
         faults_missing: services.faults_missing(),
+        failed_sweeps: 0,
     })
 }
 

@@ -32,6 +32,8 @@ pub struct Workload {
     /// The share of domains that belong to user 0, a large customer: its join key holds that
     /// many rows.
     pub hot_user: f64,
+    /// Truncates among the changes, evenly spread, of domains and users in turn.
+    pub truncates: usize,
     pub seed: u64,
 }
 
@@ -44,6 +46,7 @@ impl Default for Workload {
             join_key_updates: 0.1,
             duplicates: 0.01,
             hot_user: 0.02,
+            truncates: 0,
             seed: 7,
         }
     }
@@ -154,6 +157,17 @@ impl Generator {
         }
     }
 
+    /// A truncate of `table`, under Debezium Server's null key: its rows go.
+    fn truncate(&mut self, table: &'static str, topic: &str) {
+        let event = self.event(table, "t", None, None);
+        self.out.push(SourceEvent {
+            topic: topic.to_owned(),
+            key: json!("default"),
+            value: Some(event),
+        });
+        self.rows.retain(|(t, _), _| *t != table);
+    }
+
     fn delete(&mut self, table: &'static str, topic: &str, id: u64, old: &Row) {
         let event = self.event(table, "d", Some(old), None);
         self.put(topic, id, Some(event));
@@ -173,8 +187,16 @@ pub fn generate(workload: &Workload) -> Vec<SourceEvent> {
         lsn: 0,
         out: Vec::with_capacity(workload.changes * 11 / 10),
     };
-    for _ in 0..workload.changes {
-        generator.change();
+    let every = workload.changes / (workload.truncates + 1);
+    let mut truncated = 0;
+    for n in 1..=workload.changes {
+        if truncated < workload.truncates && n % every.max(1) == 0 {
+            let (table, topic) = [("domains", DOMAINS), ("users", USERS)][truncated % 2];
+            generator.truncate(table, topic);
+            truncated += 1;
+        } else {
+            generator.change();
+        }
     }
     generator.out
 }

@@ -170,6 +170,22 @@ pub trait StateStore: Send + Sync {
     /// The due-time index of the keys' timers, kept beside their state.
     fn timers(&self) -> &dyn TimerIndex;
 
+    /// A page of the keys of `namespace` that start with `prefix` and have state stored, going
+    /// on from `cursor` (a page's `next`). For sweeps that must reach keys no record names (a
+    /// truncated table's rows): it scans the whole store, so never on a batch's path. A page may
+    /// hold no key and still have a next one. A store that cannot list its keys says so.
+    async fn list_keys(
+        &self,
+        namespace: &Namespace,
+        prefix: &str,
+        cursor: Option<&str>,
+    ) -> Result<KeyPage, StoreError> {
+        let _ = (namespace, prefix, cursor);
+        Err(StoreError::Invalid(
+            "this state store cannot list its keys".into(),
+        ))
+    }
+
     /// What the store can hold: state beyond these limits could never be committed, so the
     /// executor dead-letters the record that would need it rather than retry it forever.
     fn limits(&self) -> StoreLimits {
@@ -210,6 +226,13 @@ pub trait TimerIndex: Send + Sync {
         due: &[DueTimer],
         until_millis: i64,
     ) -> Result<(), StoreError>;
+}
+
+/// A page of keys (`StateStore::list_keys`), and where the next page starts: none at the end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyPage {
+    pub keys: Vec<String>,
+    pub next: Option<String>,
 }
 
 /// The limits of a state store.

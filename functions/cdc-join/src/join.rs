@@ -57,6 +57,13 @@ impl Stamp {
         Self(format!("{sequence:0>DIGITS$}.1"))
     }
 
+    /// The delete, by a truncate of its table, of the row the change at `sequence` inserted:
+    /// after that insert, before the next change of the row (whose sequence number is larger),
+    /// wherever the truncate itself came from.
+    pub fn truncated(sequence: &str) -> Self {
+        Self(format!("{sequence:0>DIGITS$}.2"))
+    }
+
     /// The `n`-th step of a group, for a row without a partner: sorts as `n` does.
     fn count(n: u64) -> Self {
         Self(format!("{n:0>DIGITS$}"))

@@ -8,7 +8,7 @@
 //! current rows from changes that reach it in any order between join keys. Two operators run
 //! them: `rekey` (Debezium events by primary key to steps by join key) and `joiner` (steps to
 //! stamped joined changes), whose view sink `view_table` keeps the view in DynamoDB; `wiring`
-//! makes each a Lambda handler from its environment (the binaries in `src/bin`). `oracle` joins the
+//! makes each a Lambda handler from its environment (the binaries in `src/bin`); `truncate` removes a truncated table's rows. `oracle` joins the
 //! tables as their changes leave them: what the view must equal.
 
 pub mod filter;
@@ -17,6 +17,7 @@ pub mod joiner;
 pub mod oracle;
 pub mod rekey;
 pub mod spec;
+pub mod truncate;
 pub mod view;
 pub mod view_table;
 pub mod wiring;

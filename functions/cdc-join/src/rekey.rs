@@ -17,10 +17,12 @@
 use std::collections::BTreeMap;
 
 use keyway::domain::changelog::{debezium_changes, dynamodb_row_event};
-use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Op, Row, RowEvent};
+use keyway::domain::debezium::{
+    decode_key, decode_record, DebeziumEvent, Op, Position, Row, RowEvent,
+};
 use keyway::domain::item::item_to_plain_json;
 use keyway::domain::{Change, Payload, RowChange, SourceRecord};
-use keyway::operator::{SinkDescriptor, StateDescriptor};
+use keyway::operator::{BroadcastState, SinkDescriptor, StateDescriptor, BROADCAST_KEY};
 use keyway::{Ctx, InvalidInput, KeyedOperator, ProcessError, Sink, ValueState};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -31,9 +33,40 @@ use crate::spec::{JoinKey, JoinSpec, Side};
 /// The operator's name: part of its state keys and output ids.
 pub const NAME: &str = "cdc-rekey";
 
-/// The row as last stored: a JSON object of the source row's columns, which no type describes.
-pub const ROW: ValueState<Row> =
-    ValueState::with_shape("row", "Row: JSON object of a source row's columns");
+/// The row as last stored, with where its change came from.
+pub const ROW: ValueState<Stored> = ValueState::with_shape(
+    "row",
+    "Stored { row: JSON object of a source row's columns, at: Option<Position { Lsn(u64) | \
+     Binlog { file: String, pos: u64, row: u64 } | Millis(i64) }>, seq: String }",
+);
+
+/// Each table's last truncate, by the table's name in the join: where it stands in the source's
+/// log. Written by the truncate, read by every batch.
+pub const TRUNCATED: BroadcastState<BTreeMap<String, Position>> = BroadcastState::with_shape(
+    "truncated",
+    "BTreeMap<String, Position { Lsn(u64) | Binlog { file: String, pos: u64, row: u64 } | Millis(i64) }>",
+);
+
+/// A source row as the re-key keeps it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stored {
+    /// The columns: a JSON object, which no type describes.
+    pub row: Row,
+    /// The position of the change that made it in its source's log (a DynamoDB table's changes
+    /// have none, and no truncate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Position>,
+    /// The sequence number of that change: its insert's stamp.
+    pub seq: String,
+}
+
+impl Stored {
+    /// Whether a truncate at `fence` removed this row: it was changed before, or its change said
+    /// nothing of where it stands.
+    pub fn truncated_by(&self, fence: Option<&Position>) -> bool {
+        fence.is_some_and(|fence| self.at.as_ref().is_none_or(|at| at < fence))
+    }
+}
 
 /// Decomposed changes, partitioned by join key.
 pub const CHANGELOG: Sink<Step> = Sink::new("changelog");
@@ -51,8 +84,9 @@ pub struct Step {
     pub change: RowChange<Row>,
 }
 
-/// A record as read: a change of a row of a table of the join, or a tombstone, which follows a
-/// delete for Kafka's compaction, names no table and changes nothing.
+/// A record as read: a change of a row of a table of the join; a truncate of such a table, which
+/// names no row; or a tombstone, which follows a delete for Kafka's compaction, names no table
+/// and changes nothing.
 #[derive(Clone, Debug)]
 pub enum SourceChange {
     Change {
@@ -60,6 +94,10 @@ pub enum SourceChange {
         side: Side,
         pk: String,
         event: Box<RowEvent>,
+    },
+    Truncate {
+        table: String,
+        at: Position,
     },
     Tombstone {
         pk: String,
@@ -89,7 +127,20 @@ impl Rekey {
         self.table_names.get(&table).cloned().unwrap_or(table)
     }
 
-    /// The change of a row of a table of the join: refused, naming `field`, for another table.
+    /// The side of `table`, a table of the join: refused, naming `field`, for another table.
+    fn side_of(&self, table: &str, field: &str) -> Result<Side, InvalidInput> {
+        self.spec.side(table).ok_or_else(|| {
+            InvalidInput::new(
+                field,
+                format!(
+                    "{table:?} is neither side of the join {}",
+                    self.spec.describe()
+                ),
+            )
+        })
+    }
+
+    /// The change of a row of a table of the join, named as its change names it.
     fn change(
         &self,
         table: String,
@@ -98,15 +149,7 @@ impl Rekey {
         event: RowEvent,
     ) -> Result<SourceChange, InvalidInput> {
         let table = self.joined_name(table);
-        let side = self.spec.side(&table).ok_or_else(|| {
-            InvalidInput::new(
-                field,
-                format!(
-                    "{table:?} is neither side of the join {}",
-                    self.spec.describe()
-                ),
-            )
-        })?;
+        let side = self.side_of(&table, field)?;
         Ok(SourceChange::Change {
             table,
             side,
@@ -124,14 +167,8 @@ impl Rekey {
         let decoded = decode_record(data)?;
         if let DebeziumEvent::Change(event) = &decoded {
             if event.op == Op::Truncate {
-                // Refused whole rather than applied to some rows: see the README's CDC section.
-                return Err(InvalidInput::new(
-                    "op",
-                    format!(
-                        "a truncate of {:?} is not applied by the join; its rows stay until deleted",
-                        table_of(record, event)
-                    ),
-                ));
+                // Debezium Server puts it under its null key: which it is does not matter.
+                return self.truncate(table_of(record, event), &event.source.position);
             }
         }
         let key: Value = serde_json::from_str(&record.partition_key).map_err(|e| {
@@ -148,6 +185,35 @@ impl Rekey {
         self.change(table, "source.table", pk, event)
     }
 
+    /// A truncate of a table of the join, which must say where it stands in the source's log.
+    fn truncate(&self, table: String, at: &Option<Position>) -> Result<SourceChange, InvalidInput> {
+        let table = self.joined_name(table);
+        self.side_of(&table, "source.table")?;
+        let at = at.clone().ok_or_else(|| {
+            InvalidInput::new(
+                "source",
+                format!(
+                    "a truncate of {table:?} says nothing of where it stands (lsn, file and pos, \
+                     or ts_ms): the rows it removes cannot be told from those changed after it"
+                ),
+            )
+        })?;
+        Ok(SourceChange::Truncate { table, at })
+    }
+
+    /// The delete of `stored`, a row of `table` under `pk` that a truncate removed, as the join
+    /// must see it; none when the join never saw the row (the filter kept it out).
+    pub fn retraction(&self, side: Side, table: &str, pk: &str, stored: &Stored) -> Option<Step> {
+        self.spec.takes_part(table, &stored.row).then(|| Step {
+            group: group_of(&self.spec, side, pk, &stored.row),
+            side,
+            table: table.to_owned(),
+            pk: pk.to_owned(),
+            stamp: Stamp::truncated(&stored.seq),
+            change: RowChange::Delete(stored.row.clone()),
+        })
+    }
+
     /// A change of a DynamoDB table from its stream: the item's keys are its primary key.
     fn decode_dynamodb(&self, change: &Change) -> Result<SourceChange, InvalidInput> {
         let table = change.table.clone().ok_or_else(|| {
@@ -156,6 +222,82 @@ impl Rekey {
         let pk = primary_key(&item_to_plain_json(&change.keys));
         let event = dynamodb_row_event(change)?;
         self.change(table, "eventSourceARN", pk, event)
+    }
+}
+
+impl Rekey {
+    /// One change of a source row, and the retraction of what a truncate of its table removed:
+    /// the row stored before the truncate, retracted first; and the row as this change leaves
+    /// it when the change came before the truncate (late, on a shard behind the truncate's),
+    /// retracted after its steps. A change is never skipped for a truncate: an attempt that
+    /// crashed before its commit may have sent its steps already, when the fence was not yet
+    /// known, and the retry's must include them (emit-then-commit, DESIGN §3).
+    fn change_row(
+        &self,
+        ctx: &mut Ctx<'_>,
+        table: &str,
+        side: Side,
+        pk: &str,
+        event: &RowEvent,
+    ) -> Result<(), ProcessError> {
+        let sequence = ctx.record().sequence.as_str().to_owned();
+        let fence = ctx
+            .broadcast(&TRUNCATED)?
+            .and_then(|fenced| fenced.get(table).cloned());
+        let mut stored = ctx.value(&ROW)?;
+        let mut out = Vec::new();
+        if let Some(gone) = stored.get().filter(|s| s.truncated_by(fence.as_ref())) {
+            out.extend(self.retraction(side, table, pk, gone));
+            stored.clear();
+        }
+        for change in debezium_changes(event, stored.get().map(|s| &s.row)) {
+            let stamp = match &change {
+                RowChange::Delete(_) => {
+                    stored.clear();
+                    Stamp::delete(&sequence)
+                }
+                RowChange::Insert(row) => {
+                    stored.set(Stored {
+                        row: row.clone(),
+                        at: event.source.position.clone(),
+                        seq: sequence.clone(),
+                    });
+                    Stamp::insert(&sequence)
+                }
+            };
+            // The row is stored whether or not it matches the filter: a later delete without a
+            // before image retracts what was there. Only matching rows go on (see `filter`).
+            if !self.spec.takes_part(table, change.row()) {
+                continue;
+            }
+            out.push(Step {
+                group: group_of(&self.spec, side, pk, change.row()),
+                side,
+                table: table.to_owned(),
+                pk: pk.to_owned(),
+                stamp,
+                change,
+            });
+        }
+        // A change that leaves the row as it was (made again after a truncate the re-key has
+        // not seen yet, the same as before it) is no step, but moves the row past that truncate.
+        if let (Some(kept), Some(at)) = (stored.get(), &event.source.position) {
+            if kept.at.as_ref().is_some_and(|was| was < at) {
+                let moved = Stored {
+                    at: Some(at.clone()),
+                    ..kept.clone()
+                };
+                stored.set(moved);
+            }
+        }
+        if let Some(late) = stored.get().filter(|s| s.truncated_by(fence.as_ref())) {
+            out.extend(self.retraction(side, table, pk, late));
+            stored.clear();
+        }
+        for step in out {
+            ctx.emit(&CHANGELOG, step.group.clone(), &step)?;
+        }
+        Ok(())
     }
 }
 
@@ -196,7 +338,7 @@ impl KeyedOperator for Rekey {
     }
 
     fn states(&self) -> Vec<StateDescriptor> {
-        vec![ROW.descriptor()]
+        vec![ROW.descriptor(), TRUNCATED.descriptor()]
     }
 
     fn sinks(&self) -> Vec<SinkDescriptor> {
@@ -217,52 +359,30 @@ impl KeyedOperator for Rekey {
     fn key(&self, input: &SourceChange) -> String {
         match input {
             SourceChange::Change { table, pk, .. } => format!("{table}#{pk}"),
+            SourceChange::Truncate { .. } => BROADCAST_KEY.to_owned(),
             SourceChange::Tombstone { pk } => format!("tombstone#{pk}"),
         }
     }
 
     fn process(&self, ctx: &mut Ctx<'_>, input: SourceChange) -> Result<(), ProcessError> {
-        let SourceChange::Change {
-            table,
-            side,
-            pk,
-            event,
-        } = input
-        else {
-            return Ok(());
-        };
-        let sequence = ctx.record().sequence.as_str().to_owned();
-        let mut stored = ctx.value(&ROW)?;
-        let steps = debezium_changes(&event, stored.get());
-        let mut out = Vec::with_capacity(steps.len());
-        for change in steps {
-            let stamp = match &change {
-                RowChange::Delete(_) => {
-                    stored.clear();
-                    Stamp::delete(&sequence)
-                }
-                RowChange::Insert(row) => {
-                    stored.set(row.clone());
-                    Stamp::insert(&sequence)
-                }
-            };
-            // The row is stored whether or not it matches the filter: a later delete without a
-            // before image retracts what was there. Only matching rows go on (see `filter`).
-            if !self.spec.takes_part(&table, change.row()) {
-                continue;
-            }
-            out.push(Step {
-                group: group_of(&self.spec, side, &pk, change.row()),
+        match input {
+            SourceChange::Change {
+                table,
                 side,
-                table: table.clone(),
-                pk: pk.clone(),
-                stamp,
-                change,
-            });
+                pk,
+                event,
+            } => self.change_row(ctx, &table, side, &pk, &event),
+            SourceChange::Truncate { table, at } => {
+                let mut fences = ctx.broadcast_mut(&TRUNCATED)?;
+                let mut fenced = fences.get().cloned().unwrap_or_default();
+                // A replayed or older truncate moves nothing.
+                if fenced.get(&table).is_none_or(|last| *last < at) {
+                    fenced.insert(table, at);
+                    fences.set(fenced);
+                }
+                Ok(())
+            }
+            SourceChange::Tombstone { .. } => Ok(()),
         }
-        for step in out {
-            ctx.emit(&CHANGELOG, step.group.clone(), &step)?;
-        }
-        Ok(())
     }
 }

@@ -6,11 +6,13 @@
 //! executor's variables (see `keyway::lambda::executor_config`). The re-key's: `CHANGELOG_SINK`
 //! (`kinesis:<stream>`, the changelog the join reads) and `TABLE_NAMES` (optional: a JSON object
 //! of a source table's name in its changes to its name in the join, for a DynamoDB table, whose
-//! changes carry its physical name). The join's: `JOINED_SINK` (the joined
+//! changes carry its physical name), and `TRUNCATE_SETTLE_SECONDS` (optional: see
+//! `truncate`; its schedule runs the truncate sweep). The join's: `JOINED_SINK` (the joined
 //! changelog) and `VIEW_TABLE` (the materialized view, keyed `pk`, `sk`, TTL on `ttl`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use keyway::lambda::{
     executor_config, required, sink_from, state_store_from, table_from, ConfigError, Env, Platform,
@@ -22,6 +24,7 @@ use crate::filter::Filter;
 use crate::joiner::{Join, JOINED, VIEW};
 use crate::rekey::{Rekey, CHANGELOG};
 use crate::spec::{JoinKind, JoinSpec};
+use crate::truncate::{RekeyHandler, Sweeper};
 use crate::view_table::ViewTable;
 
 /// The join the environment names.
@@ -64,23 +67,51 @@ pub fn table_names_from(env: &Env) -> Result<BTreeMap<String, String>, ConfigErr
     }
 }
 
-/// The re-key function.
-pub fn rekey_handler(
-    platform: &dyn Platform,
-    env: &Env,
-) -> Result<StreamHandler<Rekey>, SetupError> {
+/// The re-key function: its stream batches, and on its schedule the truncate sweep.
+pub fn rekey_handler(platform: &dyn Platform, env: &Env) -> Result<RekeyHandler, SetupError> {
+    let changelog = sink_from(platform, env, "CHANGELOG_SINK")?;
     let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
-        .with(&CHANGELOG, sink_from(platform, env, "CHANGELOG_SINK")?);
+        .with(&CHANGELOG, changelog.clone());
     let store = state_store_from(platform, env, "STATE_TABLE")?;
     let operator = Rekey {
         spec: spec_from(env)?,
         table_names: table_names_from(env)?,
     };
-    let executor = Executor::new(operator, store, sinks, platform.clock())?;
-    Ok(StreamHandler::new(
-        executor.with_config(executor_config(env)?),
-    ))
+    let config = executor_config(env)?;
+    let executor = Executor::new(operator.clone(), store.clone(), sinks, platform.clock())?;
+    let sweeper = Sweeper {
+        rekey: operator,
+        store,
+        namespace: executor.namespace().clone(),
+        changelog,
+        clock: platform.clock(),
+        settle: settle_from(env)?,
+        redelivery_window: config.redelivery_window,
+    };
+    Ok(RekeyHandler {
+        stream: StreamHandler::new(executor.with_config(config)),
+        sweeper,
+    })
 }
+
+/// How long after a truncate's first sweep the second one runs (`TRUNCATE_SETTLE_SECONDS`,
+/// longer than the re-key's timeout; 30 minutes unless set).
+pub fn settle_from(env: &Env) -> Result<Duration, ConfigError> {
+    match env.get("TRUNCATE_SETTLE_SECONDS").map(|t| t.trim()) {
+        None | Some("") => Ok(DEFAULT_SETTLE),
+        Some(text) => text
+            .parse()
+            .map(Duration::from_secs)
+            .map_err(|_| ConfigError {
+                name: "TRUNCATE_SETTLE_SECONDS".into(),
+                problem: format!("{text:?} is not a whole number of seconds"),
+            }),
+    }
+}
+
+/// Twice Lambda's longest timeout: a batch that loaded its state before a truncate's fence has
+/// ended by then.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(30 * 60);
 
 /// The join function.
 pub fn join_handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<Join>, SetupError> {

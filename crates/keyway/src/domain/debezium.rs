@@ -77,6 +77,48 @@ pub struct Source {
     pub table: Option<String>,
     /// A snapshot read the row: `snapshot` is true, or a string other than "false".
     pub snapshot: bool,
+    /// Where the change stands in the source database's log, when the event says.
+    pub position: Option<Position>,
+}
+
+/// Where a change stands in its database's log: what orders a truncate against the changes of
+/// rows, which travel apart from it. PostgreSQL's `lsn`; MySQL's binlog `file`, `pos` and
+/// `row`; for other connectors, the time the database made the change (`ts_ms`), which orders
+/// changes a millisecond apart only. Positions of one connector compare; a snapshot's reads share
+/// the position the snapshot started at.
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Position {
+    Lsn(u64),
+    Binlog { file: String, pos: u64, row: u64 },
+    Millis(i64),
+}
+
+impl Position {
+    /// The position a `source` block gives, if any.
+    fn of(source: &Map<String, Value>) -> Option<Self> {
+        let number = |name: &str| source.get(name).and_then(Value::as_u64);
+        if let Some(lsn) = number("lsn") {
+            return Some(Self::Lsn(lsn));
+        }
+        let file = source
+            .get("file")
+            .and_then(Value::as_str)
+            .filter(|f| !f.is_empty());
+        if let (Some(file), Some(pos)) = (file, number("pos")) {
+            return Some(Self::Binlog {
+                file: file.to_owned(),
+                pos,
+                row: number("row").unwrap_or(0),
+            });
+        }
+        source
+            .get("ts_ms")
+            .and_then(Value::as_i64)
+            .map(Self::Millis)
+    }
 }
 
 /// One change event.
@@ -106,6 +148,9 @@ impl RowEvent {
 
 /// A change event's value.
 #[derive(Clone, Debug, PartialEq)]
+// Nearly every event is a change: boxing it would cost each one an allocation to save bytes on
+// the rare tombstone.
+#[allow(clippy::large_enum_variant)]
 pub enum DebeziumEvent {
     Change(RowEvent),
     /// A null value: Kafka's log compaction drops the key; nothing changes.
@@ -206,6 +251,7 @@ fn source(value: Option<&Value>, field: &str) -> Result<Source, InvalidInput> {
         schema: text("schema"),
         table: text("table"),
         snapshot,
+        position: Position::of(source),
     })
 }
 
@@ -267,9 +313,39 @@ mod tests {
                 schema: None,
                 table: Some("customers".into()),
                 snapshot: true,
+                position: None,
             }
         );
         assert_eq!(event.ts_ms, Some(1486500577691));
+    }
+
+    #[test]
+    fn a_change_stands_at_its_lsn_its_binlog_place_or_else_its_source_time() {
+        let at = |source: Value| {
+            change(json!({"op": "c", "after": {"id": 1}, "source": source}))
+                .source
+                .position
+        };
+        assert_eq!(
+            at(json!({"connector": "postgresql", "lsn": 34078720, "ts_ms": 5})),
+            Some(Position::Lsn(34078720))
+        );
+        let binlog = |file: &str, pos: u64, row: u64| Position::Binlog {
+            file: file.into(),
+            pos,
+            row,
+        };
+        assert_eq!(
+            at(json!({"file": "mysql-bin.000003", "pos": 154, "row": 2})),
+            Some(binlog("mysql-bin.000003", 154, 2))
+        );
+        assert!(binlog("mysql-bin.000003", 900, 0) < binlog("mysql-bin.000004", 4, 0));
+        assert!(binlog("mysql-bin.000003", 154, 0) < binlog("mysql-bin.000003", 154, 1));
+        assert_eq!(
+            at(json!({"ts_ms": 1486500577691_i64})),
+            Some(Position::Millis(1486500577691))
+        );
+        assert_eq!(at(json!({"connector": "mysql"})), None);
     }
 
     #[test]

@@ -83,7 +83,7 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
 
 /// Whether `event` is a schedule's (an EventBridge rule's "Scheduled Event", or EventBridge
 /// Scheduler's) rather than a stream batch.
-fn is_scheduled(event: &Value) -> bool {
+pub fn is_scheduled(event: &Value) -> bool {
     event.get("Records").is_none()
         && (event["detail-type"] == "Scheduled Event"
             || matches!(

@@ -20,8 +20,8 @@ pub use env::{
     ConfigError, Env, SetupError, LINEAGE, REDELIVERY_WINDOW,
 };
 pub use handler::{
-    dynamodb_response, kinesis_response, run_dynamodb, run_kinesis, FunctionError, Handler,
-    Invocation, SourceError, StreamHandler,
+    dynamodb_response, is_scheduled, kinesis_response, run_dynamodb, run_kinesis, FunctionError,
+    Handler, Invocation, SourceError, StreamHandler,
 };
 pub use platform::{Platform, PortError, SinkMaker, SinkTarget};
 pub use serve::{run, serve};

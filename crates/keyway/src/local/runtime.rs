@@ -25,8 +25,8 @@ use crate::lambda::{
     SetupError, SinkMaker, SinkTarget,
 };
 use crate::ports::{
-    Clock, Commit, Committed, LoadKey, MemoryMetrics, MetricLog, Namespace, Sink, StateStore,
-    StoreError, StoreLimits, TimerIndex,
+    Clock, Commit, Committed, KeyPage, LoadKey, MemoryMetrics, MetricLog, Namespace, Sink,
+    StateStore, StoreError, StoreLimits, TimerIndex,
 };
 
 /// Kinesis, DynamoDB and SQS in memory, on one virtual clock, with one fault plan.
@@ -221,6 +221,15 @@ impl StateStore for CrashBeforeCommit {
 
     fn timers(&self) -> &dyn TimerIndex {
         self.inner.timers()
+    }
+
+    async fn list_keys(
+        &self,
+        namespace: &Namespace,
+        prefix: &str,
+        cursor: Option<&str>,
+    ) -> Result<KeyPage, StoreError> {
+        self.inner.list_keys(namespace, prefix, cursor).await
     }
 
     fn limits(&self) -> StoreLimits {
@@ -707,6 +716,27 @@ impl LocalRuntime {
         );
         mapping.poll();
         self.mappings.push(mapping);
+    }
+
+    /// Invokes `handler` with a "Scheduled Event" every `every` of virtual time from now, as an
+    /// EventBridge rule does, each invocation given `timeout`.
+    pub fn add_schedule(
+        &mut self,
+        name: &str,
+        handler: Arc<dyn Handler>,
+        every: Duration,
+        timeout: Duration,
+    ) {
+        let every = every.as_millis() as i64;
+        self.schedules.push(LocalSchedule {
+            name: name.to_owned(),
+            rule_arn: format!("arn:aws:events:us-east-1:000000000000:rule/{name}"),
+            handler,
+            every,
+            timeout,
+            next_at: self.services.clock.now_millis() + every,
+            stats: ScheduleStats::default(),
+        });
     }
 
     /// The name (stream, table) or URL (queue) of a resource of the template.

@@ -72,6 +72,7 @@ macro_rules! table_contract_tests {
             batch_calls_and_queries_see_every_item_once_in_sort_key_order => BatchesAndQueries,
             requests_over_the_limits_are_refused_as_not_retryable => Limits,
             a_partition_reads_as_an_ordered_log_after_a_sort_key_and_from_its_end => LogQueries,
+            a_scan_finds_each_item_of_a_key_prefix_once_whatever_its_page_size => Scans,
         );
     };
 }
@@ -91,6 +92,7 @@ macro_rules! state_store_contract_tests {
             a_commit_that_loses_the_race_deletes_the_segments_it_wrote => LostRaces,
             a_commit_that_dies_before_its_head_leaves_nothing_for_good => CrashesInsideACommit,
             timers_come_due_in_time_order_until_forgotten => TimerIndex,
+            the_keys_with_state_under_a_prefix_list_once_each_page_after_page => KeyListing,
         );
     };
 }

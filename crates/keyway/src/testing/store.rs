@@ -129,6 +129,16 @@ impl<T> LosingResponses<T> {
 
 #[async_trait::async_trait]
 impl<T: Table> Table for LosingResponses<T> {
+    async fn scan_page(
+        &self,
+        pk_prefix: &str,
+        sk: &str,
+        start: Option<&ItemKey>,
+        limit: usize,
+    ) -> Result<crate::adapters::dynamodb::ScanPage, StoreError> {
+        self.inner.scan_page(pk_prefix, sk, start, limit).await
+    }
+
     async fn batch_get(
         &self,
         keys: &[ItemKey],
@@ -212,10 +222,12 @@ pub enum StorePromise {
     CrashesInsideACommit,
     /// Timers come due in time order once their time has come, until forgotten.
     TimerIndex,
+    /// The keys with state under a prefix list once each, page after page.
+    KeyListing,
 }
 
 impl StorePromise {
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Basics,
         Self::LargeLists,
         Self::Expiry,
@@ -225,6 +237,7 @@ impl StorePromise {
         Self::LostRaces,
         Self::CrashesInsideACommit,
         Self::TimerIndex,
+        Self::KeyListing,
     ];
 }
 
@@ -249,7 +262,66 @@ pub async fn keep_store_promise<T: Table + 'static>(
         StorePromise::LostRaces => lost_races(store, &ns, clock).await,
         StorePromise::CrashesInsideACommit => crashes_inside_a_commit(store, &ns, clock).await,
         StorePromise::TimerIndex => timer_index(store, clock).await,
+        StorePromise::KeyListing => key_listing(store).await,
     }
+}
+
+async fn key_listing<T: Table + 'static>(store: &DynamoStateStore<T>) {
+    // A namespace of its own: the listing sees every key of it.
+    let ns = Namespace {
+        operator: "listing".into(),
+        signature: "0123456789abcdef".into(),
+    };
+    let long = format!("rows#{}", "x".repeat(1_500));
+    let mut keys: Vec<String> = (0..25).map(|n| format!("rows#{n:02}")).collect();
+    keys.push(long);
+    for key in keys
+        .iter()
+        .chain([&"other#1".to_owned(), &"rows#gone".to_owned()])
+    {
+        commit_one(store, &ns, key, state_with(&[("row", vec![raw("1")])]))
+            .await
+            .expect("commit");
+    }
+    // A key whose state went (a deleted row keeps its head for its watermarks) is not listed.
+    let mut gone = load_one(store, &ns, "rows#gone").await;
+    gone.slots.clear();
+    commit_one(store, &ns, "rows#gone", gone)
+        .await
+        .expect("commit");
+    // Another namespace's keys stay out.
+    let other = Namespace {
+        operator: "listing2".into(),
+        signature: ns.signature.clone(),
+    };
+    commit_one(
+        store,
+        &other,
+        "rows#99",
+        state_with(&[("row", vec![raw("1")])]),
+    )
+    .await
+    .expect("commit");
+    let (mut found, mut cursor, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let page = store
+            .list_keys(&ns, "rows#", cursor.as_deref())
+            .await
+            .expect("list keys");
+        found.extend(page.keys);
+        pages += 1;
+        assert!(pages < 10_000, "the listing never ends");
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    found.sort();
+    keys.sort();
+    assert_eq!(
+        found, keys,
+        "each key with state under the prefix once, long ones too"
+    );
 }
 
 /// The whole `StateStore` contract, promise after promise, on one store.
@@ -360,6 +432,16 @@ struct CrashingAfterSegments<T>(Arc<T>);
 
 #[async_trait::async_trait]
 impl<T: Table> Table for CrashingAfterSegments<T> {
+    async fn scan_page(
+        &self,
+        pk_prefix: &str,
+        sk: &str,
+        start: Option<&ItemKey>,
+        limit: usize,
+    ) -> Result<crate::adapters::dynamodb::ScanPage, StoreError> {
+        self.0.scan_page(pk_prefix, sk, start, limit).await
+    }
+
     async fn batch_get(
         &self,
         keys: &[ItemKey],

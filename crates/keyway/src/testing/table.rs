@@ -21,16 +21,19 @@ pub enum TablePromise {
     Limits,
     /// A partition reads as an ordered log: the items after a sort key, and the last one.
     LogQueries,
+    /// A scan, page after page, finds every item of a partition key prefix and sort key once.
+    Scans,
 }
 
 impl TablePromise {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::ConditionalPuts,
         Self::Updates,
         Self::RaisingPuts,
         Self::BatchesAndQueries,
         Self::Limits,
         Self::LogQueries,
+        Self::Scans,
     ];
 }
 
@@ -44,6 +47,7 @@ pub async fn keep_table_promise<T: Table>(promise: TablePromise, table: &T) {
         TablePromise::BatchesAndQueries => batches_and_queries(table).await,
         TablePromise::Limits => limits(table).await,
         TablePromise::LogQueries => log_queries(table).await,
+        TablePromise::Scans => scans(table).await,
     }
 }
 
@@ -341,4 +345,50 @@ async fn log_queries<T: Table>(table: &T) {
         .expect("last")
         .expect("an item");
     assert_eq!(last["sk"], AttrValue::S("c".into()));
+}
+
+async fn scans<T: Table>(table: &T) {
+    // Partitions of the prefix, each with a head and other items; neighbours that must stay out.
+    let mut expected = Vec::new();
+    for n in 0..7 {
+        let pk = format!("scan#{n}");
+        for sk in ["head", "seg#1", "wm#a"] {
+            table
+                .put(&key(&pk, sk).to_item(), &Expect::Anything)
+                .await
+                .expect("put");
+        }
+        expected.push(pk);
+    }
+    for pk in ["scan", "sca#1", "other#scan#1"] {
+        table
+            .put(&key(pk, "head").to_item(), &Expect::Anything)
+            .await
+            .expect("put");
+    }
+    for limit in [1, 2, 5, 1000] {
+        let (mut found, mut start, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = table
+                .scan_page("scan#", "head", start.as_ref(), limit)
+                .await
+                .expect("scan");
+            for item in &page.items {
+                let at = ItemKey::of(item).expect("a scanned item has its key");
+                assert_eq!(at.sk, "head", "only the sort key asked for");
+                found.push(at.pk);
+            }
+            pages += 1;
+            assert!(pages < 1_000, "the scan never ends");
+            match page.next {
+                Some(next) => start = Some(next),
+                None => break,
+            }
+        }
+        found.sort();
+        assert_eq!(
+            found, expected,
+            "each head of the prefix once, in pages of {limit}"
+        );
+    }
 }

@@ -90,6 +90,13 @@ pub struct BatchGetOutput {
     pub unprocessed: Vec<ItemKey>,
 }
 
+/// One page of a Scan: the items it kept, and the key to go on after (none: the scan is done).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScanPage {
+    pub items: Vec<Item>,
+    pub next: Option<ItemKey>,
+}
+
 /// The DynamoDB operations the state store uses, on one table with key `pk` (S), `sk` (S).
 #[async_trait]
 pub trait Table: Send + Sync {
@@ -160,6 +167,19 @@ pub trait Table: Send + Sync {
             .map(|(_, item)| item)
             .collect())
     }
+
+    /// A page of a strongly consistent Scan of the whole table for the items whose partition key
+    /// starts with `pk_prefix` and whose sort key is `sk`, going on after `start`. DynamoDB
+    /// counts the items it reads against `limit`, not those it keeps: a page may hold fewer (none,
+    /// even) and still have a next one. Every item is read once however the pages fall. A scan
+    /// reads the whole table: for rare sweeps, never on a batch's path.
+    async fn scan_page(
+        &self,
+        pk_prefix: &str,
+        sk: &str,
+        start: Option<&ItemKey>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError>;
 
     /// The item with the highest sort key under `pk`, by a strongly consistent Query.
     async fn query_last(&self, pk: &str) -> Result<Option<Item>, StoreError> {

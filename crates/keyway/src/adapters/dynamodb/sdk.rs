@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodb::Client;
 
-use super::{BatchGetOutput, Expect, ItemKey, Table, WriteRequest, PK, SK, VERSION};
+use super::{BatchGetOutput, Expect, ItemKey, ScanPage, Table, WriteRequest, PK, SK, VERSION};
 use crate::adapters::sdk_error::{classify, ErrorClass};
 use crate::domain::{AttrValue, Item};
 use crate::ports::StoreError;
@@ -400,6 +400,40 @@ impl Table for SdkTable {
         // DynamoDB refuses an empty string in a key condition: after nothing is from the start.
         let condition = (!after_sk.is_empty()).then_some(SortKey::After(after_sk));
         self.query(pk, condition, limit).await
+    }
+
+    async fn scan_page(
+        &self,
+        pk_prefix: &str,
+        sk: &str,
+        start: Option<&ItemKey>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        let response = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .filter_expression("begins_with(#pk, :prefix) AND #sk = :sk")
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_names("#sk", SK)
+            .expression_attribute_values(":prefix", AttributeValue::S(pk_prefix.to_owned()))
+            .expression_attribute_values(":sk", AttributeValue::S(sk.to_owned()))
+            .consistent_read(true)
+            .set_exclusive_start_key(start.map(key_to_sdk))
+            .limit(i32::try_from(limit.max(1)).unwrap_or(i32::MAX))
+            .send()
+            .await
+            .map_err(|e| store_error(classify(&e)))?;
+        let items = response
+            .items()
+            .iter()
+            .map(item_from_sdk)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = match response.last_evaluated_key() {
+            Some(key) if !key.is_empty() => Some(key_from_sdk(key)?),
+            _ => None,
+        };
+        Ok(ScanPage { items, next })
     }
 
     async fn query_last(&self, pk: &str) -> Result<Option<Item>, StoreError> {

@@ -6,6 +6,7 @@
 //! commits of a concurrent writer.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -13,7 +14,7 @@ use async_trait::async_trait;
 use super::faults::{crash, Fault, FaultCounts, Faults};
 use super::meter::{read_units, write_units, Meter};
 use crate::adapters::dynamodb::{
-    BatchGetOutput, Expect, ItemKey, Table, WriteRequest, BATCH_GET_MAX, BATCH_WRITE_MAX,
+    BatchGetOutput, Expect, ItemKey, ScanPage, Table, WriteRequest, BATCH_GET_MAX, BATCH_WRITE_MAX,
     ITEM_MAX_BYTES, PK, SK, TTL, VERSION,
 };
 use crate::domain::item::item_size;
@@ -615,6 +616,44 @@ impl Table for LocalTable {
             )
             .await;
         Ok(item)
+    }
+
+    async fn scan_page(
+        &self,
+        pk_prefix: &str,
+        sk: &str,
+        start: Option<&ItemKey>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        let (page, size) = {
+            let _busy = self.meter.busy();
+            let state = self.state.lock().expect("table lock");
+            let from = start.map(|key| self.item_key(key));
+            let mut read = match &from {
+                Some(from) => state
+                    .items
+                    .range::<String, _>((Bound::Excluded(from), Bound::Unbounded)),
+                None => state.items.range::<String, _>(..),
+            };
+            let (mut page, mut size, mut last) = (ScanPage::default(), 0, None);
+            for (_, item) in read.by_ref().take(limit.max(1)) {
+                size += item_size(item);
+                let key = ItemKey::of(item);
+                if key
+                    .as_ref()
+                    .is_some_and(|k| k.pk.starts_with(pk_prefix) && k.sk == sk)
+                {
+                    page.items.push(item.clone());
+                }
+                last = key;
+            }
+            if read.next().is_some() {
+                page.next = last;
+            }
+            (page, size)
+        };
+        self.meter.call("Scan", read_units(size), 0.0).await;
+        Ok(page)
     }
 
     async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {

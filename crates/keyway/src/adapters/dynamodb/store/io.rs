@@ -173,6 +173,16 @@ mod tests {
 
     #[async_trait]
     impl Table for Answering {
+        async fn scan_page(
+            &self,
+            _: &str,
+            _: &str,
+            _: Option<&ItemKey>,
+            _: usize,
+        ) -> Result<super::super::super::ScanPage, StoreError> {
+            unreachable!("the state store's reads and writes never scan")
+        }
+
         async fn batch_get(&self, keys: &[ItemKey]) -> Result<BatchGetOutput, StoreError> {
             let call = self.calls.fetch_add(1, Ordering::SeqCst);
             let unprocessed = BatchGetOutput {

@@ -81,7 +81,8 @@ use crate::adapters::retry::Backoff;
 use crate::domain::hash::sha256_hex;
 use crate::domain::{AttrValue, Item, KeyState, Origin, Output, SlotData, StoreMemo, Watermarks};
 use crate::ports::{
-    Clock, Commit, Committed, LoadKey, Namespace, StateStore, StoreError, StoreLimits, TimerIndex,
+    Clock, Commit, Committed, KeyPage, LoadKey, Namespace, StateStore, StoreError, StoreLimits,
+    TimerIndex,
 };
 
 pub use head::TOKENS_KEPT;
@@ -100,6 +101,8 @@ pub const LINEAGES_PER_COMMIT: usize = 256;
 /// The largest entry (or outbox output) a segment item can hold: the item limit less its key and
 /// attribute names.
 pub const ENTRY_MAX_BYTES: usize = ITEM_MAX_BYTES - 2 * 1024;
+/// Items a scan of `list_keys` reads per page.
+const SCAN_PAGE: usize = 1_000;
 /// Keys longer than this are stored under their hash (DynamoDB allows 2048 bytes of partition key).
 const KEY_MAX_BYTES: usize = 1024;
 const HEAD_SK: &str = "head";
@@ -418,6 +421,46 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
 
     fn timers(&self) -> &dyn TimerIndex {
         self
+    }
+
+    async fn list_keys(
+        &self,
+        namespace: &Namespace,
+        prefix: &str,
+        cursor: Option<&str>,
+    ) -> Result<KeyPage, StoreError> {
+        let start: Option<ItemKey> = cursor
+            .map(|text| {
+                serde_json::from_str::<(String, String)>(text)
+                    .map(|(pk, sk)| ItemKey { pk, sk })
+                    .map_err(|e| StoreError::Invalid(format!("not a cursor of list_keys: {e}")))
+            })
+            .transpose()?;
+        // The whole namespace, keys stored under their hash included: a scan reads every item
+        // of the table whatever it keeps, so filtering on the key's prefix saves nothing more.
+        let space = partition_key(namespace, "");
+        let page = self
+            .table
+            .scan_page(&space, HEAD_SK, start.as_ref(), SCAN_PAGE)
+            .await?;
+        let now_secs = self.now_secs();
+        let mut keys = Vec::new();
+        for item in &page.items {
+            let pk = item.get(super::PK).and_then(AttrValue::as_s).unwrap_or("");
+            let (_, doc) = parse_head(item)?;
+            // A key whose slots are gone (a deleted row keeps its watermarks) has no state.
+            if doc.slots.is_empty() || doc.exp.is_some_and(|t| t <= now_secs) {
+                continue;
+            }
+            let key = doc.key.unwrap_or_else(|| pk[space.len()..].to_owned());
+            if key.starts_with(prefix) {
+                keys.push(key);
+            }
+        }
+        let next = page
+            .next
+            .map(|k| serde_json::to_string(&(k.pk, k.sk)).expect("a pair of strings"));
+        Ok(KeyPage { keys, next })
     }
 
     fn limits(&self) -> StoreLimits {
