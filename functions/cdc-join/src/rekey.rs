@@ -13,6 +13,9 @@
 //!
 //! One writer per key (one input stream) and outputs computed from the record and the stored
 //! row alone: emit-then-commit (DESIGN §3); a retry re-emits the same steps under the same ids.
+//! The truncate sweep (`truncate`) writes rows too, but only removes a row from before its
+//! table's truncate, which the re-key retracts and drops itself on the row's next change, with
+//! the same retraction: the join ends the same whichever of the two gets there first.
 
 use std::collections::BTreeMap;
 

@@ -15,6 +15,7 @@ pub mod output;
 pub mod pattern;
 pub mod plan;
 pub mod record;
+pub mod skew;
 pub mod state;
 
 pub use changelog::RowChange;
