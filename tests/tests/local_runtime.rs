@@ -963,3 +963,61 @@ async fn a_function_whose_environment_names_no_sink_is_refused_at_the_variables_
         }
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_stacks_functions_write_a_skew_line_per_batch_that_names_the_hot_key_of_a_skewed_stream(
+) {
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let mut runtime = LocalRuntime::from_template(&template(), services, &factories()).unwrap();
+    runtime.services.metrics.take();
+    // 90% of the clicks are one user's.
+    let events: Vec<(String, u64)> = (0..2_000)
+        .map(|i| {
+            let user = if i % 10 == 0 { i } else { 7 };
+            (format!("user-{user}"), 1)
+        })
+        .collect();
+    counts_every_event(&mut runtime, &events).await;
+    let lines: Vec<serde_json::Value> = runtime
+        .services
+        .metrics
+        .take()
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &serde_json::Value| line["Operator"] == "keyed-counter")
+        .collect();
+    assert!(!lines.is_empty(), "no skew line");
+    let records: f64 = lines.iter().map(|l| l["Records"].as_f64().unwrap()).sum();
+    assert_eq!(
+        records, 2_000.0,
+        "every record counted once, in the line of its batch"
+    );
+    let shards: std::collections::BTreeSet<&str> =
+        lines.iter().map(|l| l["Shard"].as_str().unwrap()).collect();
+    assert!(
+        shards.iter().all(|s| s.starts_with("shardId-")),
+        "{shards:?}"
+    );
+    for line in &lines {
+        assert_eq!(line["Function"], "KeyedCounterFunction", "{line}");
+    }
+    // The hot user leads the line of every batch it is in.
+    let hot_lines = lines
+        .iter()
+        .filter(|l| l["HotKeys"][0]["key"].as_str() == Some("user-7"))
+        .count();
+    let with_hot = lines
+        .iter()
+        .filter(|l| {
+            l["HotKeys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|k| k["key"] == "user-7")
+        })
+        .count();
+    assert!(
+        with_hot > 0 && hot_lines == with_hot,
+        "{hot_lines} of {with_hot}"
+    );
+}

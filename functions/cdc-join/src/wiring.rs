@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyway::lambda::{
-    executor_config, required, sink_from, state_store_from, table_from, ConfigError, Env, Platform,
-    SetupError, StreamHandler,
+    executor_config, observed, required, sink_from, state_store_from, table_from, ConfigError, Env,
+    Platform, SetupError, StreamHandler,
 };
 use keyway::{Executor, Sinks};
 
@@ -89,7 +89,7 @@ pub fn rekey_handler(platform: &dyn Platform, env: &Env) -> Result<RekeyHandler,
         redelivery_window: config.redelivery_window,
     };
     Ok(RekeyHandler {
-        stream: StreamHandler::new(executor.with_config(config)),
+        stream: StreamHandler::new(observed(executor, platform, env).with_config(config)),
         sweeper,
     })
 }
@@ -133,7 +133,9 @@ pub fn join_handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<
         replays_within: config.redelivery_window,
     };
     let executor = Executor::new(operator, store, sinks, platform.clock())?;
-    Ok(StreamHandler::new(executor.with_config(config)))
+    Ok(StreamHandler::new(
+        observed(executor, platform, env).with_config(config),
+    ))
 }
 
 #[cfg(test)]

@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use async_trait::async_trait;
 use keyway::domain::metrics::Emf;
 use keyway::lambda::{
-    executor_config, required, sink_from, table_from, Env, FunctionError, Handler, Invocation,
-    Platform, SetupError, StreamHandler,
+    executor_config, observed, required, sink_from, table_from, Env, FunctionError, Handler,
+    Invocation, Platform, SetupError, StreamHandler,
 };
 use keyway::ports::{Clock, MetricLog, StoreError};
 use keyway::{Executor, Sinks};
@@ -156,7 +156,9 @@ pub fn handler(platform: &dyn Platform, env: &Env) -> Result<FilterHandler, Setu
     let operator = DynamicFilter::new(index.clone(), pointer);
     let executor = Executor::stateless(operator, sinks, platform.clock())?;
     Ok(FilterHandler {
-        inner: StreamHandler::new(executor.with_config(executor_config(env)?)),
+        inner: StreamHandler::new(
+            observed(executor, platform, env).with_config(executor_config(env)?),
+        ),
         index,
         state,
         loaded: tokio::sync::Mutex::new(false),

@@ -32,7 +32,7 @@ use keyway::domain::changelog::dynamodb_changes;
 use keyway::domain::item::item_to_dynamodb_json;
 use keyway::domain::{AttrValue, Item, Payload, RowChange, SourceRecord};
 use keyway::lambda::{
-    executor_config, sink_from, state_store_from, table_from, ConfigError, Env, Platform,
+    executor_config, observed, sink_from, state_store_from, table_from, ConfigError, Env, Platform,
     SetupError, StreamHandler,
 };
 use keyway::operator::{SinkDescriptor, StateDescriptor};
@@ -207,7 +207,7 @@ pub fn handler(
     let operator = sync_config(env)?;
     let executor = Executor::new(operator, store, sinks, platform.clock())?;
     Ok(StreamHandler::new(
-        executor.with_config(executor_config(env)?),
+        observed(executor, platform, env).with_config(executor_config(env)?),
     ))
 }
 

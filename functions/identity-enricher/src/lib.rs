@@ -28,8 +28,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use keyway::lambda::{
-    executor_config, required, sink_from, state_store_from, ConfigError, Env, Platform, SetupError,
-    StreamHandler,
+    executor_config, observed, required, sink_from, state_store_from, ConfigError, Env, Platform,
+    SetupError, StreamHandler,
 };
 use keyway::{Executor, Inputs, Sinks};
 
@@ -61,7 +61,7 @@ pub fn handler(
     let operator = IdentityEnricher::new(enricher_config(env)?);
     let executor = Executor::with_inputs(operator, inputs, store, sinks, platform.clock())?;
     Ok(StreamHandler::new(
-        executor.with_config(executor_config(env)?),
+        observed(executor, platform, env).with_config(executor_config(env)?),
     ))
 }
 

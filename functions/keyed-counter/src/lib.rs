@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use keyway::domain::{Payload, SourceRecord};
 use keyway::lambda::{
-    executor_config, sink_from, state_store_from, Env, Platform, SetupError, StreamHandler,
+    executor_config, observed, sink_from, state_store_from, Env, Platform, SetupError,
+    StreamHandler,
 };
 use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::{Ctx, Executor, InvalidInput, KeyedOperator, ProcessError, Sink, Sinks, ValueState};
@@ -127,5 +128,7 @@ pub fn handler(
     let store = state_store_from(platform, env, "STATE_TABLE")?;
     let config = executor_config(env)?;
     let executor = Executor::new(KeyedCounter, store, sinks, platform.clock())?;
-    Ok(StreamHandler::new(executor.with_config(config)))
+    Ok(StreamHandler::new(
+        observed(executor, platform, env).with_config(config),
+    ))
 }

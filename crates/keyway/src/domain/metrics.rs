@@ -13,6 +13,8 @@ pub struct Emf {
     timestamp_millis: i64,
     dimensions: Vec<(String, String)>,
     metrics: Vec<(String, &'static str, f64)>,
+    /// Members of the line that are no metric: CloudWatch Logs Insights reads them.
+    properties: Vec<(String, Value)>,
 }
 
 impl Emf {
@@ -21,6 +23,7 @@ impl Emf {
             timestamp_millis,
             dimensions: Vec::new(),
             metrics: Vec::new(),
+            properties: Vec::new(),
         }
     }
 
@@ -31,6 +34,17 @@ impl Emf {
 
     pub fn count(mut self, name: &str, value: u64) -> Self {
         self.metrics.push((name.to_owned(), "Count", value as f64));
+        self
+    }
+
+    pub fn bytes(mut self, name: &str, value: u64) -> Self {
+        self.metrics.push((name.to_owned(), "Bytes", value as f64));
+        self
+    }
+
+    /// A member that is no metric (a list of hot keys, say): searchable in the log, not graphed.
+    pub fn property(mut self, name: &str, value: Value) -> Self {
+        self.properties.push((name.to_owned(), value));
         self
     }
 
@@ -64,6 +78,9 @@ impl Emf {
         }
         for (name, _, value) in &self.metrics {
             root.insert(name.clone(), json!(value));
+        }
+        for (name, value) in &self.properties {
+            root.insert(name.clone(), value.clone());
         }
         Value::Object(root).to_string()
     }

@@ -55,6 +55,7 @@ mod emit;
 mod expiry;
 mod history;
 mod load;
+mod observe;
 mod outbox;
 mod plan;
 mod process;
@@ -78,7 +79,9 @@ use crate::operator::{
     check_inputs, check_sinks, state_signature, BroadcastCache, Delivery, InputWiringError,
     KeyedOperator, Migration, SinkWiringError, StateDescriptor,
 };
-use crate::ports::{Clock, Namespace, Sink, StateStore, StoreLimits, DEFAULT_REDELIVERY_WINDOW};
+use crate::ports::{
+    Clock, MetricLog, Namespace, Sink, StateStore, StoreLimits, DEFAULT_REDELIVERY_WINDOW,
+};
 
 /// The sinks an operator emits to, by name, and the dead-letter sink.
 #[derive(Clone)]
@@ -216,6 +219,8 @@ pub struct Executor<O: KeyedOperator> {
     migrations: Vec<Migration>,
     /// The signature this one replaced, and since when, once read from the signature history.
     history: tokio::sync::OnceCell<Option<(String, i64)>>,
+    /// Where each batch's skew line goes, if anywhere (`with_metrics`).
+    observer: Option<observe::Observer>,
 }
 
 /// An executor cannot be built: the operator and the function's wiring do not fit together.
@@ -315,11 +320,21 @@ impl<O: KeyedOperator> Executor<O> {
             config: ExecutorConfig::default(),
             migrations,
             history: tokio::sync::OnceCell::new(),
+            observer: None,
         })
     }
 
     pub fn with_config(mut self, config: ExecutorConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Writes one skew line per batch to `log` (see `observe`), under the name of `function`.
+    pub fn with_metrics(mut self, log: Arc<dyn MetricLog>, function: impl Into<String>) -> Self {
+        self.observer = Some(observe::Observer {
+            log,
+            function: function.into(),
+        });
         self
     }
 
@@ -352,6 +367,11 @@ impl<O: KeyedOperator> Executor<O> {
         let mut report = BatchReport::new(batch.len());
         let (plan, mut inputs) = self.plan(&batch);
         report.keys = plan.groups.len();
+        if let Some(observer) = &self.observer {
+            if let Some(line) = observer.line(&self.namespace.operator, &plan, now) {
+                observer.log.write(line);
+            }
+        }
         let stateless = self.operator.stateless();
         let loaded = if stateless {
             Some(self.fresh_keys(&plan))
@@ -419,6 +439,55 @@ mod tests {
         };
         let executor = Executor::new(operator, store.clone(), sinks, clock).unwrap();
         executor.sink_limits["out"]
+    }
+
+    #[tokio::test]
+    async fn each_batch_writes_a_skew_line_naming_its_shard_its_load_and_its_heaviest_keys() {
+        use super::testkit::record;
+        use crate::ports::MemoryMetrics;
+        let clock = ManualClock::at(0);
+        let store = Arc::new(DynamoStateStore::new(
+            Arc::new(LocalTable::new()),
+            clock.clone(),
+        ));
+        let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, Arc::new(Wide));
+        let metrics = Arc::new(MemoryMetrics::default());
+        let executor = Executor::new(Summer::default(), store, sinks, clock)
+            .unwrap()
+            .with_metrics(metrics.clone(), "keyway-Summer-1A2B");
+        let keys = [
+            "hot", "a", "hot", "hot", "b", "hot", "hot", "hot", "hot", "hot",
+        ];
+        let mut batch = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            batch.push(record(i as u64 + 1, key, key, 1));
+        }
+        executor.run(batch).await;
+        let lines = metrics.take();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let line: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        let dimensions = &line["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0];
+        assert_eq!(
+            dimensions,
+            &serde_json::json!(["Function", "Operator", "Shard"])
+        );
+        assert_eq!(
+            (line["Function"].as_str(), line["Shard"].as_str()),
+            (Some("keyway-Summer-1A2B"), Some("shardId-0"))
+        );
+        assert_eq!(line["Operator"], executor.namespace().operator.as_str());
+        assert_eq!(line["Records"], 10.0);
+        assert_eq!(line["DistinctKeys"], 3.0);
+        assert_eq!(line["HottestKeyRecords"], 8.0);
+        assert_eq!(
+            line["HotKeys"][0],
+            serde_json::json!({"key": "hot", "records": 8})
+        );
+        let bytes = line["Bytes"].as_f64().unwrap();
+        assert!(bytes > 150.0, "{bytes}");
+        // An empty batch writes no line.
+        executor.run(Vec::new()).await;
+        assert!(metrics.take().is_empty());
     }
 
     #[test]

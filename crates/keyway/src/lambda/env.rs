@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::platform::{Platform, PortError};
 use crate::adapters::dynamodb::Table;
-use crate::executor::{ExecutorConfig, Lineage, WiringError};
+use crate::executor::{Executor, ExecutorConfig, Lineage, WiringError};
+use crate::operator::KeyedOperator;
 use crate::ports::{Sink, StateStore};
 
 /// A function's environment variables.
@@ -99,6 +100,21 @@ pub const LINEAGE: &str = "KEYWAY_LINEAGE";
 /// How long after its arrival a record may still be redelivered, in seconds: the stream's
 /// retention or the mapping's MaximumRecordAgeInSeconds, whichever is shorter. A year by default.
 pub const REDELIVERY_WINDOW: &str = "KEYWAY_REDELIVERY_WINDOW_SECONDS";
+
+/// `executor`, writing each batch's skew line (records, bytes, keys, hot keys per shard) to the
+/// platform's metric log under the function's name (`AWS_LAMBDA_FUNCTION_NAME`, which Lambda
+/// sets; else the operator's).
+pub fn observed<O: KeyedOperator>(
+    executor: Executor<O>,
+    platform: &dyn Platform,
+    env: &Env,
+) -> Executor<O> {
+    let function = env
+        .get("AWS_LAMBDA_FUNCTION_NAME")
+        .cloned()
+        .unwrap_or_else(|| executor.namespace().operator.clone());
+    executor.with_metrics(platform.metrics(), function)
+}
 
 /// The executor settings a function's environment gives (`LINEAGE`, `REDELIVERY_WINDOW`).
 pub fn executor_config(env: &Env) -> Result<ExecutorConfig, ConfigError> {

@@ -583,7 +583,9 @@ impl LocalRuntime {
         let factory = factories.get(id).ok_or_else(|| LocalError::Unregistered {
             function: id.clone(),
         })?;
-        let env = function.resolved_env(template, names)?;
+        let mut env = function.resolved_env(template, names)?;
+        // As Lambda sets it for every function.
+        env.insert("AWS_LAMBDA_FUNCTION_NAME".into(), function.name.clone());
         // What the function's environment says of its watermarks must fit its mappings.
         let config = executor_config(&env).map_err(|e| LocalError::config(id, &e))?;
         for event in &function.events {

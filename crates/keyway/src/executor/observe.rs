@@ -1,0 +1,70 @@
+//! What each batch says of skew, as one CloudWatch Embedded Metric Format line (no API call)
+//! with `Function`, `Operator` and `Shard` dimensions: the shard's records and bytes, its distinct
+//! keys and the records of its heaviest key, with the heaviest keys themselves as a property. One
+//! shard carrying much more than the others shows as a coefficient of variation of `Records`
+//! across shards (metric math the stack alarms on); one key carrying most of a shard, as
+//! `HottestKeyRecords` near `Records`.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::plan::Plan;
+use crate::domain::item::item_size;
+use crate::domain::metrics::Emf;
+use crate::domain::{Payload, SourceRecord};
+use crate::ports::MetricLog;
+
+/// Keys a line names, heaviest first.
+const HOT_KEYS_NAMED: usize = 3;
+
+/// Where an executor writes its batches' lines, and the function it runs in.
+pub(super) struct Observer {
+    pub log: Arc<dyn MetricLog>,
+    pub function: String,
+}
+
+impl Observer {
+    /// The line of the batch `plan` grouped, by `operator`, at `now`; none for an empty batch.
+    pub fn line(&self, operator: &str, plan: &Plan<'_>, now: i64) -> Option<String> {
+        let records: Vec<&SourceRecord> = plan.batch.iter().flatten().collect();
+        let first = records.first()?;
+        let shard = first.origin.as_str().rsplit('/').next().unwrap_or_default();
+        let bytes: usize = records.iter().map(|r| payload_bytes(&r.payload)).sum();
+        let mut heavy: Vec<(&str, usize)> = plan
+            .groups
+            .iter()
+            .map(|g| (g.key.as_str(), g.records.len()))
+            .collect();
+        heavy.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        let named: Vec<_> = heavy
+            .iter()
+            .take(HOT_KEYS_NAMED)
+            .map(|(key, n)| json!({"key": key, "records": n}))
+            .collect();
+        let line = Emf::new(now)
+            .dimension("Function", self.function.as_str())
+            .dimension("Operator", operator)
+            .dimension("Shard", shard)
+            .count("Records", plan.batch.len() as u64)
+            .bytes("Bytes", bytes as u64)
+            .count("DistinctKeys", plan.groups.len() as u64)
+            .count("HottestKeyRecords", heavy.first().map_or(0, |h| h.1) as u64)
+            .property("HotKeys", json!(named))
+            .to_line();
+        Some(line)
+    }
+}
+
+/// A record's size: its data, or a DynamoDB change's item as DynamoDB sizes it (its new image,
+/// or the old one for a removal).
+fn payload_bytes(payload: &Payload) -> usize {
+    match payload {
+        Payload::Bytes(data) => data.len(),
+        Payload::Change(change) => {
+            let image = change.new_image.as_ref().or(change.old_image.as_ref());
+            item_size(image.unwrap_or(&change.keys))
+        }
+        Payload::Timer { .. } => 0,
+    }
+}
