@@ -86,13 +86,25 @@ def zipped(files):
 # for a resolution that never comes goes out within the test.
 BUFFER_TTL_SECONDS = 5
 
+# Keyed aggregation's running totals go to the merge this long after their first change (and
+# the schedule's next sweep of the keys' timers): short, so that results come within the test.
+AGGREGATE_FLUSH_SECONDS = 5
+
 
 def create_stack(cfn, stack, template, parameters=None, template_url=None):
     """Creates the stack from its template's text (or from the template's copy in S3, as a
     template over CloudFormation's 51,200 bytes must be given) and waits for it; returns its
     outputs."""
     if parameters is None:
-        parameters = {"BufferTtlSeconds": str(BUFFER_TTL_SECONDS)}
+        # The emulator's CloudFormation takes standard metric alarms only: the skew alarm, on
+        # metric math, is left out (sam validate and cfn-lint check it).
+        parameters = {
+            "BufferTtlSeconds": str(BUFFER_TTL_SECONDS),
+            "MetricMathAlarms": "false",
+            "AggregateFlushSeconds": str(AGGREGATE_FLUSH_SECONDS),
+            "AggregateValuePointer": "/value",
+            "Aggregates": "count,sum,min,max,mean",
+        }
     body = {"TemplateURL": template_url} if template_url else {"TemplateBody": template}
     cfn.create_stack(
         StackName=stack,
@@ -199,20 +211,24 @@ def main():
     stack = f"keyway-e2e-sam-{run}"
     outputs = deploy_sam(args.endpoint, args.template, args.functions, stack)
     check(args.endpoint, stack, outputs, signature, args.keyway)
+    check_operations(args.endpoint, stack, outputs)
     check_identity(args.endpoint, stack, outputs)
     consumer = deploy_consumer(args.endpoint, args.consumer_template, stack, outputs, "live")
     check_filter(args.endpoint, stack, outputs, consumer, args.keyway)
     check_cdc(args.endpoint, stack, outputs)
+    check_aggregation(args.endpoint, stack, outputs)
     delete(args.endpoint, f"{stack}-live")
     delete(args.endpoint, stack)
     stack = f"keyway-e2e-cdk-{run}"
     outputs = deploy_cdk(args.endpoint, args.cdk_out, stack)
     check(args.endpoint, stack, outputs, signature, args.keyway)
+    check_operations(args.endpoint, stack, outputs)
     check_identity(args.endpoint, stack, outputs)
     consumer_template = os.path.join(args.cdk_out, "keyway-consumer.template.json")
     consumer = deploy_consumer(args.endpoint, consumer_template, stack, outputs, "live")
     check_filter(args.endpoint, stack, outputs, consumer, args.keyway)
     check_cdc(args.endpoint, stack, outputs)
+    check_aggregation(args.endpoint, stack, outputs)
     delete(args.endpoint, f"{stack}-live")
     delete(args.endpoint, stack)
 
@@ -350,6 +366,100 @@ def read_stream(kinesis, stream):
                 break
             iterator = response.get("NextShardIterator")
     return records
+
+
+# The functions a stream triggers, each with an alarm on its iterator age.
+STREAM_FUNCTIONS = ["KeyedCounter", "IdentityEnricher", "FilterPolicySync", "DynamicFilter", "CdcRekey", "CdcJoin", "KeyedAggregate", "AggregateMerge"]
+
+
+def check_operations(endpoint, stack, outputs):
+    """The stack's alarms as deployed: one on each stream-triggered function's iterator age and no
+    skew alarm (MetricMathAlarms is false here); and the keyed counter's metric lines: clicks of
+    one user nine times in ten make a line that names that user the batch's heaviest key."""
+    cfn = client("cloudformation", endpoint)
+    resources = {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in cfn.describe_stack_resources(StackName=stack)["StackResources"]}
+    if "KeyedCounterSkewAlarm" in resources:
+        sys.exit("e2e: the skew alarm was created though MetricMathAlarms is false")
+    alarms = client("cloudwatch", endpoint).describe_alarms()["MetricAlarms"]
+    for name in STREAM_FUNCTIONS:
+        function = resources[f"{name}Function"]
+        on_age = [
+            a for a in alarms
+            if a.get("MetricName") == "IteratorAge" and a.get("Namespace") == "AWS/Lambda"
+            and {"Name": "FunctionName", "Value": function} in a.get("Dimensions", [])
+        ]
+        if len(on_age) != 1 or on_age[0]["Threshold"] != 300000 or on_age[0]["Statistic"] != "Maximum":
+            sys.exit(f"e2e: {name}: expected one alarm on the maximum IteratorAge above 300000 ms, found {on_age}")
+    print(f"e2e: {stack}: an iterator-age alarm on each of the {len(STREAM_FUNCTIONS)} stream-triggered functions, no skew alarm: ok")
+
+    kinesis = client("kinesis", endpoint)
+    keys = ["skew-hot" if i % 10 else f"skew-{i}" for i in range(100)]
+    records = [{"PartitionKey": key, "Data": json.dumps({"key": key}).encode()} for key in keys]
+    response = kinesis.put_records(StreamName=outputs["ClicksStreamName"], Records=records)
+    if response.get("FailedRecordCount"):
+        sys.exit(f"e2e: the stream refused records: {response}")
+    function = resources["KeyedCounterFunction"]
+    logs = client("logs", endpoint)
+
+    def hot_line():
+        try:
+            events = logs.filter_log_events(logGroupName=f"/aws/lambda/{function}")["events"]
+        except logs.exceptions.ResourceNotFoundException:
+            return None
+        for event in events:
+            try:
+                line = json.loads(event["message"])
+            except ValueError:
+                continue
+            if not isinstance(line, dict) or "_aws" not in line:
+                continue
+            heaviest = (line.get("HotKeys") or [{}])[0]
+            if heaviest.get("key") == "skew-hot":
+                return line
+        return None
+
+    line = wait("a metric line naming the hot key", hot_line, timeout=120)
+    namespaces = [m["Namespace"] for m in line["_aws"]["CloudWatchMetrics"]]
+    if (line["Function"], line["Operator"], namespaces) != (function, "keyed-counter", ["keyway"]) or not line["Shard"].startswith("shardId-"):
+        sys.exit(f"e2e: the metric line does not name the function, operator and shard: {line}")
+    if line["HottestKeyRecords"] < 2 or line["HotKeys"][0]["records"] != line["HottestKeyRecords"]:
+        sys.exit(f"e2e: the metric line's heaviest key does not carry the batch: {line}")
+    print(f"e2e: {stack}: the keyed counter's metric line names skew-hot, {int(line['HottestKeyRecords'])} of {int(line['Records'])} records on {line['Shard']}: ok")
+
+
+def check_aggregation(endpoint, stack, outputs):
+    """Events of a hot key spread over eight buckets (key#0 .. key#7) and of cold keys under their
+    own: once the running totals are flushed and merged, each key's last result on the results
+    stream is its exact count, sum, minimum, maximum and mean."""
+    kinesis = client("kinesis", endpoint)
+    oracle = {}
+    records = []
+    for i in range(80):
+        key = "hot" if i % 2 == 0 else f"cold-{i % 5}"
+        value = (i % 7) / 4 - 0.5
+        partition = f"hot#{(i // 2) % 8}" if key == "hot" else key
+        oracle.setdefault(key, []).append(value)
+        records.append({"PartitionKey": partition, "Data": json.dumps({"key": key, "value": value}).encode()})
+    response = kinesis.put_records(StreamName=outputs["AggregateEventsStreamName"], Records=records)
+    if response.get("FailedRecordCount"):
+        sys.exit(f"e2e: the stream refused records: {response}")
+    expected = {}
+    for key, values in oracle.items():
+        expected[key] = {"key": key, "count": len(values), "sum": sum(values), "min": min(values), "max": max(values), "mean": sum(values) / len(values)}
+    stream = outputs["AggregateResultsStreamName"]
+
+    def results():
+        last = {}
+        for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
+            iterator = kinesis.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+            for record in kinesis.get_records(ShardIterator=iterator, Limit=10000)["Records"]:
+                body = json.loads(record["Data"])
+                last[body["key"]] = body
+        return last if last == expected else None
+
+    started = time.time()
+    wait("each key's merged result", results, timeout=240, every=2)
+    print(f"e2e: {stack}: {len(records)} events of a key salted over 8 buckets and 5 cold keys aggregated exactly after {time.time() - started:.0f} s: ok")
 
 
 def check_identity(endpoint, stack, outputs):

@@ -7,13 +7,16 @@ import * as path from 'path';
 import {
   Aws,
   CfnOutput,
+  CfnCondition,
   CfnParameter,
   CfnResource,
+  Fn,
   Duration,
   RemovalPolicy,
   Stack,
   StackProps,
 } from 'aws-cdk-lib';
+import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
@@ -272,8 +275,16 @@ export class KeywayStack extends Stack {
     });
     logicalId(sweep, 'IdentityEnricherFunctionSweepTimers');
 
-    this.filtering(stateTable, deadLetters, failedBatches, props.functionsDir);
-    this.cdcJoin(stateTable, deadLetters, failedBatches, props.functionsDir);
+    const filtering = this.filtering(stateTable, deadLetters, failedBatches, props.functionsDir);
+    const cdc = this.cdcJoin(stateTable, deadLetters, failedBatches, props.functionsDir);
+    const aggregation = this.aggregation(stateTable, deadLetters, failedBatches, props.functionsDir);
+    operations(this, {
+      KeyedCounter: keyedCounter,
+      IdentityEnricher: enricher,
+      ...filtering,
+      ...cdc,
+      ...aggregation,
+    });
 
     new CfnOutput(this, 'ClicksStreamName', { value: clicks.streamName });
     new CfnOutput(this, 'CloudTrailStreamName', { value: cloudTrail.streamName });
@@ -292,7 +303,7 @@ export class KeywayStack extends Stack {
     deadLetters: sqs.IQueue,
     failedBatches: sqs.IQueue,
     functionsDir: string,
-  ): void {
+  ): Record<string, lambda.Function> {
     const filterShards = new CfnParameter(this, 'FilterShards', {
       type: 'Number',
       default: 4,
@@ -392,6 +403,7 @@ export class KeywayStack extends Stack {
     new CfnOutput(this, 'FailedBatchesQueueArn', { value: failedBatches.queueArn });
     new CfnOutput(this, 'FilterStateTableName', { value: filterState.tableName });
     new CfnOutput(this, 'FilterEventsStreamName', { value: events.streamName });
+    return { FilterPolicySync: sync, DynamicFilter: filter };
   }
 
   /** The CDC join: Debezium's changes on a stream and a DynamoDB table's on its own, re-keyed by
@@ -401,7 +413,7 @@ export class KeywayStack extends Stack {
     deadLetters: sqs.IQueue,
     failedBatches: sqs.IQueue,
     functionsDir: string,
-  ): void {
+  ): Record<string, lambda.Function> {
     const join = new CfnParameter(this, 'CdcJoin', {
       type: 'String',
       default: 'domains.user_id=users.id',
@@ -504,5 +516,247 @@ export class KeywayStack extends Stack {
     new CfnOutput(this, 'CdcChangelogStreamName', { value: changelog.streamName });
     new CfnOutput(this, 'CdcJoinedStreamName', { value: joined.streamName });
     new CfnOutput(this, 'CdcViewTableName', { value: view.tableName });
+    return { CdcRekey: rekey, CdcJoin: joiner };
   }
+
+  /** Keyed aggregation (functions/keyed-aggregate): the events, partitioned by key or by a bucket
+   * of a salted key; the first phase's partials, partitioned by key; the results. */
+  private aggregation(
+    stateTable: dynamodb.ITable,
+    deadLetters: sqs.IQueue,
+    failedBatches: sqs.IQueue,
+    functionsDir: string,
+  ): Record<string, lambda.Function> {
+    const keyPointer = new CfnParameter(this, 'AggregateKeyPointer', {
+      type: 'String',
+      default: '/key',
+      description: 'Where each event of the aggregation stream holds its key (a JSON pointer).',
+    });
+    const valuePointer = new CfnParameter(this, 'AggregateValuePointer', {
+      type: 'String',
+      default: '',
+      description:
+        'Where each event holds its value (a JSON pointer), for sum, min, max and mean; empty when ' +
+        'only counting.',
+    });
+    const aggregates = new CfnParameter(this, 'Aggregates', {
+      type: 'String',
+      default: 'count',
+      allowedPattern: '(count|sum|min|max|mean)(,(count|sum|min|max|mean))*',
+      description: 'The aggregates each result reports, comma-separated.',
+    });
+    const windowSeconds = new CfnParameter(this, 'AggregateWindowSeconds', {
+      type: 'String',
+      default: '',
+      allowedPattern: '[0-9]*',
+      description: 'Tumbling event-time windows of this many seconds; empty for running totals per key.',
+    });
+    const timePointer = new CfnParameter(this, 'AggregateTimePointer', {
+      type: 'String',
+      default: '/time',
+      description:
+        'Where each event holds its event time (a JSON pointer to epoch milliseconds or an RFC 3339 ' +
+        'string), when aggregating in windows.',
+    });
+    const lateness = new CfnParameter(this, 'AggregateLatenessSeconds', {
+      type: 'Number',
+      default: 60,
+      minValue: 0,
+      description:
+        'How long after its end a window still takes events; a later event is late and goes to ' +
+        'the dead-letter queue with the reason.',
+    });
+    const flush = new CfnParameter(this, 'AggregateFlushSeconds', {
+      type: 'Number',
+      default: 60,
+      minValue: 1,
+      description:
+        "How long a key's running total (without windows) waits after its first change before it " +
+        'goes to the merge: results lag the stream by this and up to a minute of the timer sweep.',
+    });
+    const input = stream(this, 'AggregateEventsStream', 4);
+    const partials = stream(this, 'AggregatePartialsStream', 2);
+    const results = stream(this, 'AggregateResultsStream', 2);
+
+    const aggregate = rustFunction(
+      this,
+      'KeyedAggregateFunction',
+      'keyed-aggregate',
+      functionsDir,
+      'Aggregates each key, or each bucket of a salted key, into partials.',
+      {
+        STATE_TABLE: stateTable.tableName,
+        PARTIALS_SINK: `kinesis:${partials.streamName}`,
+        DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
+        KEY_POINTER: keyPointer.valueAsString,
+        VALUE_POINTER: valuePointer.valueAsString,
+        AGGREGATES: aggregates.valueAsString,
+        WINDOW_SECONDS: windowSeconds.valueAsString,
+        TIME_POINTER: timePointer.valueAsString,
+        ALLOWED_LATENESS_SECONDS: lateness.valueAsString,
+        FLUSH_SECONDS: flush.valueAsString,
+        // The stream keeps records 24 hours; an hour more covers clock skew.
+        KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
+      },
+    );
+    stateTable.grantReadWriteData(aggregate);
+    partials.grantReadWrite(aggregate);
+    deadLetters.grantSendMessages(aggregate);
+    addTrigger(aggregate, 'KeyedAggregateFunction', 'Events', streamTrigger(input, failedBatches));
+    // Partials go to the merge on the keys' timers: a window's when it closes, a running total's
+    // a minute after its first change since the last.
+    const sweep = new events.Rule(this, 'KeyedAggregateFunctionSweepTimers', {
+      schedule: events.Schedule.rate(Duration.minutes(1)),
+      targets: [new targets.LambdaFunction(aggregate)],
+    });
+    logicalId(sweep, 'KeyedAggregateFunctionSweepTimers');
+
+    const merge = rustFunction(
+      this,
+      'AggregateMergeFunction',
+      'aggregate-merge',
+      functionsDir,
+      "Merges each key's partials from all its buckets into its result.",
+      {
+        STATE_TABLE: stateTable.tableName,
+        RESULTS_SINK: `kinesis:${results.streamName}`,
+        DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
+        AGGREGATES: aggregates.valueAsString,
+        KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
+      },
+    );
+    stateTable.grantReadWriteData(merge);
+    results.grantReadWrite(merge);
+    deadLetters.grantSendMessages(merge);
+    addTrigger(merge, 'AggregateMergeFunction', 'Partials', streamTrigger(partials, failedBatches));
+
+    new CfnOutput(this, 'AggregateEventsStreamName', { value: input.streamName });
+    new CfnOutput(this, 'AggregatePartialsStreamName', { value: partials.streamName });
+    new CfnOutput(this, 'AggregateResultsStreamName', { value: results.streamName });
+    return { KeyedAggregate: aggregate, AggregateMerge: merge };
+  }
+}
+
+/** What each function's alarm calls it, by the name its alarms' logical ids start with. */
+const ALARMED: Record<string, string> = {
+  KeyedCounter: 'keyed counter',
+  IdentityEnricher: 'identity enricher',
+  FilterPolicySync: 'filter policy sync',
+  DynamicFilter: 'dynamic filter',
+  CdcRekey: 'CDC re-key',
+  CdcJoin: 'CDC join',
+  KeyedAggregate: 'keyed aggregation',
+  AggregateMerge: 'aggregation merge',
+};
+
+/** The alarms of template.yaml's operations section: each stream-triggered function's iterator
+ * age, and the skew of the keyed counter's and keyed aggregation's streams over their shards,
+ * from the records per shard their metric lines report (created where MetricMathAlarms is
+ * "true"). */
+function operations(stack: Stack, functions: Record<string, lambda.Function>): void {
+  const ageMillis = new CfnParameter(stack, 'IteratorAgeAlarmMillis', {
+    type: 'Number',
+    default: 300000,
+    minValue: 1000,
+    description:
+      'A stream-triggered function whose oldest record has waited longer than this (IteratorAge, ' +
+      'its maximum in each of three minutes running) raises its alarm: the function falls behind.',
+  });
+  const metricMath = new CfnParameter(stack, 'MetricMathAlarms', {
+    type: 'String',
+    default: 'true',
+    allowedValues: ['true', 'false'],
+    description:
+      'Whether to create the alarms that compute their metric (the skew alarm, on the coefficient ' +
+      'of variation of records per shard). An emulator whose CloudFormation takes only standard ' +
+      'metric alarms deploys the stack with "false".',
+  });
+  const withMetricMath = new CfnCondition(stack, 'WithMetricMathAlarms', {
+    expression: Fn.conditionEquals(metricMath.valueAsString, 'true'),
+  });
+  for (const [name, fn] of Object.entries(functions)) {
+    const alarm = new cloudwatch.Alarm(stack, `${name}IteratorAgeAlarm`, {
+      alarmDescription: `The ${ALARMED[name]} falls behind its stream${name === 'CdcRekey' ? 's' : ''}.`,
+      metric: fn.metric('IteratorAge', { statistic: 'Maximum', period: Duration.minutes(1) }),
+      evaluationPeriods: 3,
+      threshold: ageMillis.valueAsNumber,
+      comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+      treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+    });
+    logicalId(alarm, `${name}IteratorAgeAlarm`);
+  }
+
+  skewAlarm(
+    stack,
+    'KeyedCounterSkewAlarm',
+    functions.KeyedCounter,
+    'keyed-counter',
+    2,
+    "One shard of the clicks stream carries much more than the other: the coefficient of variation of the keyed counter's records per shard is above 0.5.",
+    withMetricMath,
+  );
+  skewAlarm(
+    stack,
+    'KeyedAggregateSkewAlarm',
+    functions.KeyedAggregate,
+    'keyed-aggregate',
+    4,
+    "The aggregation stream's load spreads unevenly over its four shards (a hot key no producer salts): the coefficient of variation of the first phase's records per shard is above 0.5.",
+    withMetricMath,
+  );
+}
+
+/** An alarm on the coefficient of variation of the records per shard that `fn`'s metric lines
+ * report for `operator`, over its stream's first `shards` shards: above 0.5 for three minutes. */
+function skewAlarm(
+  stack: Stack,
+  id: string,
+  fn: lambda.Function,
+  operator: string,
+  shards: number,
+  description: string,
+  condition: CfnCondition,
+): void {
+  // An idle shard counts as load 0 (FILL), which is what makes it skew.
+  const shardRecords = (shard: number) =>
+    new cloudwatch.MathExpression({
+      expression: `FILL(s${shard}, 0)`,
+      usingMetrics: {
+        [`s${shard}`]: new cloudwatch.Metric({
+          namespace: 'keyway',
+          metricName: 'Records',
+          dimensionsMap: {
+            Function: fn.functionName,
+            Operator: operator,
+            Shard: `shardId-${String(shard).padStart(12, '0')}`,
+          },
+          statistic: 'Sum',
+          period: Duration.minutes(1),
+        }),
+      },
+      period: Duration.minutes(1),
+    });
+  const ids = Array.from({ length: shards }, (_, i) => `f${i}`).join(', ');
+  const usingMetrics: Record<string, cloudwatch.IMetric> = {};
+  for (let shard = 0; shard < shards; shard++) {
+    usingMetrics[`f${shard}`] = shardRecords(shard);
+  }
+  const skew = new cloudwatch.Alarm(stack, id, {
+    alarmDescription: description,
+    metric: new cloudwatch.MathExpression({
+      expression: `STDDEV([${ids}]) / AVG([${ids}])`,
+      usingMetrics,
+      label: 'Coefficient of variation of records per shard',
+      period: Duration.minutes(1),
+    }),
+    evaluationPeriods: 3,
+    threshold: 0.5,
+    comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+    treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+  });
+  logicalId(skew, id);
+  const resource = skew.node.defaultChild as CfnResource;
+  resource.cfnOptions.condition = condition;
+  // The id template.yaml gives the expression the alarm watches (the CDK numbers its own).
+  resource.addPropertyOverride('Metrics.0.Id', 'cov');
 }

@@ -754,3 +754,110 @@ async fn the_changelog_batch_builds_the_view_of_each_domain_with_its_users_curre
         ]
     );
 }
+
+/// Keyed aggregation's first phase with the payloads' settings: sums and counts of `/value` per
+/// `/key`, running totals flushed a minute after their first change.
+fn summing() -> keyed_aggregate::partials::KeyedAggregate {
+    use keyed_aggregate::aggregate::Aggregate;
+    let spec = keyed_aggregate::spec::Spec::new(
+        "/key",
+        Some("/value"),
+        Aggregate::ALL.to_vec(),
+        None,
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap();
+    keyed_aggregate::partials::KeyedAggregate::new(std::sync::Arc::new(spec))
+}
+
+#[tokio::test]
+async fn the_aggregation_batch_aggregates_plain_and_salted_records_and_dead_letters_the_unreadable_ones(
+) {
+    let world = World::new(&["partials"]);
+    let executor = world.executor(summing());
+    let response = keyway::lambda::run_kinesis(
+        &executor,
+        fixture("keyed-aggregate/events-batch.json"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        serde_json::to_value(&response).unwrap(),
+        fixture("keyed-aggregate/batch.response.json")
+    );
+    let mut letters: Vec<(String, String)> = world
+        .dead_letters()
+        .into_iter()
+        .map(|l| (l.field, l.problem))
+        .collect();
+    letters.sort();
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    assert_eq!(letters[0].0, "data");
+    assert!(letters[0].1.starts_with("expected JSON"), "{letters:?}");
+    assert_eq!(
+        letters[1],
+        ("data/value".into(), "expected a number".into())
+    );
+
+    // A minute on, the sweep sends each key's and each bucket's running total to the merge.
+    assert!(world.outputs("partials").is_empty());
+    world.clock.advance(61_000);
+    executor.fire_timers(None).await.unwrap();
+    let mut sources: Vec<(String, u64)> = world
+        .outputs("partials")
+        .iter()
+        .map(|m| {
+            let body: Value = serde_json::from_str(&m.body).unwrap();
+            let count = body["partial"]["count"].as_u64().unwrap();
+            (body["source"].as_str().unwrap().to_owned(), count)
+        })
+        .collect();
+    sources.sort();
+    assert_eq!(
+        sources,
+        [
+            ("page-2".to_owned(), 1),
+            ("page-7".to_owned(), 1),
+            ("page-7#3".to_owned(), 1),
+            ("page-7#4".to_owned(), 1)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn the_merge_batch_merges_a_keys_buckets_exactly_and_ignores_a_partial_sent_twice() {
+    use keyed_aggregate::aggregate::Aggregate;
+    use keyed_aggregate::merge::AggregateMerge;
+    let world = World::new(&["results"]);
+    let executor = world.executor(AggregateMerge {
+        aggregates: Aggregate::ALL.to_vec(),
+        keep: std::time::Duration::from_secs(86_400),
+    });
+    let response = keyway::lambda::run_kinesis(
+        &executor,
+        fixture("aggregate-merge/partials-batch.json"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        serde_json::to_value(&response).unwrap(),
+        fixture("aggregate-merge/batch.response.json")
+    );
+    let results: Vec<String> = world
+        .outputs("results")
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    assert_eq!(
+        results.len(),
+        3,
+        "the fourth partial is the second's again: {results:?}"
+    );
+    assert_eq!(
+        results[2],
+        r#"{"key":"page-7","count":3,"sum":15.75,"min":0.25,"max":12.5,"mean":5.25}"#
+    );
+    assert!(world.dead_letters().is_empty());
+}

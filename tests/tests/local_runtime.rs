@@ -177,6 +177,47 @@ async fn the_cdk_app_builds_the_stack_that_template_yaml_describes() {
 }
 
 #[test]
+fn the_cdk_app_raises_the_alarms_template_yaml_raises_with_the_same_parameters() {
+    use keyway::local::template::{long_form, parse, resources_of_type};
+    let Some(cdk_text) = cdk_template("keyway") else {
+        return;
+    };
+    let (_, sam) = parse(&template()).unwrap();
+    let (_, cdk) = parse(&cdk_text).unwrap();
+    let alarms = resources_of_type(&sam, "AWS::CloudWatch::Alarm");
+    assert!(
+        alarms.contains_key("KeyedCounterSkewAlarm")
+            && alarms.contains_key("CdcJoinIteratorAgeAlarm"),
+        "{:?}",
+        alarms.keys()
+    );
+    // Metric math lists its queries in any order: compared by id.
+    let by_id = |mut alarms: std::collections::BTreeMap<String, serde_json::Value>| {
+        for alarm in alarms.values_mut() {
+            if let Some(metrics) = alarm["Properties"]["Metrics"].as_array_mut() {
+                metrics.sort_by_key(|m| m["Id"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+        alarms
+    };
+    assert_eq!(
+        by_id(resources_of_type(&cdk, "AWS::CloudWatch::Alarm")),
+        by_id(alarms)
+    );
+    for parameter in ["IteratorAgeAlarmMillis", "MetricMathAlarms"] {
+        assert_eq!(
+            long_form(&cdk["Parameters"][parameter]),
+            long_form(&sam["Parameters"][parameter]),
+            "{parameter}"
+        );
+    }
+    assert_eq!(
+        long_form(&cdk["Conditions"]["WithMetricMathAlarms"]),
+        long_form(&sam["Conditions"]["WithMetricMathAlarms"])
+    );
+}
+
+#[test]
 fn the_cdk_app_builds_the_consumer_stack_that_consumer_yaml_describes() {
     use keyway::local::template::parse_with;
     let Some(cdk_text) = cdk_template("keyway-consumer") else {

@@ -16,6 +16,7 @@ mod generate;
 mod ids;
 mod package;
 mod signatures;
+mod skew;
 mod subscriptions;
 mod trail;
 mod workload;
@@ -119,6 +120,11 @@ enum Command {
     /// the joined changelog as JSON Lines on standard output ({"op", "<left table>", "<right
     /// table>"}), a summary on standard error.
     Cdc(cdc::CdcOptions),
+    /// Simulates the load a keyed workload puts on Kinesis shards and DynamoDB partitions,
+    /// without skew mitigation and with a strategy (pre-aggregation, salting, sidetracking,
+    /// adaptive salting): per-shard records/s, CoV, max/mean, hot keys and what AWS's limits
+    /// would throttle.
+    Skew(skew::SkewOptions),
     /// A consumer's subscriptions in a deployed stack's policy table (the AWS SDK's own
     /// configuration: AWS_REGION, AWS_PROFILE, AWS_ENDPOINT_URL ...).
     Subscriptions {
@@ -410,6 +416,7 @@ fn main() -> std::process::ExitCode {
             shared_table,
         }),
         Command::Cdc(options) => cdc::run(options),
+        Command::Skew(options) => skew::run(options),
         Command::Subscriptions {
             table,
             consumer,

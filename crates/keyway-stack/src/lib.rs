@@ -100,6 +100,20 @@ pub fn functions() -> BTreeMap<String, Factory> {
             Ok(Arc::new(cdc_join::wiring::join_handler(platform, env)?) as Arc<dyn Handler>)
         }),
     );
+    functions.insert(
+        "KeyedAggregateFunction".into(),
+        Box::new(|platform, env| {
+            let handler = keyed_aggregate::wiring::aggregate_handler(platform, env)?;
+            Ok(Arc::new(handler) as Arc<dyn Handler>)
+        }),
+    );
+    functions.insert(
+        "AggregateMergeFunction".into(),
+        Box::new(|platform, env| {
+            let handler = keyed_aggregate::wiring::merge_handler(platform, env)?;
+            Ok(Arc::new(handler) as Arc<dyn Handler>)
+        }),
+    );
     functions
 }
 
@@ -115,11 +129,26 @@ pub fn operators() -> Vec<(String, Vec<StateDescriptor>)> {
         replays_within: std::time::Duration::ZERO,
     };
     let rekey = cdc_join::rekey::Rekey::new(spec);
+    let counting = keyed_aggregate::spec::Spec::new(
+        "/key",
+        None,
+        vec![keyed_aggregate::aggregate::Aggregate::Count],
+        None,
+        std::time::Duration::ZERO,
+    )
+    .expect("a count per key");
+    let aggregate = keyed_aggregate::partials::KeyedAggregate::new(Arc::new(counting));
+    let merge = keyed_aggregate::merge::AggregateMerge {
+        aggregates: Vec::new(),
+        keep: std::time::Duration::ZERO,
+    };
     vec![
         (counter.name().to_owned(), counter.states()),
         (enricher.name().to_owned(), enricher.states()),
         (sync.name().to_owned(), sync.states()),
         (rekey.name().to_owned(), rekey.states()),
         (join.name().to_owned(), join.states()),
+        (aggregate.name().to_owned(), aggregate.states()),
+        (merge.name().to_owned(), merge.states()),
     ]
 }

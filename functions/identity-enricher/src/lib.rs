@@ -24,12 +24,11 @@ pub mod identity;
 #[cfg(feature = "traffic")]
 pub mod traffic;
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use keyway::lambda::{
-    executor_config, observed, required, sink_from, state_store_from, ConfigError, Env, Platform,
-    SetupError, StreamHandler,
+    executor_config, observed, required, sink_from, state_store_from, whole_number, ConfigError,
+    Env, Platform, SetupError, StreamHandler,
 };
 use keyway::{Executor, Inputs, Sinks};
 
@@ -74,35 +73,23 @@ pub fn enricher_config(env: &Env) -> Result<EnricherConfig, ConfigError> {
             problem: format!("expected a JSON object of account id to customer id: {e}"),
         })?;
     }
-    if let Some(seconds) = number::<u64>(env, "BUFFER_TTL_SECONDS")? {
+    if let Some(seconds) = whole_number::<u64>(env, "BUFFER_TTL_SECONDS")? {
         config.buffer_ttl = Duration::from_secs(seconds);
     }
-    if let Some(seconds) = number::<u64>(env, "GRACE_SECONDS")? {
+    if let Some(seconds) = whole_number::<u64>(env, "GRACE_SECONDS")? {
         config.grace = Duration::from_secs(seconds);
     }
-    if let Some(depth) = number(env, "MAX_CHAIN_DEPTH")? {
+    if let Some(depth) = whole_number(env, "MAX_CHAIN_DEPTH")? {
         config.max_chain_depth = depth;
     }
-    if let Some(most) = number(env, "MAX_BUFFERED")? {
+    if let Some(most) = whole_number(env, "MAX_BUFFERED")? {
         config.max_buffered = most;
     }
     // The executor keeps watermarks as long: one setting for how late a record comes.
-    if let Some(seconds) = number::<u64>(env, "KEYWAY_REDELIVERY_WINDOW_SECONDS")? {
+    if let Some(seconds) = whole_number::<u64>(env, "KEYWAY_REDELIVERY_WINDOW_SECONDS")? {
         config.lateness = Duration::from_secs(seconds);
     }
     Ok(config)
-}
-
-/// The variable `name` as a whole number, if set.
-fn number<T: FromStr>(env: &Env, name: &str) -> Result<Option<T>, ConfigError> {
-    env.get(name)
-        .map(|text| {
-            text.parse().map_err(|_| ConfigError {
-                name: name.to_owned(),
-                problem: format!("{text:?} is not a whole number"),
-            })
-        })
-        .transpose()
 }
 
 #[cfg(test)]

@@ -14,7 +14,9 @@ pub mod metrics;
 pub mod output;
 pub mod pattern;
 pub mod plan;
+pub mod pointer;
 pub mod record;
+pub mod salt;
 pub mod skew;
 pub mod state;
 

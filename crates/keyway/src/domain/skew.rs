@@ -7,8 +7,14 @@
 //! is watched, and each watched key's count is over its true weight by at most its `error`.
 //! `coefficient_of_variation` is the spread of per-shard loads the skew alarms watch (above 0.5:
 //! one shard carries much more than the others).
+//!
+//! `HotSet` decides, period after period, which keys are hot enough to salt: a key turns hot in
+//! the period it carries at least `heat_share` of the records, and cools only after `cool_periods`
+//! periods in a row below `cool_share`. The gap between the two shares and the run of cool periods
+//! are hysteresis: a key hovering near one threshold would otherwise be salted and unsalted period
+//! after period, and each change moves its state and its records to other partitions.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
 /// A watched key: the weight counted for it, and by how much at most that overcounts.
@@ -122,6 +128,111 @@ pub fn max_over_mean(loads: &[f64]) -> f64 {
     loads.iter().copied().fold(0.0, f64::max) / mean
 }
 
+/// The thresholds of a `HotSet`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Hysteresis {
+    /// A key carrying at least this share of a period's records turns hot.
+    pub heat_share: f64,
+    /// A hot key carrying less than this share of a period's records is cool in that period.
+    pub cool_share: f64,
+    /// Cool periods in a row after which a hot key is no longer hot (at least 1).
+    pub cool_periods: u32,
+}
+
+impl Default for Hysteresis {
+    fn default() -> Self {
+        Self {
+            heat_share: 0.05,
+            cool_share: 0.01,
+            cool_periods: 5,
+        }
+    }
+}
+
+/// What one period changed: keys that turned hot and keys that cooled, each in key order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotChanges<K> {
+    pub heated: Vec<K>,
+    pub cooled: Vec<K>,
+}
+
+impl<K> HotChanges<K> {
+    pub fn is_empty(&self) -> bool {
+        self.heated.is_empty() && self.cooled.is_empty()
+    }
+}
+
+/// The keys hot at present, with hysteresis (see the module's notes). Deterministic: the same
+/// observations give the same changes in the same order.
+#[derive(Clone, Debug)]
+pub struct HotSet<K> {
+    thresholds: Hysteresis,
+    /// Each hot key and the cool periods in a row it has had.
+    hot: BTreeMap<K, u32>,
+}
+
+impl<K: Clone + Ord> HotSet<K> {
+    pub fn new(thresholds: Hysteresis) -> Self {
+        Self {
+            thresholds,
+            hot: BTreeMap::new(),
+        }
+    }
+
+    /// Takes one period's heaviest keys (a `SpaceSaving` sketch's `top`) and everything the
+    /// period carried. A key turns hot on its guaranteed weight and stays warm on its count, so
+    /// an estimate's error never heats a key nor cools one too early. A key missing from `heavy`
+    /// counts as cool: a sketch of capacity at least `1 / cool_share` watches every key that
+    /// carries more than that share. A period with no records at all is cool for every key.
+    pub fn observe(&mut self, heavy: &[Heavy<K>], total: u64) -> HotChanges<K> {
+        let share = |weight: u64| {
+            if total == 0 {
+                0.0
+            } else {
+                weight as f64 / total as f64
+            }
+        };
+        let mut weights: BTreeMap<&K, &Heavy<K>> = BTreeMap::new();
+        for h in heavy {
+            weights.insert(&h.key, h);
+        }
+        let mut cooled = Vec::new();
+        for (key, cool_run) in self.hot.iter_mut() {
+            let count = weights.get(key).map_or(0, |h| h.count);
+            if share(count) >= self.thresholds.cool_share {
+                *cool_run = 0;
+                continue;
+            }
+            *cool_run += 1;
+            if *cool_run >= self.thresholds.cool_periods.max(1) {
+                cooled.push(key.clone());
+            }
+        }
+        for key in &cooled {
+            self.hot.remove(key);
+        }
+        let heated: Vec<K> = weights
+            .values()
+            .filter(|h| h.guaranteed() > 0 && share(h.guaranteed()) >= self.thresholds.heat_share)
+            .filter(|h| !self.hot.contains_key(&h.key) && !cooled.contains(&h.key))
+            .map(|h| h.key.clone())
+            .collect();
+        for key in &heated {
+            self.hot.insert(key.clone(), 0);
+        }
+        HotChanges { heated, cooled }
+    }
+
+    /// The keys hot now, in key order.
+    pub fn hot(&self) -> impl Iterator<Item = &K> {
+        self.hot.keys()
+    }
+
+    pub fn is_hot(&self, key: &K) -> bool {
+        self.hot.contains_key(key)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +294,101 @@ mod tests {
         assert_eq!(max_over_mean(&one), 8.0);
         assert_eq!(coefficient_of_variation(&[]), 0.0);
         assert_eq!(coefficient_of_variation(&[0.0, 0.0]), 0.0);
+    }
+
+    /// One period's sketch of `counts` (key, records), as the runtime would feed it.
+    fn period(counts: &[(&str, u64)]) -> (Vec<Heavy<String>>, u64) {
+        let mut sketch = SpaceSaving::new(128);
+        for (key, n) in counts {
+            sketch.offer(&key.to_string(), *n);
+        }
+        (sketch.top(128), sketch.total())
+    }
+
+    fn observe(set: &mut HotSet<String>, counts: &[(&str, u64)]) -> HotChanges<String> {
+        let (heavy, total) = period(counts);
+        set.observe(&heavy, total)
+    }
+
+    fn keys(names: &[&str]) -> Vec<String> {
+        names.iter().map(|k| k.to_string()).collect()
+    }
+
+    #[test]
+    fn a_key_turns_hot_in_the_period_it_reaches_the_heat_share_and_is_reported_once() {
+        let mut set = HotSet::new(Hysteresis::default());
+        let changes = observe(&mut set, &[("a", 4), ("b", 96)]);
+        assert_eq!(changes.heated, keys(&["b"]), "4% is below 5%");
+        let changes = observe(&mut set, &[("a", 4), ("b", 96)]);
+        assert!(changes.is_empty(), "{changes:?}");
+        let changes = observe(&mut set, &[("c", 10), ("b", 85), ("a", 5)]);
+        assert_eq!(changes.heated, keys(&["a", "c"]), "in key order");
+        assert_eq!(
+            set.hot().cloned().collect::<Vec<_>>(),
+            keys(&["a", "b", "c"])
+        );
+    }
+
+    #[test]
+    fn a_hot_key_cools_only_after_the_cool_periods_in_a_row_below_the_cool_share() {
+        let thresholds = Hysteresis {
+            heat_share: 0.1,
+            cool_share: 0.02,
+            cool_periods: 3,
+        };
+        let mut set = HotSet::new(thresholds);
+        observe(&mut set, &[("hot", 50), ("rest", 50)]);
+        assert!(set.is_hot(&"hot".to_string()));
+        // Between the shares: still hot, and the run of cool periods starts again.
+        observe(&mut set, &[("hot", 1), ("rest", 99)]);
+        observe(&mut set, &[("hot", 1), ("rest", 99)]);
+        observe(&mut set, &[("hot", 5), ("rest", 95)]);
+        assert!(set.is_hot(&"hot".to_string()), "5% is above the cool share");
+        for _ in 0..2 {
+            let changes = observe(&mut set, &[("hot", 1), ("rest", 99)]);
+            assert!(changes.cooled.is_empty(), "{changes:?}");
+        }
+        let changes = observe(&mut set, &[("rest", 100)]);
+        assert_eq!(changes.cooled, keys(&["hot"]));
+        assert!(!set.is_hot(&"hot".to_string()));
+        assert!(set.is_hot(&"rest".to_string()));
+    }
+
+    #[test]
+    fn an_estimate_error_neither_heats_a_key_nor_cools_one() {
+        let thresholds = Hysteresis {
+            heat_share: 0.5,
+            cool_share: 0.3,
+            cool_periods: 1,
+        };
+        let mut set = HotSet::new(thresholds);
+        let inherited = Heavy {
+            key: "k".to_string(),
+            count: 60,
+            error: 20,
+        };
+        let changes = set.observe(std::slice::from_ref(&inherited), 100);
+        assert!(changes.heated.is_empty(), "only 40 are certain");
+        let certain = Heavy {
+            error: 0,
+            ..inherited.clone()
+        };
+        assert_eq!(set.observe(&[certain], 100).heated, keys(&["k"]));
+        let changes = set.observe(
+            &[Heavy {
+                count: 35,
+                ..inherited
+            }],
+            100,
+        );
+        assert!(
+            changes.cooled.is_empty(),
+            "its count may be 35% of the period"
+        );
+        assert_eq!(
+            set.observe(&[], 0).cooled,
+            keys(&["k"]),
+            "an empty period is cool"
+        );
     }
 }

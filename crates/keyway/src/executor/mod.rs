@@ -367,11 +367,6 @@ impl<O: KeyedOperator> Executor<O> {
         let mut report = BatchReport::new(batch.len());
         let (plan, mut inputs) = self.plan(&batch);
         report.keys = plan.groups.len();
-        if let Some(observer) = &self.observer {
-            if let Some(line) = observer.line(&self.namespace.operator, &plan, now) {
-                observer.log.write(line);
-            }
-        }
         let stateless = self.operator.stateless();
         let loaded = if stateless {
             Some(self.fresh_keys(&plan))
@@ -382,6 +377,11 @@ impl<O: KeyedOperator> Executor<O> {
             return report;
         };
         self.process(&plan, &mut inputs, &mut keys, now, deadline_millis);
+        if let Some(observer) = &self.observer {
+            if let Some(line) = observer.line(&self.namespace.operator, &plan, &keys, now) {
+                observer.log.write(line);
+            }
+        }
         self.emit_all(&plan, &mut keys, &mut report).await;
         if stateless {
             self.settle_stateless(&plan, &keys, &mut report);
@@ -460,7 +460,9 @@ mod tests {
         ];
         let mut batch = Vec::new();
         for (i, key) in keys.iter().enumerate() {
-            batch.push(record(i as u64 + 1, key, key, 1));
+            // Key b's one record makes its state the largest: a sum of ten digits.
+            let n = if *key == "b" { 1_234_567_890 } else { 1 };
+            batch.push(record(i as u64 + 1, key, key, n));
         }
         executor.run(batch).await;
         let lines = metrics.take();
@@ -479,10 +481,12 @@ mod tests {
         assert_eq!(line["Records"], 10.0);
         assert_eq!(line["DistinctKeys"], 3.0);
         assert_eq!(line["HottestKeyRecords"], 8.0);
+        // Summer keeps each key's sum as a JSON number: `8` for the hot key.
         assert_eq!(
             line["HotKeys"][0],
-            serde_json::json!({"key": "hot", "records": 8})
+            serde_json::json!({"key": "hot", "records": 8, "state_bytes": 1})
         );
+        assert_eq!(line["LargestKeyStateBytes"], 10.0);
         let bytes = line["Bytes"].as_f64().unwrap();
         assert!(bytes > 150.0, "{bytes}");
         // An empty batch writes no line.

@@ -1,15 +1,20 @@
 //! What each batch says of skew, as one CloudWatch Embedded Metric Format line (no API call)
 //! with `Function`, `Operator` and `Shard` dimensions: the shard's records and bytes, its distinct
-//! keys and the records of its heaviest key, with the heaviest keys themselves as a property. One
-//! shard carrying much more than the others shows as a coefficient of variation of `Records`
-//! across shards (metric math the stack alarms on); one key carrying most of a shard, as
-//! `HottestKeyRecords` near `Records`.
+//! keys, the records of its heaviest key and the state of its largest key, with the heaviest keys
+//! themselves (their records and their state's bytes) as a property. One shard carrying much more
+//! than the others shows as a coefficient of variation of `Records` across shards (metric math
+//! the stack alarms on); one key carrying most of a shard, as `HottestKeyRecords` near `Records`;
+//! one key's state growing towards the item limit, as `LargestKeyStateBytes`.
+//!
+//! The line is written once the batch's keys have run, so that a key's state is measured as the
+//! batch leaves it: the encoded entries of its slots, which is what the store writes.
 
 use std::sync::Arc;
 
 use serde_json::json;
 
 use super::plan::Plan;
+use super::process::KeyWork;
 use crate::domain::item::item_size;
 use crate::domain::metrics::Emf;
 use crate::domain::{Payload, SourceRecord};
@@ -25,22 +30,31 @@ pub(super) struct Observer {
 }
 
 impl Observer {
-    /// The line of the batch `plan` grouped, by `operator`, at `now`; none for an empty batch.
-    pub fn line(&self, operator: &str, plan: &Plan<'_>, now: i64) -> Option<String> {
+    /// The line of the batch `plan` grouped, by `operator`, whose keys ran to `keys`, at `now`;
+    /// none for an empty batch.
+    pub fn line(
+        &self,
+        operator: &str,
+        plan: &Plan<'_>,
+        keys: &[KeyWork],
+        now: i64,
+    ) -> Option<String> {
         let records: Vec<&SourceRecord> = plan.batch.iter().flatten().collect();
         let first = records.first()?;
         let shard = first.origin.as_str().rsplit('/').next().unwrap_or_default();
         let bytes: usize = records.iter().map(|r| payload_bytes(&r.payload)).sum();
-        let mut heavy: Vec<(&str, usize)> = plan
+        let mut heavy: Vec<(&str, usize, usize)> = plan
             .groups
             .iter()
-            .map(|g| (g.key.as_str(), g.records.len()))
+            .zip(keys)
+            .map(|(g, work)| (g.key.as_str(), g.records.len(), state_bytes(work)))
             .collect();
+        let largest_state = heavy.iter().map(|h| h.2).max().unwrap_or(0);
         heavy.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
         let named: Vec<_> = heavy
             .iter()
             .take(HOT_KEYS_NAMED)
-            .map(|(key, n)| json!({"key": key, "records": n}))
+            .map(|(key, n, state)| json!({"key": key, "records": n, "state_bytes": state}))
             .collect();
         let line = Emf::new(now)
             .dimension("Function", self.function.as_str())
@@ -50,10 +64,30 @@ impl Observer {
             .bytes("Bytes", bytes as u64)
             .count("DistinctKeys", plan.groups.len() as u64)
             .count("HottestKeyRecords", heavy.first().map_or(0, |h| h.1) as u64)
+            .bytes("LargestKeyStateBytes", largest_state as u64)
             .property("HotKeys", json!(named))
             .to_line();
         Some(line)
     }
+}
+
+/// The bytes of a key's state as its run leaves it: each slot's entries as loaded, less what the
+/// run dropped, plus what it added.
+fn state_bytes(work: &KeyWork) -> usize {
+    let size = |entries: &[Box<serde_json::value::RawValue>]| -> usize {
+        entries.iter().map(|e| e.get().len()).sum()
+    };
+    let loaded: usize = work
+        .base
+        .slots
+        .iter()
+        .map(|(name, slot)| match work.updates.get(name.as_str()) {
+            Some(change) => size(&slot.entries[..change.update.keep.min(slot.entries.len())]),
+            None => size(&slot.entries),
+        })
+        .sum();
+    let added: usize = work.updates.values().map(|c| size(&c.update.tail)).sum();
+    loaded + added
 }
 
 /// A record's size: its data, or a DynamoDB change's item as DynamoDB sizes it (its new image,

@@ -32,6 +32,20 @@ pub fn required<'a>(env: &'a Env, name: &str) -> Result<&'a str, ConfigError> {
         })
 }
 
+/// The variable `name` as a whole number; none when it is unset or empty (a template parameter
+/// left at an empty default), an error naming it when it is something else.
+pub fn whole_number<T: std::str::FromStr>(env: &Env, name: &str) -> Result<Option<T>, ConfigError> {
+    env.get(name)
+        .filter(|text| !text.is_empty())
+        .map(|text| {
+            text.parse().map_err(|_| ConfigError {
+                name: name.to_owned(),
+                problem: format!("{text:?} is not a whole number"),
+            })
+        })
+        .transpose()
+}
+
 /// The state store on the table the variable `name` names.
 pub fn state_store_from(
     platform: &dyn Platform,

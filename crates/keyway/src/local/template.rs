@@ -734,6 +734,56 @@ fn filter_criteria(p: &Value) -> Result<Vec<Pattern>, TemplateError> {
         .collect()
 }
 
+/// The resources of type `kind` by logical id, in CloudFormation's long form (see `long_form`),
+/// their `Condition` included and the CDK's `Metadata` left out: what a deployment creates.
+pub fn resources_of_type(template: &Value, kind: &str) -> BTreeMap<String, serde_json::Value> {
+    let Some(resources) = get(template, "Resources").and_then(Value::as_mapping) else {
+        return BTreeMap::new();
+    };
+    resources
+        .iter()
+        .filter(|(_, r)| get(r, "Type").and_then(Value::as_str) == Some(kind))
+        .filter_map(|(id, r)| {
+            let mut resource = long_form(r);
+            resource.as_object_mut()?.remove("Metadata");
+            Some((id.as_str()?.to_owned(), resource))
+        })
+        .collect()
+}
+
+/// A template's value as JSON with its short tags written out as CloudFormation's long form
+/// (`!Ref X` as `{"Ref": "X"}`, `!GetAtt X.Y` as `{"Fn::GetAtt": ["X", "Y"]}`, `!Sub`,
+/// `!Equals` and the other functions as `{"Fn::<name>": ...}`): a template written by hand and
+/// one the CDK synthesizes compare equal when they say the same.
+pub fn long_form(value: &Value) -> serde_json::Value {
+    use serde_json::Value as Json;
+    match value {
+        Value::Null => Json::Null,
+        Value::Bool(b) => Json::Bool(*b),
+        Value::Number(n) => serde_json::to_value(n).unwrap_or(Json::Null),
+        Value::String(s) => Json::String(s.clone()),
+        Value::Sequence(items) => Json::Array(items.iter().map(long_form).collect()),
+        Value::Mapping(m) => Json::Object(
+            m.iter()
+                .map(|(k, v)| (k.as_str().unwrap_or_default().to_owned(), long_form(v)))
+                .collect(),
+        ),
+        Value::Tagged(tagged) => {
+            let tag = tagged.tag.to_string();
+            let name = tag.trim_start_matches('!');
+            let inner = long_form(&tagged.value);
+            match (name, inner) {
+                ("Ref", inner) => serde_json::json!({ "Ref": inner }),
+                ("GetAtt", Json::String(path)) => {
+                    let parts: Vec<&str> = path.splitn(2, '.').collect();
+                    serde_json::json!({ "Fn::GetAtt": parts })
+                }
+                (name, inner) => serde_json::json!({ format!("Fn::{name}"): inner }),
+            }
+        }
+    }
+}
+
 /// A mapping's properties with each one that is a parameter (`!Ref P`, `{Ref: P}`) given the
 /// parameter's value, as CloudFormation passes it: a setting made a parameter is read, not
 /// passed over.

@@ -1,0 +1,13 @@
+//! Lambda bootstrap of keyed aggregation's first phase: its handler built once from the AWS
+//! platform and the process environment, then served for every invocation.
+
+use lambda_runtime::Error;
+
+/// Batches make thousands of small allocations; mimalloc serves them faster than the system's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    keyway::lambda::run(keyed_aggregate::wiring::aggregate_handler).await
+}

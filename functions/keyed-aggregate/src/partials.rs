@@ -1,0 +1,215 @@
+//! The first phase: each key's records aggregated into a partial per window, under the key's own
+//! state, or under one bucket's state when a producer salted the key (`key#3`,
+//! `keyway::domain::salt`). A batch touches a key's state once however many of its records it
+//! holds (the executor loads, runs and commits per key): the mini-batch pre-aggregation that
+//! keeps a hot key's writes to one a batch.
+//!
+//! Partials go to the merge (`merge`) only on the key's timers: a window's when it closes (its
+//! end plus the allowed lateness, on the runtime's clock), a running total's a `flush` after its
+//! first change since the last one. A record for a window already closed is late: dead-lettered
+//! with the reason and counted nowhere.
+//!
+//! A timer fires in a sweep, a second writer of the key beside the stream's batches, and what it
+//! sends depends on state those batches change: the partials go through the outbox (DESIGN §3),
+//! sent after the commit that took them out of the state. Each carries its source (the key or
+//! bucket) and a version (the time of its flush), newer for a later flush of the same source:
+//! the merge keeps each source's newest and ignores a partial it has seen, so a partial sent
+//! twice changes nothing.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use keyway::domain::salt::unsalt;
+use keyway::domain::{Payload, SourceRecord};
+use keyway::operator::{timers, Delivery, SinkDescriptor, StateDescriptor};
+use keyway::{Ctx, InvalidInput, KeyedOperator, MapState, ProcessError, Sink};
+
+use crate::aggregate::{window_start, Partial};
+use crate::spec::{Reading, Spec};
+
+/// The operator's name: part of its state keys and output ids.
+pub const NAME: &str = "keyed-aggregate";
+
+/// The slot of a running total, when not aggregating in windows.
+pub const ALL: &str = "all";
+
+/// A key's open partials, by window start (`ALL` without windows).
+pub const OPEN: MapState<String, Open> = MapState::with_shape(
+    "open",
+    // Written out: an `Exact` is stored as its decimal text, which the tracer of state
+    // structures cannot sample. It must change whenever the stored form does.
+    "Open { key: String, partial: Partial { count: u64, sum: Option<Exact>, min: Option<Exact>, \
+     max: Option<Exact> }, flush_at: Option<i64> }, Exact as decimal text",
+);
+
+/// Partials on their way to the merge, partitioned by the original key.
+pub const PARTIALS: Sink<PartialUpdate> = Sink::new("partials");
+
+/// A partial being aggregated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Open {
+    /// The records' own key (the state's key may be one of its buckets).
+    pub key: String,
+    pub partial: Partial,
+    /// When it goes to the merge; none for a running total sent and unchanged since.
+    pub flush_at: Option<i64>,
+}
+
+/// A source's partial of a key's window, as the merge receives it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartialUpdate {
+    pub key: String,
+    /// The window's start, epoch milliseconds; none for a running total.
+    pub window_start: Option<i64>,
+    /// The key or the bucket it was aggregated under.
+    pub source: String,
+    /// The time of its flush: a later partial of the same source and window has a higher one.
+    pub version: i64,
+    pub partial: Partial,
+}
+
+/// A record read, with the state it goes to.
+#[derive(Clone, Debug)]
+pub struct Input {
+    pub reading: Reading,
+    /// The key, or the bucket of it the record's partition key names.
+    pub state_key: String,
+}
+
+/// The first phase of keyed aggregation.
+#[derive(Clone, Debug)]
+pub struct KeyedAggregate {
+    spec: Arc<Spec>,
+}
+
+impl KeyedAggregate {
+    pub fn new(spec: Arc<Spec>) -> Self {
+        Self { spec }
+    }
+
+    /// The slot a reading goes to and when that slot goes to the merge, or why it is late.
+    fn slot(&self, reading: &Reading, now: i64) -> Result<(String, i64), InvalidInput> {
+        let (Some(windows), Some(time)) = (&self.spec.windows, reading.time) else {
+            return Ok((ALL.to_owned(), now + self.spec.flush.as_millis() as i64));
+        };
+        let start = window_start(time, windows.size_millis);
+        let end = start + windows.size_millis;
+        let closes = end + windows.lateness_millis;
+        if now >= closes {
+            return Err(InvalidInput::new(
+                format!("data{}", windows.time.as_str()),
+                format!(
+                    "late: its window [{start}, {end}) closed at {closes} (allowed lateness {} ms); the clock says {now}",
+                    windows.lateness_millis
+                ),
+            ));
+        }
+        Ok((start.to_string(), closes))
+    }
+}
+
+impl KeyedOperator for KeyedAggregate {
+    type Input = Input;
+
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn states(&self) -> Vec<StateDescriptor> {
+        vec![OPEN.descriptor(), timers()]
+    }
+
+    fn sinks(&self) -> Vec<SinkDescriptor> {
+        vec![PARTIALS.descriptor()]
+    }
+
+    fn delivery(&self) -> Delivery {
+        Delivery::Outbox
+    }
+
+    fn decode(&self, record: &SourceRecord) -> Result<Input, InvalidInput> {
+        let Payload::Bytes(data) = &record.payload else {
+            return Err(InvalidInput::new("record", "expected a Kinesis record"));
+        };
+        let reading = self.spec.read(data)?;
+        // A partition key that is a bucket of the record's own key keeps the bucket's state;
+        // any other aggregates under the key.
+        let state_key = match unsalt(&record.partition_key, &reading.key) {
+            Some(_) => record.partition_key.clone(),
+            None => reading.key.clone(),
+        };
+        Ok(Input { reading, state_key })
+    }
+
+    fn key(&self, input: &Input) -> String {
+        input.state_key.clone()
+    }
+
+    fn process(&self, ctx: &mut Ctx<'_>, input: Input) -> Result<(), ProcessError> {
+        let (slot, flush_at) = self.slot(&input.reading, ctx.now_millis())?;
+        let one = Partial::of(input.reading.value);
+        let mut open = ctx.map(&OPEN)?;
+        let timer = match open.get_mut(&slot) {
+            Some(entry) => {
+                entry.partial.merge(&one).map_err(|e| {
+                    let field = self
+                        .spec
+                        .value
+                        .as_ref()
+                        .map_or("data".to_owned(), |p| format!("data{}", p.as_str()));
+                    InvalidInput::new(field, format!("{e} for key {:?}", entry.key))
+                })?;
+                let unset = entry.flush_at.is_none();
+                entry.flush_at.get_or_insert(flush_at);
+                unset
+            }
+            None => {
+                let entry = Open {
+                    key: input.reading.key,
+                    partial: one,
+                    flush_at: Some(flush_at),
+                };
+                open.insert(slot, entry);
+                true
+            }
+        };
+        if timer {
+            ctx.timer_at(flush_at)?;
+        }
+        Ok(())
+    }
+
+    fn on_timer(&self, ctx: &mut Ctx<'_>, at_millis: i64) -> Result<(), ProcessError> {
+        let source = ctx.key().to_owned();
+        let mut open = ctx.map(&OPEN)?;
+        let due: Vec<String> = open
+            .iter()
+            .filter(|(_, entry)| entry.flush_at.is_some_and(|t| t <= at_millis))
+            .map(|(slot, _)| slot.clone())
+            .collect();
+        let mut updates = Vec::with_capacity(due.len());
+        for slot in due {
+            let window_start = (slot != ALL).then(|| slot.parse::<i64>().ok()).flatten();
+            let entry = if window_start.is_some() {
+                // A closed window takes nothing more: its partial leaves the state.
+                open.remove(&slot).expect("due slots are open")
+            } else {
+                let entry = open.get_mut(&slot).expect("due slots are open");
+                entry.flush_at = None;
+                entry.clone()
+            };
+            updates.push(PartialUpdate {
+                key: entry.key,
+                window_start,
+                source: source.clone(),
+                version: at_millis,
+                partial: entry.partial,
+            });
+        }
+        for update in updates {
+            ctx.emit(&PARTIALS, update.key.clone(), &update)?;
+        }
+        Ok(())
+    }
+}

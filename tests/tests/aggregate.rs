@@ -1,0 +1,245 @@
+//! Keyed aggregation's two phases on the executor: records of plain and salted keys aggregated
+//! per key or bucket, flushed on the keys' timers, merged per key into results that equal the
+//! values added up one by one; batches and partials delivered twice change nothing; a record for
+//! a window already closed is dead-lettered as late.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyed_aggregate::aggregate::{Aggregate, Partial};
+use keyed_aggregate::exact::Exact;
+use keyed_aggregate::merge::{result_line, AggregateMerge};
+use keyed_aggregate::partials::KeyedAggregate;
+use keyed_aggregate::spec::{Spec, Windows};
+use keyway::domain::pointer::Pointer;
+use keyway::sources::kinesis::decode_event;
+use keyway_tests::harness::{run_to_completion, Shard, World};
+use serde_json::Value;
+
+const ALL: [Aggregate; 5] = Aggregate::ALL;
+
+fn line(key: &str, value: &str, at: i64) -> Vec<u8> {
+    format!(
+        r#"{{"key":"{key}","value":{value},"at":{at},"pad":"{}"}}"#,
+        "x".repeat(40)
+    )
+    .into_bytes()
+}
+
+/// Every output of the first phase's sink, fed to the merge as one stream's batch (twice, as a
+/// redelivery would), and the last result of each key and window.
+async fn merged(
+    world: &World,
+    merge: &keyway::Executor<AggregateMerge>,
+) -> BTreeMap<String, String> {
+    let partials: Vec<(String, Vec<u8>)> = world
+        .outputs("partials")
+        .into_iter()
+        .map(|m| {
+            let body: Value = serde_json::from_str(&m.body).unwrap();
+            (
+                body["key"].as_str().unwrap().to_owned(),
+                m.body.into_bytes(),
+            )
+        })
+        .collect();
+    let records: Vec<(&str, Vec<u8>)> = partials
+        .iter()
+        .map(|(k, d)| (k.as_str(), d.clone()))
+        .collect();
+    let mut shard = Shard::new("partials", 0);
+    let event = shard.batch(&records);
+    run_to_completion(merge, &event, 3).await;
+    run_to_completion(merge, &event, 3).await;
+    // Sent again as new records (a retried flush): each source's partial is no newer than the
+    // one taken, so nothing changes and nothing is emitted.
+    let emitted = world.outputs("results").len();
+    run_to_completion(merge, &shard.batch(&records), 3).await;
+    assert_eq!(world.outputs("results").len(), emitted);
+    let mut last = BTreeMap::new();
+    for message in world.outputs("results") {
+        let body: Value = serde_json::from_str(&message.body).unwrap();
+        let slot = format!("{}@{}", body["key"].as_str().unwrap(), body["window_start"]);
+        last.insert(slot, message.body);
+    }
+    last
+}
+
+#[tokio::test]
+async fn salted_and_plain_records_merge_into_exactly_what_adding_them_up_one_by_one_gives() {
+    let world = World::new(&["partials", "results"]);
+    let spec = Spec::new(
+        "/key",
+        Some("/value"),
+        ALL.to_vec(),
+        None,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let phase1 = world.executor(KeyedAggregate::new(Arc::new(spec)));
+    let merge = world.executor(AggregateMerge {
+        aggregates: ALL.to_vec(),
+        keep: Duration::from_secs(3600),
+    });
+
+    // The hot key under its own partition key and four buckets; two cold keys; values with
+    // decimals whose double sums depend on their order.
+    let mut records = Vec::new();
+    let mut oracle: BTreeMap<String, Partial> = BTreeMap::new();
+    for i in 0..200u32 {
+        let (key, partition) = match i % 10 {
+            0 => ("cold-a".to_owned(), "cold-a".to_owned()),
+            1 => ("cold-b".to_owned(), "cold-b".to_owned()),
+            2 => ("hot".to_owned(), "hot".to_owned()),
+            n => ("hot".to_owned(), format!("hot#{}", n % 4)),
+        };
+        let value = format!("{}.{}", i % 7, i % 10);
+        oracle
+            .entry(key.clone())
+            .or_default()
+            .merge(&Partial::of(Some(Exact::parse(&value).unwrap())))
+            .unwrap();
+        records.push((partition, line(&key, &value, 0)));
+    }
+    let records: Vec<(&str, Vec<u8>)> = records
+        .iter()
+        .map(|(p, d)| (p.as_str(), d.clone()))
+        .collect();
+    let mut shard = Shard::new("events", 0);
+    for chunk in records.chunks(50) {
+        let event = shard.batch(chunk);
+        run_to_completion(&phase1, &event, 3).await;
+        // Delivered again: every record is below its key's watermark.
+        let again = phase1.run(decode_event(event).unwrap()).await;
+        assert_eq!(again.failed_from, None);
+    }
+    assert!(
+        world.outputs("partials").is_empty(),
+        "partials wait for their flush"
+    );
+    world.clock.advance(61_000);
+    let sweep = phase1.fire_timers(None).await.unwrap();
+    assert_eq!(
+        sweep.fired, 7,
+        "one flush for each key and bucket: {sweep:?}"
+    );
+
+    let results = merged(&world, &merge).await;
+    let expected: BTreeMap<String, String> = oracle
+        .iter()
+        .map(|(key, total)| (format!("{key}@null"), result_line(key, None, total, &ALL)))
+        .collect();
+    assert_eq!(results, expected);
+    assert!(world.dead_letters().is_empty());
+}
+
+#[tokio::test]
+async fn a_record_for_a_window_already_closed_is_dead_lettered_as_late_and_counted_nowhere() {
+    let world = World::new(&["partials", "results"]);
+    let now = keyway::ports::Clock::now_millis(world.clock.as_ref());
+    let windows = Windows {
+        size_millis: 60_000,
+        lateness_millis: 5_000,
+        time: Pointer::parse("/at").unwrap(),
+    };
+    let spec = Spec::new(
+        "/key",
+        None,
+        vec![Aggregate::Count],
+        Some(windows),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let phase1 = world.executor(KeyedAggregate::new(Arc::new(spec)));
+    let merge = world.executor(AggregateMerge {
+        aggregates: vec![Aggregate::Count],
+        keep: Duration::from_secs(3600),
+    });
+    let open = now - now.rem_euclid(60_000);
+    // Two records in the open window, one in the window before it (closed: its end and the
+    // five seconds of lateness are past unless the clock just turned a minute).
+    let closed = open - 120_000;
+    let mut shard = Shard::new("events", 0);
+    let event = shard.batch(&[
+        ("k", line("k", "1", open + 1)),
+        ("k", line("k", "1", closed)),
+        ("k", line("k", "1", open + 2)),
+    ]);
+    run_to_completion(&phase1, &event, 3).await;
+    let late = world.dead_letters();
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!(late[0].field, "data/at");
+    assert!(
+        late[0].problem.starts_with("late: its window"),
+        "{}",
+        late[0].problem
+    );
+
+    world.clock.advance(70_000);
+    phase1.fire_timers(None).await.unwrap();
+    let results = merged(&world, &merge).await;
+    assert_eq!(
+        results.into_values().collect::<Vec<_>>(),
+        [format!(r#"{{"key":"k","window_start":{open},"count":2}}"#)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stacks_aggregation_counts_plain_and_salted_keys_exactly_as_the_oracle_does() {
+    use keyway::domain::salt::{Partitioner, Salting};
+    use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+
+    let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+    let mut runtime = LocalRuntime::from_template(
+        keyway_stack::TEMPLATE,
+        services.clone(),
+        &keyway_stack::functions(),
+    )
+    .unwrap();
+    // A key on half the events, salted over eight buckets; forty others.
+    let hot = std::collections::BTreeSet::from(["hot".to_owned()]);
+    let mut partitioner = Partitioner::new(Salting::Listed { hot, buckets: 8 });
+    let mut oracle: BTreeMap<String, u64> = BTreeMap::new();
+    let records: Vec<(String, Vec<u8>)> = (0..4_000u32)
+        .map(|i| {
+            let key = if i % 2 == 0 {
+                "hot".to_owned()
+            } else {
+                format!("k{}", i % 41)
+            };
+            *oracle.entry(key.clone()).or_default() += 1;
+            (partitioner.partition_key(&key), line(&key, "1", 0))
+        })
+        .collect();
+    let stream = runtime.resource("AggregateEventsStream").unwrap();
+    services
+        .kinesis
+        .put_in_order(&stream, &records)
+        .await
+        .unwrap();
+    runtime
+        .run_until_idle(Duration::from_secs(600))
+        .await
+        .unwrap();
+    // The running totals go to the merge a minute after their first change, on the schedule's
+    // sweep of the keys' timers; the merge then runs.
+    runtime.run_for(Duration::from_secs(130)).await;
+
+    let results = runtime.resource("AggregateResultsStream").unwrap();
+    let mut last: BTreeMap<String, String> = BTreeMap::new();
+    for record in services.kinesis.records(&results) {
+        let body: Value = serde_json::from_slice(&record.data).unwrap();
+        last.insert(
+            body["key"].as_str().unwrap().to_owned(),
+            String::from_utf8(record.data).unwrap(),
+        );
+    }
+    let expected: BTreeMap<String, String> = oracle
+        .iter()
+        .map(|(key, count)| (key.clone(), format!(r#"{{"key":"{key}","count":{count}}}"#)))
+        .collect();
+    assert_eq!(last, expected);
+    let dead = runtime.resource("DeadLetterQueue").unwrap();
+    assert!(services.sqs.messages(&dead).is_empty());
+}
