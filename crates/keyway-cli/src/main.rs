@@ -1,5 +1,6 @@
 //! The `keyway` command. `main` only parses arguments and hands over to the subcommands.
 
+mod aggregate;
 mod bench;
 mod bench_cdc;
 mod bench_filter;
@@ -125,6 +126,9 @@ enum Command {
     /// adaptive salting): per-shard records/s, CoV, max/mean, hot keys and what AWS's limits
     /// would throttle.
     Skew(skew::SkewOptions),
+    /// Counts, sums, minimums, maximums and means per key of JSON Lines files, through keyed
+    /// aggregation on the embedded runtime.
+    Aggregate(aggregate::AggregateOptions),
     /// A consumer's subscriptions in a deployed stack's policy table (the AWS SDK's own
     /// configuration: AWS_REGION, AWS_PROFILE, AWS_ENDPOINT_URL ...).
     Subscriptions {
@@ -417,6 +421,7 @@ fn main() -> std::process::ExitCode {
         }),
         Command::Cdc(options) => cdc::run(options),
         Command::Skew(options) => skew::run(options),
+        Command::Aggregate(options) => aggregate::run(options),
         Command::Subscriptions {
             table,
             consumer,

@@ -22,13 +22,14 @@ use keyway::domain::item::item_size;
 use keyway::domain::{InvalidInput, Item};
 use keyway::local::{
     Fault, FaultCounts, FaultPlan, KeySchema, LocalError, LocalRuntime, LocalServices,
-    MappingSettings, MappingSource, MeterSnapshot,
+    MappingSource, MeterSnapshot,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 use crate::filtering::dead_letter_reasons;
+use crate::{failed, stack_mapping};
 
 /// The virtual time the replay starts at.
 const EPOCH: i64 = 1_767_225_600_000;
@@ -200,14 +201,7 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     let dead_letters = services.sqs.create_queue("cdc-dead-letters");
     let env = environment(&settings.spec, &dead_letters);
     let mut runtime = LocalRuntime::new(services.clone());
-    // As the stack's mappings have it.
-    let mapping = MappingSettings {
-        batch_size: settings.batch_size,
-        report_batch_item_failures: true,
-        bisect_batch_on_function_error: true,
-        parallelization_factor: 2,
-        ..Default::default()
-    };
+    let mapping = stack_mapping(settings.batch_size);
     let source = |stream: &str| MappingSource::Kinesis {
         kinesis: services.kinesis.clone(),
         stream: stream.to_owned(),
@@ -263,14 +257,6 @@ fn is_truncate(event: &SourceEvent) -> bool {
         .value
         .as_ref()
         .is_some_and(|v| v["op"] == "t" || v["payload"]["op"] == "t")
-}
-
-/// An error of `what`, as the embedded runtime reports a function's.
-fn failed<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> LocalError + '_ {
-    move |e| LocalError::Function {
-        path: what.to_owned(),
-        problem: e.to_string(),
-    }
 }
 
 fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, LocalError> {

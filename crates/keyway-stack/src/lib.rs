@@ -1,6 +1,7 @@
 //! The stack the embedded runtime runs: template.yaml (and consumer.yaml, a consumer's own stack),
 //! compiled in, and the functions it names, for the `keyway` command and the tests alike.
 
+pub mod aggregation;
 pub mod cdc;
 pub mod cdc_changes;
 pub mod filtering;
@@ -59,6 +60,26 @@ pub fn deploy_consumer(runtime: &mut LocalRuntime, consumer: &str) -> Result<Str
             path: "Outputs/PolicyTableName".into(),
             problem: "consumer.yaml must give its policy table's name".into(),
         })
+}
+
+/// The settings of the stack's stream mappings (template.yaml's), with `batch_size` records a
+/// batch: for runs that wire the functions themselves.
+pub(crate) fn stack_mapping(batch_size: usize) -> keyway::local::MappingSettings {
+    keyway::local::MappingSettings {
+        batch_size,
+        report_batch_item_failures: true,
+        bisect_batch_on_function_error: true,
+        parallelization_factor: 2,
+        ..Default::default()
+    }
+}
+
+/// An error of `what`, as the embedded runtime reports a function's.
+pub(crate) fn failed<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> LocalError + '_ {
+    move |e| LocalError::Function {
+        path: what.to_owned(),
+        problem: e.to_string(),
+    }
 }
 
 /// Every function of the template, by logical id.

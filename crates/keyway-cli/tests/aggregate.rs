@@ -1,0 +1,102 @@
+//! `keyway aggregate` as a user runs it: JSON Lines files (one gzipped) in, each key's results on
+//! standard output by key and window, the summary with the late and unreadable lines on standard
+//! error.
+
+use std::io::Write;
+use std::process::Command;
+
+const LINES: &str = r#"{"key":"a","v":1.5,"t":1767225600000,"pad":"x"}
+{"key":"b","v":2,"t":1767225601000}
+{"key":"a","v":-0.25,"t":1767225700000}
+not json
+{"key":"a","v":3,"t":1767225000000}
+"#;
+
+const MORE: &str = r#"{"key":"b","v":0.1,"t":"2026-01-01T00:01:45Z"}
+{"key":"b","v":0.2,"t":1767225706000}
+"#;
+
+/// Runs the command on the two files, written to a folder of `run`'s own (tests run at once).
+fn aggregate(run: &str, args: &[&str]) -> (Vec<String>, String) {
+    let dir = std::env::temp_dir().join(format!("keyway-aggregate-{}-{run}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plain = dir.join("lines.jsonl");
+    std::fs::write(&plain, LINES).unwrap();
+    let zipped = dir.join("more.jsonl.gz");
+    let mut encoder = flate2::write::GzEncoder::new(
+        std::fs::File::create(&zipped).unwrap(),
+        flate2::Compression::default(),
+    );
+    encoder.write_all(MORE.as_bytes()).unwrap();
+    encoder.finish().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_keyway"))
+        .arg("aggregate")
+        .args(args)
+        .arg(&plain)
+        .arg(&zipped)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(output.status.success(), "{stderr}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    (stdout.lines().map(str::to_owned).collect(), stderr)
+}
+
+#[test]
+fn running_totals_per_key_are_exact_and_the_unreadable_line_is_counted() {
+    let (results, summary) = aggregate(
+        "totals",
+        &["--key", "/key", "--value", "/v", "--agg", "sum,min,max"],
+    );
+    assert_eq!(
+        results,
+        [
+            r#"{"key":"a","count":3,"sum":4.25,"min":-0.25,"max":3}"#,
+            r#"{"key":"b","count":3,"sum":2.3,"min":0.1,"max":2}"#,
+        ]
+    );
+    assert!(summary.contains("7 lines"), "{summary}");
+    assert!(summary.contains("1 dead letters (0 late)"), "{summary}");
+}
+
+#[test]
+fn windows_close_on_the_lines_own_clock_and_a_line_for_a_closed_window_is_late() {
+    let (results, summary) = aggregate(
+        "windows",
+        &[
+            "--key",
+            "/key",
+            "--value",
+            "/v",
+            "--agg",
+            "sum",
+            "--window",
+            "60",
+            "--time",
+            "/t",
+            "--lateness",
+            "10",
+        ],
+    );
+    assert_eq!(
+        results,
+        [
+            r#"{"key":"a","window_start":1767225600000,"count":1,"sum":1.5}"#,
+            r#"{"key":"a","window_start":1767225660000,"count":1,"sum":-0.25}"#,
+            r#"{"key":"b","window_start":1767225600000,"count":1,"sum":2}"#,
+            r#"{"key":"b","window_start":1767225660000,"count":2,"sum":0.3}"#,
+        ]
+    );
+    // The line ten minutes behind the first is late; the one that is no JSON, unreadable.
+    assert!(summary.contains("1 dead letters (1 late)"), "{summary}");
+}
+
+#[test]
+fn an_aggregate_that_needs_values_without_a_value_pointer_is_refused() {
+    let output = Command::new(env!("CARGO_BIN_EXE_keyway"))
+        .args(["aggregate", "--key", "/key", "--agg", "mean", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--agg mean: needs --value"));
+}
