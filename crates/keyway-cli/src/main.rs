@@ -316,6 +316,18 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Salting against its targets: shard loads of 8 shards with 99% of the events on one key,
+    /// unsalted and over 32 buckets; the adaptive strategy's time to salt a key turned hot; and
+    /// the events through keyed aggregation, whose counts must equal the oracle's.
+    Skew {
+        #[arg(long, default_value_t = 100_000)]
+        events: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// A function's Lambda zip, built with the release profile and with the lambda-release
     /// profile in one run (minutes: two optimised builds).
     Package {
@@ -337,6 +349,7 @@ fn bench(which: BenchCommand) -> Result<(), error::CliError> {
         } => bench::runtime(batches, seed, json),
         BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
         BenchCommand::Package { function, json } => package::run(&function, json),
+        BenchCommand::Skew { events, seed, json } => skew::bench::run(events, seed, json),
         BenchCommand::Filter { events, seed, json } => bench_filter::run(events, seed, json),
         BenchCommand::Cdc {
             changes,

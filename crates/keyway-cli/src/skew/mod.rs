@@ -15,6 +15,7 @@
 //! strategies they name and the checks of both.
 
 mod adaptive;
+pub mod bench;
 mod plot;
 mod render;
 mod route;

@@ -1,0 +1,224 @@
+//! `keyway bench skew`: the salting figures against their targets, in one run. Eight shards,
+//! 99% of the events on one key, 32 buckets, 50,000 events a second: the shard loads without
+//! mitigation (a state write per record, then per key a batch) and salted (targets: max/mean at most 1.15 and CoV below 0.1 salted, the hot key's
+//! partition under 1,000 WCU a second), the adaptive strategy's time from a key turning hot to its
+//! being salted, and the events through keyed aggregation on the embedded runtime with the hot
+//! key salted: each key's count must equal the oracle's.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use keyed_aggregate::aggregate::Aggregate;
+use keyway::domain::salt::{Partitioner, Salting};
+use keyway::domain::skew::Hysteresis;
+use keyway::local::FaultPlan;
+use keyway_stack::aggregation::{Aggregation, Settings as Run};
+use serde::Serialize;
+
+use super::simulate::outcome;
+use super::source::{Event, HOT_KEY};
+use super::{Placement, Settings, Strategy};
+use crate::error::CliError;
+
+const SHARDS: u32 = 8;
+const BUCKETS: u32 = 32;
+const RATE: u64 = 50_000;
+const HOT_SHARE: f64 = 0.99;
+
+#[derive(Serialize)]
+struct Spread {
+    cov: f64,
+    max_over_mean: f64,
+    peak_wcu_per_second: u64,
+}
+
+#[derive(Serialize)]
+struct SkewBench {
+    events: usize,
+    shards: u32,
+    buckets: u32,
+    events_per_second: u64,
+    hot_share: f64,
+    /// Unsalted, a state write per record.
+    per_record: Spread,
+    /// Unsalted, a state write per key a batch.
+    unsalted: Spread,
+    salted: Spread,
+    /// Simulated seconds from the second the key turned hot to the first it went salted.
+    adaptive_seconds_to_salt: Option<usize>,
+    results_equal_oracle: bool,
+    target_max_over_mean: f64,
+    target_cov: f64,
+    target_partition_wcu_per_second: u64,
+    target_met: bool,
+}
+
+pub fn run(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
+    if events < 2 {
+        return Err("--events must be at least 2".into());
+    }
+    let workload = workload(events, seed);
+    let settings = Settings {
+        shards: SHARDS,
+        partitions: SHARDS,
+        buckets: BUCKETS,
+        placement: Placement::Spread,
+        rate: RATE,
+        batch_size: 500,
+    };
+    let per_record = outcome(&workload, &Strategy::None, &settings);
+    let unsalted = outcome(&workload, &Strategy::PreAggregate, &settings);
+    let salted = outcome(&workload, &Strategy::Salt, &settings);
+    // The key turns hot a second in: the adaptive strategy must find and salt it.
+    let mut turning: Vec<Event> = (0..RATE as usize)
+        .map(|i| event(format!("k{}", i % 1000)))
+        .collect();
+    turning.extend(workload.iter().cloned());
+    let adaptive = outcome(
+        &turning,
+        &Strategy::Adaptive(Hysteresis {
+            heat_share: 0.05,
+            cool_share: 0.01,
+            cool_periods: 5,
+        }),
+        &settings,
+    );
+    let to_salt = adaptive
+        .salted
+        .iter()
+        .find(|e| e.key == HOT_KEY)
+        .map(|e| e.salted_from_second - e.hot_in_second);
+    let equal = aggregated_exactly(&workload)?;
+    let spread = |o: &super::simulate::Outcome| Spread {
+        cov: o.cov,
+        max_over_mean: o.max_over_mean,
+        peak_wcu_per_second: o.peak_wcu_per_second,
+    };
+    let result = SkewBench {
+        events,
+        shards: SHARDS,
+        buckets: BUCKETS,
+        events_per_second: RATE,
+        hot_share: HOT_SHARE,
+        target_met: salted.max_over_mean <= 1.15
+            && salted.cov < 0.1
+            && salted.peak_wcu_per_second < 1_000
+            && equal
+            && to_salt.is_some(),
+        per_record: spread(&per_record),
+        unsalted: spread(&unsalted),
+        salted: spread(&salted),
+        adaptive_seconds_to_salt: to_salt,
+        results_equal_oracle: equal,
+        target_max_over_mean: 1.15,
+        target_cov: 0.1,
+        target_partition_wcu_per_second: 1_000,
+    };
+    crate::bench::report(&result, json, print);
+    Ok(())
+}
+
+fn print(r: &SkewBench) {
+    println!(
+        "keyway bench skew: {} events at {} a second on {} shards, {:.0}% on one key, {} buckets",
+        r.events,
+        r.events_per_second,
+        r.shards,
+        r.hot_share * 100.0,
+        r.buckets
+    );
+    println!();
+    println!(
+        "{:<12} {:>8} {:>10} {:>22}",
+        "", "CoV", "max/mean", "peak partition WCU/s"
+    );
+    let rows = [
+        ("per record", &r.per_record),
+        ("per batch", &r.unsalted),
+        ("salted", &r.salted),
+    ];
+    for (name, s) in rows {
+        println!(
+            "{name:<12} {:>8.3} {:>10.3} {:>22}",
+            s.cov, s.max_over_mean, s.peak_wcu_per_second
+        );
+    }
+    println!();
+    match r.adaptive_seconds_to_salt {
+        Some(s) => println!("adaptive: the key turned hot and was salted {s} s later"),
+        None => println!("adaptive: the key was never salted"),
+    }
+    println!(
+        "results through keyed aggregation, the hot key salted: {}",
+        if r.results_equal_oracle {
+            "equal to the oracle"
+        } else {
+            "DIFFER from the oracle"
+        }
+    );
+    println!(
+        "targets (salted max/mean <= {}, CoV < {}, partition < {} WCU/s): {}",
+        r.target_max_over_mean,
+        r.target_cov,
+        r.target_partition_wcu_per_second,
+        if r.target_met { "met" } else { "NOT met" }
+    );
+}
+
+fn event(key: String) -> Event {
+    Event { key, bytes: 100 }
+}
+
+/// `events` events, `HOT_SHARE` of them on the hot key at random, the rest over 1,000 keys.
+fn workload(events: usize, seed: u64) -> Vec<Event> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..events)
+        .map(|i| match rng.random_bool(HOT_SHARE) {
+            true => event(HOT_KEY.to_owned()),
+            false => event(format!("k{}", i % 1000)),
+        })
+        .collect()
+}
+
+/// Runs the events through keyed aggregation with the hot key salted over the buckets, and
+/// compares each key's count with the events'.
+fn aggregated_exactly(events: &[Event]) -> Result<bool, CliError> {
+    let mut oracle: BTreeMap<String, u64> = BTreeMap::new();
+    let hot = BTreeSet::from([HOT_KEY.to_owned()]);
+    let mut partitioner = Partitioner::new(Salting::Listed {
+        hot,
+        buckets: BUCKETS,
+    });
+    let records: Vec<(String, Vec<u8>)> = events
+        .iter()
+        .map(|e| {
+            *oracle.entry(e.key.clone()).or_default() += 1;
+            let data = format!(r#"{{"key":"{}"}}"#, e.key).into_bytes();
+            (partitioner.partition_key(&e.key), data)
+        })
+        .collect();
+    let settings = Run {
+        key: "/key".into(),
+        value: None,
+        aggregates: vec![Aggregate::Count],
+        windows: None,
+        shards: SHARDS as usize,
+        flush: Duration::from_secs(60),
+        faults: FaultPlan::default(),
+    };
+    let runtime = crate::bench::runtime_builder(true);
+    let finished = runtime.block_on(async {
+        let mut run = Aggregation::deploy(&settings, 1_767_225_600_000)?;
+        run.put(&records, None).await?;
+        run.finish().await
+    })?;
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    for line in &finished.results {
+        let body: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("a result: {e}"))?;
+        let key = body["key"].as_str().unwrap_or_default().to_owned();
+        counted.insert(key, body["count"].as_u64().unwrap_or(0));
+    }
+    Ok(counted == oracle && finished.dead_letters.is_empty())
+}
