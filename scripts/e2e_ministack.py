@@ -89,6 +89,10 @@ BUFFER_TTL_SECONDS = 5
 # Keyed aggregation's running totals go to the merge this long after their first change (and
 # the schedule's next sweep of the keys' timers): short, so that results come within the test.
 AGGREGATE_FLUSH_SECONDS = 5
+# How often the keyed aggregation decides which keys are hot: long enough that the period of the
+# test's events is still among the last five (a key cools after five cool periods) when the
+# results are in and a later record's batch decides it.
+HOT_KEY_PERIOD_SECONDS = 30
 
 
 def create_stack(cfn, stack, template, parameters=None, template_url=None):
@@ -102,6 +106,7 @@ def create_stack(cfn, stack, template, parameters=None, template_url=None):
             "BufferTtlSeconds": str(BUFFER_TTL_SECONDS),
             "MetricMathAlarms": "false",
             "AggregateFlushSeconds": str(AGGREGATE_FLUSH_SECONDS),
+            "HotKeyPeriodSeconds": str(HOT_KEY_PERIOD_SECONDS),
             "AggregateValuePointer": "/value",
             "Aggregates": "count,sum,min,max,mean",
         }
@@ -460,6 +465,29 @@ def check_aggregation(endpoint, stack, outputs):
     started = time.time()
     wait("each key's merged result", results, timeout=240, every=2)
     print(f"e2e: {stack}: {len(records)} events of a key salted over 8 buckets and 5 cold keys aggregated exactly after {time.time() - started:.0f} s: ok")
+    check_hot_key_registry(endpoint, stack, outputs, kinesis)
+
+
+def check_hot_key_registry(endpoint, stack, outputs, kinesis):
+    """The hot key carried half of the events: once its period has ended, the next batch's report
+    decides it, and the registry producers read lists it (the keys the function judged are its
+    buckets' own key, not the buckets)."""
+    dynamodb = client("dynamodb", endpoint)
+    kinesis.put_record(StreamName=outputs["AggregateEventsStreamName"], PartitionKey="tick",
+                       Data=json.dumps({"key": "tick", "value": 1}).encode())
+
+    def listed():
+        item = dynamodb.get_item(TableName=outputs["HotKeysTableName"], ConsistentRead=True,
+                                 Key={"pk": {"S": "keyed-aggregate#hot"}, "sk": {"S": "hot"}}).get("Item")
+        keys = sorted((item or {}).get("keys", {}).get("M", {}))
+        return keys if "hot" in keys else None
+
+    started = time.time()
+    keys = wait("the hot key in the registry", listed, timeout=120, every=2)
+    # Each cold key carries a tenth of so few events: above the 5% that makes a key hot too.
+    if "hot" not in keys or any("#" in key for key in keys):
+        sys.exit(f"e2e: the registry lists {keys}, expected the hot key and no bucket")
+    print(f"e2e: {stack}: the hot-key registry lists the hot key {time.time() - started:.0f} s after a later record: ok")
 
 
 def check_identity(endpoint, stack, outputs):

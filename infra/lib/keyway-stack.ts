@@ -141,14 +141,18 @@ function stream(scope: Construct, id: string, shardCount: number): kinesis.Strea
 }
 
 /** A table keyed `pk` and `sk` with TTL on `ttl`, as template.yaml declares the state tables:
- * retained with the stack, as a stream engine keeps its savepoints. */
-function keyedTable(scope: Construct, id: string): dynamodb.Table {
+ * retained with the stack by default, as a stream engine keeps its savepoints. */
+function keyedTable(
+  scope: Construct,
+  id: string,
+  removalPolicy: RemovalPolicy = RemovalPolicy.RETAIN,
+): dynamodb.Table {
   const made = new dynamodb.Table(scope, id, {
     billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
     partitionKey: { name: 'pk', type: dynamodb.AttributeType.STRING },
     sortKey: { name: 'sk', type: dynamodb.AttributeType.STRING },
     timeToLiveAttribute: 'ttl',
-    removalPolicy: RemovalPolicy.RETAIN,
+    removalPolicy,
   });
   logicalId(made, id);
   return made;
@@ -574,6 +578,17 @@ export class KeywayStack extends Stack {
         "How long a key's running total (without windows) waits after its first change before it " +
         'goes to the merge: results lag the stream by this and up to a minute of the timer sweep.',
     });
+    const hotKeyPeriod = new CfnParameter(this, 'HotKeyPeriodSeconds', {
+      type: 'Number',
+      default: 10,
+      minValue: 1,
+      description:
+        'How often the keyed aggregation decides which keys are hot, from the records of the ' +
+        'period that ended: producers salt the keys HotKeysTable lists.',
+    });
+    // The adaptive hot-key registry: each batch's heavy keys, and the keys hot now, which
+    // producers read to salt them. Reports expire after a day; the list is remade every period.
+    const hotKeys = keyedTable(this, 'HotKeysTable', RemovalPolicy.DESTROY);
     const input = stream(this, 'AggregateEventsStream', 4);
     const partials = stream(this, 'AggregatePartialsStream', 2);
     const results = stream(this, 'AggregateResultsStream', 2);
@@ -595,11 +610,14 @@ export class KeywayStack extends Stack {
         TIME_POINTER: timePointer.valueAsString,
         ALLOWED_LATENESS_SECONDS: lateness.valueAsString,
         FLUSH_SECONDS: flush.valueAsString,
+        HOT_KEYS_TABLE: hotKeys.tableName,
+        HOT_KEYS_PERIOD_SECONDS: hotKeyPeriod.valueAsString,
         // The stream keeps records 24 hours; an hour more covers clock skew.
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
     );
     stateTable.grantReadWriteData(aggregate);
+    hotKeys.grantReadWriteData(aggregate);
     partials.grantReadWrite(aggregate);
     deadLetters.grantSendMessages(aggregate);
     addTrigger(aggregate, 'KeyedAggregateFunction', 'Events', streamTrigger(input, failedBatches));
@@ -630,6 +648,7 @@ export class KeywayStack extends Stack {
     deadLetters.grantSendMessages(merge);
     addTrigger(merge, 'AggregateMergeFunction', 'Partials', streamTrigger(partials, failedBatches));
 
+    new CfnOutput(this, 'HotKeysTableName', { value: hotKeys.tableName });
     new CfnOutput(this, 'AggregateEventsStreamName', { value: input.streamName });
     new CfnOutput(this, 'AggregatePartialsStreamName', { value: partials.streamName });
     new CfnOutput(this, 'AggregateResultsStreamName', { value: results.streamName });

@@ -3,8 +3,11 @@
 //! fault of the embedded runtime at 2%; each key's last result equals what adding its values up
 //! one by one gives, as it does without faults, and the unreadable records are dead-lettered.
 //!
-//! `KEYWAY_AGGREGATE_CHAOS_EVENTS` sets the number of events (20,000 by default; scripts/test
-//! runs 200,000).
+//! `KEYWAY_AGGREGATE_CHAOS_EVENTS` sets the number of events (50,000 by default, enough
+//! invocations for each fault of an invocation to fire; scripts/test runs 200,000).
+//!
+//! A second run has the producer salt the keys the hot-key registry lists, under faults: a key
+//! turning hot is salted within seconds, without a deploy, and goes back once it cools.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -152,7 +155,7 @@ async fn under_every_fault_at_two_percent_each_keys_result_equals_its_values_add
     let events: usize = std::env::var("KEYWAY_AGGREGATE_CHAOS_EVENTS")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(20_000);
+        .unwrap_or(50_000);
     let Workload {
         records,
         oracle,
@@ -195,4 +198,83 @@ async fn under_every_fault_at_two_percent_each_keys_result_equals_its_values_add
         expected.len(),
         faulty_letters
     );
+}
+
+/// The largest shard's load over the mean, averaged over `seconds`.
+fn mean_max_over_mean(seconds: &[&keyway_stack::adaptive::Second]) -> f64 {
+    let spreads: Vec<f64> = seconds
+        .iter()
+        .map(|s| {
+            let loads: Vec<f64> = s.shard_records.iter().map(|&n| n as f64).collect();
+            keyway::domain::skew::max_over_mean(&loads)
+        })
+        .collect();
+    spreads.iter().sum::<f64>() / spreads.len().max(1) as f64
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_faults_a_key_turning_hot_is_salted_from_the_registry_without_a_deploy_and_goes_back_when_it_cools(
+) {
+    use keyway_stack::adaptive::{run, Phase, Settings};
+    let settings = Settings {
+        phases: vec![
+            Phase {
+                seconds: 10,
+                hot_share: 0.0,
+            },
+            Phase {
+                seconds: 25,
+                hot_share: 0.8,
+            },
+            Phase {
+                seconds: 30,
+                hot_share: 0.0,
+            },
+        ],
+        rate: 400,
+        keys: 40,
+        buckets: 8,
+        period_seconds: 2,
+        refresh: Duration::from_secs(1),
+        faults: FaultPlan::all(0.02, 11),
+        seed: 5,
+    };
+    let outcome = run(&settings).await.unwrap();
+    assert_eq!(outcome.counts, outcome.oracle, "each key counted exactly");
+
+    let hot = outcome.turned_hot(0.5).unwrap();
+    assert_eq!(
+        outcome.first(0, true),
+        outcome.first(hot, true),
+        "never salted while cool"
+    );
+    let salted = outcome.first(hot, true).expect("the hot key is salted");
+    // Its period ends, the next report decides it, and the producer reads the list: at most two
+    // periods and a refresh, and a period more for reports that faults held back.
+    assert!(
+        salted - hot <= 7,
+        "salted {} s after turning hot",
+        salted - hot
+    );
+    let cooled_from = hot + 25;
+    let back = outcome.first(salted, false).expect("the key goes back");
+    assert!(back >= cooled_from, "unsalted at {back} s while still hot");
+    // Five cool periods of two seconds, then a decision and a read.
+    assert!(
+        back - cooled_from <= 16,
+        "unsalted {} s after cooling",
+        back - cooled_from
+    );
+
+    let unsalted: Vec<_> = outcome.seconds[hot..salted].iter().collect();
+    let salted_seconds: Vec<_> = outcome.seconds[salted..cooled_from].iter().collect();
+    let before = mean_max_over_mean(&unsalted);
+    let after = mean_max_over_mean(&salted_seconds);
+    println!(
+        "salted {} s after turning hot, back {} s after cooling; busiest shard over the mean {before:.2} before, {after:.2} salted",
+        salted - hot,
+        back - cooled_from
+    );
+    assert!(before > 2.5, "one shard takes the hot key: {before:.2}");
+    assert!(after < 1.3, "the buckets spread it: {after:.2}");
 }

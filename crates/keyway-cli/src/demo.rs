@@ -1,8 +1,10 @@
 //! `keyway demo`: the stack of template.yaml on the embedded runtime. Generated clicks go into the
 //! stack's Kinesis stream — a few malformed, every fault of the runtime injected at a low rate —
 //! and the functions run as Lambda would run them; then every stored count is checked against the
-//! input, and what each function did is printed. A second section runs generated CloudTrail
-//! traffic through the identity enricher (`demo_identity`).
+//! input, and what each function did is printed. Further sections run generated CloudTrail
+//! traffic through the identity enricher (`demo_identity`), events through the dynamic filter
+//! (`demo_filter`), changes through the CDC join (`demo_cdc`), and a key turning hot through the
+//! keyed aggregation and its hot-key registry (`demo_skew`).
 
 use crate::error::CliError;
 use std::collections::{BTreeMap, HashSet};
@@ -32,6 +34,8 @@ pub struct DemoOptions {
     pub filter_events: usize,
     /// Changes of the CDC section.
     pub cdc_changes: usize,
+    /// Events a second of the skew section.
+    pub skew_rate: u32,
 }
 
 pub fn run(options: DemoOptions) -> Result<(), CliError> {
@@ -42,7 +46,7 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
     let runtime = crate::bench::runtime_builder(true);
     let identity_records = options.identity_records;
     let (filter_events, faults, seed) = (options.filter_events, options.faults, options.seed);
-    let cdc_changes = options.cdc_changes;
+    let (cdc_changes, skew_rate) = (options.cdc_changes, options.skew_rate);
     runtime.block_on(async {
         demo(options).await?;
         if identity_records > 0 {
@@ -53,6 +57,9 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
         }
         if cdc_changes > 0 {
             crate::demo_cdc::run(cdc_changes, faults, seed).await?;
+        }
+        if skew_rate > 0 {
+            crate::demo_skew::run(skew_rate, faults, seed).await?;
         }
         Ok(())
     })

@@ -10,6 +10,7 @@ mod demo;
 mod demo_cdc;
 mod demo_filter;
 mod demo_identity;
+mod demo_skew;
 mod enrich;
 mod error;
 mod filter;
@@ -61,6 +62,10 @@ enum Command {
         /// Changes through the CDC join (0 leaves the section out).
         #[arg(long, default_value_t = 20_000)]
         cdc_changes: usize,
+        /// Events a second through the keyed aggregation while a key turns hot, for 70 seconds
+        /// (0 leaves the section out).
+        #[arg(long, default_value_t = 1_000)]
+        skew_rate: u32,
     },
     /// Traces CloudTrail records to their original actors: the identity enricher of
     /// template.yaml on the embedded runtime. Enriched records go to standard output as JSON
@@ -382,6 +387,7 @@ fn main() -> std::process::ExitCode {
             identity_records,
             filter_events,
             cdc_changes,
+            skew_rate,
         } => demo::run(demo::DemoOptions {
             events,
             faults,
@@ -389,6 +395,7 @@ fn main() -> std::process::ExitCode {
             identity_records,
             filter_events,
             cdc_changes,
+            skew_rate,
         }),
         Command::Signatures {
             check,

@@ -1,6 +1,7 @@
 //! The stack the embedded runtime runs: template.yaml (and consumer.yaml, a consumer's own stack),
 //! compiled in, and the functions it names, for the `keyway` command and the tests alike.
 
+pub mod adaptive;
 pub mod aggregation;
 pub mod cdc;
 pub mod cdc_changes;

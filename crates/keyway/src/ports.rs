@@ -304,6 +304,18 @@ impl MetricLog for MemoryMetrics {
     }
 }
 
+/// Where each batch's heavy keys go to be judged hot or cool across the whole stream: the
+/// adaptive hot-key registry (`adapters::dynamodb::HotKeyRegistry`), which producers read to
+/// salt the keys it names. A report that fails costs the registry one batch's view of the stream,
+/// never a record: the executor logs it and goes on.
+#[async_trait]
+pub trait HotKeyReports: Send + Sync {
+    async fn report(&self, report: &crate::domain::skew::HeatReport) -> Result<(), StoreError>;
+
+    /// The smallest share of a batch a key needs to be worth reporting (`HeatReport::new`).
+    fn floor_share(&self) -> f64;
+}
+
 /// Wall-clock time. The runtime reads time only through this, so tests can control it.
 pub trait Clock: Send + Sync {
     fn now_millis(&self) -> i64;

@@ -146,6 +146,11 @@ impl KeyedOperator for KeyedAggregate {
         input.state_key.clone()
     }
 
+    /// A bucket's records count for their own key, the one the producer salts.
+    fn hot_key(&self, input: &Input) -> Option<String> {
+        (input.state_key != input.reading.key).then(|| input.reading.key.clone())
+    }
+
     fn process(&self, ctx: &mut Ctx<'_>, input: Input) -> Result<(), ProcessError> {
         let (slot, flush_at) = self.slot(&input.reading, ctx.now_millis())?;
         let one = Partial::of(input.reading.value);

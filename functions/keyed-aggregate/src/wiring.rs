@@ -5,7 +5,9 @@
 //! `VALUE_POINTER` (needed by every aggregate but the count), `AGGREGATES` (comma-separated
 //! `count`, `sum`, `min`, `max`, `mean`; default `count`), and for windows `WINDOW_SECONDS`,
 //! `TIME_POINTER` and `ALLOWED_LATENESS_SECONDS` (default 0); `FLUSH_SECONDS` (default 60) for
-//! running totals. A schedule sweeps its timers, which send partials to the merge.
+//! running totals; `HOT_KEYS_TABLE` and `HOT_KEYS_PERIOD_SECONDS` for the adaptive hot-key
+//! registry (`keyway::lambda::hot_key_registry`). A schedule sweeps its timers, which send
+//! partials to the merge.
 //!
 //! The second (`aggregate-merge`): `STATE_TABLE`, `RESULTS_SINK`, `DEAD_LETTER_SINK`,
 //! `AGGREGATES` as above, and `KEEP_WINDOWS_SECONDS` (default a day). Both take the executor's
@@ -16,8 +18,8 @@ use std::time::Duration;
 
 use keyway::domain::pointer::Pointer;
 use keyway::lambda::{
-    executor_config, observed, required, sink_from, state_store_from, whole_number, ConfigError,
-    Env, Platform, SetupError, StreamHandler,
+    executor_config, hot_key_registry, observed, required, sink_from, state_store_from,
+    whole_number, ConfigError, Env, Platform, SetupError, StreamHandler,
 };
 use keyway::{Executor, Sinks};
 
@@ -36,8 +38,9 @@ pub fn aggregate_handler(
     let store = state_store_from(platform, env, "STATE_TABLE")?;
     let operator = KeyedAggregate::new(Arc::new(spec_from(env)?));
     let executor = Executor::new(operator, store, sinks, platform.clock())?;
+    let executor = hot_key_registry(observed(executor, platform, env), platform, env)?;
     Ok(StreamHandler::new(
-        observed(executor, platform, env).with_config(executor_config(env)?),
+        executor.with_config(executor_config(env)?),
     ))
 }
 

@@ -17,7 +17,7 @@
 mod adaptive;
 pub mod bench;
 mod plot;
-mod render;
+pub(crate) mod render;
 mod route;
 mod simulate;
 mod source;

@@ -13,6 +13,8 @@
 //! periods in a row below `cool_share`. The gap between the two shares and the run of cool periods
 //! are hysteresis: a key hovering near one threshold would otherwise be salted and unsalted period
 //! after period, and each change moves its state and its records to other partitions.
+//! `HeatReport` is what one batch tells the registry that runs a `HotSet` over the whole stream
+//! (`adapters::dynamodb::HotKeyRegistry`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -223,6 +225,20 @@ impl<K: Clone + Ord> HotSet<K> {
         HotChanges { heated, cooled }
     }
 
+    /// A set carried over from an earlier one: each hot key with the cool periods in a row it
+    /// has had (`cool_runs`), as a registry stores them between periods.
+    pub fn restore(thresholds: Hysteresis, cool_runs: BTreeMap<K, u32>) -> Self {
+        Self {
+            thresholds,
+            hot: cool_runs,
+        }
+    }
+
+    /// Each hot key with the cool periods in a row it has had.
+    pub fn cool_runs(&self) -> &BTreeMap<K, u32> {
+        &self.hot
+    }
+
     /// The keys hot now, in key order.
     pub fn hot(&self) -> impl Iterator<Item = &K> {
         self.hot.keys()
@@ -230,6 +246,49 @@ impl<K: Clone + Ord> HotSet<K> {
 
     pub fn is_hot(&self, key: &K) -> bool {
         self.hot.contains_key(key)
+    }
+}
+
+/// What one batch tells the hot-key registry: its records, and the keys that carry at least a
+/// share of them, each under the key its producer salts (a bucket counts for its key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeatReport {
+    /// When the batch ran, epoch milliseconds: the period it counts in.
+    pub at_millis: i64,
+    /// The batch, as its shard and first record name it: a retry of the batch reports under the
+    /// same name, so that it replaces the first report rather than adding to it.
+    pub batch: String,
+    pub records: u64,
+    /// The keys carrying at least `floor_share` of the batch's records, in key order.
+    pub keys: Vec<(String, u64)>,
+}
+
+impl HeatReport {
+    /// The report of a batch of `records` whose keys carried `counts`. Keys under `floor_share`
+    /// of the batch are left out: a key under that share in every batch is under it in the whole
+    /// period (the period's share is a weighted mean of the batches'), so the registry still
+    /// decides exactly for every threshold at or above `floor_share`.
+    pub fn new(
+        at_millis: i64,
+        batch: String,
+        records: u64,
+        counts: impl IntoIterator<Item = (String, u64)>,
+        floor_share: f64,
+    ) -> Self {
+        let floor = floor_share * records as f64;
+        let mut keys: BTreeMap<String, u64> = BTreeMap::new();
+        for (key, n) in counts {
+            *keys.entry(key).or_default() += n;
+        }
+        Self {
+            at_millis,
+            batch,
+            records,
+            keys: keys
+                .into_iter()
+                .filter(|(_, n)| *n as f64 >= floor)
+                .collect(),
+        }
     }
 }
 
@@ -352,6 +411,15 @@ mod tests {
         assert_eq!(changes.cooled, keys(&["hot"]));
         assert!(!set.is_hot(&"hot".to_string()));
         assert!(set.is_hot(&"rest".to_string()));
+    }
+
+    #[test]
+    fn a_heat_report_adds_a_keys_groups_up_and_leaves_out_keys_under_the_floor() {
+        let counts = [("b#1", 3), ("a", 2), ("b", 4), ("c", 1)]
+            .map(|(k, n)| (k.split('#').next().unwrap().to_string(), n));
+        let report = HeatReport::new(5, "shard/1".into(), 10, counts, 0.2);
+        assert_eq!(report.keys, [("a".to_string(), 2), ("b".to_string(), 7)]);
+        assert_eq!((report.records, report.at_millis), (10, 5));
     }
 
     #[test]

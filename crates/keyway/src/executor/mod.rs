@@ -69,6 +69,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::info;
+
 pub use history::HISTORY as SIGNATURE_HISTORY;
 pub use report::BatchReport;
 pub use timers::{TimerSweep, TIMERS_PER_BATCH};
@@ -80,7 +82,8 @@ use crate::operator::{
     KeyedOperator, Migration, SinkWiringError, StateDescriptor,
 };
 use crate::ports::{
-    Clock, MetricLog, Namespace, Sink, StateStore, StoreLimits, DEFAULT_REDELIVERY_WINDOW,
+    Clock, HotKeyReports, MetricLog, Namespace, Sink, StateStore, StoreLimits,
+    DEFAULT_REDELIVERY_WINDOW,
 };
 
 /// The sinks an operator emits to, by name, and the dead-letter sink.
@@ -221,6 +224,8 @@ pub struct Executor<O: KeyedOperator> {
     history: tokio::sync::OnceCell<Option<(String, i64)>>,
     /// Where each batch's skew line goes, if anywhere (`with_metrics`).
     observer: Option<observe::Observer>,
+    /// Where each batch's heavy keys go, if anywhere (`with_hot_key_reports`).
+    hot_key_reports: Option<Arc<dyn HotKeyReports>>,
 }
 
 /// An executor cannot be built: the operator and the function's wiring do not fit together.
@@ -321,6 +326,7 @@ impl<O: KeyedOperator> Executor<O> {
             migrations,
             history: tokio::sync::OnceCell::new(),
             observer: None,
+            hot_key_reports: None,
         })
     }
 
@@ -335,6 +341,12 @@ impl<O: KeyedOperator> Executor<O> {
             log,
             function: function.into(),
         });
+        self
+    }
+
+    /// Reports each batch's heavy keys to `reports` (the adaptive hot-key registry).
+    pub fn with_hot_key_reports(mut self, reports: Arc<dyn HotKeyReports>) -> Self {
+        self.hot_key_reports = Some(reports);
         self
     }
 
@@ -382,6 +394,7 @@ impl<O: KeyedOperator> Executor<O> {
                 observer.log.write(line);
             }
         }
+        self.report_heat(&plan, now).await;
         self.emit_all(&plan, &mut keys, &mut report).await;
         if stateless {
             self.settle_stateless(&plan, &keys, &mut report);
@@ -391,6 +404,21 @@ impl<O: KeyedOperator> Executor<O> {
         }
         report.log(&self.namespace);
         report
+    }
+
+    /// Tells the hot-key registry, if there is one, which keys the batch carried. A failed
+    /// report is logged and costs nothing else: the registry is a heuristic, and the records'
+    /// results never depend on which keys were salted.
+    async fn report_heat(&self, plan: &plan::Plan<'_>, now: i64) {
+        let Some(reports) = &self.hot_key_reports else {
+            return;
+        };
+        let Some(heat) = observe::heat(plan, now, reports.floor_share()) else {
+            return;
+        };
+        if let Err(err) = reports.report(&heat).await {
+            info!(operator = %self.namespace.operator, error = %err, "the hot-key registry missed a batch's report");
+        }
     }
 
     /// The watermark a record advances.

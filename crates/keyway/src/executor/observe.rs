@@ -17,6 +17,7 @@ use super::plan::Plan;
 use super::process::KeyWork;
 use crate::domain::item::item_size;
 use crate::domain::metrics::Emf;
+use crate::domain::skew::HeatReport;
 use crate::domain::{Payload, SourceRecord};
 use crate::ports::MetricLog;
 
@@ -69,6 +70,37 @@ impl Observer {
             .to_line();
         Some(line)
     }
+}
+
+/// What the batch `plan` grouped tells the hot-key registry at `now`: its records by the key
+/// their producer salts. Timers are no records: a batch of timers only reports nothing, but still
+/// lets the registry decide the periods that ended (traffic may have stopped). None for an
+/// empty batch.
+pub(super) fn heat(plan: &Plan<'_>, now: i64, floor_share: f64) -> Option<HeatReport> {
+    let arrival = |&i: &usize| plan.record(i).as_timer().is_none();
+    let mut counts = Vec::with_capacity(plan.groups.len());
+    for group in &plan.groups {
+        let n = group.records.iter().filter(|i| arrival(i)).count() as u64;
+        if n > 0 {
+            let key = plan.hot_keys.get(&group.key).unwrap_or(&group.key);
+            counts.push((key.clone(), n));
+        }
+    }
+    if plan.groups.is_empty() {
+        return None;
+    }
+    let first = plan
+        .groups
+        .iter()
+        .flat_map(|g| g.records.iter())
+        .filter(|i| arrival(i))
+        .min();
+    let batch = first.map_or_else(String::new, |&i| {
+        let first = plan.record(i);
+        format!("{}/{}", first.origin.as_str(), first.sequence)
+    });
+    let records = counts.iter().map(|(_, n)| n).sum();
+    Some(HeatReport::new(now, batch, records, counts, floor_share))
 }
 
 /// The bytes of a key's state as its run leaves it: each slot's entries as loaded, less what the

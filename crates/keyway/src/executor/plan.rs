@@ -1,6 +1,7 @@
 //! Phase 1: decode every record into the operator's input and group the records by key, keeping
 //! arrival order within a key. Records that do not decode become dead letters here.
 
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tracing::error;
@@ -18,6 +19,9 @@ pub(super) struct Plan<'b> {
     pub unkeyed: Vec<(usize, DeadLetter)>,
     /// Records whose decoding panicked: a bug, so they are retried, not dead-lettered.
     pub panicked: Vec<usize>,
+    /// The key skew detection counts a group under, where it is not the group's key
+    /// (`KeyedOperator::hot_key`).
+    pub hot_keys: HashMap<String, String>,
 }
 
 impl<'b> Plan<'b> {
@@ -55,6 +59,7 @@ impl<O: KeyedOperator> Executor<O> {
         let mut keyed: Vec<(usize, String)> = Vec::with_capacity(batch.len());
         let mut unkeyed = Vec::new();
         let mut panicked = Vec::new();
+        let mut hot_keys = HashMap::new();
         for (index, item) in batch.iter().enumerate() {
             let record = match item {
                 Ok(record) => record,
@@ -77,6 +82,9 @@ impl<O: KeyedOperator> Executor<O> {
             }));
             match decoded {
                 Ok(Ok((key, input))) => {
+                    if let Some(hot) = self.operator.hot_key(&input) {
+                        hot_keys.entry(key.clone()).or_insert(hot);
+                    }
                     keyed.push((index, key));
                     inputs.push(Some(input));
                 }
@@ -97,6 +105,7 @@ impl<O: KeyedOperator> Executor<O> {
             groups,
             unkeyed,
             panicked,
+            hot_keys,
         };
         (plan, inputs)
     }

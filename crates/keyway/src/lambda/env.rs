@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::platform::{Platform, PortError};
-use crate::adapters::dynamodb::Table;
+use crate::adapters::dynamodb::{HotKeyRegistry, Table};
+use crate::domain::skew::Hysteresis;
 use crate::executor::{Executor, ExecutorConfig, Lineage, WiringError};
 use crate::operator::KeyedOperator;
 use crate::ports::{Sink, StateStore};
@@ -128,6 +129,37 @@ pub fn observed<O: KeyedOperator>(
         .cloned()
         .unwrap_or_else(|| executor.namespace().operator.clone());
     executor.with_metrics(platform.metrics(), function)
+}
+
+/// The table of the adaptive hot-key registry (`adapters::dynamodb::HotKeyRegistry`), which
+/// producers read to salt the keys it lists; unset, the function keeps none.
+pub const HOT_KEYS_TABLE: &str = "HOT_KEYS_TABLE";
+/// How often the registry decides which keys are hot, in seconds: 10 by default.
+pub const HOT_KEYS_PERIOD: &str = "HOT_KEYS_PERIOD_SECONDS";
+
+/// `executor`, reporting each batch's heavy keys to the hot-key registry on `HOT_KEYS_TABLE`
+/// (if set) under the operator's name, with the default hysteresis: a key turns hot at 5% of a
+/// period's records and cools after 5 periods in a row under 1%.
+pub fn hot_key_registry<O: KeyedOperator>(
+    executor: Executor<O>,
+    platform: &dyn Platform,
+    env: &Env,
+) -> Result<Executor<O>, ConfigError> {
+    if env.get(HOT_KEYS_TABLE).is_none_or(|t| t.is_empty()) {
+        return Ok(executor);
+    }
+    let table = table_from(platform, env, HOT_KEYS_TABLE)?;
+    let period = whole_number::<u64>(env, HOT_KEYS_PERIOD)?.unwrap_or(10);
+    if period == 0 {
+        return Err(ConfigError::new(HOT_KEYS_PERIOD, "must be at least 1"));
+    }
+    let registry = HotKeyRegistry::new(
+        table,
+        executor.namespace().operator.clone(),
+        Duration::from_secs(period),
+        Hysteresis::default(),
+    );
+    Ok(executor.with_hot_key_reports(Arc::new(registry)))
 }
 
 /// The executor settings a function's environment gives (`LINEAGE`, `REDELIVERY_WINDOW`).

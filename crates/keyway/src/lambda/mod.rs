@@ -16,8 +16,9 @@ mod serve;
 
 pub use aws::AwsClients;
 pub use env::{
-    check_mapping, env_of, executor_config, observed, required, sink_from, state_store_from,
-    table_from, whole_number, ConfigError, Env, SetupError, LINEAGE, REDELIVERY_WINDOW,
+    check_mapping, env_of, executor_config, hot_key_registry, observed, required, sink_from,
+    state_store_from, table_from, whole_number, ConfigError, Env, SetupError, HOT_KEYS_PERIOD,
+    HOT_KEYS_TABLE, LINEAGE, REDELIVERY_WINDOW,
 };
 pub use handler::{
     dynamodb_response, is_scheduled, kinesis_response, run_dynamodb, run_kinesis, FunctionError,

@@ -139,6 +139,14 @@ pub trait KeyedOperator: Send + Sync + 'static {
     /// The key whose state `process` sees.
     fn key(&self, input: &Self::Input) -> String;
 
+    /// The key skew detection counts the record under when it is not `key`: the producer's own
+    /// key of a record whose state is one of that key's salted buckets, so that the hot-key
+    /// registry judges the key a producer salts, not its buckets. `None`: `key` itself.
+    fn hot_key(&self, input: &Self::Input) -> Option<String> {
+        let _ = input;
+        None
+    }
+
     fn process(&self, ctx: &mut Ctx<'_>, input: Self::Input) -> Result<(), ProcessError>;
 
     /// Runs once for each timer `process` (or an earlier `on_timer`) set with `Ctx::timer_at`,

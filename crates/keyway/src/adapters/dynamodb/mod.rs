@@ -5,12 +5,14 @@
 //! `Table`; the SDK and the in-memory table (`local::LocalTable`) implement `Table` and
 //! pass the same contract suite, so the logic that runs in tests is the logic that runs on AWS.
 
+mod hot_keys;
 mod sdk;
 mod store;
 mod table_sink;
 
 use async_trait::async_trait;
 
+pub use hot_keys::{AdaptivePartitioner, HotKeyRegistry};
 pub use sdk::{item_from_sdk, item_to_sdk, sdk_store_error, SdkTable};
 pub use store::{
     DynamoStateStore, HEAD_INLINE_LIMIT, LINEAGES_PER_COMMIT, SEGMENT_TARGET, TOKENS_KEPT,

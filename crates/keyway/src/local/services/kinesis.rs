@@ -204,13 +204,28 @@ impl LocalKinesis {
         stream: &str,
         records: &[(String, Vec<u8>)],
     ) -> Result<Vec<(String, String)>, SinkError> {
+        let routed: Vec<(&str, Option<u128>, &[u8])> = records
+            .iter()
+            .map(|(key, data)| (key.as_str(), None, data.as_slice()))
+            .collect();
+        self.put_routed_in_order(stream, &routed).await
+    }
+
+    /// `put_in_order` for records (partition key, explicit hash key, data) of which some are
+    /// placed by an explicit hash key (`keyway::domain::salt::Partitioner::route`).
+    pub async fn put_routed_in_order(
+        &self,
+        stream: &str,
+        records: &[(&str, Option<u128>, &[u8])],
+    ) -> Result<Vec<(String, String)>, SinkError> {
         let mut positions = Vec::with_capacity(records.len());
-        for (key, data) in records {
+        for (key, hash, data) in records {
+            let hash = hash.map(|h| h.to_string());
             loop {
                 let entry = PutEntry {
                     partition_key: key,
                     data,
-                    explicit_hash_key: None,
+                    explicit_hash_key: hash.as_deref(),
                 };
                 match self.put_records(stream, std::slice::from_ref(&entry)).await {
                     Ok(mut outcomes) => match outcomes.remove(0) {

@@ -1,0 +1,192 @@
+//! Adaptive salting on the stack of template.yaml. A producer salts the keys that the keyed
+//! aggregation's hot-key registry lists (`AdaptivePartitioner`). It puts a timed workload on the
+//! aggregation's stream, one second of virtual time after another, while the functions run. A
+//! key that turns hot gets listed, is salted from the producer's next read of the list, and goes
+//! back to its own partition key once it cools. No deploy happens in between.
+//!
+//! What a run gives: each second's records per shard; when the key turned hot, went salted and
+//! went back; whether each key's count equals the oracle's. `keyway demo` prints it, and a test
+//! checks it under faults.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyway::adapters::dynamodb::{AdaptivePartitioner, HotKeyRegistry};
+use keyway::domain::skew::Hysteresis;
+use keyway::local::{FaultPlan, LocalError, LocalRuntime, LocalServices};
+use keyway::ports::Clock;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+use crate::failed;
+
+/// The key that turns hot.
+pub const HOT_KEY: &str = "surge";
+/// The keyed aggregation's operator: the scope of its registry.
+const SCOPE: &str = "keyed-aggregate";
+/// Long enough for any batch to run out, in virtual time: retries back off for minutes at most.
+const SETTLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
+
+/// A stretch of the workload: how long, and what share of its events carry the hot key.
+#[derive(Clone, Copy, Debug)]
+pub struct Phase {
+    pub seconds: u32,
+    pub hot_share: f64,
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub phases: Vec<Phase>,
+    /// Events a second.
+    pub rate: u32,
+    /// Keys besides the hot one, evenly loaded.
+    pub keys: u32,
+    /// Buckets the producer spreads a hot key over.
+    pub buckets: u32,
+    /// The registry's period (the template's HotKeyPeriodSeconds).
+    pub period_seconds: u32,
+    /// How often the producer reads the registry's list.
+    pub refresh: Duration,
+    pub faults: FaultPlan,
+    pub seed: u64,
+}
+
+/// One second of the run.
+#[derive(Clone, Debug)]
+pub struct Second {
+    pub hot_share: f64,
+    /// Whether the producer salted the hot key in this second.
+    pub salted: bool,
+    /// Records put on each shard of the stream.
+    pub shard_records: Vec<u64>,
+}
+
+/// What a run gave.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub seconds: Vec<Second>,
+    /// Each key's count as the results stream last gave it.
+    pub counts: BTreeMap<String, u64>,
+    /// Each key's count in the input.
+    pub oracle: BTreeMap<String, u64>,
+}
+
+impl Outcome {
+    /// The first second at or after `from` in which `salted` is what `wanted` says.
+    pub fn first(&self, from: usize, wanted: bool) -> Option<usize> {
+        (from..self.seconds.len()).find(|&s| self.seconds[s].salted == wanted)
+    }
+
+    /// The first second the hot key carried a share at least `share`.
+    pub fn turned_hot(&self, share: f64) -> Option<usize> {
+        self.seconds.iter().position(|s| s.hot_share >= share)
+    }
+}
+
+/// Runs the workload through the stack's keyed aggregation with an adaptive producer.
+pub async fn run(settings: &Settings) -> Result<Outcome, LocalError> {
+    let services = LocalServices::new(1_767_225_600_000, settings.faults.clone());
+    let parameters = BTreeMap::from([
+        ("Aggregates".to_owned(), "count".to_owned()),
+        ("AggregateFlushSeconds".to_owned(), "30".to_owned()),
+        (
+            "HotKeyPeriodSeconds".to_owned(),
+            settings.period_seconds.to_string(),
+        ),
+    ]);
+    let mut runtime = LocalRuntime::from_template_with(
+        crate::TEMPLATE,
+        &parameters,
+        services.clone(),
+        &crate::functions(),
+    )?;
+    let resource = |name: &str| {
+        runtime.resource(name).ok_or_else(|| LocalError::Function {
+            path: format!("Resources/{name}"),
+            problem: "the keyed aggregation needs this resource".into(),
+        })
+    };
+    let stream = resource("AggregateEventsStream")?;
+    let results = resource("AggregateResultsStream")?;
+    let table = services
+        .dynamodb
+        .table(&resource("HotKeysTable")?)
+        .ok_or_else(|| failed("HotKeysTable")("the table was not created"))?;
+    let registry = HotKeyRegistry::new(
+        table,
+        SCOPE,
+        Duration::from_secs(u64::from(settings.period_seconds)),
+        Hysteresis::default(),
+    );
+    let mut producer = AdaptivePartitioner::new(registry, settings.buckets, settings.refresh);
+    let shards = services.kinesis.shard_ids(&stream);
+    let mut rng = StdRng::seed_from_u64(settings.seed);
+    let mut oracle: BTreeMap<String, u64> = BTreeMap::new();
+    let mut seconds = Vec::new();
+    for phase in &settings.phases {
+        for _ in 0..phase.seconds {
+            let now = services.clock.now_millis();
+            let mut routed = Vec::with_capacity(settings.rate as usize);
+            for _ in 0..settings.rate {
+                let key = if rng.random_bool(phase.hot_share) {
+                    HOT_KEY.to_owned()
+                } else {
+                    format!("k{}", rng.random_range(0..settings.keys.max(1)))
+                };
+                *oracle.entry(key.clone()).or_default() += 1;
+                let (partition_key, hash) = producer.route(&key, now).await;
+                routed.push((partition_key, hash, format!(r#"{{"key":"{key}"}}"#)));
+            }
+            let records: Vec<(&str, Option<u128>, &[u8])> = routed
+                .iter()
+                .map(|(k, h, d)| (k.as_str(), *h, d.as_bytes()))
+                .collect();
+            let positions = services
+                .kinesis
+                .put_routed_in_order(&stream, &records)
+                .await
+                .map_err(failed("AggregateEventsStream"))?;
+            let mut shard_records = vec![0u64; shards.len()];
+            for (shard, _) in positions {
+                if let Some(i) = shards.iter().position(|s| *s == shard) {
+                    shard_records[i] += 1;
+                }
+            }
+            seconds.push(Second {
+                hot_share: phase.hot_share,
+                salted: producer.salted().contains(HOT_KEY),
+                shard_records,
+            });
+            runtime.run_for(Duration::from_secs(1)).await;
+        }
+    }
+    // The last running totals flush half a minute on, at the next sweep; then the merge runs.
+    runtime.run_until_idle(SETTLE_LIMIT).await?;
+    runtime.run_for(Duration::from_secs(150)).await;
+    runtime.run_until_idle(SETTLE_LIMIT).await?;
+    Ok(Outcome {
+        seconds,
+        counts: last_counts(&services, &results)?,
+        oracle,
+    })
+}
+
+/// Each key's count as the results stream last gave it: the highest, as counts only grow.
+fn last_counts(
+    services: &Arc<LocalServices>,
+    results: &str,
+) -> Result<BTreeMap<String, u64>, LocalError> {
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for record in services.kinesis.records(results) {
+        let body: Value =
+            serde_json::from_slice(&record.data).map_err(failed("AggregateResultsStream"))?;
+        let key = body["key"].as_str().unwrap_or_default().to_owned();
+        let count = body["count"].as_u64().unwrap_or(0);
+        let entry = counts.entry(key).or_default();
+        *entry = (*entry).max(count);
+    }
+    Ok(counts)
+}
