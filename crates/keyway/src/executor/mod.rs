@@ -394,7 +394,6 @@ impl<O: KeyedOperator> Executor<O> {
                 observer.log.write(line);
             }
         }
-        self.report_heat(&plan, now).await;
         self.emit_all(&plan, &mut keys, &mut report).await;
         if stateless {
             self.settle_stateless(&plan, &keys, &mut report);
@@ -402,6 +401,8 @@ impl<O: KeyedOperator> Executor<O> {
             let committed = self.commit_all(&plan, &mut keys, now, &mut report).await;
             self.deliver_outboxes(&plan, committed, &mut report).await;
         }
+        // After the batch's own work, so that outputs never wait on the registry.
+        self.report_heat(&plan, now).await;
         report.log(&self.namespace);
         report
     }

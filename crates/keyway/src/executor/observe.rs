@@ -77,6 +77,9 @@ impl Observer {
 /// lets the registry decide the periods that ended (traffic may have stopped). None for an
 /// empty batch.
 pub(super) fn heat(plan: &Plan<'_>, now: i64, floor_share: f64) -> Option<HeatReport> {
+    if plan.groups.is_empty() {
+        return None;
+    }
     let arrival = |&i: &usize| plan.record(i).as_timer().is_none();
     let mut counts = Vec::with_capacity(plan.groups.len());
     for group in &plan.groups {
@@ -85,9 +88,6 @@ pub(super) fn heat(plan: &Plan<'_>, now: i64, floor_share: f64) -> Option<HeatRe
             let key = plan.hot_keys.get(&group.key).unwrap_or(&group.key);
             counts.push((key.clone(), n));
         }
-    }
-    if plan.groups.is_empty() {
-        return None;
     }
     let first = plan
         .groups
