@@ -1,9 +1,11 @@
 //! `keyway bench skew`: the salting figures against their targets, in one run. Eight shards,
-//! 99% of the events on one key, 32 buckets, 50,000 events a second: the shard loads without
-//! mitigation (a state write per record, then per key a batch) and salted (targets: max/mean at most 1.15 and CoV below 0.1 salted, the hot key's
-//! partition under 1,000 WCU a second), the adaptive strategy's time from a key turning hot to its
-//! being salted, and the events through keyed aggregation on the embedded runtime with the hot
-//! key salted: each key's count must equal the oracle's.
+//! 99% of the events on one key, 32 buckets, 50,000 events a second. It gives the shard loads
+//! without mitigation (a state write per record, then per key a batch) and salted (targets:
+//! max/mean at most 1.15 and CoV below 0.1, the hot key's partition under 1,000 WCU a second). It
+//! gives the adaptive strategy's time from a key turning hot to its being salted, simulated and
+//! through the hot-key registry on the stack of template.yaml. And it runs the events through
+//! keyed aggregation on the embedded runtime with the hot key salted: each key's count must
+//! equal the oracle's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -12,6 +14,7 @@ use keyed_aggregate::aggregate::Aggregate;
 use keyway::domain::salt::{Partitioner, Salting};
 use keyway::domain::skew::Hysteresis;
 use keyway::local::FaultPlan;
+use keyway_stack::adaptive;
 use keyway_stack::aggregation::{Aggregation, Settings as Run};
 use serde::Serialize;
 
@@ -33,6 +36,13 @@ struct Spread {
 }
 
 #[derive(Serialize)]
+struct Registry {
+    seconds_to_salt: Option<usize>,
+    seconds_to_unsalt: Option<usize>,
+    counts_equal_oracle: bool,
+}
+
+#[derive(Serialize)]
 struct SkewBench {
     events: usize,
     shards: u32,
@@ -46,6 +56,10 @@ struct SkewBench {
     salted: Spread,
     /// Simulated seconds from the second the key turned hot to the first it went salted.
     adaptive_seconds_to_salt: Option<usize>,
+    /// On the stack of template.yaml (embedded runtime, virtual seconds): from the key turning
+    /// hot to the producer salting it by the hot-key registry's list, and from its cooling to the
+    /// producer sending it under its own key again.
+    registry: Registry,
     results_equal_oracle: bool,
     target_max_over_mean: f64,
     target_cov: f64,
@@ -89,6 +103,7 @@ pub fn run(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
         .find(|e| e.key == HOT_KEY)
         .map(|e| e.salted_from_second - e.hot_in_second);
     let equal = aggregated_exactly(&workload)?;
+    let registry = through_registry(seed)?;
     let spread = |o: &super::simulate::Outcome| Spread {
         cov: o.cov,
         max_over_mean: o.max_over_mean,
@@ -104,11 +119,14 @@ pub fn run(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
             && salted.cov < 0.1
             && salted.peak_wcu_per_second < 1_000
             && equal
-            && to_salt.is_some(),
+            && to_salt.is_some()
+            && registry.seconds_to_salt.is_some()
+            && registry.counts_equal_oracle,
         per_record: spread(&per_record),
         unsalted: spread(&unsalted),
         salted: spread(&salted),
         adaptive_seconds_to_salt: to_salt,
+        registry,
         results_equal_oracle: equal,
         target_max_over_mean: 1.15,
         target_cov: 0.1,
@@ -148,6 +166,13 @@ fn print(r: &SkewBench) {
         Some(s) => println!("adaptive: the key turned hot and was salted {s} s later"),
         None => println!("adaptive: the key was never salted"),
     }
+    let seconds = |s: Option<usize>| s.map_or("never".to_owned(), |s| format!("{s} s"));
+    println!(
+        "hot-key registry on the stack: salted {} after the key turned hot, unsalted {} after it cooled; counts {}",
+        seconds(r.registry.seconds_to_salt),
+        seconds(r.registry.seconds_to_unsalt),
+        if r.registry.counts_equal_oracle { "equal to the oracle" } else { "DIFFER from the oracle" }
+    );
     println!(
         "results through keyed aggregation, the hot key salted: {}",
         if r.results_equal_oracle {
@@ -163,6 +188,34 @@ fn print(r: &SkewBench) {
         r.target_partition_wcu_per_second,
         if r.target_met { "met" } else { "NOT met" }
     );
+}
+
+/// A key turning hot and cooling on the stack, its producer salting what the registry lists:
+/// 1,000 events a second over 100 keys on 4 shards, 80% on one key from the 10th second to the
+/// 40th, periods of 2 s, the producer reading every second.
+fn through_registry(seed: u64) -> Result<Registry, CliError> {
+    let phase = |seconds, hot_share| adaptive::Phase { seconds, hot_share };
+    let settings = adaptive::Settings {
+        phases: vec![phase(10, 0.0), phase(30, 0.8), phase(30, 0.0)],
+        rate: 1_000,
+        keys: 100,
+        buckets: 8,
+        period_seconds: 2,
+        refresh: Duration::from_secs(1),
+        faults: FaultPlan::default(),
+        seed,
+    };
+    let runtime = crate::bench::runtime_builder(true);
+    let outcome = runtime.block_on(adaptive::run(&settings))?;
+    let hot = outcome.turned_hot(0.8).ok_or("the key never turned hot")?;
+    let salted = outcome.first(hot, true);
+    let cooled = hot + 30;
+    let back = salted.and_then(|s| outcome.first(s, false));
+    Ok(Registry {
+        seconds_to_salt: salted.map(|s| s - hot),
+        seconds_to_unsalt: back.map(|b| b.saturating_sub(cooled)),
+        counts_equal_oracle: outcome.counts == outcome.oracle,
+    })
 }
 
 fn event(key: String) -> Event {
