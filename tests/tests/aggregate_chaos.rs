@@ -242,13 +242,10 @@ async fn under_faults_a_key_turning_hot_is_salted_from_the_registry_without_a_de
     let outcome = run(&settings).await.unwrap();
     assert_eq!(outcome.counts, outcome.oracle, "each key counted exactly");
 
-    let hot = outcome.turned_hot(0.5).unwrap();
-    assert_eq!(
-        outcome.first(0, true),
-        outcome.first(hot, true),
-        "never salted while cool"
-    );
-    let salted = outcome.first(hot, true).expect("the hot key is salted");
+    let turns = outcome.turns(0.5).unwrap();
+    let hot = turns.hot;
+    let salted = turns.salted.expect("the hot key is salted");
+    assert!(salted >= hot, "salted at {salted} s, while still cool");
     // Its period ends, the next report decides it, and the producer reads the list: at most two
     // periods and a refresh, and a period more for reports that faults held back.
     assert!(
@@ -256,8 +253,9 @@ async fn under_faults_a_key_turning_hot_is_salted_from_the_registry_without_a_de
         "salted {} s after turning hot",
         salted - hot
     );
-    let cooled_from = hot + 25;
-    let back = outcome.first(salted, false).expect("the key goes back");
+    let cooled_from = turns.cooled;
+    assert_eq!(cooled_from, hot + 25, "the hot phase's 25 seconds");
+    let back = turns.back.expect("the key goes back");
     assert!(back >= cooled_from, "unsalted at {back} s while still hot");
     // Five cool periods of two seconds, then a decision and a read.
     assert!(

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use keyway::domain::skew::{coefficient_of_variation, max_over_mean};
 use keyway::local::FaultPlan;
-use keyway_stack::adaptive::{run as run_adaptive, Outcome, Phase, Second, Settings, HOT_KEY};
+use keyway_stack::adaptive::{
+    run as run_adaptive, Outcome, Phase, Second, Settings, Turns, HOT_KEY,
+};
 
 use crate::error::CliError;
 use crate::skew::render::bar;
@@ -50,12 +52,12 @@ pub async fn run(rate: u32, faults: f64, seed: u64) -> Result<(), CliError> {
     );
     println!("  the registry decides every {PERIOD_SECONDS} s, the producer reads it every second and salts a listed key over {BUCKETS} buckets; same faults");
     let outcome = run_adaptive(&settings).await?;
-    let hot = outcome
-        .turned_hot(HOT_SHARE)
-        .ok_or("the key never turned hot")?;
-    let salted = outcome.first(hot, true);
-    let cooled = hot + 30;
-    let back = salted.and_then(|s| outcome.first(s, false));
+    let Turns {
+        hot,
+        salted,
+        cooled,
+        back,
+    } = outcome.turns(HOT_SHARE).ok_or("the key never turned hot")?;
     println!("  timeline");
     println!(
         "    {hot:>3} s  {HOT_KEY} turns hot: {:.0}% of the events",

@@ -74,15 +74,36 @@ pub struct Outcome {
     pub oracle: BTreeMap<String, u64>,
 }
 
-impl Outcome {
-    /// The first second at or after `from` in which `salted` is what `wanted` says.
-    pub fn first(&self, from: usize, wanted: bool) -> Option<usize> {
-        (from..self.seconds.len()).find(|&s| self.seconds[s].salted == wanted)
-    }
+/// The seconds at which the hot key's run turned: it turned hot, the producer salted it, it
+/// cooled, the producer sent it under its own key again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Turns {
+    pub hot: usize,
+    pub salted: Option<usize>,
+    /// The first second after `hot` it carried less than the share it turned hot at; the run's
+    /// length when it never did.
+    pub cooled: usize,
+    /// The first second after `salted` the producer no longer salted it.
+    pub back: Option<usize>,
+}
 
-    /// The first second the hot key carried a share at least `share`.
-    pub fn turned_hot(&self, share: f64) -> Option<usize> {
-        self.seconds.iter().position(|s| s.hot_share >= share)
+impl Outcome {
+    /// When the hot key turned, taking it as hot in the seconds it carried at least `share`;
+    /// none when it never did.
+    pub fn turns(&self, share: f64) -> Option<Turns> {
+        let hot = self.seconds.iter().position(|s| s.hot_share >= share)?;
+        let after = |from: usize, wanted: &dyn Fn(&Second) -> bool| {
+            (from..self.seconds.len()).find(|&s| wanted(&self.seconds[s]))
+        };
+        let salted = after(0, &|s| s.salted);
+        let cooled = after(hot, &|s| s.hot_share < share).unwrap_or(self.seconds.len());
+        let back = salted.and_then(|from| after(from, &|s| !s.salted));
+        Some(Turns {
+            hot,
+            salted,
+            cooled,
+            back,
+        })
     }
 }
 

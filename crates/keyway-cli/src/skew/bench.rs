@@ -207,13 +207,10 @@ fn through_registry(seed: u64) -> Result<Registry, CliError> {
     };
     let runtime = crate::bench::runtime_builder(true);
     let outcome = runtime.block_on(adaptive::run(&settings))?;
-    let hot = outcome.turned_hot(0.8).ok_or("the key never turned hot")?;
-    let salted = outcome.first(hot, true);
-    let cooled = hot + 30;
-    let back = salted.and_then(|s| outcome.first(s, false));
+    let turns = outcome.turns(0.8).ok_or("the key never turned hot")?;
     Ok(Registry {
-        seconds_to_salt: salted.map(|s| s - hot),
-        seconds_to_unsalt: back.map(|b| b.saturating_sub(cooled)),
+        seconds_to_salt: turns.salted.map(|s| s.saturating_sub(turns.hot)),
+        seconds_to_unsalt: turns.back.map(|b| b.saturating_sub(turns.cooled)),
         counts_equal_oracle: outcome.counts == outcome.oracle,
     })
 }

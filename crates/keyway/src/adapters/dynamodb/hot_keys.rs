@@ -20,6 +20,7 @@
 //! results of a salted key equal those of an unsalted one.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +43,10 @@ pub struct HotKeyRegistry {
     scope: String,
     period_millis: i64,
     thresholds: Hysteresis,
+    /// The last period this instance saw decided. Every batch of every shard reports: without
+    /// this, each would read the hot list, one item, which would become a hot key of its own.
+    /// With it, an instance reads the list once a period.
+    seen_decided: Arc<AtomicI64>,
 }
 
 /// The hot list as stored.
@@ -65,6 +70,7 @@ impl HotKeyRegistry {
             scope: scope.into(),
             period_millis: (period.as_millis() as i64).max(1),
             thresholds,
+            seen_decided: Arc::new(AtomicI64::new(i64::MIN)),
         }
     }
 
@@ -105,8 +111,12 @@ impl HotKeyRegistry {
     /// Decides every period that ended since the last decision, as of `now`.
     async fn decide(&self, now: i64) -> Result<(), StoreError> {
         let last_ended = self.period_of(now) - self.period_millis;
+        if self.seen_decided.load(Ordering::Relaxed) >= last_ended {
+            return Ok(());
+        }
         let listing = self.listing().await?;
         if listing.through.is_some_and(|t| t >= last_ended) {
+            self.seen_decided.fetch_max(last_ended, Ordering::Relaxed);
             return Ok(());
         }
         // Beyond the cool periods every key has cooled: older periods change nothing.
@@ -137,8 +147,12 @@ impl HotKeyRegistry {
             None => Expect::Absent,
         };
         match self.table.put(&item, &expect).await {
-            // Another function decided first: its list stands.
-            Ok(()) | Err(StoreError::Conflict) => Ok(()),
+            // Another function decided first: its list stands. (Had it decided fewer periods,
+            // the next period's first report catches up.)
+            Ok(()) | Err(StoreError::Conflict) => {
+                self.seen_decided.fetch_max(last_ended, Ordering::Relaxed);
+                Ok(())
+            }
             Err(err) => Err(err),
         }
     }
@@ -364,6 +378,31 @@ mod tests {
         let list = table.get(&first.list_key()).await.unwrap().unwrap();
         // The period before the first report, then the first period: once each.
         assert_eq!(number_of::<u64>(list.get(VERSION)), Some(2));
+    }
+
+    #[tokio::test]
+    async fn a_function_reads_the_hot_list_once_a_period_however_many_batches_it_runs() {
+        let table = Arc::new(LocalTable::new());
+        let registry = registry(&table);
+        let gets = || table.meter().snapshot().calls.get("GetItem").copied();
+        for i in 0..200 {
+            let batch = format!("s1/{i}");
+            registry
+                .report(&report(PERIOD + i, &batch, &[("a", 9), ("b", 1)]))
+                .await
+                .unwrap();
+        }
+        assert_eq!(gets(), Some(1), "the first period's decision, once");
+        for i in 0..200 {
+            let batch = format!("s1/{}", 200 + i);
+            registry
+                .report(&report(2 * PERIOD + i, &batch, &[("a", 9)]))
+                .await
+                .unwrap();
+        }
+        assert_eq!(gets(), Some(2), "and once for the next");
+        // The first period: `a` carried 90% of it, `b` 10%, under the heat share.
+        assert_eq!(registry.hot().await.unwrap(), keys(&["a"]));
     }
 
     #[tokio::test]
