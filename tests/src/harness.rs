@@ -219,7 +219,7 @@ pub async fn run_to_completion<O: KeyedOperator>(
     let mut current = event.clone();
     for _ in 0..attempts {
         let report = executor
-            .run(decode_event(current.clone()).expect("a Kinesis event"))
+            .run(decode_event(&current.to_string()).expect("a Kinesis event"))
             .await;
         let failed = report.failed_from.clone();
         reports.push(report);

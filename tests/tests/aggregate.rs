@@ -111,7 +111,7 @@ async fn salted_and_plain_records_merge_into_exactly_what_adding_them_up_one_by_
         let event = shard.batch(chunk);
         run_to_completion(&phase1, &event, 3).await;
         // Delivered again: every record is below its key's watermark.
-        let again = phase1.run(decode_event(event).unwrap()).await;
+        let again = phase1.run(decode_event(&event.to_string()).unwrap()).await;
         assert_eq!(again.failed_from, None);
     }
     assert!(

@@ -216,7 +216,9 @@ async fn run(seed: u64, kind: JoinKind) {
             let shard = sources
                 .entry(table.to_owned())
                 .or_insert_with(|| Shard::new(&format!("app.public.{table}"), 0));
-            let report = rekey.run(decode_event(shard.batch(&batch)).unwrap()).await;
+            let report = rekey
+                .run(decode_event(&shard.batch(&batch).to_string()).unwrap())
+                .await;
             assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
         }
         at = end;
@@ -243,7 +245,7 @@ async fn run(seed: u64, kind: JoinKind) {
         let batch: Vec<(&str, Vec<u8>)> =
             batch.iter().map(|(k, d)| (k.as_str(), d.clone())).collect();
         let report = join
-            .run(decode_event(changelog[i].batch(&batch)).unwrap())
+            .run(decode_event(&changelog[i].batch(&batch).to_string()).unwrap())
             .await;
         assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
     }

@@ -780,7 +780,9 @@ async fn a_dynamodb_stream_delivers_changes_ttl_deletions_and_failure_records() 
         json!({"type": "Service", "principalId": "dynamodb.amazonaws.com"})
     );
     // Every delivered record decodes as keyway's DynamoDB source reads it.
-    let decoded = keyway::sources::dynamodb::decode_event(json!({"Records": delivered})).unwrap();
+    let decoded =
+        keyway::sources::dynamodb::decode_event(&json!({"Records": delivered}).to_string())
+            .unwrap();
     assert!(decoded.iter().all(Result::is_ok));
 }
 

@@ -19,7 +19,9 @@ async fn an_input_found_invalid_while_processing_is_dead_lettered_and_its_key_go
     let executor = world.executor(KeyedCounter);
     let mut shard = Shard::new("in", 0);
     let event = shard.batch(&[count("a", 5), count("a", u64::MAX), count("a", 2)]);
-    let report = executor.run(decode_event(event.clone()).unwrap()).await;
+    let report = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(report.failed_from, None);
     assert_eq!(report.dead_lettered, 1);
     assert_eq!(
@@ -58,7 +60,9 @@ async fn an_output_that_cannot_be_sent_keeps_its_record_unapplied_until_a_redeli
     let event = shard.batch(&[count("a", 1), count("b", 1), count("a", 1)]);
 
     flaky.set_down(true);
-    let report = executor.run(decode_event(event.clone()).unwrap()).await;
+    let report = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(
         report.failed_from.as_ref().map(|s| s.to_string()),
         event["Records"][0]["kinesis"]["sequenceNumber"]
@@ -103,7 +107,7 @@ async fn a_key_holding_ten_thousand_list_entries_of_two_kilobytes_works() {
             })
             .collect();
         let report = executor
-            .run(decode_event(shard.batch(&records)).unwrap())
+            .run(decode_event(&shard.batch(&records).to_string()).unwrap())
             .await;
         assert_eq!((report.applied, report.failed_from), (1000, None));
     }
@@ -122,7 +126,7 @@ async fn a_key_holding_ten_thousand_list_entries_of_two_kilobytes_works() {
     );
 
     let report = executor
-        .run(decode_event(shard.batch(&[("k", b"FLUSH".to_vec())])).unwrap())
+        .run(decode_event(&shard.batch(&[("k", b"FLUSH".to_vec())]).to_string()).unwrap())
         .await;
     assert_eq!(report.failed_from, None);
     let flushed: serde_json::Value =
@@ -133,7 +137,7 @@ async fn a_key_holding_ten_thousand_list_entries_of_two_kilobytes_works() {
     );
     // The next commit deletes the segments the flush retired.
     executor
-        .run(decode_event(shard.batch(&[("k", b"00000-after".to_vec())])).unwrap())
+        .run(decode_event(&shard.batch(&[("k", b"00000-after".to_vec())]).to_string()).unwrap())
         .await;
     assert_eq!(world.state_items(), 1, "only the head item is left");
 }
@@ -172,11 +176,11 @@ async fn state_past_its_ttl_is_never_read_even_before_dynamodb_deletes_it() {
     let executor = world.executor(ExpiringCounter);
     let mut shard = Shard::new("in", 0);
     executor
-        .run(decode_event(shard.batch(&[count("a", 5)])).unwrap())
+        .run(decode_event(&shard.batch(&[count("a", 5)]).to_string()).unwrap())
         .await;
     world.clock.advance(3_599_000);
     executor
-        .run(decode_event(shard.batch(&[count("a", 1)])).unwrap())
+        .run(decode_event(&shard.batch(&[count("a", 1)]).to_string()).unwrap())
         .await;
     assert_eq!(
         stored_count(&world, &executor, "a").await,
@@ -190,7 +194,7 @@ async fn state_past_its_ttl_is_never_read_even_before_dynamodb_deletes_it() {
         "DynamoDB has not deleted the item yet"
     );
     executor
-        .run(decode_event(shard.batch(&[count("a", 1)])).unwrap())
+        .run(decode_event(&shard.batch(&[count("a", 1)]).to_string()).unwrap())
         .await;
     assert_eq!(
         stored_count(&world, &executor, "a").await,
@@ -220,7 +224,9 @@ async fn an_outbox_that_could_not_be_sent_is_sent_again_by_the_redelivery_with_t
         ("k", br#"{"key":"k","event":"e2"}"#.to_vec()),
     ]);
     flaky.set_down(true);
-    let report = executor.run(decode_event(event.clone()).unwrap()).await;
+    let report = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(report.commits, 1, "the state and its outbox are committed");
     assert!(
         report.failed_from.is_some(),
@@ -308,12 +314,12 @@ async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
             ttl_deletion: false,
         }),
     );
-    let report = keyway::lambda::run_dynamodb(&executor, event.clone(), None)
+    let report = keyway::lambda::run_dynamodb(&executor, &event.to_string(), None)
         .await
         .unwrap();
     assert!(report.batch_item_failures.is_empty());
     // Redelivered, the three changes are recognised per item and not counted again.
-    keyway::lambda::run_dynamodb(&executor, event.clone(), None)
+    keyway::lambda::run_dynamodb(&executor, &event.to_string(), None)
         .await
         .unwrap();
     assert_eq!(stored_count(&world, &executor, "orders").await, Some(3));
@@ -375,7 +381,7 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
         Executor::new(Oversized, world.store.clone(), sinks, world.clock.clone()).unwrap();
     let mut shard = Shard::new("in", 0);
     let report = executor
-        .run(decode_event(shard.batch(&[count("k", 1), count("k", 1)])).unwrap())
+        .run(decode_event(&shard.batch(&[count("k", 1), count("k", 1)]).to_string()).unwrap())
         .await;
     assert_eq!(report.failed_from, None, "the key is not blocked");
     assert_eq!(stored_count(&world, &executor, "k").await, Some(2));
@@ -530,7 +536,7 @@ async fn an_operator_of_two_inputs_gets_each_record_as_the_input_its_stream_is_w
     let mut names = Shard::new("names-stream", 0);
     let mut greetings = Shard::new("greetings-stream", 0);
     let mut elsewhere = Shard::new("elsewhere", 0);
-    let run = |event| executor.run(decode_event(event).unwrap());
+    let run = |event: serde_json::Value| executor.run(decode_event(&event.to_string()).unwrap());
     assert_eq!(run(names.batch(&[said("k", "Ada")])).await.applied, 1);
     let report = run(greetings.batch(&[said("k", "hello"), said("k", "bye")])).await;
     assert_eq!((report.applied, report.failed_from), (2, None));
@@ -594,7 +600,7 @@ async fn an_input_wired_by_its_streams_arn_gets_that_streams_records() {
     .unwrap();
     let mut names = Shard::new("names-stream", 0);
     let report = executor
-        .run(decode_event(names.batch(&[said("k", "Ada")])).unwrap())
+        .run(decode_event(&names.batch(&[said("k", "Ada")]).to_string()).unwrap())
         .await;
     assert_eq!((report.applied, report.dead_lettered), (1, 0));
 }
@@ -718,7 +724,7 @@ async fn broadcast_state_written_by_its_input_is_read_by_every_key_and_decoded_o
     .unwrap();
     let mut rules = Shard::new("rules-stream", 0);
     let mut messages = Shard::new("messages-stream", 0);
-    let run = |event| executor.run(decode_event(event).unwrap());
+    let run = |event: serde_json::Value| executor.run(decode_event(&event.to_string()).unwrap());
     let passed = || -> Vec<String> {
         world
             .outputs(PASSED.name)
@@ -775,7 +781,12 @@ async fn a_keyed_record_that_writes_broadcast_state_stops_its_key_and_the_others
     )
     .unwrap();
     let mut messages = Shard::new("messages-stream", 0);
-    let batch = decode_event(messages.batch(&[said("ann", "!mine"), said("bob", "hi")])).unwrap();
+    let batch = decode_event(
+        &messages
+            .batch(&[said("ann", "!mine"), said("bob", "hi")])
+            .to_string(),
+    )
+    .unwrap();
     let first = batch[0].as_ref().unwrap().sequence.clone();
     let report = executor.run(batch).await;
     assert_eq!(report.applied, 1, "bob's message goes on");

@@ -41,10 +41,13 @@ async fn the_keyed_counter_batch_counts_good_records_dead_letters_bad_ones_and_a
 ) {
     let world = World::new(&[COUNTS.name]);
     let executor = world.executor(KeyedCounter);
-    let response =
-        keyway::lambda::run_kinesis(&executor, fixture("keyed-counter/kinesis-batch.json"), None)
-            .await
-            .unwrap();
+    let response = keyway::lambda::run_kinesis(
+        &executor,
+        &fixture("keyed-counter/kinesis-batch.json").to_string(),
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         serde_json::to_value(&response).unwrap(),
         fixture("keyed-counter/kinesis-batch.response.json")
@@ -68,8 +71,9 @@ async fn the_keyed_counter_batch_counts_good_records_dead_letters_bad_ones_and_a
 
 #[test]
 fn arrival_timestamps_keep_their_milliseconds_whatever_their_decimals() {
-    let records =
-        decoded(kinesis::decode_event(fixture("kinesis/arrival-precision.json")).unwrap());
+    let records = decoded(
+        kinesis::decode_event(&fixture("kinesis/arrival-precision.json").to_string()).unwrap(),
+    );
     let arrivals: Vec<Option<i64>> = records.iter().map(|r| r.arrival_millis).collect();
     assert_eq!(
         arrivals,
@@ -91,7 +95,7 @@ fn kinesis_fixtures_survive_a_round_trip_through_the_event_builder() {
             .as_str()
             .unwrap()
             .to_owned();
-        let records = decoded(kinesis::decode_event(event).unwrap());
+        let records = decoded(kinesis::decode_event(&event.to_string()).unwrap());
         let shard_ids: Vec<String> = records
             .iter()
             .map(|r| r.origin.as_str().rsplit('/').next().unwrap().to_owned())
@@ -118,7 +122,7 @@ fn kinesis_fixtures_survive_a_round_trip_through_the_event_builder() {
                     arrival_millis: r.arrival_millis.unwrap(),
                 }),
         );
-        let again = decoded(kinesis::decode_event(rebuilt).unwrap());
+        let again = decoded(kinesis::decode_event(&rebuilt.to_string()).unwrap());
         let with_arrival: Vec<_> = records
             .iter()
             .filter(|r| r.arrival_millis.is_some())
@@ -145,8 +149,8 @@ fn fixtures_round_trip_through_the_aws_lambda_events_types_unchanged() {
         let typed: aws_lambda_events::event::kinesis::KinesisEvent =
             serde_json::from_value(event.clone()).unwrap();
         let back = serde_json::to_value(&typed).unwrap();
-        let ours = decoded(kinesis::decode_event(event).unwrap());
-        let theirs = decoded(kinesis::decode_event(back).unwrap());
+        let ours = decoded(kinesis::decode_event(&event.to_string()).unwrap());
+        let theirs = decoded(kinesis::decode_event(&back.to_string()).unwrap());
         assert_eq!(
             ours.iter().map(essence).collect::<Vec<_>>(),
             theirs.iter().map(essence).collect::<Vec<_>>(),
@@ -165,8 +169,8 @@ fn fixtures_round_trip_through_the_aws_lambda_events_types_unchanged() {
             serde_json::from_value(event.clone()).unwrap();
         assert_eq!(typed.records.len(), records, "{path}");
         let back = serde_json::to_value(&typed).unwrap();
-        let ours = decoded(dynamodb::decode_event(event).unwrap());
-        let theirs = decoded(dynamodb::decode_event(back).unwrap());
+        let ours = decoded(dynamodb::decode_event(&event.to_string()).unwrap());
+        let theirs = decoded(dynamodb::decode_event(&back.to_string()).unwrap());
         // The typed form always writes a creation time (0 where none was sent); everything else
         // holds.
         let changes = |rs: &[SourceRecord]| {
@@ -180,8 +184,9 @@ fn fixtures_round_trip_through_the_aws_lambda_events_types_unchanged() {
 
 #[test]
 fn an_items_life_decodes_to_insert_modify_and_remove_with_their_images() {
-    let records =
-        decoded(dynamodb::decode_event(fixture("dynamodb/insert-modify-remove.json")).unwrap());
+    let records = decoded(
+        dynamodb::decode_event(&fixture("dynamodb/insert-modify-remove.json").to_string()).unwrap(),
+    );
     let kinds: Vec<(ChangeKind, bool, bool)> = records
         .iter()
         .map(|r| match &r.payload {
@@ -207,12 +212,15 @@ fn an_items_life_decodes_to_insert_modify_and_remove_with_their_images() {
 
 #[test]
 fn a_ttl_deletion_and_an_emulator_record_decode() {
-    let ttl = decoded(dynamodb::decode_event(fixture("dynamodb/ttl-deletion.json")).unwrap());
+    let ttl = decoded(
+        dynamodb::decode_event(&fixture("dynamodb/ttl-deletion.json").to_string()).unwrap(),
+    );
     assert!(
         matches!(&ttl[0].payload, Payload::Change(c) if c.ttl_deletion && c.kind == ChangeKind::Remove)
     );
-    let emulator =
-        decoded(dynamodb::decode_event(fixture("dynamodb/emulator-shape.json")).unwrap());
+    let emulator = decoded(
+        dynamodb::decode_event(&fixture("dynamodb/emulator-shape.json").to_string()).unwrap(),
+    );
     // The zero-padded sequence number is kept as sent: it names the record in a batch response.
     assert_eq!(
         emulator[0].sequence.as_str(),
@@ -509,7 +517,7 @@ fn steps_by_row(records: &[(String, Vec<u8>)]) -> StepsByRow {
 
 /// The Kinesis records of a fixture, as (partition key, data, sequence number).
 fn kinesis_records(path: &str) -> Vec<(String, Vec<u8>, String)> {
-    decoded(kinesis::decode_event(fixture(path)).unwrap())
+    decoded(kinesis::decode_event(&fixture(path).to_string()).unwrap())
         .into_iter()
         .map(|r| match r.payload {
             Payload::Bytes(data) => (r.partition_key, data, r.sequence.to_string()),
@@ -777,7 +785,7 @@ async fn the_aggregation_batch_aggregates_plain_and_salted_records_and_dead_lett
     let executor = world.executor(summing());
     let response = keyway::lambda::run_kinesis(
         &executor,
-        fixture("keyed-aggregate/events-batch.json"),
+        &fixture("keyed-aggregate/events-batch.json").to_string(),
         None,
     )
     .await
@@ -836,7 +844,7 @@ async fn the_merge_batch_merges_a_keys_buckets_exactly_and_ignores_a_partial_sen
     });
     let response = keyway::lambda::run_kinesis(
         &executor,
-        fixture("aggregate-merge/partials-batch.json"),
+        &fixture("aggregate-merge/partials-batch.json").to_string(),
         None,
     )
     .await

@@ -36,10 +36,14 @@ async fn a_replayed_batch_applies_nothing_twice() {
         count("b", 5),
     ]);
 
-    let first = executor.run(decode_event(event.clone()).unwrap()).await;
+    let first = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!((first.applied, first.failed_from.clone()), (5, None));
     // Lambda delivers the same batch again (a timeout after the commit, a duplicate delivery).
-    let second = executor.run(decode_event(event.clone()).unwrap()).await;
+    let second = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(second.applied, 0, "nothing is applied twice");
     assert_eq!(second.replayed, 5);
     assert_eq!(second.failed_from, None);
@@ -73,7 +77,9 @@ async fn a_poison_record_stops_only_its_own_key_and_is_reported_at_the_lowest_un
     let poison = sequence_at(&event, 2);
     poisoned.lock().unwrap().insert(poison.to_string());
 
-    let report = executor.run(decode_event(event.clone()).unwrap()).await;
+    let report = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(
         report.failed_from,
         Some(poison.clone()),
@@ -93,7 +99,7 @@ async fn a_poison_record_stops_only_its_own_key_and_is_reported_at_the_lowest_un
 
     // Lambda redelivers from the reported record; while it stays poisoned nothing moves.
     let again = executor
-        .run(decode_event(redelivery(&event, &poison)).unwrap())
+        .run(decode_event(&redelivery(&event, &poison).to_string()).unwrap())
         .await;
     assert_eq!(again.failed_from, Some(poison.clone()));
     assert_eq!(again.applied, 0);
@@ -105,7 +111,7 @@ async fn a_poison_record_stops_only_its_own_key_and_is_reported_at_the_lowest_un
     // Once the dependency is back, the key catches up, in order, exactly once.
     poisoned.lock().unwrap().clear();
     let healed = executor
-        .run(decode_event(redelivery(&event, &poison)).unwrap())
+        .run(decode_event(&redelivery(&event, &poison).to_string()).unwrap())
         .await;
     assert_eq!(healed.failed_from, None);
     assert_eq!(stored_count(&world, &executor, "a").await, Some(7));
@@ -137,8 +143,8 @@ async fn two_concurrent_invocations_on_one_key_lose_no_update() {
     let right_event = from_right.batch(&[count("page", 10)]);
 
     let (l, r) = tokio::join!(
-        left.run(decode_event(left_event.clone()).unwrap()),
-        right.run(decode_event(right_event.clone()).unwrap())
+        left.run(decode_event(&left_event.to_string()).unwrap()),
+        right.run(decode_event(&right_event.to_string()).unwrap())
     );
     assert_eq!(
         racing.versions_read("page"),
@@ -192,8 +198,8 @@ async fn two_concurrent_invocations_on_one_key_lose_no_wake_up() {
     // race runs again on the winner's state, within its invocation (outbox delivery: nothing it
     // computed from the stale snapshot went out).
     let (a, b) = tokio::join!(
-        events_side.run(decode_event(event_batch.clone()).unwrap()),
-        resolutions_side.run(decode_event(resolution_batch.clone()).unwrap())
+        events_side.run(decode_event(&event_batch.to_string()).unwrap()),
+        resolutions_side.run(decode_event(&resolution_batch.to_string()).unwrap())
     );
     assert_eq!(
         racing.versions_read("k"),
@@ -250,7 +256,9 @@ async fn a_record_that_cannot_be_decoded_reaches_the_dead_letter_sink_with_reaso
     broken["kinesis"]["sequenceNumber"] = Value::String(format!("4959{:052}", 999_999));
     event["Records"].as_array_mut().unwrap().push(broken);
 
-    let report = executor.run(decode_event(event.clone()).unwrap()).await;
+    let report = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(report.failed_from, None, "bad input never fails the batch");
     assert_eq!(report.dead_lettered, 3);
     assert_eq!(
@@ -309,7 +317,7 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
         KeyedCounter,
         Arc::new(CrashBeforeCommit::always(world.store.clone())),
     );
-    let crashed = AssertUnwindSafe(crashing.run(decode_event(event.clone()).unwrap()))
+    let crashed = AssertUnwindSafe(crashing.run(decode_event(&event.to_string()).unwrap()))
         .catch_unwind()
         .await;
     assert!(
@@ -321,7 +329,9 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
 
     // Lambda retries the whole batch.
     let executor = world.executor(KeyedCounter);
-    let retry = executor.run(decode_event(event.clone()).unwrap()).await;
+    let retry = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(retry.failed_from, None);
     let all = world.outputs(COUNTS.name);
     assert_eq!(all.len(), 8, "the retry sends every output again");
@@ -344,7 +354,7 @@ async fn a_crash_between_emit_and_commit_duplicates_outputs_with_the_same_ids_an
     assert_eq!(stored_count(&world, &executor, "a").await, Some(2));
 
     // The ids are the ones derived from each record, so any consumer can compute them.
-    let expected: HashSet<String> = decode_event(event.clone())
+    let expected: HashSet<String> = decode_event(&event.to_string())
         .unwrap()
         .iter()
         .map(|r| {

@@ -43,7 +43,9 @@ async fn run(records: &[Value]) -> std::collections::BTreeMap<String, Value> {
             record["userIdentity"]["accessKeyId"].as_str().unwrap()
         );
         let batch = events.batch(&[(key.as_str(), serde_json::to_vec(record).unwrap())]);
-        let report = executor.run(decode_event(batch).unwrap()).await;
+        let report = executor
+            .run(decode_event(&batch.to_string()).unwrap())
+            .await;
         assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
         loop {
             let published = world.outputs(RESOLUTIONS.name);
@@ -58,7 +60,9 @@ async fn run(records: &[Value]) -> std::collections::BTreeMap<String, Value> {
                     resolution["accessKeyId"].as_str().unwrap()
                 );
                 let batch = feedback.batch(&[(key.as_str(), message.body.clone().into_bytes())]);
-                let report = executor.run(decode_event(batch).unwrap()).await;
+                let report = executor
+                    .run(decode_event(&batch.to_string()).unwrap())
+                    .await;
                 assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
             }
             looped = published.len();
@@ -135,7 +139,9 @@ async fn a_record_whose_resolution_never_comes_goes_out_unresolved_when_its_time
     let orphan = record("orphan", session("ASIA9", "role-9"), "ListBuckets", None);
     let key = format!("{ACCOUNT}#ASIA9");
     let batch = events.batch(&[(key.as_str(), serde_json::to_vec(&orphan).unwrap())]);
-    executor.run(decode_event(batch).unwrap()).await;
+    executor
+        .run(decode_event(&batch.to_string()).unwrap())
+        .await;
     assert!(world.outputs(ENRICHED.name).is_empty(), "it waits");
     world.clock.advance(ttl - 1);
     executor.fire_timers(None).await.unwrap();
@@ -186,7 +192,7 @@ async fn a_key_fed_far_more_records_than_its_buffer_holds_sends_the_overflow_out
         })
         .collect();
     let report = executor
-        .run(decode_event(events.batch(&records)).unwrap())
+        .run(decode_event(&events.batch(&records).to_string()).unwrap())
         .await;
     assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
     let out: Vec<Value> = world
@@ -217,7 +223,9 @@ async fn a_resolution_racing_the_buffer_timer_sends_the_waiting_record_one_way_o
     let key = format!("{ACCOUNT}#ASIA9");
     let waiting = record("waits", session("ASIA9", "role-9"), "ListBuckets", None);
     let batch = events.batch(&[(key.as_str(), serde_json::to_vec(&waiting).unwrap())]);
-    executor.run(decode_event(batch).unwrap()).await;
+    executor
+        .run(decode_event(&batch.to_string()).unwrap())
+        .await;
     world.clock.advance(ttl);
     // Every table call takes 10 ms from now on. The sweep reads the timer index an hour bucket
     // at a time, then loads the key and commits, a call apart; the resolution arrives 175 ms in,
@@ -233,7 +241,9 @@ async fn a_resolution_racing_the_buffer_timer_sends_the_waiting_record_one_way_o
     let batch = feedback.batch(&[(key.as_str(), serde_json::to_vec(&resolution).unwrap())]);
     let resolve = async {
         tokio::time::sleep(latency * 35 / 2).await;
-        executor.run(decode_event(batch).unwrap()).await
+        executor
+            .run(decode_event(&batch.to_string()).unwrap())
+            .await
     };
     let (swept, report) = tokio::join!(executor.fire_timers(None), resolve);
     assert_eq!(swept.unwrap().fired, 1, "the timer fired");
@@ -266,12 +276,16 @@ async fn deliver(
         record["userIdentity"]["accessKeyId"].as_str().unwrap()
     );
     let batch = events.batch(&[(key.as_str(), serde_json::to_vec(record).unwrap())]);
-    executor.run(decode_event(batch).unwrap()).await;
+    executor
+        .run(decode_event(&batch.to_string()).unwrap())
+        .await;
     for message in &world.outputs(RESOLUTIONS.name)[before..] {
         let resolution: Value = serde_json::from_str(&message.body).unwrap();
         let key = format!("{ACCOUNT}#{}", resolution["accessKeyId"].as_str().unwrap());
         let batch = feedback.batch(&[(key.as_str(), message.body.clone().into_bytes())]);
-        executor.run(decode_event(batch).unwrap()).await;
+        executor
+            .run(decode_event(&batch.to_string()).unwrap())
+            .await;
     }
 }
 

@@ -58,10 +58,10 @@ async fn a_key_fed_by_two_lanes_of_one_shard_applies_the_earlier_record_that_com
         count_under("user-2", "page", 10),
     ]);
     let later_lane = executor
-        .run(decode_event(pick(&event, &[1])).unwrap())
+        .run(decode_event(&pick(&event, &[1]).to_string()).unwrap())
         .await;
     let earlier_lane = executor
-        .run(decode_event(pick(&event, &[0])).unwrap())
+        .run(decode_event(&pick(&event, &[0]).to_string()).unwrap())
         .await;
     assert_eq!((later_lane.applied, earlier_lane.applied), (1, 1));
     assert_eq!(
@@ -70,7 +70,9 @@ async fn a_key_fed_by_two_lanes_of_one_shard_applies_the_earlier_record_that_com
         "the earlier record is applied, not skipped as already seen"
     );
     // Both lanes redelivered: nothing twice.
-    let again = executor.run(decode_event(event.clone()).unwrap()).await;
+    let again = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!((again.applied, again.replayed), (0, 2));
     assert_eq!(stored_count(&world, &executor, "page").await, Some(11));
 }
@@ -84,9 +86,13 @@ async fn a_record_redelivered_months_after_it_arrived_is_not_applied_twice() {
     let mut shard = Shard::new("archive", 0);
     shard.arrival_millis = world.clock.now_millis() - 200 * DAY;
     let event = shard.batch(&[count("a", 1), count("a", 2)]);
-    executor.run(decode_event(event.clone()).unwrap()).await;
+    executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     world.clock.advance(30 * DAY);
-    let again = executor.run(decode_event(event.clone()).unwrap()).await;
+    let again = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!((again.applied, again.replayed), (0, 2));
     assert_eq!(stored_count(&world, &executor, "a").await, Some(3));
 
@@ -99,13 +105,13 @@ async fn a_record_redelivered_months_after_it_arrived_is_not_applied_twice() {
     let mut recent = Shard::new("recent", 0);
     recent.arrival_millis = world.clock.now_millis();
     let event = recent.batch(&[count("b", 1)]);
-    short.run(decode_event(event.clone()).unwrap()).await;
+    short.run(decode_event(&event.to_string()).unwrap()).await;
     world.clock.advance(DAY - 1000);
     let later = short
-        .run(decode_event(recent.batch(&[count("b", 1)])).unwrap())
+        .run(decode_event(&recent.batch(&[count("b", 1)]).to_string()).unwrap())
         .await;
     assert_eq!(later.applied, 1);
-    let replay = short.run(decode_event(event).unwrap()).await;
+    let replay = short.run(decode_event(&event.to_string()).unwrap()).await;
     assert_eq!(replay.replayed, 1, "still guarded within the window");
 }
 
@@ -128,7 +134,9 @@ async fn an_unsent_outbox_outlives_the_state_ttl_and_is_sent_when_the_sink_is_ba
         ("k", resolution_of("k", "alice")),
     ]);
     flaky.set_down(true);
-    let first = executor.run(decode_event(event.clone()).unwrap()).await;
+    let first = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(first.commits, 1);
     assert!(first.failed_from.is_some());
 
@@ -175,14 +183,16 @@ async fn a_commit_whose_response_was_lost_is_a_commit_and_its_key_stays_readable
     let event = shard.batch(&records);
     world.executor(Buffer).run(Vec::new()).await;
     losing.lose_next(1);
-    let report = executor.run(decode_event(event.clone()).unwrap()).await;
+    let report = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(
         (report.commits, report.conflicts, report.failed_from),
         (1, 0, None),
         "the lost response is recognised as the key's own commit"
     );
     let flush = executor
-        .run(decode_event(shard.batch(&[("k", b"FLUSH".to_vec())])).unwrap())
+        .run(decode_event(&shard.batch(&[("k", b"FLUSH".to_vec())]).to_string()).unwrap())
         .await;
     assert_eq!(flush.failed_from, None, "every segment is still there");
     let flushed: Value = serde_json::from_str(&world.outputs("flushed")[0].body).unwrap();
@@ -213,8 +223,8 @@ async fn two_operators_on_one_stream_never_share_an_output_id() {
     )
     .unwrap();
     let event = Shard::new("clicks", 0).batch(&[count("a", 1), count("b", 2)]);
-    first.run(decode_event(event.clone()).unwrap()).await;
-    second.run(decode_event(event.clone()).unwrap()).await;
+    first.run(decode_event(&event.to_string()).unwrap()).await;
+    second.run(decode_event(&event.to_string()).unwrap()).await;
     let messages = world.sqs.messages(&fifo);
     assert_eq!(messages.len(), 4, "the queue's deduplication drops neither");
     let ids: HashSet<_> = messages.iter().map(|m| m.output_id.clone()).collect();
@@ -233,7 +243,9 @@ async fn an_outbox_larger_than_an_item_commits_and_an_unstorable_effect_is_dead_
         .collect();
     records.push(("k", resolution_of("k", "alice")));
     let event = shard.batch(&records);
-    let report = executor.run(decode_event(event).unwrap()).await;
+    let report = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(report.failed_from, None, "{report:?}");
     assert_eq!(world.outputs("resolved").len(), 300);
     // 500 records of one key in a batch, each sent 1 KB at once through the outbox.
@@ -241,7 +253,7 @@ async fn an_outbox_larger_than_an_item_commits_and_an_unstorable_effect_is_dead_
         .map(|i| ("k", event_of("k", &format!("{i:04}{}", "b".repeat(1000)))))
         .collect();
     let report = executor
-        .run(decode_event(shard.batch(&burst)).unwrap())
+        .run(decode_event(&shard.batch(&burst).to_string()).unwrap())
         .await;
     assert_eq!((report.applied, report.failed_from), (500, None));
     assert_eq!(world.outputs("resolved").len(), 800);
@@ -252,7 +264,7 @@ async fn an_outbox_larger_than_an_item_commits_and_an_unstorable_effect_is_dead_
         ("k", b"small".to_vec()),
         ("k", "x".repeat(500 * 1024).into_bytes()),
     ]);
-    let report = keeper.run(decode_event(event).unwrap()).await;
+    let report = keeper.run(decode_event(&event.to_string()).unwrap()).await;
     assert_eq!(
         (
             report.failed_from.clone(),
@@ -272,7 +284,7 @@ async fn an_outbox_larger_than_an_item_commits_and_an_unstorable_effect_is_dead_
         .unwrap();
     assert_eq!(kept["the-key"].slots["kept"].entries[0].get(), "\"small\"");
     let after = keeper
-        .run(decode_event(shard.batch(&[("k", b"after".to_vec())])).unwrap())
+        .run(decode_event(&shard.batch(&[("k", b"after".to_vec())]).to_string()).unwrap())
         .await;
     assert_eq!(after.applied, 1);
 }
@@ -344,7 +356,7 @@ async fn run_to_completion_dynamodb(
     let mut current = event.clone();
     for _ in 0..50 {
         let report = executor
-            .run(keyway::sources::dynamodb::decode_event(current.clone()).unwrap())
+            .run(keyway::sources::dynamodb::decode_event(&current.to_string()).unwrap())
             .await;
         let failed = report.failed_from.clone();
         reports.push(report);
@@ -377,14 +389,18 @@ async fn a_redelivery_after_the_state_ttl_and_the_ttl_process_is_still_skipped()
     let mut shard = Shard::new("clicks", 0);
     shard.arrival_millis = world.clock.now_millis();
     let event = shard.batch(&[count("a", 1), count("a", 2)]);
-    executor.run(decode_event(event.clone()).unwrap()).await;
+    executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     world.clock.advance(3_600_000);
     let deleted = world.table.expire(world.clock.now_millis() / 1000);
     assert_eq!(
         deleted, 0,
         "the head stays while a redelivery could reach it"
     );
-    let again = executor.run(decode_event(event.clone()).unwrap()).await;
+    let again = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!((again.applied, again.replayed), (0, 2));
     assert_eq!(
         counts_of(&world, COUNTS.name, "a"),
@@ -487,11 +503,17 @@ async fn an_outbox_is_sent_once_and_not_again_by_the_keys_next_commit() {
         ("k", event_of("k", "e1")),
         ("k", resolution_of("k", "alice")),
     ]);
-    executor.run(decode_event(first).unwrap()).await;
+    executor
+        .run(decode_event(&first.to_string()).unwrap())
+        .await;
     let second = shard.batch(&[("k", event_of("k", "e2"))]);
-    executor.run(decode_event(second).unwrap()).await;
+    executor
+        .run(decode_event(&second.to_string()).unwrap())
+        .await;
     let third = shard.batch(&[("k", resolution_of("k", "bob"))]);
-    executor.run(decode_event(third).unwrap()).await;
+    executor
+        .run(decode_event(&third.to_string()).unwrap())
+        .await;
     let events: Vec<String> = world
         .outputs("resolved")
         .iter()
@@ -509,13 +531,13 @@ async fn records_of_a_recreated_stream_are_applied_though_their_numbers_are_belo
     old.arrival_millis = world.clock.now_millis() - DAY;
     for _ in 0..5 {
         executor
-            .run(decode_event(old.batch(&[count("a", 1)])).unwrap())
+            .run(decode_event(&old.batch(&[count("a", 1)]).to_string()).unwrap())
             .await;
     }
     let mut new = old.recreated();
     new.arrival_millis = world.clock.now_millis();
     let report = executor
-        .run(decode_event(new.batch(&[count("a", 10)])).unwrap())
+        .run(decode_event(&new.batch(&[count("a", 10)]).to_string()).unwrap())
         .await;
     assert_eq!(report.applied, 1);
     assert_eq!(stored_count(&world, &executor, "a").await, Some(15));
@@ -527,7 +549,9 @@ async fn an_operator_that_panics_fails_its_key_and_the_others_go_on() {
     let world = World::new(&[COUNTS.name]);
     let executor = world.executor(Tweaked::new(KeyedCounter).panicking_on("boom"));
     let event = Shard::new("clicks", 0).batch(&[count("a", 1), count("boom", 1), count("b", 1)]);
-    let report = executor.run(decode_event(event.clone()).unwrap()).await;
+    let report = executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     assert_eq!(report.panics, 1);
     assert_eq!(
         report.failed_from.as_ref().map(|s| s.to_string()),
@@ -552,7 +576,7 @@ async fn near_its_deadline_the_executor_commits_what_it_finished_and_reports_the
     // Five seconds left, two kept in reserve: three keys get processed.
     let deadline = world.clock.now_millis() + 5_000;
     let report = executor
-        .run_until(decode_event(event.clone()).unwrap(), Some(deadline))
+        .run_until(decode_event(&event.to_string()).unwrap(), Some(deadline))
         .await;
     assert_eq!((report.applied, report.deferred_keys), (3, 3), "{report:?}");
     assert_eq!(
@@ -564,7 +588,10 @@ async fn near_its_deadline_the_executor_commits_what_it_finished_and_reports_the
     assert_eq!(stored_count(&world, &executor, "c").await, Some(1));
     assert_eq!(stored_count(&world, &executor, "d").await, None);
     let rest = executor
-        .run(decode_event(redelivery(&event, report.failed_from.as_ref().unwrap())).unwrap())
+        .run(
+            decode_event(&redelivery(&event, report.failed_from.as_ref().unwrap()).to_string())
+                .unwrap(),
+        )
         .await;
     assert_eq!((rest.applied, rest.failed_from), (3, None));
 }
@@ -575,7 +602,9 @@ async fn expired_state_keeps_its_watermarks_through_the_port() {
     let world = World::new(&[COUNTS.name]);
     let executor = world.executor(Tweaked::new(KeyedCounter).with_ttl(Duration::from_secs(1)));
     let event = Shard::new("clicks", 0).batch(&[count("a", 1)]);
-    executor.run(decode_event(event.clone()).unwrap()).await;
+    executor
+        .run(decode_event(&event.to_string()).unwrap())
+        .await;
     world.clock.advance(5_000);
     let loaded = world
         .store

@@ -144,7 +144,7 @@ async fn deploy_v1(world: &World, shard: &mut Shard) -> serde_json::Value {
     let v1 = world.executor(KeyedCounter);
     let event = shard.batch(&[count("a", 1), count("b", 2), count("a", 2)]);
     assert_eq!(
-        v1.run(decode_event(event.clone()).unwrap())
+        v1.run(decode_event(&event.to_string()).unwrap())
             .await
             .failed_from,
         None
@@ -164,7 +164,9 @@ async fn a_redeploy_with_a_changed_state_type_neither_crashes_nor_reads_old_stat
     let v2 = world.executor(CounterV2 { migrate: None });
     assert_ne!(v2.namespace().signature, V1_SIGNATURE);
     let batch = [count("a", 10), count("b", 10), count("d", 1), count("e", 1)];
-    let report = v2.run(decode_event(shard.batch(&batch)).unwrap()).await;
+    let report = v2
+        .run(decode_event(&shard.batch(&batch).to_string()).unwrap())
+        .await;
     assert_eq!(report.failed_from, None, "no crash, no failure");
     assert_eq!(
         (report.reset, report.migrated),
@@ -189,7 +191,7 @@ async fn a_redeploy_with_a_changed_state_type_neither_crashes_nor_reads_old_stat
 
     // The next invocation finds the keys under the new signature: nothing more to count.
     let again = v2
-        .run(decode_event(shard.batch(&[count("a", 1)])).unwrap())
+        .run(decode_event(&shard.batch(&[count("a", 1)]).to_string()).unwrap())
         .await;
     assert_eq!((again.reset, again.migrated), (0, 0));
 }
@@ -206,7 +208,7 @@ async fn a_registered_migration_carries_every_keys_state_over_once_with_its_wate
     // Lambda redelivers version 1's last batch to version 2 (say the deployment cut in):
     // the migrated watermarks skip it, and the migrated state is written even though nothing
     // else changed.
-    let replay = v2.run(decode_event(v1_batch).unwrap()).await;
+    let replay = v2.run(decode_event(&v1_batch.to_string()).unwrap()).await;
     assert_eq!(
         (replay.migrated, replay.replayed, replay.applied),
         (2, 3, 0)
@@ -227,7 +229,14 @@ async fn a_registered_migration_carries_every_keys_state_over_once_with_its_wate
     );
 
     let report = v2
-        .run(decode_event(shard.batch(&[count("a", 10), count("b", 10), count("d", 1)])).unwrap())
+        .run(
+            decode_event(
+                &shard
+                    .batch(&[count("a", 10), count("b", 10), count("d", 1)])
+                    .to_string(),
+            )
+            .unwrap(),
+        )
         .await;
     assert_eq!(
         (report.migrated, report.reset),
@@ -271,7 +280,7 @@ async fn keys_left_behind_by_a_change_older_than_the_look_back_are_not_counted_a
         .executor(CounterV2 { migrate: None })
         .with_config(config.clone());
     let first = v2
-        .run(decode_event(shard.batch(&[count("d", 1)])).unwrap())
+        .run(decode_event(&shard.batch(&[count("d", 1)]).to_string()).unwrap())
         .await;
     assert_eq!(first.reset, 0);
     world.clock.advance(61_000);
@@ -279,7 +288,7 @@ async fn keys_left_behind_by_a_change_older_than_the_look_back_are_not_counted_a
         .executor(CounterV2 { migrate: None })
         .with_config(config);
     let report = later
-        .run(decode_event(shard.batch(&[count("a", 10), count("b", 10)])).unwrap())
+        .run(decode_event(&shard.batch(&[count("a", 10), count("b", 10)]).to_string()).unwrap())
         .await;
     assert_eq!(
         (report.reset, report.migrated, report.applied),
@@ -297,7 +306,7 @@ async fn a_key_whose_migration_fails_starts_afresh_and_is_counted_as_reset() {
         migrate: Some(|_| Err(MigrationError::new("count", "the old count is unreadable"))),
     });
     let report = v2
-        .run(decode_event(shard.batch(&[count("a", 10), count("d", 1)])).unwrap())
+        .run(decode_event(&shard.batch(&[count("a", 10), count("d", 1)]).to_string()).unwrap())
         .await;
     assert_eq!(
         (
@@ -342,7 +351,7 @@ async fn a_migrated_key_keeps_the_outbox_its_old_state_had_not_sent() {
         migrate: Some(from_v1),
     });
     let report = v2
-        .run(decode_event(shard.batch(&[count("o", 1)])).unwrap())
+        .run(decode_event(&shard.batch(&[count("o", 1)]).to_string()).unwrap())
         .await;
     assert_eq!((report.migrated, report.failed_from), (1, None));
     let sent: Vec<Option<String>> = world

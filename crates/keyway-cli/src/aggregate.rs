@@ -11,6 +11,8 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use keyed_aggregate::aggregate::Aggregate;
@@ -77,38 +79,24 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
         lines: 0,
         started: Instant::now(),
     };
+    // Lines are read and keyed on a thread of their own, a slice ahead of the functions.
+    let (slices, reader) = read_slices(options.paths.clone(), key, time);
     let finished = runtime.block_on(async {
         let mut aggregation: Option<Aggregation> = None;
-        let mut slice = Vec::with_capacity(SLICE);
-        // The first event time of the slice being gathered.
-        let mut from: Option<i64> = None;
-        let mut lines = options
-            .paths
-            .iter()
-            .map(|p| lines(p))
-            .collect::<Result<Vec<_>, _>>()?;
-        for line in lines.iter_mut().flatten() {
-            let line = line?;
-            if from.is_none() {
-                from = time.as_ref().and_then(|t| event_time(t, &line));
-            }
-            slice.push((partition_key(&key, &line), line));
-            if slice.len() == SLICE {
-                let run = deployed(&mut aggregation, &settings, from)?;
-                run.put(&slice, from.take()).await?;
-                tally.lines += slice.len() as u64;
-                progress.set_position(tally.lines);
-                slice.clear();
-            }
+        for slice in slices {
+            let Slice { records, from } = slice?;
+            let run = deployed(&mut aggregation, &settings, from)?;
+            run.put(&records, from).await?;
+            tally.lines += records.len() as u64;
+            progress.set_position(tally.lines);
         }
-        let run = deployed(&mut aggregation, &settings, from)?;
-        if !slice.is_empty() {
-            run.put(&slice, from).await?;
-            tally.lines += slice.len() as u64;
-        }
+        // An empty input still deploys, and finishes with no results.
+        deployed(&mut aggregation, &settings, None)?;
         let run = aggregation.take().expect("deployed above");
         Ok::<Finished, CliError>(run.finish().await?)
-    })?;
+    });
+    reader.join().expect("the reader does not panic");
+    let finished = finished?;
     progress.finish_and_clear();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for line in &finished.results {
@@ -118,6 +106,63 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
         .map_err(|e| format!("writing the results: {e}"))?;
     eprint!("{}", summary(&finished, &tally));
     Ok(())
+}
+
+/// Lines put on the stream together: (partition key, line), and the first line's event time.
+struct Slice {
+    records: Vec<(String, Vec<u8>)>,
+    from: Option<i64>,
+}
+
+/// Reads the files' lines into slices on a thread of its own; the receiver ends after the last
+/// slice, or after an error.
+fn read_slices(
+    paths: Vec<PathBuf>,
+    key: Pointer,
+    time: Option<Pointer>,
+) -> (
+    mpsc::Receiver<Result<Slice, CliError>>,
+    thread::JoinHandle<()>,
+) {
+    let (sender, receiver) = mpsc::sync_channel(2);
+    let reader = thread::spawn(move || {
+        let read = || -> Result<(), CliError> {
+            let mut slice = Slice {
+                records: Vec::with_capacity(SLICE),
+                from: None,
+            };
+            for file in &paths {
+                for line in lines(file)? {
+                    let line = line?;
+                    if slice.from.is_none() {
+                        slice.from = time.as_ref().and_then(|t| event_time(t, &line));
+                    }
+                    slice.records.push((partition_key(&key, &line), line));
+                    if slice.records.len() == SLICE {
+                        let full = std::mem::replace(&mut slice.records, Vec::with_capacity(SLICE));
+                        let from = slice.from.take();
+                        if sender
+                            .send(Ok(Slice {
+                                records: full,
+                                from,
+                            }))
+                            .is_err()
+                        {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            if !slice.records.is_empty() {
+                let _ = sender.send(Ok(slice));
+            }
+            Ok(())
+        };
+        if let Err(e) = read() {
+            let _ = sender.send(Err(e));
+        }
+    });
+    (receiver, reader)
 }
 
 /// The aggregation, deployed on first use with the clock at `first` (the first slice's time).

@@ -127,9 +127,8 @@ fn meter_executor(payloads: &[String]) -> Result<DesignFigures, CliError> {
     runtime_builder(true).block_on(async {
         for payload in payloads {
             let before = table.meter().snapshot().waves;
-            let event: Value = serde_json::from_str(payload).expect("generated JSON");
             let report = executor
-                .run(decode_event(event).expect("a Kinesis event"))
+                .run(decode_event(payload).expect("a Kinesis event"))
                 .await;
             assert_eq!(report.failed_from, None, "the benchmark batches all apply");
             waves.push(table.meter().snapshot().waves - before);
@@ -144,8 +143,7 @@ fn meter_executor(payloads: &[String]) -> Result<DesignFigures, CliError> {
 
 /// The naive design: per event, GetItem the key's count and PutItem it back plus one.
 async fn naive_batch(table: &LocalTable, payload: &str) {
-    let event: Value = serde_json::from_str(payload).expect("generated JSON");
-    for record in decode_event(event)
+    for record in decode_event(payload)
         .expect("a Kinesis event")
         .into_iter()
         .flatten()
@@ -198,8 +196,7 @@ fn decode_only(payloads: &[String]) -> Duration {
     let start = thread_cpu_time();
     let mut decoded = 0usize;
     for payload in payloads {
-        let event: Value = serde_json::from_str(payload).expect("generated JSON");
-        for record in decode_event(event)
+        for record in decode_event(payload)
             .expect("a Kinesis event")
             .into_iter()
             .flatten()
@@ -223,9 +220,8 @@ fn executor_cpu(payloads: &[String]) -> Result<(Duration, Duration), CliError> {
     let total = runtime_builder(false).block_on(async {
         let start = thread_cpu_time();
         for payload in payloads {
-            let event: Value = serde_json::from_str(payload).expect("generated JSON");
             executor
-                .run(decode_event(event).expect("a Kinesis event"))
+                .run(decode_event(payload).expect("a Kinesis event"))
                 .await;
         }
         thread_cpu_time() - start

@@ -391,7 +391,6 @@ struct Lookup {
 #[async_trait]
 impl Handler for Lookup {
     async fn handle(&self, event: &str, _: &Invocation) -> Result<Value, FunctionError> {
-        let event: Value = serde_json::from_str(event).map_err(|e| FunctionError(e.to_string()))?;
         let records = keyway::sources::kinesis::decode_event(event)
             .map_err(|e| FunctionError(e.to_string()))?;
         let mut outputs = Vec::new();

@@ -28,7 +28,7 @@ pub use output::{Output, OutputId};
 pub use pattern::{Pattern, PatternError};
 pub use plan::{BatchPlan, KeyGroup};
 pub use record::{
-    stream_name_of, Change, ChangeKind, NotASequenceNumber, Origin, Payload, RejectedRecord,
-    SequenceNumber, SourceRecord,
+    stream_name_of, Change, ChangeKind, NotASequenceNumber, Origin, Payload, RawJson,
+    RejectedRecord, SequenceNumber, SourceRecord,
 };
 pub use state::{KeyState, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark, Watermarks};

@@ -162,7 +162,7 @@ pub struct SourceRecord {
     pub arrival_millis: Option<i64>,
     pub payload: Payload,
     /// The record as it arrived (the Lambda event's record JSON), for the dead-letter sink.
-    pub raw: serde_json::Value,
+    pub raw: RawJson,
 }
 
 /// The stream name timer records carry: no Kinesis stream or table can be named so.
@@ -186,7 +186,9 @@ impl SourceRecord {
                 key: key.to_owned(),
                 at_millis,
             },
-            raw: serde_json::json!({ "timer": { "key": key, "atMillis": at_millis } }),
+            raw: RawJson::from_value(
+                &serde_json::json!({ "timer": { "key": key, "atMillis": at_millis } }),
+            ),
         }
     }
 
@@ -239,7 +241,45 @@ pub struct RejectedRecord {
     pub field: String,
     pub problem: String,
     /// The record JSON as delivered.
-    pub raw: serde_json::Value,
+    pub raw: RawJson,
+}
+
+/// A record's JSON text exactly as it arrived. Kept as text, not as a parsed tree: only a dead
+/// letter ever reads it, and building a tree of every record of every batch (its base64 data a
+/// string of its own) cost more than decoding the record itself.
+#[derive(Clone, Debug)]
+pub struct RawJson(Box<serde_json::value::RawValue>);
+
+impl RawJson {
+    /// The text of a JSON value that was already checked to be JSON.
+    pub fn new(raw: &serde_json::value::RawValue) -> Self {
+        Self(raw.to_owned())
+    }
+
+    pub fn from_value(value: &serde_json::Value) -> Self {
+        Self(serde_json::value::to_raw_value(value).expect("a JSON value serializes"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The text parsed, for a reader that needs to look inside.
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(self.0.get()).expect("the text was JSON when it was kept")
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl fmt::Display for RawJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[cfg(test)]

@@ -62,7 +62,7 @@ mod process;
 mod report;
 mod stateless;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 mod timers;
 
 use std::collections::HashMap;

@@ -159,7 +159,7 @@ mod tests {
             sequence: None,
             field: "kinesis.data".into(),
             problem: "not base64".into(),
-            raw: serde_json::json!({}),
+            raw: crate::domain::RawJson::from_value(&serde_json::json!({})),
         };
         let batch = vec![
             record(1, "p", "a", 1),

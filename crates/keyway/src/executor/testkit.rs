@@ -120,7 +120,7 @@ pub fn record(seq: u64, pk: &str, key: &str, n: i64) -> Result<SourceRecord, Rej
         partition_key: pk.into(),
         arrival_millis: Some(START),
         payload: Payload::Bytes(json!({"key": key, "n": n}).to_string().into_bytes()),
-        raw: json!({"seq": seq}),
+        raw: crate::domain::RawJson::from_value(&json!({"seq": seq})),
     })
 }
 

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::domain::InvalidInput;
 use crate::executor::{BatchReport, Executor};
 use crate::operator::KeyedOperator;
-use crate::sources::{dynamodb, kinesis};
+use crate::sources::{dynamodb, event_source, kinesis, records_of, DecodedBatch, Envelope};
 
 /// An invocation failed: Lambda retries the batch (or bisects it).
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -53,9 +53,13 @@ impl<O: KeyedOperator> StreamHandler<O> {
 #[async_trait]
 impl<O: KeyedOperator> Handler for StreamHandler<O> {
     async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
-        let event: Value = serde_json::from_str(event)
-            .map_err(|e| FunctionError(format!("the event is not JSON: {e}")))?;
-        if is_scheduled(&event) {
+        let failed = |e: InvalidInput| FunctionError(SourceError::Event(e).to_string());
+        let Some(records) = Envelope::parse(event).map_err(failed)? else {
+            let event: Value = serde_json::from_str(event).expect("parsed as JSON above");
+            if !is_scheduled(&event) {
+                let no_records = InvalidInput::new("Records", "the event has no Records array");
+                return Err(failed(no_records));
+            }
             // The function's schedule (a `Schedule` event in its template) sweeps due timers.
             let sweep = self
                 .executor
@@ -63,20 +67,24 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
                 .await
                 .map_err(|e| FunctionError(format!("the timer sweep failed: {e}")))?;
             return Ok(serde_json::to_value(sweep).expect("a sweep serializes"));
-        }
-        let source = event["Records"][0]["eventSource"]
-            .as_str()
-            .unwrap_or("aws:kinesis")
-            .to_owned();
-        let response = match source.as_str() {
-            "aws:dynamodb" => {
-                { run_dynamodb(&self.executor, event, invocation.deadline_millis).await }
-                    .map(|r| serde_json::to_value(r).expect("a response serializes"))
-            }
-            _ => run_kinesis(&self.executor, event, invocation.deadline_millis)
-                .await
-                .map(|r| serde_json::to_value(r).expect("a response serializes")),
         };
+        let deadline = invocation.deadline_millis;
+        // The records were read once above: decoded here, not read from the text again.
+        let dynamodb =
+            records.first().and_then(|r| event_source(r)).as_deref() == Some("aws:dynamodb");
+        let batch = match dynamodb {
+            true => dynamodb::decode_records(&records),
+            false => kinesis::decode_records(&records),
+        };
+        let response = run_batch(&self.executor, batch, deadline)
+            .await
+            .map(|report| {
+                let response = match dynamodb {
+                    true => serde_json::to_value(dynamodb_response(&report)),
+                    false => serde_json::to_value(kinesis_response(&report)),
+                };
+                response.expect("a response serializes")
+            });
         response.map_err(|e| FunctionError(e.to_string()))
     }
 }
@@ -126,35 +134,40 @@ pub fn dynamodb_response(report: &BatchReport) -> DynamoDbEventResponse {
     response
 }
 
-/// Runs a Kinesis event through `executor` and answers the partial batch response. An error
-/// (the event has no records array, or a record without a sequence number could not be
-/// dead-lettered) fails the invocation, so that Lambda retries the whole batch.
+/// Runs a Kinesis event (its JSON text) through `executor` and answers the partial batch
+/// response. An error (the event has no records array, or a record without a sequence number could
+/// not be dead-lettered) fails the invocation, so that Lambda retries the whole batch.
 pub async fn run_kinesis<O: KeyedOperator>(
     executor: &Executor<O>,
-    event: Value,
+    event: &str,
     deadline_millis: Option<i64>,
 ) -> Result<KinesisEventResponse, SourceError> {
-    let report = executor
-        .run_until(kinesis::decode_event(event)?, deadline_millis)
-        .await;
-    match report.unreportable_failure {
-        Some(reason) => Err(SourceError::Unreportable(reason)),
-        None => Ok(kinesis_response(&report)),
-    }
+    let batch = kinesis::decode_records(&records_of(event)?);
+    let report = run_batch(executor, batch, deadline_millis).await?;
+    Ok(kinesis_response(&report))
 }
 
 /// Runs a DynamoDB Streams event through `executor`; see `run_kinesis`.
 pub async fn run_dynamodb<O: KeyedOperator>(
     executor: &Executor<O>,
-    event: Value,
+    event: &str,
     deadline_millis: Option<i64>,
 ) -> Result<DynamoDbEventResponse, SourceError> {
-    let report = executor
-        .run_until(dynamodb::decode_event(event)?, deadline_millis)
-        .await;
+    let batch = dynamodb::decode_records(&records_of(event)?);
+    let report = run_batch(executor, batch, deadline_millis).await?;
+    Ok(dynamodb_response(&report))
+}
+
+/// Runs a decoded batch; a record that could not be dead-lettered fails it.
+async fn run_batch<O: KeyedOperator>(
+    executor: &Executor<O>,
+    batch: DecodedBatch,
+    deadline_millis: Option<i64>,
+) -> Result<BatchReport, SourceError> {
+    let report = executor.run_until(batch, deadline_millis).await;
     match report.unreportable_failure {
         Some(reason) => Err(SourceError::Unreportable(reason)),
-        None => Ok(dynamodb_response(&report)),
+        None => Ok(report),
     }
 }
 
@@ -186,6 +199,30 @@ mod tests {
         assert!(!is_scheduled(
             &serde_json::json!({"detail-type": "Object Created"})
         ));
+    }
+
+    #[tokio::test]
+    async fn an_event_that_is_neither_a_batch_nor_a_schedule_fails_naming_what_is_wrong() {
+        use crate::executor::testkit::{bench, Summer};
+        let handler = StreamHandler::new(bench(Summer::default(), false).executor);
+        let invocation = Invocation::default();
+        let call = |event: &'static str| handler.handle(event, &invocation);
+        let not_json = call("{\"Records\": [").await.unwrap_err();
+        assert!(
+            not_json
+                .0
+                .starts_with("the event's Records: the event is not JSON"),
+            "{not_json}"
+        );
+        let no_records = call("{\"detail-type\": \"Object Created\"}")
+            .await
+            .unwrap_err();
+        assert_eq!(
+            no_records.0,
+            "the event's Records: the event has no Records array"
+        );
+        let empty = call("{\"Records\": []}").await.unwrap();
+        assert_eq!(empty, serde_json::json!({"batchItemFailures": []}));
     }
 
     #[test]

@@ -197,7 +197,7 @@ mod tests {
             partition_key: "p".into(),
             arrival_millis: None,
             payload: Payload::Bytes(br#"{"user":"u1"}"#.to_vec()),
-            raw: serde_json::Value::Null,
+            raw: crate::domain::RawJson::from_value(&serde_json::Value::Null),
         }
     }
 

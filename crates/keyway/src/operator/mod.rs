@@ -206,7 +206,7 @@ mod tests {
             partition_key: "p".into(),
             arrival_millis: None,
             payload,
-            raw: serde_json::Value::Null,
+            raw: crate::domain::RawJson::from_value(&serde_json::Value::Null),
         }
     }
 

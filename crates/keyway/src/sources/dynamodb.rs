@@ -1,19 +1,27 @@
 //! DynamoDB Streams events (the Lambda event source mapping payload) to source records.
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{decode_all, epoch_seconds_to_millis, rejected, DecodedBatch, Problem, StreamNames};
+use super::{
+    decode_all, epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem, StreamNames,
+};
 use crate::domain::hash::xxh3_128_hex;
 use crate::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
 use crate::domain::RejectedRecord;
 use crate::domain::{
-    Change, ChangeKind, InvalidInput, Origin, Payload, SequenceNumber, SourceRecord,
+    Change, ChangeKind, InvalidInput, Origin, Payload, RawJson, SequenceNumber, SourceRecord,
 };
 
-/// Decodes every record of a DynamoDB Streams event; a record that does not decode is returned as
+/// Decodes every record of a DynamoDB Streams event's JSON text; a record that does not decode is returned as
 /// rejected, naming the field. Fails only when the event has no `Records` array at all.
-pub fn decode_event(event: Value) -> Result<DecodedBatch, InvalidInput> {
-    decode_all(event, decode_record)
+pub fn decode_event(event: &str) -> Result<DecodedBatch, InvalidInput> {
+    Ok(decode_records(&records_of(event)?))
+}
+
+/// Decodes the records of an event, each on its own.
+pub fn decode_records(records: &[&RawValue]) -> DecodedBatch {
+    decode_all(records, decode_record)
 }
 
 pub use crate::domain::record::dynamodb_table_name as table_name;
@@ -24,12 +32,16 @@ pub fn stream_label(arn: &str) -> Option<&str> {
     arn.split_once("/stream/").map(|(_, label)| label)
 }
 
-/// The record JSON moves into the result: it is kept, not copied, for a dead letter.
 // A batch holds records and rejections side by side, both about as large: boxing the rejection
 // would only add an allocation.
 #[allow(clippy::result_large_err)]
-fn decode_record(raw: Value, streams: &mut StreamNames) -> Result<SourceRecord, RejectedRecord> {
-    match parse(&raw) {
+fn decode_record(
+    raw: &RawValue,
+    streams: &mut StreamNames,
+) -> Result<SourceRecord, RejectedRecord> {
+    // A change's images are read as trees whatever their shape: the tree is the item.
+    let tree: Value = serde_json::from_str(raw.get()).expect("an event's records are JSON");
+    match parse(&tree) {
         Ok((origin, sequence, arrival_millis, change)) => Ok(SourceRecord {
             stream: streams.get(change.table.as_deref().unwrap_or("")),
             input: None,
@@ -39,7 +51,7 @@ fn decode_record(raw: Value, streams: &mut StreamNames) -> Result<SourceRecord, 
             sequence,
             arrival_millis,
             payload: Payload::Change(change),
-            raw,
+            raw: RawJson::new(raw),
         }),
         Err(problem) => Err(rejected(raw, problem)),
     }
@@ -160,6 +172,11 @@ mod tests {
     use super::*;
     use crate::domain::AttrValue;
     use serde_json::json;
+
+    /// The event as Lambda hands it over: JSON text.
+    fn decode_event(event: Value) -> Result<DecodedBatch, InvalidInput> {
+        super::decode_event(&event.to_string())
+    }
 
     fn record(name: &str, seq: &str) -> Value {
         json!({

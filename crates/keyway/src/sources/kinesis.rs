@@ -1,33 +1,90 @@
 //! Kinesis stream events (the Lambda event source mapping payload) to source records.
 
+use std::borrow::Cow;
+
 use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{decode_all, epoch_seconds_to_millis, rejected, DecodedBatch, Problem, StreamNames};
+use super::{
+    decode_all, epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem, StreamNames,
+};
 use crate::domain::hash::xxh3_128_hex;
 use crate::domain::RejectedRecord;
-use crate::domain::{InvalidInput, Origin, Payload, SequenceNumber, SourceRecord};
+use crate::domain::{InvalidInput, Origin, Payload, RawJson, SequenceNumber, SourceRecord};
 
-/// Decodes every record of a Kinesis event; a record that does not decode is returned as rejected,
-/// naming the field. Fails only when the event has no `Records` array at all.
-pub fn decode_event(event: Value) -> Result<DecodedBatch, InvalidInput> {
-    decode_all(event, decode_record)
+/// Decodes every record of a Kinesis event's JSON text; a record that does not decode is returned
+/// as rejected, naming the field. Fails only when the event has no `Records` array at all.
+pub fn decode_event(event: &str) -> Result<DecodedBatch, InvalidInput> {
+    Ok(decode_records(&records_of(event)?))
+}
+
+/// Decodes the records of an event, each on its own.
+pub fn decode_records(records: &[&RawValue]) -> DecodedBatch {
+    decode_all(records, decode_record)
 }
 
 pub use crate::domain::record::kinesis_stream_name as stream_name;
 
-/// The record JSON moves into the result: it is kept, not copied, for a dead letter.
+/// A Kinesis record as Lambda delivers it, its strings borrowed from the event where they hold no
+/// escapes (base64 data never does).
+#[derive(Deserialize)]
+struct RecordIn<'a> {
+    #[serde(rename = "eventID", borrow)]
+    event_id: Cow<'a, str>,
+    #[serde(rename = "eventSourceARN", borrow, default)]
+    event_source_arn: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    kinesis: KinesisIn<'a>,
+}
+
+#[derive(Deserialize)]
+struct KinesisIn<'a> {
+    #[serde(rename = "partitionKey", borrow)]
+    partition_key: Cow<'a, str>,
+    #[serde(rename = "sequenceNumber", borrow)]
+    sequence_number: Cow<'a, str>,
+    #[serde(borrow)]
+    data: Cow<'a, str>,
+    #[serde(rename = "approximateArrivalTimestamp", default)]
+    arrival: Option<Value>,
+}
+
 // A batch holds records and rejections side by side, both about as large: boxing the rejection
 // would only add an allocation.
 #[allow(clippy::result_large_err)]
-fn decode_record(raw: Value, streams: &mut StreamNames) -> Result<SourceRecord, RejectedRecord> {
-    match parse(&raw) {
-        Ok((origin, sequence, partition_key, arrival_millis, data)) => Ok(SourceRecord {
-            stream: streams.get(
-                raw.get("eventSourceARN")
-                    .and_then(Value::as_str)
-                    .map_or("", stream_name),
-            ),
+fn decode_record(
+    raw: &RawValue,
+    streams: &mut StreamNames,
+) -> Result<SourceRecord, RejectedRecord> {
+    let parsed = match serde_json::from_str::<RecordIn>(raw.get()) {
+        Ok(record) => {
+            let stream = record.event_source_arn.as_deref().map_or("", stream_name);
+            let fields = Fields {
+                stream,
+                event_id: Ok(&record.event_id),
+                sequence: Ok(&record.kinesis.sequence_number),
+                partition_key: Ok(&record.kinesis.partition_key),
+                data: Some(&record.kinesis.data),
+                arrival: record.kinesis.arrival.as_ref(),
+            };
+            fields.parse().map(|parsed| (parsed, streams.get(stream)))
+        }
+        // Not the shape of a Kinesis record: read it as a tree to say what is wrong.
+        Err(_) => {
+            let tree: Value = serde_json::from_str(raw.get()).expect("an event's records are JSON");
+            let stream = tree
+                .get("eventSourceARN")
+                .and_then(Value::as_str)
+                .map_or("", stream_name);
+            let parsed = Fields::of(&tree, stream).parse();
+            parsed.map(|parsed| (parsed, streams.get(stream)))
+        }
+    };
+    match parsed {
+        Ok(((origin, sequence, partition_key, arrival_millis, data), stream)) => Ok(SourceRecord {
+            stream,
             input: None,
             lineage: lineage(&origin, &partition_key),
             origin,
@@ -35,7 +92,7 @@ fn decode_record(raw: Value, streams: &mut StreamNames) -> Result<SourceRecord, 
             partition_key,
             arrival_millis,
             payload: Payload::Bytes(data),
-            raw,
+            raw: RawJson::new(raw),
         }),
         Err(problem) => Err(rejected(raw, problem)),
     }
@@ -63,91 +120,107 @@ pub fn lineage(origin: &Origin, partition_key: &str) -> Origin {
     Origin(text)
 }
 
-fn parse(raw: &Value) -> Result<Parsed, Problem> {
-    let text = |v: Option<&Value>, field: &str| -> Result<String, InvalidInput> {
-        match v {
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(InvalidInput::new(
-                field,
-                format!("expected a string, got {other}"),
-            )),
-            None => Err(InvalidInput::new(field, "missing")),
+/// A record's fields, each a string or why it is not one.
+struct Fields<'a> {
+    stream: &'a str,
+    event_id: Result<&'a str, InvalidInput>,
+    sequence: Result<&'a str, InvalidInput>,
+    partition_key: Result<&'a str, InvalidInput>,
+    data: Option<&'a str>,
+    arrival: Option<&'a Value>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(raw: &'a Value, stream: &'a str) -> Self {
+        let text = |v: Option<&'a Value>, field: &str| -> Result<&'a str, InvalidInput> {
+            match v {
+                Some(Value::String(s)) => Ok(s),
+                Some(other) => Err(InvalidInput::new(
+                    field,
+                    format!("expected a string, got {other}"),
+                )),
+                None => Err(InvalidInput::new(field, "missing")),
+            }
+        };
+        let kinesis = raw.get("kinesis");
+        Self {
+            stream,
+            event_id: text(raw.get("eventID"), "eventID"),
+            sequence: text(
+                kinesis.and_then(|k| k.get("sequenceNumber")),
+                "kinesis.sequenceNumber",
+            ),
+            partition_key: text(
+                kinesis.and_then(|k| k.get("partitionKey")),
+                "kinesis.partitionKey",
+            ),
+            data: kinesis.and_then(|k| k.get("data")).and_then(Value::as_str),
+            arrival: kinesis.and_then(|k| k.get("approximateArrivalTimestamp")),
         }
-    };
-    let kinesis = raw.get("kinesis");
-    // Sequence number and origin first: with them a rejected record can still be reported.
-    let sequence_field = "kinesis.sequenceNumber";
-    let sequence = text(
-        kinesis.and_then(|k| k.get("sequenceNumber")),
-        sequence_field,
-    )
-    .and_then(|s| {
-        SequenceNumber::parse(&s).map_err(|e| InvalidInput::new(sequence_field, e.to_string()))
-    });
-    let origin = text(raw.get("eventID"), "eventID").and_then(|id| {
-        let shard = id
-            .split_once(':')
-            .map(|(shard, _)| shard.to_owned())
-            .ok_or_else(|| {
+    }
+
+    fn parse(self) -> Result<Parsed, Problem> {
+        // Sequence number and origin first: with them a rejected record can still be reported.
+        let sequence = self.sequence.and_then(|s| {
+            SequenceNumber::parse(s)
+                .map_err(|e| InvalidInput::new("kinesis.sequenceNumber", e.to_string()))
+        });
+        let origin = self.event_id.and_then(|id| {
+            let (shard, _) = id.split_once(':').ok_or_else(|| {
                 InvalidInput::new(
                     "eventID",
                     format!("expected shardId-…:sequence, got {id:?}"),
                 )
             })?;
-        let stream = raw
-            .get("eventSourceARN")
-            .and_then(Value::as_str)
-            .map(stream_name)
-            .unwrap_or("");
-        Ok(Origin(format!("{stream}/{shard}")))
-    });
-    let (sequence, origin) = match (sequence, origin) {
-        (Ok(s), Ok(o)) => (s, o),
-        (s, o) => {
-            let invalid = s.as_ref().err().or(o.as_ref().err()).cloned();
-            return Err(Problem {
-                origin: o.ok(),
-                sequence: s.ok(),
-                invalid: invalid.expect("one of them failed"),
-            });
-        }
-    };
-    let at = |invalid: InvalidInput| Problem {
-        origin: Some(origin.clone()),
-        sequence: Some(sequence.clone()),
-        invalid,
-    };
-
-    let partition_key = text(
-        kinesis.and_then(|k| k.get("partitionKey")),
-        "kinesis.partitionKey",
-    )
-    .map_err(at)?;
-    let data = kinesis
-        .and_then(|k| k.get("data"))
-        .and_then(Value::as_str)
-        .ok_or_else(|| at(InvalidInput::new("kinesis.data", "missing or not a string")))?;
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(data.trim())
-        .map_err(|e| {
-            at(InvalidInput::new(
-                "kinesis.data",
-                format!("not base64: {e}"),
-            ))
-        })?;
-    let arrival_millis = kinesis
-        .and_then(|k| k.get("approximateArrivalTimestamp"))
-        .filter(|v| !v.is_null())
-        .map(|v| epoch_seconds_to_millis(v, "kinesis.approximateArrivalTimestamp"))
-        .transpose()
-        .map_err(at)?;
-    Ok((origin, sequence, partition_key, arrival_millis, data))
+            Ok(Origin(format!("{}/{shard}", self.stream)))
+        });
+        let (sequence, origin) = match (sequence, origin) {
+            (Ok(s), Ok(o)) => (s, o),
+            (s, o) => {
+                let invalid = s.as_ref().err().or(o.as_ref().err()).cloned();
+                return Err(Problem {
+                    origin: o.ok(),
+                    sequence: s.ok(),
+                    invalid: invalid.expect("one of them failed"),
+                });
+            }
+        };
+        let at = |invalid: InvalidInput| Problem {
+            origin: Some(origin.clone()),
+            sequence: Some(sequence.clone()),
+            invalid,
+        };
+        let partition_key = self.partition_key.map_err(at)?.to_owned();
+        let data = self
+            .data
+            .ok_or_else(|| at(InvalidInput::new("kinesis.data", "missing or not a string")))?;
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|e| {
+                at(InvalidInput::new(
+                    "kinesis.data",
+                    format!("not base64: {e}"),
+                ))
+            })?;
+        let arrival_millis = self
+            .arrival
+            .filter(|v| !v.is_null())
+            .map(|v| epoch_seconds_to_millis(v, "kinesis.approximateArrivalTimestamp"))
+            .transpose()
+            .map_err(at)?;
+        Ok((origin, sequence, partition_key, arrival_millis, data))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The event as Lambda hands it over: JSON text.
+    fn decode_event(event: Value) -> Result<DecodedBatch, InvalidInput> {
+        super::decode_event(&event.to_string())
+    }
 
     fn record(seq: &str, data: &str, ts: Value) -> Value {
         json!({
@@ -189,6 +262,32 @@ mod tests {
     }
 
     #[test]
+    fn escapes_in_a_partition_key_are_read_and_the_raw_record_is_kept_as_delivered() {
+        let text = r#"{"Records": [{"kinesis": {"partitionKey": "a\"b\u00e9", "sequenceNumber": "7",
+            "data": "SGVsbG8=", "approximateArrivalTimestamp": 1.5},
+            "eventID": "shardId-000000000001:7", "eventSourceARN": "arn:aws:kinesis:us-east-2:1:stream/s"}]}"#;
+        let batch = super::decode_event(text).unwrap();
+        let record = batch[0].as_ref().unwrap();
+        assert_eq!(record.partition_key, "a\"b\u{e9}");
+        let start = text.find("{\"kinesis\"").unwrap();
+        assert_eq!(record.raw.as_str(), &text[start..text.len() - 2]);
+    }
+
+    #[test]
+    fn a_record_of_the_wrong_shape_is_rejected_naming_the_field() {
+        let mut r = record("7", "SGVsbG8=", json!(1.5));
+        r["kinesis"]["partitionKey"] = json!(12);
+        let batch = decode_event(json!({"Records": [r, 42]})).unwrap();
+        let wrong_type = batch[0].as_ref().unwrap_err();
+        assert_eq!(wrong_type.field, "kinesis.partitionKey");
+        assert_eq!(wrong_type.problem, "expected a string, got 12");
+        assert_eq!(wrong_type.sequence.as_ref().unwrap().as_str(), "7");
+        let not_a_record = batch[1].as_ref().unwrap_err();
+        assert_eq!(not_a_record.field, "kinesis.sequenceNumber");
+        assert_eq!(not_a_record.raw.as_str(), "42");
+    }
+
+    #[test]
     fn a_record_without_arrival_time_still_decodes() {
         let mut r = record("1", "SGVsbG8=", json!(null));
         r["kinesis"]
@@ -206,7 +305,7 @@ mod tests {
         assert_eq!(rejected.field, "kinesis.data");
         assert!(rejected.problem.contains("base64"), "{}", rejected.problem);
         assert_eq!(rejected.sequence.as_ref().unwrap().as_str(), "7");
-        assert_eq!(rejected.raw["kinesis"]["data"], "%%%");
+        assert_eq!(rejected.raw.to_value()["kinesis"]["data"], "%%%");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Lambda payloads to domain records (the responses back are `lambda`'s).
 //!
 //! Records are decoded one by one from the event's JSON, not through one typed event struct: a
-//! single malformed record must be dead-lettered on its own, not fail the whole invocation. The
+//! single malformed record must be dead-lettered on its own, not fail the whole invocation.
+//! A well-formed record is read in one typed pass borrowing from the event's text; only a record
+//! that does not fit is parsed into a JSON tree, to name what is wrong with it. The
 //! decoders accept what real senders produce (no ApproximateCreationDateTime, timestamps with any
 //! number of decimals, emulator payloads) and name the field when they reject something.
 
@@ -10,42 +12,68 @@ pub mod kinesis;
 
 use std::sync::Arc;
 
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::domain::{InvalidInput, Origin, RejectedRecord, SequenceNumber, SourceRecord};
+use crate::domain::{InvalidInput, Origin, RawJson, RejectedRecord, SequenceNumber, SourceRecord};
 
 /// One decoded batch: per record, the record or why it was rejected.
 pub type DecodedBatch = Vec<Result<SourceRecord, RejectedRecord>>;
 
-/// The `Records` array of a Lambda stream event, taken out of it.
-pub fn records_of(event: Value) -> Result<Vec<Value>, InvalidInput> {
-    match event {
-        Value::Object(mut map) => match map.remove("Records") {
-            Some(Value::Array(records)) => Ok(records),
-            _ => Err(InvalidInput::new(
+/// A Lambda stream event as its records' JSON texts, borrowed from the event: each record is then
+/// decoded on its own, so that one malformed record is dead-lettered alone.
+#[derive(Deserialize)]
+pub struct Envelope<'a> {
+    #[serde(rename = "Records", borrow, default)]
+    records: Option<Vec<&'a RawValue>>,
+}
+
+impl<'a> Envelope<'a> {
+    /// Reads the event's `Records` array; `None` for an event without one (a schedule's).
+    pub fn parse(event: &'a str) -> Result<Option<Vec<&'a RawValue>>, InvalidInput> {
+        match serde_json::from_str::<Envelope>(event) {
+            Ok(envelope) => Ok(envelope.records),
+            Err(e) if e.is_syntax() || e.is_eof() => Err(InvalidInput::new(
                 "Records",
-                "the event has no Records array",
+                format!("the event is not JSON: {e}"),
             )),
-        },
-        _ => Err(InvalidInput::new(
-            "Records",
-            "the event is not a JSON object",
-        )),
+            Err(e) => Err(InvalidInput::new(
+                "Records",
+                format!("the event is not an object with a Records array: {e}"),
+            )),
+        }
     }
 }
 
-/// Every record of `event` through `decode`, with the stream names they share.
-pub(crate) fn decode_all(
-    event: Value,
-    decode: fn(Value, &mut StreamNames) -> Result<SourceRecord, RejectedRecord>,
-) -> Result<DecodedBatch, InvalidInput> {
-    let records = records_of(event)?;
-    let mut streams = StreamNames::default();
-    let mut batch = Vec::with_capacity(records.len());
-    for raw in records {
-        batch.push(decode(raw, &mut streams));
+/// The event source named by a record (`aws:kinesis`, `aws:dynamodb`), when it names one.
+pub fn event_source(record: &RawValue) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Source {
+        #[serde(rename = "eventSource")]
+        event_source: Option<String>,
     }
-    Ok(batch)
+    serde_json::from_str::<Source>(record.get())
+        .ok()?
+        .event_source
+}
+
+/// The records of an event's JSON text, or why it has none.
+pub fn records_of(event: &str) -> Result<Vec<&RawValue>, InvalidInput> {
+    Envelope::parse(event)?
+        .ok_or_else(|| InvalidInput::new("Records", "the event has no Records array"))
+}
+
+/// Every record through `decode`, with the stream names they share.
+pub(crate) fn decode_all(
+    records: &[&RawValue],
+    decode: fn(&RawValue, &mut StreamNames) -> Result<SourceRecord, RejectedRecord>,
+) -> DecodedBatch {
+    let mut streams = StreamNames::default();
+    records
+        .iter()
+        .map(|raw| decode(raw, &mut streams))
+        .collect()
 }
 
 /// The stream names of a batch's records: one shared name, as a batch comes from one stream.
@@ -85,13 +113,13 @@ pub(crate) fn epoch_seconds_to_millis(value: &Value, field: &str) -> Result<i64,
     Ok((seconds * 1000.0).round() as i64)
 }
 
-pub(crate) fn rejected(raw: Value, problem: Problem) -> RejectedRecord {
+pub(crate) fn rejected(raw: &RawValue, problem: Problem) -> RejectedRecord {
     RejectedRecord {
         origin: problem.origin.map(|o| o.0),
         sequence: problem.sequence,
         field: problem.invalid.field,
         problem: problem.invalid.problem,
-        raw,
+        raw: RawJson::new(raw),
     }
 }
 
