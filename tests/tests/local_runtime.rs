@@ -282,6 +282,48 @@ async fn the_template_wires_the_keyed_counter_to_its_stream_queues_and_settings(
     assert_eq!(runtime.services.sqs.messages(&counts_queue).len(), 2_000);
 }
 
+/// CreateEventSourceMapping, `Enabled`: "When true, the event source mapping is active. When
+/// false, Lambda pauses polling and invocation." UpdateEventSourceMapping turns it back on, and
+/// the mapping goes on from where it stopped.
+#[tokio::test(start_paused = true)]
+async fn a_mapping_the_template_disables_delivers_nothing_until_it_is_enabled() {
+    let disabled = template().replacen(
+        "            Stream: !GetAtt ClicksStream.Arn\n            StartingPosition: TRIM_HORIZON\n",
+        "            Stream: !GetAtt ClicksStream.Arn\n            StartingPosition: TRIM_HORIZON\n            Enabled: false\n",
+        1,
+    );
+    assert_ne!(disabled, template(), "the clicks mapping is disabled");
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let mut runtime = LocalRuntime::from_template(&disabled, services, &factories()).unwrap();
+    assert!(!runtime.mappings()[0].settings().enabled);
+    let events = zipf_events(500, 20, 3);
+    produce(&runtime, &events).await;
+    runtime.run_for(Duration::from_secs(60)).await;
+    assert_eq!(runtime.mappings()[0].stats().invocations, 0);
+    let keys: Vec<String> = expected_counts(&events).keys().cloned().collect();
+    let nothing: BTreeMap<String, Option<u64>> = keys.iter().map(|k| (k.clone(), None)).collect();
+    assert_eq!(stored_counts(&runtime, &keys).await, nothing);
+
+    runtime
+        .set_enabled("KeyedCounterFunction/Clicks", true)
+        .unwrap();
+    let more = zipf_events(500, 20, 4);
+    produce(&runtime, &more).await;
+    runtime
+        .run_until_idle(Duration::from_secs(600))
+        .await
+        .unwrap();
+    let all: Vec<(String, u64)> = events.iter().chain(&more).cloned().collect();
+    let expected = expected_counts(&all);
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    assert_eq!(stored_counts(&runtime, &keys).await, expected);
+    let unknown = runtime.set_enabled("NoSuchFunction/Clicks", false);
+    assert!(unknown
+        .unwrap_err()
+        .to_string()
+        .contains("no such event source mapping"));
+}
+
 /// What a chaos run left behind.
 struct Run {
     /// The keyed counter's state.

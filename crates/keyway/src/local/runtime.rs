@@ -610,7 +610,14 @@ impl LocalRuntime {
                 .source(&event.source, names)
                 .map_err(|e| LocalError::event(id, &event.name, e))?;
             let mut settings = event.settings.clone();
-            settings.on_failure = event.on_failure.as_ref().and_then(|q| names.reference(q));
+            settings.on_failure = match &event.on_failure {
+                Some(queue) => Some(names.reference(queue).ok_or_else(|| {
+                    let problem =
+                        format!("OnFailure.Destination {queue}: not a queue of the template");
+                    LocalError::event(id, &event.name, problem)
+                })?),
+                None => None,
+            };
             self.add(format!("{id}/{}", event.name), &deployed, source, settings);
         }
         self.functions.insert(function.name.clone(), deployed);
@@ -753,6 +760,25 @@ impl LocalRuntime {
 
     pub fn mappings(&self) -> &[EventSourceMapping] {
         &self.mappings
+    }
+
+    /// Enables or disables the mapping named `name` (`function/event`, or an
+    /// `AWS::Lambda::EventSourceMapping`'s logical id), as UpdateEventSourceMapping does.
+    pub fn set_enabled(&mut self, name: &str, enabled: bool) -> Result<(), LocalError> {
+        let mapping = self
+            .mappings
+            .iter_mut()
+            .find(|m| m.name() == name)
+            .ok_or_else(|| LocalError::Function {
+                path: name.to_owned(),
+                problem: "no such event source mapping".to_owned(),
+            })?;
+        mapping.set_enabled(enabled);
+        if enabled {
+            // It reads from where it stopped, or from its starting position if it never ran.
+            mapping.poll();
+        }
+        Ok(())
     }
 
     /// Runs the mappings until no record waits, or fails when records still wait after `limit`

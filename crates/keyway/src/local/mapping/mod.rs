@@ -71,6 +71,9 @@ pub struct MappingSettings {
     pub function_timeout: Duration,
     /// FilterCriteria: a record is delivered when any of these matches it; none delivers all.
     pub filters: Vec<Pattern>,
+    /// A disabled mapping reads and invokes nothing until it is enabled, and then goes on from
+    /// where it stopped (or from its starting position, if it never ran).
+    pub enabled: bool,
 }
 
 impl Default for MappingSettings {
@@ -87,6 +90,7 @@ impl Default for MappingSettings {
             parallelization_factor: 1,
             function_timeout: Duration::from_secs(3),
             filters: Vec::new(),
+            enabled: true,
         }
     }
 }
@@ -319,6 +323,15 @@ impl EventSourceMapping {
         &self.settings
     }
 
+    /// Enables or disables the mapping, as UpdateEventSourceMapping's `Enabled` does.
+    pub fn set_enabled(&mut self, enabled: bool) {
+        self.settings.enabled = enabled;
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     fn shard_count(&self) -> usize {
         match &self.source {
             MappingSource::Kinesis { kinesis, stream } => kinesis.shard_ids(stream).len(),
@@ -328,6 +341,9 @@ impl EventSourceMapping {
 
     /// Reads what the shards hold beyond the positions, into the partitions.
     pub fn poll(&mut self) {
+        if !self.settings.enabled {
+            return;
+        }
         let shards = self.shard_count();
         if self.positions.is_none() {
             let start = |shard: usize| match (&self.source, self.settings.starting_position) {
@@ -399,6 +415,9 @@ impl EventSourceMapping {
 
     /// Whether any record waits, and the earliest time a waiting batch becomes due.
     pub fn pending(&self) -> (usize, Option<i64>) {
+        if !self.settings.enabled {
+            return (0, None);
+        }
         let waiting = self.partitions.iter().map(|p| p.queue.len()).sum();
         let due = self.partitions.iter().filter_map(|p| self.due_at(p)).min();
         (waiting, due)
@@ -419,6 +438,9 @@ impl EventSourceMapping {
 
     /// Invokes every partition whose batch is due, all at once; returns how many invocations ran.
     pub async fn step(&mut self) -> usize {
+        if !self.settings.enabled {
+            return 0;
+        }
         let now = self.clock.now_millis();
         let mut due: Vec<usize> = Vec::new();
         for i in 0..self.partitions.len() {

@@ -9,9 +9,12 @@
 //! resources; JSON templates read as YAML does.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use serde_yaml::Value;
+
+mod honoured;
 
 use super::mapping::{MappingSettings, StartingPosition};
 use crate::domain::pattern::{Dialect, Pattern};
@@ -166,6 +169,7 @@ pub fn parse_with(
     let resources = get(&template, "Resources")
         .and_then(Value::as_mapping)
         .ok_or_else(|| TemplateError("no Resources".into()))?;
+    honoured::check_resource_types(resources)?;
     let mut wiring = Wiring::default();
     for (id, resource) in resources {
         let id = id
@@ -270,6 +274,23 @@ pub fn parse_with(
     Ok((wiring, template))
 }
 
+/// The resources of type `kind`: logical id and properties.
+fn of_type<'a>(
+    resources: &'a serde_yaml::Mapping,
+    kind: &'a str,
+) -> impl Iterator<Item = (&'a str, Value)> + 'a {
+    resources
+        .iter()
+        .filter(move |(_, r)| get(r, "Type").and_then(Value::as_str) == Some(kind))
+        .map(|(id, r)| {
+            let props = get(r, "Properties").cloned().unwrap_or(Value::Null);
+            (id.as_str().unwrap_or_default(), props)
+        })
+}
+
+/// What an `AWS::Lambda::EventSourceMapping` names its source and its function by.
+const ESM_SOURCE: &[&str] = &["EventSourceArn", "FunctionName"];
+
 /// Resolves nothing but parameters and pseudo parameters.
 struct ParametersOnly;
 
@@ -290,12 +311,7 @@ fn external_mappings(
     wiring: &Wiring,
 ) -> Result<Vec<MappingDef>, TemplateError> {
     let mut mappings = Vec::new();
-    for (mapping_id, mapping) in resources {
-        if get(mapping, "Type").and_then(Value::as_str) != Some("AWS::Lambda::EventSourceMapping") {
-            continue;
-        }
-        let mapping_id = mapping_id.as_str().unwrap_or_default();
-        let p = get(mapping, "Properties").cloned().unwrap_or(Value::Null);
+    for (mapping_id, p) in of_type(resources, "AWS::Lambda::EventSourceMapping") {
         let function = get(&p, "FunctionName")
             .ok_or_else(|| TemplateError(format!("{mapping_id}: no FunctionName")))?;
         let referenced = logical_id(function);
@@ -307,9 +323,8 @@ fn external_mappings(
         }
         let function = resolve(function, template, &ParametersOnly)
             .map_err(|e| TemplateError(format!("{mapping_id}.FunctionName: {}", e.0)))?;
-        let Some(source) = mapping_source(resources, mapping_id, &p)? else {
-            continue;
-        };
+        let source = mapping_source(resources, mapping_id, &p)?;
+        honoured::check_mapping_properties(mapping_id, &p, ESM_SOURCE)?;
         let mut event = event_def(
             template,
             mapping_id,
@@ -328,6 +343,11 @@ fn external_mappings(
                 let arn = resolve(destination, template, &ParametersOnly).map_err(|e| {
                     TemplateError(format!("{mapping_id}.DestinationConfig: {}", e.0))
                 })?;
+                if arn.ends_with(".fifo") {
+                    return err(format!(
+                        "{mapping_id}.DestinationConfig: {arn} is a FIFO queue, which Lambda refuses as an on-failure destination"
+                    ));
+                }
                 on_failure_arn = Some(arn);
                 event.on_failure = None;
             }
@@ -342,12 +362,12 @@ fn external_mappings(
     Ok(mappings)
 }
 
-/// The stream or table a mapping reads, or `None` for a source the runtime does not drive.
+/// The stream or table a mapping reads; any other source is refused by name.
 fn mapping_source(
     resources: &serde_yaml::Mapping,
     mapping_id: &str,
     p: &Value,
-) -> Result<Option<SourceRef>, TemplateError> {
+) -> Result<SourceRef, TemplateError> {
     let source_id = get(p, "EventSourceArn")
         .and_then(logical_id)
         .ok_or_else(|| {
@@ -361,10 +381,18 @@ fn mapping_source(
             .and_then(|r| get(r, "Type"))
             .and_then(Value::as_str)
         {
-            Some("AWS::Kinesis::Stream") => Some(SourceRef::Kinesis(source_id)),
-            Some("AWS::DynamoDB::Table") => Some(SourceRef::DynamoDb(source_id)),
-            // Queues and other sources are not stream triggers: the runtime does not drive them.
-            _ => None,
+            Some("AWS::Kinesis::Stream") => SourceRef::Kinesis(source_id),
+            Some("AWS::DynamoDB::Table") => SourceRef::DynamoDb(source_id),
+            Some(kind) => {
+                return err(format!(
+                    "{mapping_id}.EventSourceArn: a {kind} source is not run by the embedded runtime (it runs Kinesis streams and DynamoDB tables' streams)"
+                ))
+            }
+            None => {
+                return err(format!(
+                    "{mapping_id}.EventSourceArn: {source_id} is not a resource of the template"
+                ))
+            }
         },
     )
 }
@@ -433,25 +461,63 @@ fn event_def(
     p: &Value,
     timeout: Duration,
 ) -> Result<EventDef, TemplateError> {
-    let settings = settings(&with_parameters(p, template), timeout)
-        .map_err(|e| TemplateError(format!("{id}.{name}: {}", e.0)))?;
-    let on_failure = get(p, "DestinationConfig")
-        .and_then(|d| get(d, "OnFailure"))
-        .and_then(|o| get(o, "Destination"))
-        .map(|d| {
-            logical_id(d).ok_or_else(|| {
-                TemplateError(format!(
-                    "{id}.{name}: OnFailure.Destination must reference a queue"
-                ))
-            })
-        })
-        .transpose()?;
+    // A mapping resource's path is its logical id; a SAM event's, its function's and its own.
+    let path = match id == name {
+        true => id.to_owned(),
+        false => format!("{id}.{name}"),
+    };
+    let settings = settings(&with_parameters(p, template), &source, timeout)
+        .map_err(|e| TemplateError(format!("{path}: {}", e.0)))?;
+    let on_failure = on_failure_queue(template, p)
+        .map_err(|e| TemplateError(format!("{path}.DestinationConfig: {}", e.0)))?;
     Ok(EventDef {
         name,
         source,
         settings,
         on_failure,
     })
+}
+
+/// The logical id of a mapping's on-failure queue. Lambda sends a discarded batch's description to
+/// an SQS queue, an SNS topic or an S3 bucket, but never to a FIFO queue; the runtime reproduces
+/// the SQS queue. A destination given by value (a parameter) is the caller's to resolve.
+fn on_failure_queue(template: &Value, p: &Value) -> Result<Option<String>, TemplateError> {
+    let Some(on_failure) = get(p, "DestinationConfig").and_then(|d| get(d, "OnFailure")) else {
+        return Ok(None);
+    };
+    // SAM's form names the kind of destination.
+    match get(on_failure, "Type").and_then(Value::as_str) {
+        None | Some("SQS") => {}
+        Some(other) => {
+            return err(format!(
+                "OnFailure.Type {other}: only SQS on-failure destinations are reproduced by the embedded runtime"
+            ))
+        }
+    }
+    let Some(destination) = get(on_failure, "Destination") else {
+        return err("OnFailure needs a Destination");
+    };
+    let id = logical_id(destination)
+        .ok_or_else(|| TemplateError("OnFailure.Destination must reference a queue".into()))?;
+    let Some(resource) = get(template, "Resources").and_then(|r| get(r, &id)) else {
+        // A parameter's value: an external mapping resolves it.
+        return Ok(Some(id));
+    };
+    let props = get(resource, "Properties");
+    match get(resource, "Type").and_then(Value::as_str) {
+        Some("AWS::SQS::Queue")
+            if props.and_then(|p| get(p, "FifoQueue")).and_then(Value::as_bool) == Some(true) =>
+        {
+            err(format!(
+                "OnFailure.Destination {id}: a FIFO queue, which Lambda refuses as an on-failure destination"
+            ))
+        }
+        Some("AWS::SQS::Queue") => Ok(Some(id)),
+        other => err(format!(
+            "OnFailure.Destination {id}: a {} is not an on-failure destination the embedded runtime reproduces (an SQS queue is)",
+            other.unwrap_or("resource of no type")
+        )),
+    }
 }
 
 fn sam_function(
@@ -505,9 +571,19 @@ fn sam_function(
                 }
                 continue;
             }
-            _ => continue,
+            other => {
+                return err(format!(
+                    "{id}.{event_name}: event type {other:?} is not run by the embedded runtime (it runs {})",
+                    honoured::EVENT_TYPES.join(", ")
+                ))
+            }
         };
+        honoured::check_mapping_properties(&format!("{id}.{event_name}"), &p, &["Stream"])?;
         events.push(event_def(template, id, event_name, source, &p, timeout)?);
+    }
+    // A SAM function may also be mapped by an `AWS::Lambda::EventSourceMapping` resource.
+    if let Some(resources) = get(template, "Resources").and_then(Value::as_mapping) {
+        events.extend(mappings_of(template, resources, id, timeout)?);
     }
     Ok(function.into_function(id, events, schedules))
 }
@@ -522,20 +598,26 @@ fn lambda_function(
 ) -> Result<FunctionDef, TemplateError> {
     let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
     let function = function_props(id, &props, &Value::Null);
-    let timeout = function.timeout;
+    let events = mappings_of(template, resources, id, function.timeout)?;
+    let schedules = rules_targeting(resources, id)?;
+    Ok(function.into_function(id, events, schedules))
+}
+
+/// The `AWS::Lambda::EventSourceMapping` resources whose `FunctionName` references the function
+/// `id` (a SAM function's as well as a plain one's).
+fn mappings_of(
+    template: &Value,
+    resources: &serde_yaml::Mapping,
+    id: &str,
+    timeout: Duration,
+) -> Result<Vec<EventDef>, TemplateError> {
     let mut events = Vec::new();
-    for (mapping_id, mapping) in resources {
-        if get(mapping, "Type").and_then(Value::as_str) != Some("AWS::Lambda::EventSourceMapping") {
-            continue;
-        }
-        let mapping_id = mapping_id.as_str().unwrap_or_default();
-        let p = get(mapping, "Properties").cloned().unwrap_or(Value::Null);
+    for (mapping_id, p) in of_type(resources, "AWS::Lambda::EventSourceMapping") {
         if get(&p, "FunctionName").and_then(logical_id).as_deref() != Some(id) {
             continue;
         }
-        let Some(source) = mapping_source(resources, mapping_id, &p)? else {
-            continue;
-        };
+        let source = mapping_source(resources, mapping_id, &p)?;
+        honoured::check_mapping_properties(mapping_id, &p, ESM_SOURCE)?;
         // SAM names a function's mappings <function><event>: the CDK app keeps those names.
         let name = mapping_id
             .strip_prefix(id)
@@ -550,8 +632,7 @@ fn lambda_function(
             timeout,
         )?);
     }
-    let schedules = rules_targeting(resources, id)?;
-    Ok(function.into_function(id, events, schedules))
+    Ok(events)
 }
 
 /// The schedules of the `AWS::Events::Rule` resources with a target that references `function`.
@@ -560,12 +641,7 @@ fn rules_targeting(
     function: &str,
 ) -> Result<Vec<ScheduleDef>, TemplateError> {
     let mut schedules = Vec::new();
-    for (rule_id, rule) in resources {
-        if get(rule, "Type").and_then(Value::as_str) != Some("AWS::Events::Rule") {
-            continue;
-        }
-        let rule_id = rule_id.as_str().unwrap_or_default();
-        let p = get(rule, "Properties").cloned().unwrap_or(Value::Null);
+    for (rule_id, p) in of_type(resources, "AWS::Events::Rule") {
         let targets_it = get(&p, "Targets")
             .and_then(Value::as_sequence)
             .into_iter()
@@ -629,43 +705,72 @@ fn parse_rate(expression: &str) -> Option<Duration> {
     Some(Duration::from_secs(count * seconds))
 }
 
-fn settings(p: &Value, timeout: Duration) -> Result<MappingSettings, TemplateError> {
-    let defaults = MappingSettings::default();
+/// A stream mapping's settings, each checked against what Lambda accepts.
+fn settings(
+    p: &Value,
+    source: &SourceRef,
+    timeout: Duration,
+) -> Result<MappingSettings, TemplateError> {
     // A setting that is there but no whole number (an unresolved reference) is refused, not
     // passed over for its default.
-    let int = |key: &str| -> Result<Option<i64>, TemplateError> {
-        get(p, key)
+    let int = |key: &str, allowed: &[RangeInclusive<i64>]| -> Result<Option<i64>, TemplateError> {
+        let value = get(p, key)
             .map(|v| {
                 v.as_i64()
                     .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
                     .ok_or_else(|| TemplateError(format!("{key}: {v:?} is not a whole number")))
             })
-            .transpose()
+            .transpose()?;
+        honoured::ranged(key, value, allowed)
     };
-    let seconds = |v: i64| {
-        if v < 0 {
-            None
-        } else {
-            Some(Duration::from_secs(v as u64))
+    // -1 is Lambda's "no limit".
+    let limit = |v: i64| u64::try_from(v).ok();
+    Ok(MappingSettings {
+        batch_size: int("BatchSize", &[1..=10_000])?.map_or(100, |v| v as usize),
+        maximum_batching_window: int("MaximumBatchingWindowInSeconds", &[0..=300])?
+            .map_or(Duration::ZERO, |v| Duration::from_secs(v as u64)),
+        starting_position: starting_position(p, source)?,
+        report_batch_item_failures: function_response_types(p)?,
+        bisect_batch_on_function_error: honoured::boolean(p, "BisectBatchOnFunctionError", false)?,
+        maximum_retry_attempts: int("MaximumRetryAttempts", &[-1..=10_000])?
+            .and_then(limit)
+            .map(|v| v as u32),
+        maximum_record_age: int("MaximumRecordAgeInSeconds", &[-1..=-1, 60..=604_800])?
+            .and_then(limit)
+            .map(Duration::from_secs),
+        on_failure: None,
+        parallelization_factor: int("ParallelizationFactor", &[1..=10])?.map_or(1, |v| v as u32),
+        function_timeout: timeout,
+        filters: filter_criteria(p)?,
+        enabled: honoured::boolean(p, "Enabled", true)?,
+    })
+}
+
+/// `StartingPosition`, which Lambda requires of a stream mapping; `AT_TIMESTAMP` only for Kinesis.
+fn starting_position(p: &Value, source: &SourceRef) -> Result<StartingPosition, TemplateError> {
+    match get(p, "StartingPosition").and_then(Value::as_str) {
+        Some("TRIM_HORIZON") => Ok(StartingPosition::TrimHorizon),
+        Some("LATEST") => Ok(StartingPosition::Latest),
+        Some("AT_TIMESTAMP") if matches!(source, SourceRef::DynamoDb(_)) => {
+            err("StartingPosition: AT_TIMESTAMP is for Kinesis streams only; DynamoDB Streams take TRIM_HORIZON or LATEST")
         }
-    };
-    let starting_position = match get(p, "StartingPosition").and_then(Value::as_str) {
-        Some("TRIM_HORIZON") | None => StartingPosition::TrimHorizon,
-        Some("LATEST") => StartingPosition::Latest,
         Some("AT_TIMESTAMP") => {
             let t = get(p, "StartingPositionTimestamp")
                 .and_then(Value::as_f64)
                 .ok_or_else(|| {
                     TemplateError("AT_TIMESTAMP needs StartingPositionTimestamp".into())
                 })?;
-            StartingPosition::AtTimestamp((t * 1000.0) as i64)
+            Ok(StartingPosition::AtTimestamp((t * 1000.0) as i64))
         }
-        Some(other) => {
-            return err(format!(
-                "StartingPosition {other:?} is not TRIM_HORIZON, LATEST or AT_TIMESTAMP"
-            ))
-        }
-    };
+        Some(other) => err(format!(
+            "StartingPosition {other:?} is not TRIM_HORIZON, LATEST or AT_TIMESTAMP"
+        )),
+        None => err("StartingPosition: required for a Kinesis or DynamoDB Streams source"),
+    }
+}
+
+/// Whether `FunctionResponseTypes` asks for partial batch responses.
+fn function_response_types(p: &Value) -> Result<bool, TemplateError> {
     let mut report_batch_item_failures = false;
     for value in get(p, "FunctionResponseTypes")
         .and_then(Value::as_sequence)
@@ -682,22 +787,7 @@ fn settings(p: &Value, timeout: Duration) -> Result<MappingSettings, TemplateErr
             }
         }
     }
-    Ok(MappingSettings {
-        batch_size: int("BatchSize")?.map_or(defaults.batch_size, |v| v as usize),
-        maximum_batching_window: int("MaximumBatchingWindowInSeconds")?
-            .map_or(Duration::ZERO, |v| Duration::from_secs(v.max(0) as u64)),
-        starting_position,
-        report_batch_item_failures,
-        bisect_batch_on_function_error: get(p, "BisectBatchOnFunctionError")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-        maximum_retry_attempts: int("MaximumRetryAttempts")?.and_then(|v| u32::try_from(v).ok()),
-        maximum_record_age: int("MaximumRecordAgeInSeconds")?.and_then(seconds),
-        on_failure: None,
-        parallelization_factor: int("ParallelizationFactor")?.map_or(1, |v| v as u32),
-        function_timeout: timeout,
-        filters: filter_criteria(p)?,
-    })
+    Ok(report_batch_item_failures)
 }
 
 /// Lambda allows five filters a mapping unless a quota increase says otherwise.
@@ -1271,6 +1361,7 @@ Resources:
     Properties:
       FunctionName: !Ref Target
       EventSourceArn: !GetAtt Table.StreamArn
+      StartingPosition: TRIM_HORIZON
       BatchSize: 100
       DestinationConfig: { OnFailure: { Destination: !Ref Failed } }
 "#;
