@@ -307,7 +307,7 @@ async fn through_the_functions(seed: u64, kind: JoinKind) {
         let ttl = Some(keyway::adapters::dynamodb::TTL.to_owned());
         services
             .dynamodb
-            .create_table(table, KeySchema::state_table(), ttl, false);
+            .create_table(table, KeySchema::state_table(), ttl, None);
     }
     services.kinesis.create_stream("app.public.changes", 2);
     services.kinesis.create_stream("changelog", 3);
@@ -1029,7 +1029,7 @@ async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and
     let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
     services
         .dynamodb
-        .create_table("state", KeySchema::state_table(), None, false);
+        .create_table("state", KeySchema::state_table(), None, None);
     services.kinesis.create_stream("changelog", 1);
     let dead = services.sqs.create_queue("dead");
     let env = keyway::lambda::env_of(&[

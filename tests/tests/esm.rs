@@ -17,6 +17,20 @@ use serde_json::{json, Value};
 
 const EPOCH: i64 = 1_767_225_600_000;
 
+/// A table keyed by `id`, with a stream of `view`.
+fn id_table(
+    services: &LocalServices,
+    name: &str,
+    ttl: Option<String>,
+    view: Option<keyway::local::StreamView>,
+) -> Arc<keyway::local::LocalTable> {
+    let schema = KeySchema {
+        hash: "id".into(),
+        range: None,
+    };
+    services.dynamodb.create_table(name, schema, ttl, view)
+}
+
 struct Setup {
     runtime: LocalRuntime,
     stream: String,
@@ -163,11 +177,12 @@ async fn small_records_with_long_keys_fill_a_batch_up_to_the_payload_limit() {
 #[tokio::test(start_paused = true)]
 async fn a_dynamodb_batch_stops_short_of_the_six_megabytes_of_its_images() {
     let services = LocalServices::new(EPOCH, FaultPlan::default());
-    let schema = KeySchema {
-        hash: "id".into(),
-        range: None,
-    };
-    let table = services.dynamodb.create_table("big", schema, None, true);
+    let table = id_table(
+        &services,
+        "big",
+        None,
+        Some(keyway::local::StreamView::NewAndOldImages),
+    );
     let f = Scripted::succeeding();
     let mut runtime = LocalRuntime::new(services.clone());
     let source = MappingSource::DynamoDb {
@@ -692,14 +707,12 @@ async fn an_invocation_past_the_function_timeout_fails_and_is_retried() {
 #[tokio::test(start_paused = true)]
 async fn a_dynamodb_stream_delivers_changes_ttl_deletions_and_failure_records() {
     let services = LocalServices::new(EPOCH, FaultPlan::default());
-    let schema = KeySchema {
-        hash: "id".into(),
-        range: None,
-    };
-    let table =
-        services
-            .dynamodb
-            .create_table("subscriptions", schema, Some("expires".into()), true);
+    let table = id_table(
+        &services,
+        "subscriptions",
+        Some("expires".into()),
+        Some(keyway::local::StreamView::NewAndOldImages),
+    );
     let failures = services.sqs.create_queue("failed");
     let events = Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
     let e = events.clone();
@@ -756,7 +769,11 @@ async fn a_dynamodb_stream_delivers_changes_ttl_deletions_and_failure_records() 
     table
         .put_item(item("t", &[("expires", AttrValue::N(expires))]))
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    runtime.run_for(Duration::from_secs(60)).await;
+    // Expired half a minute ago, and not deleted yet: DynamoDB takes days ("Using time to live").
+    assert_eq!(table.stream_len(), 4);
+    runtime.run_for(keyway::local::DEFAULT_TTL_DELAY).await;
+    assert_eq!(table.stream_len(), 5);
     runtime
         .run_until_idle(Duration::from_secs(10))
         .await
@@ -946,11 +963,12 @@ async fn kinesis_records_matching_no_filter_are_never_delivered() {
 #[tokio::test(start_paused = true)]
 async fn dynamodb_changes_matching_no_filter_are_never_delivered() {
     let services = LocalServices::new(EPOCH, FaultPlan::default());
-    let schema = KeySchema {
-        hash: "id".into(),
-        range: None,
-    };
-    let table = services.dynamodb.create_table("t", schema, None, true);
+    let table = id_table(
+        &services,
+        "t",
+        None,
+        Some(keyway::local::StreamView::NewAndOldImages),
+    );
     let f = Scripted::succeeding();
     let mut runtime = LocalRuntime::new(services.clone());
     let pattern =
@@ -983,4 +1001,121 @@ async fn dynamodb_changes_matching_no_filter_are_never_delivered() {
         .unwrap();
     assert_eq!(f.sizes().iter().sum::<usize>(), 1);
     assert_eq!(report.mappings[0].1.filtered_out, 2);
+}
+
+/// "Change data capture for DynamoDB Streams", StreamViewType: KEYS_ONLY carries only the key
+/// attributes, NEW_IMAGE the item after the change, OLD_IMAGE the item before it,
+/// NEW_AND_OLD_IMAGES both. A function reading an image its table's view leaves out sees none.
+#[tokio::test(start_paused = true)]
+async fn each_stream_view_type_delivers_exactly_the_images_it_names() {
+    use keyway::domain::Payload;
+    use keyway::local::StreamView;
+    for view in StreamView::ALL {
+        let services = LocalServices::new(EPOCH, FaultPlan::default());
+        let table = id_table(&services, "t", None, Some(view));
+        let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recording = Arc::new(Recording {
+            inner: Scripted::succeeding(),
+            events: events.clone(),
+        });
+        let mut runtime = LocalRuntime::new(services.clone());
+        let source = MappingSource::DynamoDb {
+            table: table.clone(),
+        };
+        runtime.add_mapping("f", recording, source, MappingSettings::default());
+        let item = |state: &str| {
+            Item::from([
+                ("id".to_owned(), AttrValue::S("1".into())),
+                ("state".to_owned(), AttrValue::S(state.into())),
+            ])
+        };
+        table.put_item(item("open")).unwrap();
+        table.put_item(item("closed")).unwrap();
+        table.delete_item(&item("closed")).unwrap();
+        runtime
+            .run_until_idle(Duration::from_secs(60))
+            .await
+            .unwrap();
+        let delivered: Vec<Value> = events.lock().unwrap()[0]["Records"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(delivered.len(), 3, "{view:?}");
+        for record in &delivered {
+            assert_eq!(record["dynamodb"]["StreamViewType"], view.name());
+            assert_eq!(record["dynamodb"]["Keys"], json!({"id": {"S": "1"}}));
+        }
+        let images = |name: &str| -> Vec<Option<String>> {
+            delivered
+                .iter()
+                .map(|r| {
+                    r["dynamodb"][name]["state"]["S"]
+                        .as_str()
+                        .map(str::to_owned)
+                })
+                .collect()
+        };
+        let (new, old) = (images("NewImage"), images("OldImage"));
+        let some = |s: &[Option<&str>]| -> Vec<Option<String>> {
+            s.iter().map(|o| o.map(str::to_owned)).collect()
+        };
+        let news = match view {
+            StreamView::NewImage | StreamView::NewAndOldImages => {
+                some(&[Some("open"), Some("closed"), None])
+            }
+            _ => some(&[None, None, None]),
+        };
+        let olds = match view {
+            StreamView::OldImage | StreamView::NewAndOldImages => {
+                some(&[None, Some("open"), Some("closed")])
+            }
+            _ => some(&[None, None, None]),
+        };
+        assert_eq!((new, old), (news, olds), "{view:?}");
+        // Decoded as the functions decode it: an image left out is no image, not an empty one.
+        let text = json!({"Records": delivered}).to_string();
+        for (decoded, record) in keyway::sources::dynamodb::decode_event(&text)
+            .unwrap()
+            .into_iter()
+            .zip(&delivered)
+        {
+            let Payload::Change(change) = decoded.unwrap().payload else {
+                panic!("a change")
+            };
+            assert_eq!(
+                change.new_image.is_some(),
+                record["dynamodb"].get("NewImage").is_some()
+            );
+            assert_eq!(
+                change.old_image.is_some(),
+                record["dynamodb"].get("OldImage").is_some()
+            );
+        }
+    }
+}
+
+/// "Change data capture for DynamoDB Streams": "If you perform a PutItem or UpdateItem operation
+/// that does not change any data in an item, DynamoDB Streams does not write a stream record for
+/// that operation."
+#[tokio::test(start_paused = true)]
+async fn a_write_that_changes_nothing_leaves_no_stream_record() {
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let table = id_table(
+        &services,
+        "t",
+        None,
+        Some(keyway::local::StreamView::NewAndOldImages),
+    );
+    let item = |n: &str| {
+        Item::from([
+            ("id".to_owned(), AttrValue::S("1".into())),
+            ("n".to_owned(), AttrValue::N(n.into())),
+        ])
+    };
+    table.put_item(item("1")).unwrap();
+    table.put_item(item("1")).unwrap();
+    assert_eq!(table.stream_len(), 1);
+    table.put_item(item("2")).unwrap();
+    table.put_item(item("2")).unwrap();
+    assert_eq!(table.stream_len(), 2);
 }

@@ -307,6 +307,7 @@ async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
         keys.iter().enumerate().map(|(i, k)| DynamoDbEventRecord {
             kind: ChangeKind::Insert,
             keys: k,
+            view: keyway::local::StreamView::NewAndOldImages,
             old_image: None,
             new_image: Some(k),
             sequence_number: ["100", "200", "300"][i],

@@ -37,15 +37,18 @@ fn setup(faults: FaultPlan, registry: &str) -> Setup {
     for name in ["keyway-state", "filter-state"] {
         services
             .dynamodb
-            .create_table(name, KeySchema::state_table(), Some(TTL.into()), false);
+            .create_table(name, KeySchema::state_table(), Some(TTL.into()), None);
     }
     let schema = KeySchema {
         hash: CONSUMER.into(),
         range: Some(SUBSCRIPTION.into()),
     };
-    let policies = services
-        .dynamodb
-        .create_table("policies", schema, None, true);
+    let policies = services.dynamodb.create_table(
+        "policies",
+        schema,
+        None,
+        Some(keyway::local::StreamView::NewAndOldImages),
+    );
     let dead_letters = services.sqs.create_queue("sync-dead-letters");
     let env: Env = [
         ("STATE_TABLE", "keyway-state".to_owned()),

@@ -332,7 +332,7 @@ impl Filtering {
             let schema = KeySchema::state_table();
             services
                 .dynamodb
-                .create_table(table, schema, Some(TTL.into()), false);
+                .create_table(table, schema, Some(TTL.into()), None);
         }
         for queue in ["live-events", "live-edits", "audit-trail"] {
             services.sqs.create_queue(queue);
@@ -446,7 +446,7 @@ impl CdcJoin {
             let schema = KeySchema::state_table();
             services
                 .dynamodb
-                .create_table(table, schema, Some(TTL.into()), false);
+                .create_table(table, schema, Some(TTL.into()), None);
         }
         // One shard each: the changelog fixture is one batch of one shard, in the order put.
         services.kinesis.create_stream(CDC_CHANGELOG, 1);

@@ -201,9 +201,12 @@ fn dynamodb_mapping(
         hash: "Id".into(),
         range: None,
     };
-    let table = services
-        .dynamodb
-        .create_table("TestTable", schema, None, true);
+    let table = services.dynamodb.create_table(
+        "TestTable",
+        schema,
+        None,
+        Some(keyway::local::StreamView::NewAndOldImages),
+    );
     let failures = services.sqs.create_queue("failed-batches");
     let item = |message: &str| {
         Item::from([

@@ -311,6 +311,7 @@ async fn a_key_fed_by_thousands_of_dynamodb_items_keeps_a_bounded_head_and_appli
             range.map(|i| DynamoDbEventRecord {
                 kind: ChangeKind::Insert,
                 keys: &items[i],
+                view: keyway::local::StreamView::NewAndOldImages,
                 old_image: None,
                 new_image: Some(&items[i]),
                 sequence_number: Box::leak(format!("{:021}", 1000 + i).into_boxed_str()),

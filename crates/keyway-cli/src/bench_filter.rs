@@ -303,7 +303,7 @@ async fn run_filter(generated: &Generated) -> Result<(Design, ColdStart, (u64, u
         "filter-state",
         KeySchema::state_table(),
         Some(TTL.into()),
-        false,
+        None,
     );
     let state = FilterState::new(
         services.dynamodb.table("filter-state").expect("the table"),
@@ -459,7 +459,7 @@ async fn run_lookup(generated: &Generated) -> Result<Design, CliError> {
     let services = services();
     let table = services
         .dynamodb
-        .create_table("lookup", KeySchema::state_table(), None, false);
+        .create_table("lookup", KeySchema::state_table(), None, None);
     let mut by_key: BTreeMap<String, Vec<&Subscription>> = BTreeMap::new();
     let mut all = Vec::new();
     for s in &generated.subscriptions {

@@ -76,7 +76,7 @@ impl Aggregation {
             STATE_TABLE,
             KeySchema::state_table(),
             Some(TTL.to_owned()),
-            false,
+            None,
         );
         services
             .kinesis

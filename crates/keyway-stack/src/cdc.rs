@@ -184,7 +184,7 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
         let schema = KeySchema::state_table();
         services
             .dynamodb
-            .create_table(table, schema, Some(TTL.to_owned()), false);
+            .create_table(table, schema, Some(TTL.to_owned()), None);
     }
     let mut topics: Vec<&str> = events
         .iter()

@@ -92,7 +92,12 @@ mod tests {
             hash: CONSUMER.into(),
             range: Some(SUBSCRIPTION.into()),
         };
-        let table = dynamodb.create_table("policies", schema, None, true);
+        let table = dynamodb.create_table(
+            "policies",
+            schema,
+            None,
+            Some(keyway::local::StreamView::NewAndOldImages),
+        );
         policy_table_contract(table.as_ref()).await;
     }
 }

@@ -23,7 +23,9 @@ pub use runtime::{
     CrashBeforeCommit, Factory, LocalError, LocalRuntime, LocalServices, RunReport, ScheduleStats,
 };
 pub use services::clock::VirtualClock;
-pub use services::dynamodb::{KeySchema, LocalDynamoDb, LocalTable, StreamRecord};
+pub use services::dynamodb::{
+    KeySchema, LocalDynamoDb, LocalTable, StreamRecord, StreamView, DEFAULT_TTL_DELAY,
+};
 pub use services::faults::{Fault, FaultCounts, FaultPlan, Faults};
 pub use services::kinesis::{LocalKinesis, StoredRecord};
 pub use services::meter::{thread_cpu_time, Meter, MeterSnapshot};

@@ -849,7 +849,13 @@ impl LocalRuntime {
                 return Some(self.report(start));
             }
             let next_schedule = self.schedules.iter().map(|s| s.next_at).min();
-            let wake = [records_due, next_schedule, Some(end)]
+            // The TTL process runs once a virtual second at most.
+            let next_expiry = self
+                .services
+                .dynamodb
+                .next_expiry_millis()
+                .map(|at| at.max(last_expiry.saturating_add(1_000)));
+            let wake = [records_due, next_schedule, next_expiry, Some(end)]
                 .into_iter()
                 .flatten()
                 .min()

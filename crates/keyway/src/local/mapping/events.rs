@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use crate::domain::item::item_to_dynamodb_json;
 use crate::domain::json::push_string as push_json_string;
 use crate::domain::{ChangeKind, Item};
+use crate::local::StreamView;
 
 /// A record to put in a Kinesis event.
 #[derive(Clone, Debug)]
@@ -92,6 +93,8 @@ pub fn kinesis_event_json<'a>(
 pub struct DynamoDbEventRecord<'a> {
     pub kind: ChangeKind,
     pub keys: &'a Item,
+    /// The stream's view type: which images a record may carry.
+    pub view: StreamView,
     pub old_image: Option<&'a Item>,
     pub new_image: Option<&'a Item>,
     pub sequence_number: &'a str,
@@ -108,7 +111,7 @@ pub fn dynamodb_event_json<'a>(
     dynamodb_event(stream_arn, records).to_string()
 }
 
-/// A DynamoDB Streams event (NEW_AND_OLD_IMAGES) for the stream `stream_arn`.
+/// A DynamoDB Streams event for the stream `stream_arn`: each record with the images it has.
 pub fn dynamodb_event<'a>(
     stream_arn: &str,
     records: impl IntoIterator<Item = DynamoDbEventRecord<'a>>,
@@ -122,7 +125,7 @@ pub fn dynamodb_event<'a>(
                 "Keys": item_to_dynamodb_json(r.keys),
                 "SequenceNumber": r.sequence_number,
                 "SizeBytes": 0,
-                "StreamViewType": "NEW_AND_OLD_IMAGES",
+                "StreamViewType": r.view.name(),
             });
             let size = serde_json::to_string(&change).map(|s| s.len()).unwrap_or(0);
             if let Some(image) = r.new_image {
@@ -210,6 +213,7 @@ mod tests {
             [DynamoDbEventRecord {
                 kind: ChangeKind::Remove,
                 keys: &keys,
+                view: StreamView::NewAndOldImages,
                 old_image: Some(&keys),
                 new_image: None,
                 sequence_number: "100",

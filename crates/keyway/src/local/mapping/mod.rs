@@ -202,6 +202,7 @@ fn event_record(r: &StreamRecord) -> DynamoDbEventRecord<'_> {
     DynamoDbEventRecord {
         kind: r.kind,
         keys: &r.keys,
+        view: r.view,
         old_image: r.old_image.as_ref(),
         new_image: r.new_image.as_ref(),
         sequence_number: &r.sequence_number,

@@ -1,13 +1,16 @@
 //! In-memory DynamoDB: tables with a key schema, the semantics the state store relies on
 //! (strongly consistent reads, conditional puts, BatchGetItem of 100 keys and 16 MB with the rest
 //! unprocessed, BatchWriteItem of 25 requests with no key twice, the 400 KB item limit), a TTL
-//! process, and streams with NEW_AND_OLD_IMAGES where TTL deletions are marked as the service's.
+//! process, and streams of any view type (`StreamView`) where TTL deletions are marked as the
+//! service's and a write that changes nothing leaves no record.
 //! It meters calls and capacity units, and injects throttling, unprocessed keys and items, and the
 //! commits of a concurrent writer.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::Bound;
+use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -70,12 +73,52 @@ fn canonical_parts(value: &AttrValue) -> (char, std::borrow::Cow<'_, str>) {
     }
 }
 
-/// One change as the table's stream holds it.
+/// What a table's stream records carry of the item: `StreamSpecification.StreamViewType`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamView {
+    KeysOnly,
+    NewImage,
+    OldImage,
+    NewAndOldImages,
+}
+
+impl StreamView {
+    pub const ALL: [StreamView; 4] = [
+        Self::KeysOnly,
+        Self::NewImage,
+        Self::OldImage,
+        Self::NewAndOldImages,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::KeysOnly => "KEYS_ONLY",
+            Self::NewImage => "NEW_IMAGE",
+            Self::OldImage => "OLD_IMAGE",
+            Self::NewAndOldImages => "NEW_AND_OLD_IMAGES",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.name() == text)
+    }
+
+    fn keeps_old(self) -> bool {
+        matches!(self, Self::OldImage | Self::NewAndOldImages)
+    }
+
+    fn keeps_new(self) -> bool {
+        matches!(self, Self::NewImage | Self::NewAndOldImages)
+    }
+}
+
+/// One change as the table's stream holds it: the images its view type keeps.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StreamRecord {
     pub sequence_number: String,
     pub kind: ChangeKind,
     pub keys: Item,
+    pub view: StreamView,
     pub old_image: Option<Item>,
     pub new_image: Option<Item>,
     pub created_millis: i64,
@@ -87,7 +130,7 @@ struct State {
     /// (TTL, key) of every item with a TTL: what the TTL process finds due without reading
     /// every item, once a virtual second, however large the table grows.
     expiring: BTreeSet<(i64, String)>,
-    stream: Option<Vec<Arc<StreamRecord>>>,
+    stream: Option<(StreamView, Vec<Arc<StreamRecord>>)>,
 }
 
 /// One in-memory table.
@@ -116,7 +159,7 @@ impl LocalTable {
             "keyway-state",
             KeySchema::state_table(),
             Some(TTL.into()),
-            false,
+            None,
             Arc::new(SystemClock),
             Faults::none(),
         )
@@ -126,7 +169,7 @@ impl LocalTable {
         name: &str,
         schema: KeySchema,
         ttl_attribute: Option<String>,
-        stream: bool,
+        stream: Option<StreamView>,
         clock: Arc<dyn Clock>,
         faults: Faults,
     ) -> Self {
@@ -136,7 +179,7 @@ impl LocalTable {
             state: Mutex::new(State {
                 items: BTreeMap::new(),
                 expiring: BTreeSet::new(),
-                stream: stream.then(Vec::new),
+                stream: stream.map(|view| (view, Vec::new())),
             }),
             ttl_attribute,
             next_sequence: Arc::new(Mutex::new(0)),
@@ -204,7 +247,7 @@ impl LocalTable {
         state
             .stream
             .as_ref()
-            .map(|s| s.iter().skip(from).take(max).cloned().collect())
+            .map(|(_, s)| s.iter().skip(from).take(max).cloned().collect())
             .unwrap_or_default()
     }
 
@@ -214,7 +257,7 @@ impl LocalTable {
             .expect("table lock")
             .stream
             .as_ref()
-            .map_or(0, Vec::len)
+            .map_or(0, |(_, s)| s.len())
     }
 
     /// The position of the first stream record created at or after `millis`.
@@ -223,7 +266,7 @@ impl LocalTable {
         state
             .stream
             .as_ref()
-            .map_or(0, |s| s.partition_point(|r| r.created_millis < millis))
+            .map_or(0, |(_, s)| s.partition_point(|r| r.created_millis < millis))
     }
 
     /// PutItem without a condition, as an application writing to its own table does.
@@ -260,6 +303,13 @@ impl LocalTable {
             self.write(&mut state, key.clone(), None, true);
         }
         expired.len()
+    }
+
+    /// The earliest TTL (epoch seconds) of an item the TTL process will delete.
+    pub fn next_ttl(&self) -> Option<i64> {
+        self.ttl_attribute.as_ref()?;
+        let state = self.state.lock().expect("table lock");
+        state.expiring.first().map(|(ttl, _)| *ttl)
     }
 
     /// The canonical form of an item's key attributes: the map key items are stored under.
@@ -326,11 +376,14 @@ impl LocalTable {
                 state.expiring.remove(&(ttl, key));
             }
         }
-        let Some(stream) = state.stream.as_mut() else {
+        let Some((view, stream)) = state.stream.as_mut() else {
             return;
         };
         let kind = match (&old, &item) {
             (None, Some(_)) => ChangeKind::Insert,
+            // "If you perform a PutItem or UpdateItem operation that does not change any data in
+            // an item, DynamoDB Streams does not write a stream record for that operation."
+            (Some(old), Some(new)) if old == new => return,
             (Some(_), Some(_)) => ChangeKind::Modify,
             (Some(_), None) => ChangeKind::Remove,
             (None, None) => return,
@@ -345,8 +398,9 @@ impl LocalTable {
             ),
             kind,
             keys,
-            old_image: old,
-            new_image: item,
+            view: *view,
+            old_image: old.filter(|_| view.keeps_old()),
+            new_image: item.filter(|_| view.keeps_new()),
             created_millis: self.clock.now_millis(),
             ttl_deletion,
         }));
@@ -742,7 +796,14 @@ pub struct LocalDynamoDb {
     tables: Mutex<BTreeMap<String, Arc<LocalTable>>>,
     clock: Arc<dyn Clock>,
     faults: super::faults::FaultPlan,
+    /// How long after its TTL the TTL process deletes an item, in seconds.
+    ttl_delay_secs: AtomicI64,
 }
+
+/// DynamoDB deletes an expired item "typically within a few days" of its expiry ("Using time to
+/// live (TTL) in DynamoDB"). The embedded runtime waits two days by default, so that code that
+/// takes a TTL deletion for a timer fails its tests instead of its users.
+pub const DEFAULT_TTL_DELAY: Duration = Duration::from_secs(2 * 24 * 3600);
 
 impl LocalDynamoDb {
     pub fn new(clock: Arc<dyn Clock>, faults: super::faults::FaultPlan) -> Self {
@@ -750,7 +811,15 @@ impl LocalDynamoDb {
             tables: Mutex::new(BTreeMap::new()),
             clock,
             faults,
+            ttl_delay_secs: AtomicI64::new(DEFAULT_TTL_DELAY.as_secs() as i64),
         }
+    }
+
+    /// How long after its TTL an item is deleted (whole seconds): a test of what happens on a
+    /// TTL deletion shortens it; one of code that must not wait for one keeps the default.
+    pub fn set_ttl_delay(&self, delay: Duration) {
+        self.ttl_delay_secs
+            .store(delay.as_secs() as i64, AtomicOrdering::Relaxed);
     }
 
     /// Creates a table (replacing one of the same name) and returns it.
@@ -759,7 +828,7 @@ impl LocalDynamoDb {
         name: &str,
         schema: KeySchema,
         ttl_attribute: Option<String>,
-        stream: bool,
+        stream: Option<StreamView>,
     ) -> Arc<LocalTable> {
         let mut tables = self.tables.lock().expect("tables lock");
         // Each table draws its own faults, salted by its position, so runs repeat.
@@ -789,7 +858,6 @@ impl LocalDynamoDb {
             .collect()
     }
 
-    /// Runs the TTL process on every table.
     /// The faults every table injected so far.
     pub fn faults_fired(&self) -> FaultCounts {
         let mut counts = FaultCounts::new();
@@ -799,8 +867,18 @@ impl LocalDynamoDb {
         counts
     }
 
+    /// When the TTL process next deletes an item (epoch milliseconds), if any table holds one
+    /// with a TTL.
+    pub fn next_expiry_millis(&self) -> Option<i64> {
+        let delay = self.ttl_delay_secs.load(AtomicOrdering::Relaxed);
+        let next = self.tables().iter().filter_map(|t| t.next_ttl()).min()?;
+        Some((next + delay + 1).saturating_mul(1000))
+    }
+
+    /// Runs the TTL process on every table: deletes the items expired for the TTL delay.
     pub fn expire(&self) -> usize {
-        let now_secs = self.clock.now_millis().div_euclid(1000);
+        let delay = self.ttl_delay_secs.load(AtomicOrdering::Relaxed);
+        let now_secs = self.clock.now_millis().div_euclid(1000) - delay;
         self.tables().iter().map(|t| t.expire(now_secs)).sum()
     }
 }

@@ -140,7 +140,7 @@ pub(super) fn boolean(p: &Value, key: &str, default: bool) -> Result<bool, Templ
 
 #[cfg(test)]
 mod tests {
-    use super::super::parse;
+    use super::super::{parse, Resource, StreamView};
 
     /// A stream, queues and a function whose Kinesis event has `extra` properties (one a line),
     /// with `resources` added to the template's.
@@ -346,5 +346,30 @@ mod tests {
         let (wiring, _) = parse(&stack(&[at], "")).unwrap();
         assert!(wiring.functions[0].events[0].settings.enabled);
         assert!(refused(&[at, "Enabled: 0"]).contains("Enabled: 0 is not true or false"));
+    }
+
+    #[test]
+    fn a_tables_stream_view_type_is_read_and_an_unknown_one_refused() {
+        let table = |view: &str| {
+            format!(
+                "  Live:
+    Type: AWS::DynamoDB::Table
+    Properties:
+      KeySchema: [{{ AttributeName: pk, KeyType: HASH }}]
+      StreamSpecification: {{ StreamViewType: {view} }}
+"
+            )
+        };
+        let at = ["StartingPosition: LATEST"];
+        let (wiring, _) = parse(&stack(&at, &table("KEYS_ONLY"))).unwrap();
+        let Resource::Table { stream, .. } = &wiring.resources["Live"] else {
+            panic!("a table")
+        };
+        assert_eq!(*stream, Some(StreamView::KeysOnly));
+        let e = parse(&stack(&at, &table("NEW_IMAGES"))).unwrap_err();
+        assert_eq!(
+            e.0,
+            "Live.StreamSpecification.StreamViewType: \"NEW_IMAGES\" is not one of KEYS_ONLY, NEW_IMAGE, OLD_IMAGE, NEW_AND_OLD_IMAGES"
+        );
     }
 }

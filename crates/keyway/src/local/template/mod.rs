@@ -17,6 +17,7 @@ use serde_yaml::Value;
 mod honoured;
 
 use super::mapping::{MappingSettings, StartingPosition};
+use super::services::dynamodb::StreamView;
 use crate::domain::pattern::{Dialect, Pattern};
 use crate::lambda::Env;
 
@@ -28,7 +29,8 @@ pub enum Resource {
         hash_key: String,
         range_key: Option<String>,
         ttl_attribute: Option<String>,
-        stream: bool,
+        /// The stream's view type, when the table has a stream.
+        stream: Option<StreamView>,
     },
     Stream {
         name: String,
@@ -209,7 +211,7 @@ pub fn parse_with(
                     .and_then(|t| get(t, "AttributeName"))
                     .and_then(Value::as_str)
                     .map(str::to_owned);
-                let stream = get(&props, "StreamSpecification").is_some();
+                let stream = stream_view(&id, &props)?;
                 let name = literal("TableName")?.unwrap_or_else(|| id.clone());
                 wiring.resources.insert(
                     id.clone(),
@@ -290,6 +292,22 @@ fn of_type<'a>(
 
 /// What an `AWS::Lambda::EventSourceMapping` names its source and its function by.
 const ESM_SOURCE: &[&str] = &["EventSourceArn", "FunctionName"];
+
+/// A table's `StreamSpecification.StreamViewType`, which CloudFormation requires of a stream.
+fn stream_view(id: &str, props: &Value) -> Result<Option<StreamView>, TemplateError> {
+    let Some(specification) = get(props, "StreamSpecification") else {
+        return Ok(None);
+    };
+    let view = get(specification, "StreamViewType").and_then(Value::as_str);
+    match view.and_then(StreamView::parse) {
+        Some(view) => Ok(Some(view)),
+        None => err(format!(
+            "{id}.StreamSpecification.StreamViewType: {} is not one of {}",
+            view.map_or("nothing".to_owned(), |v| format!("{v:?}")),
+            StreamView::ALL.map(StreamView::name).join(", ")
+        )),
+    }
+}
 
 /// Resolves nothing but parameters and pseudo parameters.
 struct ParametersOnly;
@@ -1250,7 +1268,7 @@ Resources:
                 hash_key: "pk".into(),
                 range_key: Some("sk".into()),
                 ttl_attribute: Some("ttl".into()),
-                stream: false
+                stream: None
             }
         );
         assert_eq!(
@@ -1374,7 +1392,7 @@ Resources:
         assert!(wiring.functions.is_empty());
         assert!(matches!(
             &wiring.resources["Table"],
-            Resource::Table { name, stream: true, .. } if name == "p-live"
+            Resource::Table { name, stream: Some(StreamView::NewAndOldImages), .. } if name == "p-live"
         ));
         let mapping = &wiring.mappings[0];
         assert_eq!(
