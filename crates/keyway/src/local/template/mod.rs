@@ -6,7 +6,9 @@
 //! with defaults, `Globals.Function`, `!Ref`, `!GetAtt`, `!Sub`, `Fn::Join` (and their `Ref`/`Fn::`
 //! forms). Functions are either SAM's `AWS::Serverless::Function` with `Events`, or, as the CDK
 //! app in infra/ synthesizes them, `AWS::Lambda::Function` with `AWS::Lambda::EventSourceMapping`
-//! resources; JSON templates read as YAML does.
+//! resources; JSON templates read as YAML does. What the runtime does not reproduce (a resource
+//! type, an event source, a mapping property, a value outside Lambda's ranges) is refused when the
+//! template is read, by name (`honoured`).
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
