@@ -95,7 +95,9 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
         let run = aggregation.take().expect("deployed above");
         Ok::<Finished, CliError>(run.finish().await?)
     });
-    reader.join().expect("the reader does not panic");
+    reader.join().map_err(|_| {
+        CliError::from("the thread reading the files stopped unexpectedly".to_owned())
+    })?;
     let finished = finished?;
     progress.finish_and_clear();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());

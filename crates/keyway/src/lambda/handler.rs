@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use aws_lambda_events::event::streams::{
     DynamoDbBatchItemFailure, DynamoDbEventResponse, KinesisEventResponse,
 };
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::domain::InvalidInput;
@@ -70,8 +71,7 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
         };
         let deadline = invocation.deadline_millis;
         // The records were read once above: decoded here, not read from the text again.
-        let dynamodb =
-            records.first().and_then(|r| event_source(r)).as_deref() == Some("aws:dynamodb");
+        let dynamodb = from_dynamodb(&records);
         let batch = match dynamodb {
             true => dynamodb::decode_records(&records),
             false => kinesis::decode_records(&records),
@@ -87,6 +87,13 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
             });
         response.map_err(|e| FunctionError(e.to_string()))
     }
+}
+
+/// Whether a batch's records come from DynamoDB Streams, by the first record that names its source:
+/// a malformed first record must not turn a DynamoDB batch into a Kinesis one, whose decoder would
+/// dead-letter every good change after it.
+fn from_dynamodb(records: &[&RawValue]) -> bool {
+    records.iter().find_map(|r| event_source(r)).as_deref() == Some("aws:dynamodb")
 }
 
 /// Whether `event` is a schedule's (an EventBridge rule's "Scheduled Event", or EventBridge
@@ -198,6 +205,20 @@ mod tests {
         assert!(!is_scheduled(&batch));
         assert!(!is_scheduled(
             &serde_json::json!({"detail-type": "Object Created"})
+        ));
+    }
+
+    #[test]
+    fn a_batch_is_told_by_the_first_record_naming_its_source_not_by_a_malformed_first_one() {
+        let text = r#"{"Records": [42, {"eventID": "x"}, {"eventSource": "aws:dynamodb"}]}"#;
+        let records = Envelope::parse(text).unwrap().unwrap();
+        assert!(from_dynamodb(&records));
+        let text =
+            r#"{"Records": [{"eventSource": "aws:kinesis"}, {"eventSource": "aws:dynamodb"}]}"#;
+        assert!(!from_dynamodb(&Envelope::parse(text).unwrap().unwrap()));
+        // A batch none of whose records says is read as Kinesis, as before.
+        assert!(!from_dynamodb(
+            &Envelope::parse(r#"{"Records": [1]}"#).unwrap().unwrap()
         ));
     }
 
