@@ -201,7 +201,7 @@ async fn demo(options: DemoOptions) -> Result<(), CliError> {
     }
 }
 
-fn print_mapping(name: &str, s: &MappingStats) {
+pub(crate) fn print_mapping(name: &str, s: &MappingStats) {
     println!("  {name}");
     println!(
         "    invocations        {:>8}  ({} duplicate deliveries)",

@@ -16,6 +16,7 @@ mod error;
 mod filter;
 mod generate;
 mod ids;
+mod local;
 mod package;
 mod signatures;
 mod skew;
@@ -126,6 +127,17 @@ enum Command {
     /// the joined changelog as JSON Lines on standard output ({"op", "<left table>", "<right
     /// table>"}), a summary on standard error.
     Cdc(cdc::CdcOptions),
+    /// Runs a SAM or CDK-synthesized template on the embedded runtime: its streams, tables,
+    /// queues and mappings in memory, keyway's functions in-process and any other as its
+    /// bootstrap behind a local Lambda Runtime API; puts the given files' lines and runs until
+    /// every mapping is idle.
+    Local(local::LocalOptions),
+    /// Serves one of keyway's functions (by its logical id in template.yaml) to the Lambda
+    /// Runtime API at AWS_LAMBDA_RUNTIME_API, as its bootstrap binary does.
+    Bootstrap {
+        /// The function's logical id, e.g. KeyedCounter.
+        function: String,
+    },
     /// Simulates the load a keyed workload puts on Kinesis shards and DynamoDB partitions,
     /// without skew mitigation and with a strategy (pre-aggregation, salting, sidetracking,
     /// adaptive salting): per-shard records/s, CoV, max/mean, hot keys and what AWS's limits
@@ -440,6 +452,8 @@ fn main() -> std::process::ExitCode {
             shared_table,
         }),
         Command::Cdc(options) => cdc::run(options),
+        Command::Local(options) => local::run(options),
+        Command::Bootstrap { function } => local::bootstrap(&function),
         Command::Skew(options) => skew::run(options),
         Command::Aggregate(options) => aggregate::run(options),
         Command::Subscriptions {

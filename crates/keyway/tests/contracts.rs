@@ -73,16 +73,7 @@ fn memory_queue(name: &str) -> SinkUnderTest {
             Box::pin(async move {
                 messages
                     .into_iter()
-                    .map(|m| Received {
-                        body: m.body,
-                        // A FIFO queue deduplicates by the output id.
-                        output_id: if fifo {
-                            m.deduplication_id
-                        } else {
-                            m.output_id
-                        },
-                        group: m.group_id,
-                    })
+                    .map(|m| Received::queued(m, fifo))
                     .collect()
             })
         }),

@@ -10,12 +10,21 @@
 //! serialization, which the emulator suite covers against ministack. Emulating at that level also
 //! makes each fault land exactly where a service would return it (an unprocessed key, one failed
 //! record of a PutRecords call), keeps a run deterministic under a seed, and costs microseconds.
+//!
+//! A function that is not of this workspace runs as its own process (`external`), behind the
+//! Lambda Runtime API; its SDK reaches the same services through their AWS APIs over HTTP
+//! (`aws_api`), and only it pays for the serialization.
 
+pub mod aws_api;
+pub mod external;
+mod http;
 pub mod mapping;
 pub mod runtime;
 pub mod services;
 pub mod template;
 
+pub use aws_api::AwsApi;
+pub use external::{Bootstrap, ExternalFunction};
 pub use mapping::{
     EventSourceMapping, MappingSettings, MappingSource, MappingStats, StartingPosition,
 };

@@ -20,6 +20,21 @@ pub struct Received {
     pub group: Option<String>,
 }
 
+impl Received {
+    /// A message of an in-memory queue; a FIFO queue deduplicates by the output id, which it
+    /// keeps as the deduplication id.
+    pub fn queued(message: crate::local::QueuedMessage, fifo: bool) -> Self {
+        Self {
+            body: message.body,
+            output_id: match fifo {
+                true => message.deduplication_id,
+                false => message.output_id,
+            },
+            group: message.group_id,
+        }
+    }
+}
+
 /// A sink to check, with how to read back what its destination holds (in arrival order).
 pub struct SinkUnderTest {
     pub sink: Box<dyn Sink>,

@@ -286,6 +286,95 @@ impl LocalTable {
         Ok(())
     }
 
+    pub fn key_schema(&self) -> &KeySchema {
+        &self.schema
+    }
+
+    /// GetItem with a strongly consistent read, by the item's key attributes, on a table of any
+    /// key schema (what an external function's SDK asks for).
+    pub fn read(&self, key: &Item) -> Result<Option<Item>, StoreError> {
+        let key = self.key_of(key)?;
+        if let Some(err) = self.throttled() {
+            return Err(err);
+        }
+        Ok(self
+            .state
+            .lock()
+            .expect("table lock")
+            .items
+            .get(&key)
+            .cloned())
+    }
+
+    /// A conditional write of the item with `key`'s key attributes, atomic as DynamoDB's: under
+    /// the table's lock, `change` sees the item (none: no item has the key) and answers what to
+    /// store (none: delete it), or an error that leaves the item as it was.
+    pub fn change(
+        &self,
+        key: &Item,
+        change: impl FnOnce(Option<&Item>) -> Result<Option<Item>, StoreError>,
+    ) -> Result<(), StoreError> {
+        let canonical = self.key_of(key)?;
+        if let Some(err) = self.throttled() {
+            return Err(err);
+        }
+        let mut state = self.state.lock().expect("table lock");
+        let next = change(state.items.get(&canonical))?;
+        if let Some(item) = &next {
+            Self::check_size(item)?;
+            if self.key_of(item)? != canonical {
+                return Err(StoreError::Invalid(
+                    "ValidationException: an update cannot change the item's key".into(),
+                ));
+            }
+        }
+        self.write(&mut state, canonical, next, false);
+        Ok(())
+    }
+
+    /// The items of the partition with hash key `hash`, in sort key order. Items are stored
+    /// under their canonical key, the hash key's first and length-prefixed: one partition is one
+    /// range of the map, found without a scan.
+    pub fn partition(&self, hash: &AttrValue) -> Vec<Item> {
+        let mut prefix = String::new();
+        push_canonical(&mut prefix, hash);
+        let state = self.state.lock().expect("table lock");
+        state
+            .items
+            .range(prefix.clone()..)
+            .take_while(|(key, _)| key.starts_with(&prefix))
+            .map(|(_, item)| item.clone())
+            .collect()
+    }
+
+    /// Up to `limit` items in the table's key order after the item with `start`'s key
+    /// attributes, and whether more follow: a page of a Scan.
+    pub fn scan_after(
+        &self,
+        start: Option<&Item>,
+        limit: usize,
+    ) -> Result<(Vec<Item>, bool), StoreError> {
+        let from = start.map(|key| self.key_of(key)).transpose()?;
+        let state = self.state.lock().expect("table lock");
+        let mut read = match &from {
+            Some(from) => state
+                .items
+                .range::<String, _>((Bound::Excluded(from), Bound::Unbounded)),
+            None => state.items.range::<String, _>(..),
+        };
+        let page: Vec<Item> = read
+            .by_ref()
+            .take(limit)
+            .map(|(_, item)| item.clone())
+            .collect();
+        Ok((page, read.next().is_some()))
+    }
+
+    /// The key attributes of `item`.
+    pub fn key_of_item(&self, item: &Item) -> Item {
+        self.key_attributes(item)
+    }
+
     /// What DynamoDB's TTL process does, eventually: deletes the items whose TTL attribute is
     /// before `now_secs`, each with a stream record marked as a deletion by the service.
     pub fn expire(&self, now_secs: i64) -> usize {
@@ -713,17 +802,7 @@ impl Table for LocalTable {
     async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
         let items: Vec<Item> = {
             let _busy = self.meter.busy();
-            let state = self.state.lock().expect("table lock");
-            // Items are stored under their canonical key, the hash key's first and
-            // length-prefixed: one partition is one range of the map, found without a scan.
-            let mut prefix = String::new();
-            push_canonical(&mut prefix, &AttrValue::S(pk.to_owned()));
-            state
-                .items
-                .range(prefix.clone()..)
-                .take_while(|(key, _)| key.starts_with(&prefix))
-                .map(|(_, item)| item.clone())
-                .collect()
+            self.partition(&AttrValue::S(pk.to_owned()))
         };
         let size: usize = items.iter().map(item_size).sum();
         self.meter.call("Query", read_units(size), 0.0).await;

@@ -1,0 +1,320 @@
+//! `keyway local`: a user's own SAM or CDK-synthesized stack on the embedded runtime. The
+//! template is read at run time; its streams, tables, queues and event source mappings run in
+//! memory with Lambda's stream-trigger semantics; each function runs in-process when it is one of
+//! keyway's (by its logical id in keyway's template.yaml) or as its bootstrap process behind the
+//! Lambda Runtime API (`--function ID=BOOTSTRAP`). The lines of each `--put` file go onto their
+//! stream (or into their table), the stack runs until every mapping is idle, and what each
+//! mapping did is printed; `--out` keeps every queue's messages, table's items and stream's
+//! records as JSON Lines.
+//!
+//! `keyway bootstrap ID` is the other side: one of keyway's functions served to a Lambda Runtime
+//! API, as its `bootstrap` binary serves it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use keyway::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
+use keyway::local::{external, AwsApi, Factory, FaultPlan, LocalRuntime, LocalServices};
+use keyway_stack as stack;
+use serde_json::{json, Value};
+
+use crate::error::CliError;
+
+/// Where the virtual clock starts: 2026-01-01T00:00:00Z.
+const EPOCH: i64 = 1_767_225_600_000;
+/// How much virtual time a run may take before it is called unfinished.
+const RUN_LIMIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+#[derive(clap::Args, Debug)]
+pub struct LocalOptions {
+    /// A SAM template or a CDK-synthesized CloudFormation template (YAML or JSON).
+    #[arg(long)]
+    pub template: PathBuf,
+    /// A template parameter's value (repeatable).
+    #[arg(long = "parameter", value_name = "NAME=VALUE")]
+    pub parameters: Vec<String>,
+    /// Runs the function with this logical id as this bootstrap executable (repeatable).
+    #[arg(long = "function", value_name = "ID=BOOTSTRAP")]
+    pub functions: Vec<String>,
+    /// Puts each line of a JSON Lines file on a stream, or, as a DynamoDB JSON item, into a
+    /// table; by logical id (repeatable, in order).
+    #[arg(long = "put", value_name = "ID=FILE")]
+    pub puts: Vec<String>,
+    /// The JSON pointer of each line's partition key on a stream (its line number without one).
+    #[arg(long)]
+    pub partition_key: Option<String>,
+    /// Probability of each injected fault.
+    #[arg(long, default_value_t = 0.0)]
+    pub faults: f64,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Writes queues/ID.jsonl, tables/ID.jsonl, streams/ID.jsonl and logs/FUNCTION.log here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+pub fn run(options: LocalOptions) -> Result<(), CliError> {
+    // Virtual time, with the IO the runtime APIs and the bootstrap processes need.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(local(options))
+}
+
+async fn local(options: LocalOptions) -> Result<(), CliError> {
+    let text = std::fs::read_to_string(&options.template)
+        .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
+    let parameters: BTreeMap<String, String> = pairs("--parameter", &options.parameters)?
+        .into_iter()
+        .collect();
+    let services = LocalServices::new(EPOCH, FaultPlan::all(options.faults, options.seed));
+    let api = AwsApi::start(services.clone())
+        .await
+        .map_err(|e| format!("cannot serve the AWS APIs: {e}"))?;
+    let logs = match &options.out {
+        Some(out) => Some(created(&out.join("logs"))?),
+        None => None,
+    };
+    let (wiring, _) = keyway::local::template::parse_with(&text, &parameters)
+        .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
+    let mut factories: BTreeMap<String, Factory> = stack::functions();
+    for (id, path) in pairs("--function", &options.functions)? {
+        if !wiring.functions.iter().any(|f| f.logical_id == id) {
+            return Err(
+                format!("--function {id}={path}: the template has no function {id}").into(),
+            );
+        }
+        let path =
+            std::fs::canonicalize(&path).map_err(|e| format!("--function {id}={path}: {e}"))?;
+        factories.insert(
+            id,
+            external::factory(path, api.endpoint.clone(), logs.clone()),
+        );
+    }
+    let mut runtime = LocalRuntime::from_template_with(&text, &parameters, services.clone(), &factories)
+        .map_err(|e| match e {
+            keyway::local::LocalError::Unregistered { function } => format!(
+                "Resources/{function}: not one of keyway's functions: run it as its bootstrap with --function {function}=PATH"
+            ),
+            other => other.to_string(),
+        })?;
+    let mut put = 0;
+    for (id, file) in pairs("--put", &options.puts)? {
+        put += put_file(
+            &runtime,
+            &services,
+            &id,
+            Path::new(&file),
+            options.partition_key.as_deref(),
+        )?;
+    }
+    let report = runtime.run_until_idle(RUN_LIMIT).await?;
+    println!(
+        "keyway local: {} on the embedded runtime, {put} records put, {:.0} s of virtual time",
+        options.template.display(),
+        report.elapsed.as_secs_f64()
+    );
+    let (busy, idle): (Vec<_>, Vec<_>) = runtime
+        .mappings()
+        .iter()
+        .partition(|m| m.stats().invocations > 0);
+    for mapping in busy {
+        crate::demo::print_mapping(&mapping.name, mapping.stats());
+    }
+    if !idle.is_empty() {
+        let names: Vec<&str> = idle.iter().map(|m| m.name.as_str()).collect();
+        println!("  not invoked: {}", names.join(", "));
+    }
+    println!();
+    print_resources(&runtime, &services);
+    if let Some(out) = &options.out {
+        write_out(&runtime, &services, out)?;
+        println!("\nqueues, tables and streams written to {}", out.display());
+    }
+    drop(api);
+    Ok(())
+}
+
+/// `NAME=VALUE` arguments, in order.
+fn pairs(flag: &str, values: &[String]) -> Result<Vec<(String, String)>, CliError> {
+    values
+        .iter()
+        .map(|value| {
+            value
+                .split_once('=')
+                .filter(|(name, _)| !name.is_empty())
+                .map(|(name, v)| (name.to_owned(), v.to_owned()))
+                .ok_or_else(|| format!("{flag} {value}: expected NAME=VALUE").into())
+        })
+        .collect()
+}
+
+/// Puts each line of `file` on the stream, or into the table, with logical id `id`.
+fn put_file(
+    runtime: &LocalRuntime,
+    services: &LocalServices,
+    id: &str,
+    file: &Path,
+    pointer: Option<&str>,
+) -> Result<usize, CliError> {
+    let name = runtime
+        .resource(id)
+        .ok_or_else(|| format!("--put {id}: the template has no resource {id}"))?;
+    let opened =
+        std::fs::File::open(file).map_err(|e| format!("--put {id}={}: {e}", file.display()))?;
+    let table = services.dynamodb.table(&name);
+    let is_stream = services.kinesis.stream_arn(&name).is_some();
+    if table.is_none() && !is_stream {
+        return Err(format!("--put {id}: neither a stream nor a table").into());
+    }
+    let mut count = 0;
+    for (i, line) in std::io::BufReader::new(opened).lines().enumerate() {
+        let at = format!("{}:{}", file.display(), i + 1);
+        let line = line.map_err(|e| format!("{at}: {e}"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match &table {
+            Some(table) => {
+                let value: Value =
+                    serde_json::from_str(&line).map_err(|e| format!("{at}: not JSON: {e}"))?;
+                let item =
+                    item_from_dynamodb_json(&value, "item").map_err(|e| format!("{at}: {e}"))?;
+                table.put_item(item).map_err(|e| format!("{at}: {e}"))?;
+            }
+            None => {
+                let key = partition_key(&line, pointer, i).map_err(|e| format!("{at}: {e}"))?;
+                services
+                    .kinesis
+                    .put_record(&name, &key, line.as_bytes())
+                    .map_err(|e| format!("{at}: {e}"))?;
+            }
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
+fn partition_key(line: &str, pointer: Option<&str>, index: usize) -> Result<String, String> {
+    let Some(pointer) = pointer else {
+        return Ok(index.to_string());
+    };
+    let value: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    match value.pointer(pointer) {
+        Some(Value::String(key)) if !key.is_empty() => Ok(key.clone()),
+        Some(key @ (Value::Number(_) | Value::Bool(_))) => Ok(key.to_string()),
+        Some(other) => Err(format!("{pointer}: {other} cannot be a partition key")),
+        None => Err(format!("{pointer}: no such field for the partition key")),
+    }
+}
+
+/// The template's resources by kind: (logical id, name or URL).
+fn resources(runtime: &LocalRuntime) -> Vec<(String, String)> {
+    runtime
+        .wiring
+        .resources
+        .keys()
+        .filter_map(|id| Some((id.clone(), runtime.resource(id)?)))
+        .collect()
+}
+
+fn print_resources(runtime: &LocalRuntime, services: &LocalServices) {
+    println!("what is in the stack (empty resources left out)");
+    for (id, name) in resources(runtime) {
+        let (count, what) = if let Some(table) = services.dynamodb.table(&name) {
+            (table.len(), "items")
+        } else if services.kinesis.stream_arn(&name).is_some() {
+            (services.kinesis.records(&name).len(), "records")
+        } else {
+            (services.sqs.messages(&name).len(), "messages")
+        };
+        if count > 0 {
+            println!("  {id:<28} {count:>8} {what}");
+        }
+    }
+}
+
+fn write_out(runtime: &LocalRuntime, services: &LocalServices, out: &Path) -> Result<(), CliError> {
+    for (id, name) in resources(runtime) {
+        let (folder, lines): (&str, Vec<Value>) = if let Some(table) =
+            services.dynamodb.table(&name)
+        {
+            (
+                "tables",
+                table.items().iter().map(item_to_dynamodb_json).collect(),
+            )
+        } else if services.kinesis.stream_arn(&name).is_some() {
+            let records = services.kinesis.records(&name);
+            ("streams", records.iter().map(|r| json!({
+                "shardId": r.shard_id,
+                "sequenceNumber": r.sequence_number,
+                "partitionKey": r.partition_key,
+                "data": String::from_utf8(r.data.clone()).unwrap_or_else(|_| base64::engine::general_purpose::STANDARD.encode(&r.data)),
+            })).collect())
+        } else {
+            let messages = services.sqs.messages(&name);
+            (
+                "queues",
+                messages
+                    .iter()
+                    .map(|m| {
+                        json!({
+                            "messageId": m.message_id,
+                            "body": m.body,
+                            "outputId": m.output_id,
+                            "groupId": m.group_id,
+                        })
+                    })
+                    .collect(),
+            )
+        };
+        let path = created(&out.join(folder))?.join(format!("{id}.jsonl"));
+        let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut writer = std::io::BufWriter::new(file);
+        for line in lines {
+            writeln!(writer, "{line}").map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        writer
+            .flush()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn created(dir: &Path) -> Result<PathBuf, CliError> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()).into())
+}
+
+/// `keyway bootstrap ID`: keyway's function `id` served to the Lambda Runtime API at
+/// `AWS_LAMBDA_RUNTIME_API`, built from this process's environment and the AWS SDK's.
+pub fn bootstrap(id: &str) -> Result<(), CliError> {
+    let factory = stack::functions().remove(id).ok_or_else(|| {
+        format!(
+            "{id}: not one of keyway's functions ({})",
+            stack::functions()
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let env: keyway::lambda::Env = std::env::vars().collect();
+        let platform = keyway::lambda::AwsClients::from_env().await;
+        let handler = factory(&platform, &env).map_err(|e| e.to_string())?;
+        keyway::lambda::serve(Arc::clone(&handler))
+            .await
+            .map_err(|e| CliError::from(e.to_string()))
+    })
+}

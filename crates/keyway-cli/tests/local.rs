@@ -1,0 +1,299 @@
+//! `keyway local` as a user runs it: their template, their function's bootstrap, their files.
+//!
+//! The keyed counter runs as an external bootstrap: the real `keyed-counter` binary when
+//! `KEYWAY_EXTERNAL_BOOTSTRAP` names it (the test command builds it and sets it), otherwise
+//! `keyway bootstrap KeyedCounterFunction`, the same handler behind the same Lambda runtime
+//! client. Other bootstraps here are scripts, as a function in another language would be.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("keyway-local-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn executable(path: &Path, text: &str) -> PathBuf {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.to_owned()
+}
+
+fn keyway(args: &[&str]) -> Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_keyway"))
+        .args(args)
+        .output()
+        .expect("keyway runs");
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The counter's bootstrap: the built function binary, or the keyway command serving it.
+fn counter_bootstrap(dir: &Path) -> PathBuf {
+    match std::env::var("KEYWAY_EXTERNAL_BOOTSTRAP") {
+        Ok(path) => {
+            eprintln!("the keyed counter runs as {path}");
+            PathBuf::from(path)
+        }
+        Err(_) => {
+            eprintln!(
+                "KEYWAY_EXTERNAL_BOOTSTRAP is unset: the keyed counter runs as `keyway bootstrap`"
+            );
+            let script = format!(
+                "#!/bin/sh\nexec '{}' bootstrap KeyedCounterFunction\n",
+                env!("CARGO_BIN_EXE_keyway")
+            );
+            executable(&dir.join("bootstrap"), &script)
+        }
+    }
+}
+
+#[test]
+fn a_function_run_as_its_own_bootstrap_counts_every_click_once_through_the_local_aws_apis() {
+    let dir = scratch("counter");
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    let mut clicks = String::new();
+    for i in 0..300 {
+        let key = format!("user-{}", (i * i) % 17);
+        *expected.entry(key.clone()).or_default() += 1;
+        clicks.push_str(&format!("{{\"key\":\"{key}\"}}\n"));
+    }
+    clicks.push_str("{\"key\": 42}\n");
+    std::fs::write(dir.join("clicks.jsonl"), clicks).unwrap();
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml");
+    let bootstrap = counter_bootstrap(&dir);
+    let out = dir.join("out");
+    let output = keyway(&[
+        "local",
+        "--template",
+        template,
+        "--function",
+        &format!("KeyedCounterFunction={}", bootstrap.display()),
+        "--put",
+        &format!("ClicksStream={}", dir.join("clicks.jsonl").display()),
+        "--partition-key",
+        "/key",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("301 records put"), "{stdout}");
+
+    // Each key's last count is its number of clicks; the malformed click is one dead letter.
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    for message in lines(&out.join("queues/CountsQueue.jsonl")) {
+        let body: Value = serde_json::from_str(message["body"].as_str().unwrap()).unwrap();
+        let count = last
+            .entry(body["key"].as_str().unwrap().to_owned())
+            .or_default();
+        *count = (*count).max(body["count"].as_u64().unwrap());
+    }
+    assert_eq!(last, expected);
+    let dead = lines(&out.join("queues/DeadLetterQueue.jsonl"));
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0]["body"]
+        .as_str()
+        .unwrap()
+        .contains("\"field\":\"data\""));
+    assert!(!lines(&out.join("tables/StateTable.jsonl")).is_empty());
+
+    // It ran as a process: its metric lines are in its log, not the command's.
+    let log = std::fs::read_to_string(out.join("logs/KeyedCounterFunction.log")).unwrap();
+    assert!(
+        log.contains("\"Function\":\"KeyedCounterFunction\""),
+        "{log}"
+    );
+}
+
+/// A stack of one stream, one function and an on-failure queue, as a user writes it.
+const STACK: &str = r#"
+AWSTemplateFormatVersion: "2010-09-09"
+Transform: AWS::Serverless-2016-10-31
+Resources:
+  Events:
+    Type: AWS::Kinesis::Stream
+    Properties:
+      ShardCount: 1
+  GivenUp:
+    Type: AWS::SQS::Queue
+  Worker:
+    Type: AWS::Serverless::Function
+    Properties:
+      Runtime: provided.al2023
+      Handler: bootstrap
+      CodeUri: worker/
+      Timeout: 1
+      Environment:
+        Variables:
+          GREETING: hello
+      Events:
+        Stream:
+          Type: Kinesis
+          Properties:
+            Stream: !GetAtt Events.Arn
+            StartingPosition: TRIM_HORIZON
+            BatchSize: 10
+            MaximumRetryAttempts: 1
+            FunctionResponseTypes: [ReportBatchItemFailures]
+            DestinationConfig:
+              OnFailure:
+                Destination: !GetAtt GivenUp.Arn
+"#;
+
+fn run_stack(dir: &Path, bootstrap: &Path) -> (String, PathBuf) {
+    std::fs::write(dir.join("template.yaml"), STACK).unwrap();
+    std::fs::write(
+        dir.join("events.jsonl"),
+        "{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let output = keyway(&[
+        "local",
+        "--template",
+        dir.join("template.yaml").to_str().unwrap(),
+        "--function",
+        &format!("Worker={}", bootstrap.display()),
+        "--put",
+        &format!("Events={}", dir.join("events.jsonl").display()),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}");
+    (stdout, out)
+}
+
+/// A bootstrap in Python, speaking the runtime API with nothing but the standard library: it
+/// fails the record whose `n` is 2, and writes what it was given to `calls.jsonl`.
+const PYTHON_BOOTSTRAP: &str = r#"#!/usr/bin/env python3
+import base64, json, os, urllib.request
+api = "http://" + os.environ["AWS_LAMBDA_RUNTIME_API"] + "/2018-06-01/runtime/invocation/"
+while True:
+    with urllib.request.urlopen(api + "next") as r:
+        request_id = r.headers["Lambda-Runtime-Aws-Request-Id"]
+        deadline = int(r.headers["Lambda-Runtime-Deadline-Ms"])
+        event = json.load(r)
+    records = [json.loads(base64.b64decode(x["kinesis"]["data"])) for x in event["Records"]]
+    with open("calls.jsonl", "a") as log:
+        log.write(json.dumps({"ns": [x["n"] for x in records], "greeting": os.environ.get("GREETING"), "deadline": deadline, "endpoint": os.environ.get("AWS_ENDPOINT_URL")}) + "\n")
+    failed = [x["kinesis"]["sequenceNumber"] for x, r in zip(event["Records"], records) if r["n"] == 2]
+    body = json.dumps({"batchItemFailures": [{"itemIdentifier": s} for s in failed[:1]]}).encode()
+    urllib.request.urlopen(urllib.request.Request(api + request_id + "/response", data=body, method="POST")).read()
+"#;
+
+#[test]
+fn a_bootstrap_in_another_language_gets_its_environment_and_its_partial_failures_are_retried_as_on_lambda(
+) {
+    let dir = scratch("python");
+    let worker = dir.join("worker");
+    std::fs::create_dir_all(&worker).unwrap();
+    let bootstrap = executable(&worker.join("bootstrap"), PYTHON_BOOTSTRAP);
+    let (stdout, out) = run_stack(&dir, &bootstrap);
+    // Lambda retries from the failed record: [1, 2, 3], then [2, 3] once (MaximumRetryAttempts
+    // 1), then gives the batch up to the on-failure queue.
+    let calls = lines(&worker.join("calls.jsonl"));
+    let batches: Vec<Value> = calls.iter().map(|c| c["ns"].clone()).collect();
+    assert_eq!(
+        batches,
+        [serde_json::json!([1, 2, 3]), serde_json::json!([2, 3])],
+        "{stdout}"
+    );
+    assert!(calls.iter().all(|c| c["greeting"] == "hello"
+        && c["endpoint"]
+            .as_str()
+            .unwrap()
+            .starts_with("http://127.0.0.1:")));
+    let given_up = lines(&out.join("queues/GivenUp.jsonl"));
+    assert_eq!(given_up.len(), 1, "{stdout}");
+    let record: Value = serde_json::from_str(given_up[0]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(record["KinesisBatchInfo"]["batchSize"], 2, "{record}");
+}
+
+#[test]
+fn a_bootstrap_that_exits_or_never_answers_fails_its_invocations_and_the_batch_is_given_up() {
+    for (name, script) in [
+        ("exits", "#!/bin/sh\necho 'no runtime here' >&2\nexit 3\n"),
+        ("hangs", "#!/bin/sh\nexec sleep 30\n"),
+    ] {
+        let dir = scratch(name);
+        let worker = dir.join("worker");
+        std::fs::create_dir_all(&worker).unwrap();
+        let bootstrap = executable(&worker.join("bootstrap"), script);
+        let (stdout, out) = run_stack(&dir, &bootstrap);
+        assert!(
+            stdout.contains("function errors           2"),
+            "{name}: {stdout}"
+        );
+        if name == "hangs" {
+            assert!(stdout.contains("(2 timeouts"), "{stdout}");
+        }
+        assert_eq!(
+            lines(&out.join("queues/GivenUp.jsonl")).len(),
+            1,
+            "{name}: {stdout}"
+        );
+        let log = std::fs::read_to_string(out.join("logs/Worker.log")).unwrap_or_default();
+        if name == "exits" {
+            assert!(log.contains("no runtime here"), "{log}");
+        }
+    }
+}
+
+#[test]
+fn lines_put_into_a_table_are_dynamodb_json_items_whose_stream_triggers_the_tables_mapping() {
+    let dir = scratch("table");
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml");
+    let users = dir.join("users.jsonl");
+    std::fs::write(
+        &users,
+        "{\"id\": {\"N\": \"1\"}, \"name\": {\"S\": \"ann\"}}\n{\"id\": {\"N\": \"2\"}, \"name\": {\"S\": \"bo\"}}\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let put = format!("CdcUsersTable={}", users.display());
+    let output = keyway(&[
+        "local",
+        "--template",
+        template,
+        "--put",
+        &put,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("CdcRekeyFunction/Users\n    invocations"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("records delivered         2"), "{stdout}");
+    let items = lines(&out.join("tables/CdcUsersTable.jsonl"));
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["name"]["S"], "ann");
+
+    // A line that is not an item stops the command, naming the file's line.
+    std::fs::write(&users, "{\"id\": {\"N\": \"1\"}}\n{\"id\": 3}\n").unwrap();
+    let output = keyway(&["local", "--template", template, "--put", &put]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("users.jsonl:2") && stderr.contains("item.id"),
+        "{stderr}"
+    );
+}

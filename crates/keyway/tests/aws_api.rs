@@ -1,0 +1,173 @@
+//! The AWS SDK adapters against the embedded runtime's AWS APIs (`keyway::local::AwsApi`), which
+//! a function run as its own process (`keyway local --function ID=BOOTSTRAP`) calls: the same
+//! contract suites the in-memory adapters (contracts.rs) and the emulator's (tests/emulator.rs)
+//! keep, over HTTP, so that an external function's SDK calls do what in-process calls do.
+
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::config::{Credentials, Region};
+use keyway::adapters::dynamodb::{DynamoStateStore, SdkTable};
+use keyway::adapters::kinesis::{KinesisSink, SdkKinesis};
+use keyway::adapters::sqs::{SdkSqs, SqsSink};
+use keyway::local::{AwsApi, FaultPlan, KeySchema, LocalServices};
+use keyway::ports::ManualClock;
+use keyway::testing::{Received, SinkUnderTest, StoreUnderTest};
+
+/// Services on the real clock, served on a loopback port for as long as the test runs, and the
+/// SDK's configuration for them.
+async fn served() -> (Arc<LocalServices>, aws_config::SdkConfig) {
+    let services = LocalServices::new(1_767_225_600_000, FaultPlan::all(0.0, 1));
+    let api = AwsApi::start(services.clone())
+        .await
+        .expect("a loopback port");
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(&api.endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(
+            "local",
+            "local",
+            None,
+            None,
+            "keyway-tests",
+        ))
+        .load()
+        .await;
+    // The server's tasks end with the test's runtime.
+    std::mem::forget(api);
+    (services, config)
+}
+
+async fn sdk_table() -> SdkTable {
+    let (services, config) = served().await;
+    services.dynamodb.create_table(
+        "keyway-state",
+        KeySchema::state_table(),
+        Some("ttl".into()),
+        None,
+    );
+    SdkTable::new(aws_sdk_dynamodb::Client::new(&config), "keyway-state")
+}
+
+mod sdk_table_on_the_aws_api {
+    keyway::table_contract_tests!(super::sdk_table());
+}
+
+mod state_store_on_the_aws_api {
+    use super::*;
+
+    keyway::state_store_contract_tests!(async {
+        let clock = ManualClock::at(1_700_000_000_000);
+        StoreUnderTest {
+            store: DynamoStateStore::new(Arc::new(sdk_table().await), clock.clone()),
+            clock,
+        }
+    });
+}
+
+async fn served_stream() -> SinkUnderTest {
+    let (services, config) = served().await;
+    services.kinesis.create_stream("out", 2);
+    let client = aws_sdk_kinesis::Client::new(&config);
+    SinkUnderTest {
+        sink: Box::new(KinesisSink::new(Arc::new(SdkKinesis::new(client)), "out")),
+        read_back: Box::new(move || {
+            let records = services.kinesis.records("out");
+            Box::pin(async move {
+                records
+                    .into_iter()
+                    .map(|r| Received {
+                        body: String::from_utf8(r.data).expect("utf-8"),
+                        output_id: None,
+                        group: Some(r.partition_key),
+                    })
+                    .collect()
+            })
+        }),
+        expects_ids: false,
+        keeps_order: true,
+    }
+}
+
+mod kinesis_sink_on_the_aws_api {
+    keyway::sink_contract_tests!(super::served_stream());
+}
+
+async fn served_queue(name: &'static str) -> SinkUnderTest {
+    let (services, config) = served().await;
+    let url = services.sqs.create_queue(name);
+    let fifo = name.ends_with(".fifo");
+    let client = aws_sdk_sqs::Client::new(&config);
+    let read = url.clone();
+    SinkUnderTest {
+        sink: Box::new(SqsSink::new(Arc::new(SdkSqs::new(client)), &url)),
+        read_back: Box::new(move || {
+            let messages = services.sqs.messages(&read);
+            Box::pin(async move {
+                messages
+                    .into_iter()
+                    .map(|m| Received::queued(m, fifo))
+                    .collect()
+            })
+        }),
+        expects_ids: true,
+        keeps_order: fifo,
+    }
+}
+
+mod sqs_sink_on_the_aws_api_standard_queue {
+    keyway::sink_contract_tests!(super::served_queue("out"));
+}
+
+mod sqs_sink_on_the_aws_api_fifo_queue {
+    keyway::sink_contract_tests!(super::served_queue("out.fifo"));
+}
+
+#[tokio::test]
+async fn an_operation_or_expression_it_does_not_serve_is_refused_by_name() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let (services, config) = served().await;
+    services
+        .dynamodb
+        .create_table("t", KeySchema::state_table(), None, None);
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    let refused = client
+        .put_item()
+        .table_name("t")
+        .item("pk", AttributeValue::S("a".into()))
+        .item("sk", AttributeValue::S("b".into()))
+        .condition_expression("size(pk) > :n")
+        .expression_attribute_values(":n", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .expect_err("size is not reproduced");
+    let text = format!(
+        "{:?}",
+        aws_sdk_dynamodb::error::DisplayErrorContext(&refused)
+    );
+    assert!(
+        text.contains("ValidationException") && text.contains("size"),
+        "{text}"
+    );
+    let refused = client
+        .describe_table()
+        .table_name("t")
+        .send()
+        .await
+        .expect_err("not served");
+    let text = format!(
+        "{:?}",
+        aws_sdk_dynamodb::error::DisplayErrorContext(&refused)
+    );
+    assert!(text.contains("DescribeTable"), "{text}");
+    let missing = client
+        .get_item()
+        .table_name("nope")
+        .key("pk", AttributeValue::S("a".into()))
+        .key("sk", AttributeValue::S("b".into()))
+        .send()
+        .await
+        .expect_err("no such table");
+    assert!(missing
+        .into_service_error()
+        .is_resource_not_found_exception());
+}
