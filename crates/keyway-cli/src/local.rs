@@ -120,15 +120,22 @@ async fn local(options: LocalOptions) -> Result<(), CliError> {
         options.template.display(),
         report.elapsed.as_secs_f64()
     );
-    let (busy, idle): (Vec<_>, Vec<_>) = runtime
+    let stats = runtime
         .mappings()
         .iter()
-        .partition(|m| m.stats().invocations > 0);
-    for mapping in busy {
-        crate::demo::print_mapping(&mapping.name, mapping.stats());
+        .map(|m| (&m.name, m.stats()))
+        .chain(
+            runtime
+                .queue_mappings()
+                .iter()
+                .map(|m| (&m.name, m.stats())),
+        );
+    let (busy, idle): (Vec<_>, Vec<_>) = stats.partition(|(_, s)| s.invocations > 0);
+    for (name, stats) in busy {
+        crate::demo::print_mapping(name, stats);
     }
     if !idle.is_empty() {
-        let names: Vec<&str> = idle.iter().map(|m| m.name.as_str()).collect();
+        let names: Vec<&str> = idle.iter().map(|(name, _)| name.as_str()).collect();
         println!("  not invoked: {}", names.join(", "));
     }
     println!();
@@ -155,7 +162,14 @@ fn pairs(flag: &str, values: &[String]) -> Result<Vec<(String, String)>, CliErro
         .collect()
 }
 
-/// Puts each line of `file` on the stream, or into the table, with logical id `id`.
+/// What a `--put` file goes to.
+enum Target {
+    Table(Arc<keyway::local::LocalTable>),
+    Stream,
+    Queue { fifo: bool },
+}
+
+/// Puts each line of `file` on the stream, into the table, or on the queue with logical id `id`.
 fn put_file(
     runtime: &LocalRuntime,
     services: &LocalServices,
@@ -168,11 +182,17 @@ fn put_file(
         .ok_or_else(|| format!("--put {id}: the template has no resource {id}"))?;
     let opened =
         std::fs::File::open(file).map_err(|e| format!("--put {id}={}: {e}", file.display()))?;
-    let table = services.dynamodb.table(&name);
-    let is_stream = services.kinesis.stream_arn(&name).is_some();
-    if table.is_none() && !is_stream {
-        return Err(format!("--put {id}: neither a stream nor a table").into());
-    }
+    let target = if let Some(table) = services.dynamodb.table(&name) {
+        Target::Table(table)
+    } else if services.kinesis.stream_arn(&name).is_some() {
+        Target::Stream
+    } else if services.sqs.config(&name).is_some() {
+        Target::Queue {
+            fifo: services.sqs.is_fifo(&name),
+        }
+    } else {
+        return Err(format!("--put {id}: not a stream, a table or a queue").into());
+    };
     let mut count = 0;
     for (i, line) in std::io::BufReader::new(opened).lines().enumerate() {
         let at = format!("{}:{}", file.display(), i + 1);
@@ -180,25 +200,105 @@ fn put_file(
         if line.trim().is_empty() {
             continue;
         }
-        match &table {
-            Some(table) => {
-                let value: Value =
-                    serde_json::from_str(&line).map_err(|e| format!("{at}: not JSON: {e}"))?;
-                let item =
-                    item_from_dynamodb_json(&value, "item").map_err(|e| format!("{at}: {e}"))?;
-                table.put_item(item).map_err(|e| format!("{at}: {e}"))?;
-            }
-            None => {
-                let key = partition_key(&line, pointer, i).map_err(|e| format!("{at}: {e}"))?;
-                services
-                    .kinesis
-                    .put_record(&name, &key, line.as_bytes())
-                    .map_err(|e| format!("{at}: {e}"))?;
+        // As a producer does, a put the service throttled or failed is made again.
+        let mut attempts = 0;
+        while let Err(failed) = put_line(services, &name, &target, &line, pointer, i) {
+            attempts += 1;
+            if !failed.retryable || attempts == PUT_ATTEMPTS {
+                return Err(format!("{at}: {}", failed.problem).into());
             }
         }
         count += 1;
     }
     Ok(count)
+}
+
+/// How often a line is put before the command gives up on it.
+const PUT_ATTEMPTS: usize = 100;
+
+/// Why a line was not put, and whether putting it again can help.
+struct PutFailed {
+    problem: String,
+    retryable: bool,
+}
+
+impl PutFailed {
+    fn of(problem: impl ToString) -> Self {
+        Self {
+            problem: problem.to_string(),
+            retryable: false,
+        }
+    }
+
+    fn sink(err: keyway::ports::SinkError) -> Self {
+        Self {
+            retryable: err.is_retryable(),
+            problem: err.to_string(),
+        }
+    }
+}
+
+/// A table's line is a DynamoDB JSON item; a stream's, a record keyed by the partition key; a
+/// queue's, a message (on a FIFO queue, in the group the partition key names, deduplicated by its
+/// line number).
+fn put_line(
+    services: &LocalServices,
+    name: &str,
+    target: &Target,
+    line: &str,
+    pointer: Option<&str>,
+    index: usize,
+) -> Result<(), PutFailed> {
+    use keyway::adapters::kinesis::PutOutcome;
+    use keyway::adapters::sqs::{SqsEntry, SqsOutcome};
+    match target {
+        Target::Table(table) => {
+            let value: Value =
+                serde_json::from_str(line).map_err(|e| PutFailed::of(format!("not JSON: {e}")))?;
+            let item = item_from_dynamodb_json(&value, "item").map_err(PutFailed::of)?;
+            table.put_item(item).map_err(PutFailed::of)
+        }
+        Target::Stream => {
+            let key = partition_key(line, pointer, index).map_err(PutFailed::of)?;
+            let put = services.kinesis.put_record(name, &key, line.as_bytes());
+            match put.map_err(PutFailed::sink)? {
+                PutOutcome::Written { .. } => Ok(()),
+                PutOutcome::Failed { code, message } => Err(PutFailed {
+                    problem: format!("{code}: {message}"),
+                    retryable: true,
+                }),
+            }
+        }
+        Target::Queue { fifo } => {
+            let group = fifo
+                .then(|| partition_key(line, pointer, index))
+                .transpose()
+                .map_err(PutFailed::of)?;
+            let deduplication = fifo.then(|| index.to_string());
+            let entry = SqsEntry {
+                id: "0",
+                body: line,
+                output_id: None,
+                group_id: group.as_deref(),
+                deduplication_id: deduplication.as_deref(),
+            };
+            match services
+                .sqs
+                .send_now(name, &entry)
+                .map_err(PutFailed::sink)?
+            {
+                SqsOutcome::Sent { .. } => Ok(()),
+                SqsOutcome::Failed {
+                    code,
+                    message,
+                    sender_fault,
+                } => Err(PutFailed {
+                    problem: format!("{code}: {message}"),
+                    retryable: !sender_fault,
+                }),
+            }
+        }
+    }
 }
 
 fn partition_key(line: &str, pointer: Option<&str>, index: usize) -> Result<String, String> {

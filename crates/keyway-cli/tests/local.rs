@@ -155,28 +155,35 @@ Resources:
                 Destination: !GetAtt GivenUp.Arn
 "#;
 
-fn run_stack(dir: &Path, bootstrap: &Path) -> (String, PathBuf) {
-    std::fs::write(dir.join("template.yaml"), STACK).unwrap();
-    std::fs::write(
-        dir.join("events.jsonl"),
-        "{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n",
-    )
-    .unwrap();
+/// Runs `template` with `function` as its bootstrap and `lines` put on the resource `put`.
+fn run_user_stack(
+    dir: &Path,
+    template: &str,
+    (function, bootstrap): (&str, &Path),
+    (put, lines): (&str, &str),
+) -> (String, PathBuf) {
+    std::fs::write(dir.join("template.yaml"), template).unwrap();
+    std::fs::write(dir.join("lines.jsonl"), lines).unwrap();
     let out = dir.join("out");
     let output = keyway(&[
         "local",
         "--template",
         dir.join("template.yaml").to_str().unwrap(),
         "--function",
-        &format!("Worker={}", bootstrap.display()),
+        &format!("{function}={}", bootstrap.display()),
         "--put",
-        &format!("Events={}", dir.join("events.jsonl").display()),
+        &format!("{put}={}", dir.join("lines.jsonl").display()),
         "--out",
         out.to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{stdout}");
     (stdout, out)
+}
+
+fn run_stack(dir: &Path, bootstrap: &Path) -> (String, PathBuf) {
+    let events = "{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n";
+    run_user_stack(dir, STACK, ("Worker", bootstrap), ("Events", events))
 }
 
 /// A bootstrap in Python, speaking the runtime API with nothing but the standard library: it
@@ -296,4 +303,82 @@ fn lines_put_into_a_table_are_dynamodb_json_items_whose_stream_triggers_the_tabl
         stderr.contains("users.jsonl:2") && stderr.contains("item.id"),
         "{stderr}"
     );
+}
+
+/// A queue consumer as a user writes one: it fails the messages it cannot read.
+const QUEUE_STACK: &str = r#"
+Transform: AWS::Serverless-2016-10-31
+Resources:
+  Dead:
+    Type: AWS::SQS::Queue
+  Inbox:
+    Type: AWS::SQS::Queue
+    Properties:
+      VisibilityTimeout: 5
+      RedrivePolicy:
+        deadLetterTargetArn: !GetAtt Dead.Arn
+        maxReceiveCount: 2
+  Reader:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: reader/
+      Handler: bootstrap
+      Runtime: provided.al2023
+      Timeout: 5
+      Events:
+        Inbox:
+          Type: SQS
+          Properties:
+            Queue: !GetAtt Inbox.Arn
+            BatchSize: 5
+            FunctionResponseTypes: [ReportBatchItemFailures]
+"#;
+
+const PYTHON_READER: &str = r#"#!/usr/bin/env python3
+import json, os, urllib.request
+api = "http://" + os.environ["AWS_LAMBDA_RUNTIME_API"] + "/2018-06-01/runtime/invocation/"
+while True:
+    with urllib.request.urlopen(api + "next") as r:
+        request_id = r.headers["Lambda-Runtime-Aws-Request-Id"]
+        event = json.load(r)
+    failed = []
+    with open("read.jsonl", "a") as log:
+        for m in event["Records"]:
+            body = json.loads(m["body"])
+            if "n" not in body:
+                failed.append({"itemIdentifier": m["messageId"]})
+                continue
+            log.write(json.dumps({"n": body["n"], "receives": m["attributes"]["ApproximateReceiveCount"]}) + "\n")
+    body = json.dumps({"batchItemFailures": failed}).encode()
+    urllib.request.urlopen(urllib.request.Request(api + request_id + "/response", data=body, method="POST")).read()
+"#;
+
+#[test]
+fn a_queue_consumer_reads_each_message_and_what_it_cannot_read_goes_to_the_dead_letter_queue() {
+    let dir = scratch("queue");
+    let reader = dir.join("reader");
+    std::fs::create_dir_all(&reader).unwrap();
+    let bootstrap = executable(&reader.join("bootstrap"), PYTHON_READER);
+    let mut messages: String = (0..12).map(|n| format!("{{\"n\":{n}}}\n")).collect();
+    messages.push_str("{\"oops\":true}\n");
+    let (stdout, out) = run_user_stack(
+        &dir,
+        QUEUE_STACK,
+        ("Reader", &bootstrap),
+        ("Inbox", &messages),
+    );
+    assert!(stdout.contains("Reader/Inbox"), "{stdout}");
+    let mut read: Vec<u64> = lines(&reader.join("read.jsonl"))
+        .iter()
+        .map(|r| r["n"].as_u64().unwrap())
+        .collect();
+    read.sort();
+    assert_eq!(
+        read,
+        (0..12).collect::<Vec<u64>>(),
+        "each message read once"
+    );
+    let dead = lines(&out.join("queues/Dead.jsonl"));
+    assert_eq!(dead.len(), 1, "{stdout}");
+    assert_eq!(dead[0]["body"], "{\"oops\":true}");
 }

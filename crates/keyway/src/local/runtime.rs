@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::mapping::queue::QueueMapping;
 use super::mapping::{invoke, EventSourceMapping, MappingSettings, MappingSource, MappingStats};
 use super::services::clock::VirtualClock;
 use super::services::dynamodb::{KeySchema, LocalDynamoDb};
 use super::services::faults::{add_counts, crash, Fault, FaultCounts, FaultPlan, Faults};
 use super::services::kinesis::LocalKinesis;
-use super::services::sqs::LocalSqs;
+use super::services::sqs::{LocalSqs, QueueConfig};
 use super::template::{self, Resolver, Resource, SourceRef, TemplateError, Wiring};
 use crate::adapters::dynamodb::{DynamoStateStore, Table};
 use crate::adapters::kinesis::KinesisSink;
@@ -342,6 +343,7 @@ pub struct LocalRuntime {
     /// Every function deployed, by name.
     functions: BTreeMap<String, DeployedFunction>,
     mappings: Vec<EventSourceMapping>,
+    queue_mappings: Vec<QueueMapping>,
     schedules: Vec<LocalSchedule>,
 }
 
@@ -488,7 +490,7 @@ impl LocalRuntime {
         factories: &BTreeMap<String, Factory>,
     ) -> Result<(Wiring, Names, BTreeMap<String, String>), LocalError> {
         let (wiring, template) = template::parse_with(text, parameters)?;
-        let mut names = self.create_resources(&wiring);
+        let mut names = self.create_resources(&wiring)?;
         for function in &wiring.functions {
             let arn = format!(
                 "arn:aws:lambda:us-east-1:000000000000:function:{}",
@@ -522,7 +524,7 @@ impl LocalRuntime {
     }
 
     /// Creates the tables, streams and queues of `wiring`; returns their names by logical id.
-    fn create_resources(&self, wiring: &Wiring) -> Names {
+    fn create_resources(&self, wiring: &Wiring) -> Result<Names, LocalError> {
         let services = &self.services;
         let mut names = Names::default();
         for (id, resource) in &wiring.resources {
@@ -558,8 +560,9 @@ impl LocalRuntime {
                     attr("Arn", arn);
                     names.references.insert(id.clone(), name.clone());
                 }
-                Resource::Queue { name } => {
+                Resource::Queue { name, config, .. } => {
                     let url = services.sqs.create_queue(name);
+                    services.sqs.configure(&url, config.clone());
                     attr("Arn", LocalSqs::queue_arn(&url));
                     attr("QueueUrl", url.clone());
                     attr("QueueName", name.clone());
@@ -567,7 +570,32 @@ impl LocalRuntime {
                 }
             }
         }
-        names
+        // A queue's redrive policy names its dead-letter queue, created above or given by ARN.
+        for (id, resource) in &wiring.resources {
+            let Resource::Queue {
+                config,
+                dead_letter: Some((target, most)),
+                ..
+            } = resource
+            else {
+                continue;
+            };
+            let url = names.reference(id).expect("created above");
+            let dead_letter = match names.reference(target) {
+                Some(url) => url,
+                None => queue_url_of(target).map_err(|problem| LocalError::Function {
+                    path: format!("Resources/{id}/Properties/RedrivePolicy"),
+                    problem,
+                })?,
+            };
+            let redrive = Some((dead_letter, *most));
+            let config = QueueConfig {
+                redrive,
+                ..config.clone()
+            };
+            self.services.sqs.configure(&url, config);
+        }
+        Ok(names)
     }
 
     /// Builds `function` with its factory and maps its event sources.
@@ -606,9 +634,6 @@ impl LocalRuntime {
             timeout: function.timeout,
         };
         for event in &function.events {
-            let source = self
-                .source(&event.source, names)
-                .map_err(|e| LocalError::event(id, &event.name, e))?;
             let mut settings = event.settings.clone();
             settings.on_failure = match &event.on_failure {
                 Some(queue) => Some(names.reference(queue).ok_or_else(|| {
@@ -618,7 +643,14 @@ impl LocalRuntime {
                 })?),
                 None => None,
             };
-            self.add(format!("{id}/{}", event.name), &deployed, source, settings);
+            self.add(
+                format!("{id}/{}", event.name),
+                &deployed,
+                &event.source,
+                settings,
+                names,
+            )
+            .map_err(|e| LocalError::event(id, &event.name, e))?;
         }
         self.functions.insert(function.name.clone(), deployed);
         Ok(handler)
@@ -645,7 +677,6 @@ impl LocalRuntime {
             ))
         })?;
         let event = &mapping.event;
-        let source = self.source(&event.source, names).map_err(problem)?;
         let mut settings = event.settings.clone();
         settings.function_timeout = deployed.timeout;
         settings.on_failure = match (&event.on_failure, &mapping.on_failure_arn) {
@@ -653,8 +684,14 @@ impl LocalRuntime {
             (None, Some(arn)) => Some(queue_url_of(arn).map_err(problem)?),
             (None, None) => None,
         };
-        self.add(mapping.logical_id.clone(), &deployed, source, settings);
-        Ok(())
+        self.add(
+            mapping.logical_id.clone(),
+            &deployed,
+            &event.source,
+            settings,
+            names,
+        )
+        .map_err(problem)
     }
 
     /// The stream or table a mapping reads.
@@ -670,16 +707,25 @@ impl LocalRuntime {
                     table: self.services.dynamodb.table(&table).expect("created above"),
                 })
             }
+            SourceRef::Sqs(_) => unreachable!("a queue's mapping is added apart"),
         }
     }
 
+    /// Maps `function` to the stream, table or queue `source`.
     fn add(
         &mut self,
         name: String,
         function: &DeployedFunction,
-        source: MappingSource,
+        source: &SourceRef,
         settings: MappingSettings,
-    ) {
+        names: &Names,
+    ) -> Result<(), String> {
+        let source = match source {
+            SourceRef::Sqs(id) => {
+                return self.add_queue_mapping(name, function, id, settings, names)
+            }
+            stream => self.source(stream, names)?,
+        };
         self.mappings.push(EventSourceMapping::new(
             name,
             function.arn.clone(),
@@ -690,6 +736,44 @@ impl LocalRuntime {
             self.services.clock.clone(),
             self.services.invocation_faults.clone(),
         ));
+        Ok(())
+    }
+
+    /// Maps `function` to the queue `id`, whose visibility timeout must cover the function's
+    /// timeout, as CreateEventSourceMapping requires.
+    fn add_queue_mapping(
+        &mut self,
+        name: String,
+        function: &DeployedFunction,
+        id: &str,
+        settings: MappingSettings,
+        names: &Names,
+    ) -> Result<(), String> {
+        let url = names.reference(id).ok_or(format!("no queue {id}"))?;
+        let visibility = self
+            .services
+            .sqs
+            .config(&url)
+            .unwrap_or_default()
+            .visibility_timeout;
+        if visibility < settings.function_timeout {
+            return Err(format!(
+                "Queue visibility timeout: {} seconds is less than Function timeout: {} seconds",
+                visibility.as_secs(),
+                settings.function_timeout.as_secs()
+            ));
+        }
+        self.queue_mappings.push(QueueMapping::new(
+            name,
+            function.arn.clone(),
+            function.handler.clone(),
+            self.services.sqs.clone(),
+            url,
+            settings,
+            self.services.clock.clone(),
+            self.services.invocation_faults.clone(),
+        ));
+        Ok(())
     }
 
     /// A runtime without a template, for mappings added by hand.
@@ -701,6 +785,7 @@ impl LocalRuntime {
             outputs: BTreeMap::new(),
             functions: BTreeMap::new(),
             mappings: Vec::new(),
+            queue_mappings: Vec::new(),
             schedules: Vec::new(),
         }
     }
@@ -762,9 +847,18 @@ impl LocalRuntime {
         &self.mappings
     }
 
+    /// The mappings of SQS queues.
+    pub fn queue_mappings(&self) -> &[QueueMapping] {
+        &self.queue_mappings
+    }
+
     /// Enables or disables the mapping named `name` (`function/event`, or an
     /// `AWS::Lambda::EventSourceMapping`'s logical id), as UpdateEventSourceMapping does.
     pub fn set_enabled(&mut self, name: &str, enabled: bool) -> Result<(), LocalError> {
+        if let Some(queue) = self.queue_mappings.iter_mut().find(|m| m.name == name) {
+            queue.set_enabled(enabled);
+            return Ok(());
+        }
         let mapping = self
             .mappings
             .iter_mut()
@@ -841,10 +935,20 @@ impl LocalRuntime {
                 .await
                 .into_iter()
                 .sum();
-            if ran > 0 {
+            let polled: usize =
+                futures::future::join_all(self.queue_mappings.iter_mut().map(|m| m.step()))
+                    .await
+                    .into_iter()
+                    .sum();
+            if ran + polled > 0 {
                 continue;
             }
-            let records_due = self.mappings.iter().filter_map(|m| m.pending().1).min();
+            let records_due = self
+                .mappings
+                .iter()
+                .filter_map(|m| m.pending().1)
+                .chain(self.queue_mappings.iter_mut().filter_map(|m| m.due()))
+                .min();
             if until_idle && records_due.is_none() {
                 return Some(self.report(start));
             }
@@ -870,6 +974,11 @@ impl LocalRuntime {
                 .mappings
                 .iter()
                 .map(|m| (m.name.clone(), m.stats().clone()))
+                .chain(
+                    self.queue_mappings
+                        .iter()
+                        .map(|m| (m.name.clone(), m.stats().clone())),
+                )
                 .collect(),
             elapsed: Duration::from_millis((self.services.clock.now_millis() - start) as u64),
         }

@@ -19,6 +19,7 @@
 //! - function errors and timeouts fail the batch.
 
 pub mod events;
+pub mod queue;
 
 use std::collections::VecDeque;
 use std::sync::Arc;

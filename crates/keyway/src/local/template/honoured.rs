@@ -41,11 +41,11 @@ const INERT: &[&str] = &[
     "AWS::SQS::QueuePolicy",
 ];
 
-/// SAM event types the runtime runs: stream triggers and rate schedules.
-pub(super) const EVENT_TYPES: &[&str] = &["Kinesis", "DynamoDB", "Schedule", "ScheduleV2"];
+/// SAM event types the runtime runs: stream and queue triggers and rate schedules.
+pub(super) const EVENT_TYPES: &[&str] = &["Kinesis", "DynamoDB", "SQS", "Schedule", "ScheduleV2"];
 
-/// Properties of a Kinesis or DynamoDB Streams mapping the runtime honours; a SAM event and an
-/// `AWS::Lambda::EventSourceMapping` name them alike.
+/// Properties of a Kinesis, DynamoDB Streams or SQS mapping the runtime honours (each source takes
+/// its own of them); a SAM event and an `AWS::Lambda::EventSourceMapping` name them alike.
 const HONOURED: &[&str] = &[
     "BatchSize",
     "BisectBatchOnFunctionError",
@@ -57,6 +57,7 @@ const HONOURED: &[&str] = &[
     "MaximumRecordAgeInSeconds",
     "MaximumRetryAttempts",
     "ParallelizationFactor",
+    "ScalingConfig",
     "StartingPosition",
     "StartingPositionTimestamp",
 ];
@@ -305,15 +306,17 @@ mod tests {
 
     #[test]
     fn an_event_source_or_resource_the_runtime_does_not_run_is_refused_naming_it() {
-        let queue_event = "        Work:
-          Type: SQS
-          Properties: { Queue: !GetAtt Failed.Arn }
+        let topic_event = "        Alerts:
+          Type: SNS
+          Properties: { Topic: !Ref Alarms }
 ";
         let text = stack(&["StartingPosition: LATEST"], "")
-            .replace("      Events:\n", &format!("      Events:\n{queue_event}"));
+            .replace("      Events:\n", &format!("      Events:\n{topic_event}"));
         let e = parse(&text).unwrap_err();
         assert!(
-            e.0.starts_with("Counter.Work: event type \"SQS\" is not run by the embedded runtime"),
+            e.0.starts_with(
+                "Counter.Alerts: event type \"SNS\" is not run by the embedded runtime"
+            ),
             "{e}"
         );
         let consumer = "  Fanout:
@@ -325,16 +328,30 @@ mod tests {
             e.0,
             "Fanout: resource type \"AWS::Kinesis::StreamConsumer\" is not reproduced by the embedded runtime"
         );
-        let mapping = "  Drain:
+        let mapping = |source: &str| {
+            format!(
+                "  Drain:
     Type: AWS::Lambda::EventSourceMapping
     Properties:
       FunctionName: !Ref Counter
-      EventSourceArn: !GetAtt Failed.Arn
-";
-        let e = parse(&stack(&["StartingPosition: LATEST"], mapping)).unwrap_err();
+      EventSourceArn: !GetAtt {source}.Arn
+"
+            )
+        };
+        let e = parse(&stack(&["StartingPosition: LATEST"], &mapping("Alarms"))).unwrap_err();
         assert!(
-            e.0.starts_with("Drain.EventSourceArn: a AWS::SQS::Queue source is not run"),
+            e.0.starts_with("Drain.EventSourceArn: a AWS::SNS::Topic source is not run"),
             "{e}"
+        );
+        // A queue is a source the runtime runs.
+        let (wiring, _) = parse(&stack(&["StartingPosition: LATEST"], &mapping("Failed"))).unwrap();
+        let drain = wiring.functions[0]
+            .events
+            .iter()
+            .find(|e| e.name == "Drain");
+        assert_eq!(
+            drain.map(|e| &e.source),
+            Some(&super::super::SourceRef::Sqs("Failed".into()))
         );
     }
 

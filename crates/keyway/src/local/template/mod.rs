@@ -20,6 +20,7 @@ mod honoured;
 
 use super::mapping::{MappingSettings, StartingPosition};
 use super::services::dynamodb::StreamView;
+use super::services::sqs::QueueConfig;
 use crate::domain::pattern::{Dialect, Pattern};
 use crate::lambda::Env;
 
@@ -42,6 +43,11 @@ pub enum Resource {
     },
     Queue {
         name: String,
+        /// Its attributes; the redrive policy is in `dead_letter`.
+        config: QueueConfig,
+        /// RedrivePolicy: the dead-letter queue (a logical id, or an ARN given by value) and
+        /// maxReceiveCount.
+        dead_letter: Option<(String, u32)>,
     },
 }
 
@@ -50,6 +56,7 @@ pub enum Resource {
 pub enum SourceRef {
     Kinesis(String),
     DynamoDb(String),
+    Sqs(String),
 }
 
 /// A function's event source mapping, as the template defines it.
@@ -120,6 +127,8 @@ impl Wiring {
                 _ => DYNAMODB_STREAM_RETENTION,
             },
             SourceRef::DynamoDb(_) => DYNAMODB_STREAM_RETENTION,
+            // A queue's messages carry no lineage: nothing to remember of them.
+            SourceRef::Sqs(_) => Duration::ZERO,
         };
         event
             .settings
@@ -255,9 +264,15 @@ pub fn parse_with(
                         id.clone()
                     }
                 });
-                wiring
-                    .resources
-                    .insert(id.clone(), Resource::Queue { name });
+                let (config, dead_letter) = queue_attributes(&id, &props, &template)?;
+                wiring.resources.insert(
+                    id.clone(),
+                    Resource::Queue {
+                        name,
+                        config,
+                        dead_letter,
+                    },
+                );
             }
             _ => {}
         }
@@ -290,6 +305,55 @@ fn of_type<'a>(
             let props = get(r, "Properties").cloned().unwrap_or(Value::Null);
             (id.as_str().unwrap_or_default(), props)
         })
+}
+
+/// A queue's attributes that change what its consumers meet, each checked against SQS's ranges;
+/// a delay, which the runtime does not reproduce, is refused.
+fn queue_attributes(
+    id: &str,
+    props: &Value,
+    template: &Value,
+) -> Result<(QueueConfig, Option<(String, u32)>), TemplateError> {
+    let seconds = |key: &str, allowed: RangeInclusive<i64>| {
+        int_setting(props, key, &[allowed])
+            .map(|v| v.map(|v| Duration::from_secs(v as u64)))
+            .map_err(|e| TemplateError(format!("{id}.{}", e.0)))
+    };
+    if seconds("DelaySeconds", 0..=900)?.is_some_and(|d| !d.is_zero()) {
+        return err(format!(
+            "{id}.DelaySeconds: delayed messages are not reproduced by the embedded runtime"
+        ));
+    }
+    let defaults = QueueConfig::default();
+    let config = QueueConfig {
+        visibility_timeout: seconds("VisibilityTimeout", 0..=43_200)?
+            .unwrap_or(defaults.visibility_timeout),
+        retention: seconds("MessageRetentionPeriod", 60..=1_209_600)?.unwrap_or(defaults.retention),
+        content_based_deduplication: honoured::boolean(props, "ContentBasedDeduplication", false)
+            .map_err(|e| TemplateError(format!("{id}.{}", e.0)))?,
+        redrive: None,
+    };
+    let Some(policy) = get(props, "RedrivePolicy") else {
+        return Ok((config, None));
+    };
+    // CloudFormation takes the policy as an object or as its JSON text.
+    let policy: Value = match policy.as_str() {
+        Some(text) => serde_yaml::from_str(text)
+            .map_err(|e| TemplateError(format!("{id}.RedrivePolicy: not JSON: {e}")))?,
+        None => policy.clone(),
+    };
+    let target = get(&policy, "deadLetterTargetArn")
+        .ok_or_else(|| TemplateError(format!("{id}.RedrivePolicy: no deadLetterTargetArn")))?;
+    let target = match logical_id(target) {
+        Some(queue) => queue,
+        None => resolve(target, template, &ParametersOnly).map_err(|e| {
+            TemplateError(format!("{id}.RedrivePolicy.deadLetterTargetArn: {}", e.0))
+        })?,
+    };
+    let most = int_setting(&policy, "maxReceiveCount", &[1..=1_000])
+        .map_err(|e| TemplateError(format!("{id}.RedrivePolicy.{}", e.0)))?
+        .ok_or_else(|| TemplateError(format!("{id}.RedrivePolicy: no maxReceiveCount")))?;
+    Ok((config, Some((target, most as u32))))
 }
 
 /// What an `AWS::Lambda::EventSourceMapping` names its source and its function by.
@@ -403,9 +467,10 @@ fn mapping_source(
         {
             Some("AWS::Kinesis::Stream") => SourceRef::Kinesis(source_id),
             Some("AWS::DynamoDB::Table") => SourceRef::DynamoDb(source_id),
+            Some("AWS::SQS::Queue") => SourceRef::Sqs(source_id),
             Some(kind) => {
                 return err(format!(
-                    "{mapping_id}.EventSourceArn: a {kind} source is not run by the embedded runtime (it runs Kinesis streams and DynamoDB tables' streams)"
+                    "{mapping_id}.EventSourceArn: a {kind} source is not run by the embedded runtime (it runs Kinesis streams, DynamoDB tables' streams and SQS queues)"
                 ))
             }
             None => {
@@ -486,8 +551,20 @@ fn event_def(
         true => id.to_owned(),
         false => format!("{id}.{name}"),
     };
-    let settings = settings(&with_parameters(p, template), &source, timeout)
-        .map_err(|e| TemplateError(format!("{path}: {}", e.0)))?;
+    let p = &with_parameters(p, template);
+    let settings = match &source {
+        SourceRef::Sqs(queue) => {
+            let fifo = get(template, "Resources")
+                .and_then(|r| get(r, queue))
+                .and_then(|q| get(q, "Properties"))
+                .and_then(|q| get(q, "FifoQueue"))
+                .and_then(Value::as_bool)
+                == Some(true);
+            queue_settings(p, fifo, timeout)
+        }
+        _ => settings(p, &source, timeout),
+    }
+    .map_err(|e| TemplateError(format!("{path}: {}", e.0)))?;
     let on_failure = on_failure_queue(template, p)
         .map_err(|e| TemplateError(format!("{path}.DestinationConfig: {}", e.0)))?;
     Ok(EventDef {
@@ -576,6 +653,15 @@ fn sam_function(
         let source = match kind {
             "Kinesis" => SourceRef::Kinesis(stream()?),
             "DynamoDB" => SourceRef::DynamoDb(stream()?),
+            "SQS" => {
+                let queue = get(&p, "Queue")
+                    .ok_or_else(|| TemplateError(format!("{id}.{event_name}: no Queue")))?;
+                SourceRef::Sqs(logical_id(queue).ok_or_else(|| {
+                    TemplateError(format!(
+                        "{id}.{event_name}.Queue: expected !GetAtt of a queue of the template"
+                    ))
+                })?)
+            }
             "Schedule" | "ScheduleV2" => {
                 let field = if kind == "Schedule" {
                     "Schedule"
@@ -598,7 +684,11 @@ fn sam_function(
                 ))
             }
         };
-        honoured::check_mapping_properties(&format!("{id}.{event_name}"), &p, &["Stream"])?;
+        honoured::check_mapping_properties(
+            &format!("{id}.{event_name}"),
+            &p,
+            &["Stream", "Queue"],
+        )?;
         events.push(event_def(template, id, event_name, source, &p, timeout)?);
     }
     // A SAM function may also be mapped by an `AWS::Lambda::EventSourceMapping` resource.
@@ -731,18 +821,10 @@ fn settings(
     source: &SourceRef,
     timeout: Duration,
 ) -> Result<MappingSettings, TemplateError> {
-    // A setting that is there but no whole number (an unresolved reference) is refused, not
-    // passed over for its default.
-    let int = |key: &str, allowed: &[RangeInclusive<i64>]| -> Result<Option<i64>, TemplateError> {
-        let value = get(p, key)
-            .map(|v| {
-                v.as_i64()
-                    .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-                    .ok_or_else(|| TemplateError(format!("{key}: {v:?} is not a whole number")))
-            })
-            .transpose()?;
-        honoured::ranged(key, value, allowed)
-    };
+    let int = |key: &str, allowed: &[RangeInclusive<i64>]| int_setting(p, key, allowed);
+    if get(p, "ScalingConfig").is_some() {
+        return err("ScalingConfig: a setting of SQS event sources only");
+    }
     // -1 is Lambda's "no limit".
     let limit = |v: i64| u64::try_from(v).ok();
     Ok(MappingSettings {
@@ -763,6 +845,76 @@ fn settings(
         function_timeout: timeout,
         filters: filter_criteria(p)?,
         enabled: honoured::boolean(p, "Enabled", true)?,
+    })
+}
+
+/// An integer property within the ranges Lambda or SQS accept; `None` when it is left out. One
+/// that is there but no whole number (an unresolved reference) is refused, not passed over for
+/// its default.
+fn int_setting(
+    p: &Value,
+    key: &str,
+    allowed: &[RangeInclusive<i64>],
+) -> Result<Option<i64>, TemplateError> {
+    let value = get(p, key)
+        .map(|v| {
+            v.as_i64()
+                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+                .ok_or_else(|| TemplateError(format!("{key}: {v:?} is not a whole number")))
+        })
+        .transpose()?;
+    honoured::ranged(key, value, allowed)
+}
+
+/// Properties of stream mappings that an SQS mapping does not take (CreateEventSourceMapping
+/// refuses them).
+const STREAM_ONLY: &[&str] = &[
+    "StartingPosition",
+    "StartingPositionTimestamp",
+    "ParallelizationFactor",
+    "BisectBatchOnFunctionError",
+    "MaximumRetryAttempts",
+    "MaximumRecordAgeInSeconds",
+    "DestinationConfig",
+];
+
+/// An SQS mapping's settings, checked as Lambda checks them: BatchSize 1-10,000 (10 by default;
+/// above 10 only with a batching window of a second or more, and never above 10 on a FIFO
+/// queue), MaximumBatchingWindowInSeconds 0-300, ScalingConfig's MaximumConcurrency 2-1,000.
+fn queue_settings(
+    p: &Value,
+    fifo: bool,
+    timeout: Duration,
+) -> Result<MappingSettings, TemplateError> {
+    if let Some(key) = STREAM_ONLY.iter().find(|key| get(p, key).is_some()) {
+        return err(format!(
+            "{key}: a setting of stream event sources, not of an SQS queue"
+        ));
+    }
+    let batch_size = int_setting(p, "BatchSize", &[1..=10_000])?.unwrap_or(10);
+    let window = int_setting(p, "MaximumBatchingWindowInSeconds", &[0..=300])?.unwrap_or(0);
+    if fifo && batch_size > 10 {
+        return err(format!(
+            "BatchSize: {batch_size} is more than a FIFO queue's 10"
+        ));
+    }
+    if batch_size > 10 && window < 1 {
+        return err(format!(
+            "BatchSize: {batch_size} needs a MaximumBatchingWindowInSeconds of at least 1"
+        ));
+    }
+    if let Some(scaling) = get(p, "ScalingConfig") {
+        int_setting(scaling, "MaximumConcurrency", &[2..=1_000])
+            .map_err(|e| TemplateError(format!("ScalingConfig.{}", e.0)))?;
+    }
+    Ok(MappingSettings {
+        batch_size: batch_size as usize,
+        maximum_batching_window: Duration::from_secs(window as u64),
+        report_batch_item_failures: function_response_types(p)?,
+        function_timeout: timeout,
+        filters: filter_criteria(p)?,
+        enabled: honoured::boolean(p, "Enabled", true)?,
+        ..MappingSettings::default()
     })
 }
 
