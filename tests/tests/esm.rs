@@ -346,7 +346,48 @@ async fn retries_after_partial_failures_use_up_the_maximum_retry_attempts() {
     assert_eq!(batches.len(), 2, "the first invocation and one retry");
     assert_eq!(sequences(&batches[1]), written[1..]);
     assert_eq!(report.mappings[0].1.discarded_for_retries, 2);
-    assert_eq!(s.failure_records().len(), 1);
+    let records = s.failure_records();
+    assert_eq!(records.len(), 1);
+    assert!(
+        records[0]["responseContext"].get("functionError").is_none(),
+        "a partial batch response is no function error: {}",
+        records[0]
+    );
+}
+
+/// "Retain discarded batch records for a Kinesis Data Streams event source": the record of a
+/// batch whose last invocation failed says so in `responseContext.functionError` (the documented
+/// example's "Unhandled"), whether the function returned an error or timed out.
+#[tokio::test(start_paused = true)]
+async fn an_on_failure_record_carries_the_function_error_that_ended_its_batch() {
+    for slow in [false, true] {
+        let f = Scripted::taking(Duration::from_secs(if slow { 10 } else { 0 }), |_, _| {
+            Err(FunctionError("boom".into()))
+        });
+        let mut s = setup(
+            1,
+            f.clone(),
+            MappingSettings {
+                maximum_retry_attempts: Some(0),
+                function_timeout: Duration::from_secs(3),
+                ..Default::default()
+            },
+        );
+        s.put("k", 2);
+        let report = s.run().await;
+        assert_eq!(report.mappings[0].1.timeouts, u64::from(slow));
+        let records = s.failure_records();
+        assert_eq!(records.len(), 1);
+        assert_eq!(
+            records[0]["responseContext"]["functionError"], "Unhandled",
+            "{}",
+            records[0]
+        );
+        assert_eq!(
+            records[0]["KinesisBatchInfo"]["shardId"],
+            "shardId-000000000000"
+        );
+    }
 }
 
 /// "Configuring partial batch response with Kinesis", success and failure conditions: without

@@ -801,11 +801,30 @@ async fn run(load: &Load, faults: FaultPlan) -> Run {
             .unwrap();
     // Calls take a millisecond, so that a timeout can stop an invocation between two of them.
     services.set_latency(Some(Duration::from_millis(1)));
+    // Producers meet each shard's write limit, as on AWS, and write again.
+    services.kinesis.set_write_limit(true);
     let positions = produce_all(&runtime, load).await;
+    // One of the outbox counter's two mappings is off for the first minute, as an operator
+    // pausing it would leave it (UpdateEventSourceMapping Enabled: false), then on again: the
+    // key's other writer runs ahead meanwhile.
+    let paused = "OutboxCounterFunction/Spread";
+    runtime.set_enabled(paused, false).unwrap();
+    let first = runtime.run_for(Duration::from_secs(60)).await;
+    let invoked = |report: &RunReport| {
+        let stats = report.mappings.iter().find(|(name, _)| name == paused);
+        stats.map(|(_, s)| s.invocations)
+    };
+    assert_eq!(
+        invoked(&first),
+        Some(0),
+        "nothing reaches a disabled mapping"
+    );
+    runtime.set_enabled(paused, true).unwrap();
     let report = runtime
         .run_until_idle(Duration::from_secs(24 * 3600))
         .await
         .unwrap();
+    assert!(invoked(&report) > Some(0), "an enabled mapping reads on");
     let keys: Vec<String> = expected_counts(&load.clicks).keys().cloned().collect();
     let both_keys: Vec<String> = load.both_counts().keys().cloned().collect();
     let hot_keys: Vec<String> = spread_counts(&load.hot).keys().cloned().collect();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use keyed_counter::{CountUpdate, KeyedCounter, COUNTS};
 use keyway::adapters::dynamodb::DynamoStateStore;
-use keyway::adapters::sqs::SqsSink;
+use keyway::adapters::sqs::{SqsSink, BATCH_MAX_BYTES};
 use keyway::domain::{AttrValue, ChangeKind, Item};
 use keyway::local::mapping::events::{dynamodb_event, DynamoDbEventRecord};
 use keyway::ports::{Clock, Sink, StateStore};
@@ -679,13 +679,13 @@ async fn a_kms_error_on_an_encrypted_queue_is_retried_not_dead_lettered() {
     );
 }
 
-/// SendMessageBatch's 256 KB counts message attributes too.
+/// SendMessageBatch's 1 MiB counts message attributes too.
 #[tokio::test(start_paused = true)]
 async fn an_sqs_batch_counts_the_output_id_attribute_against_its_size_limit() {
     let api = Arc::new(KmsThrottledOnce::default());
     let sink = SqsSink::new(api.clone(), "https://sqs.us-east-1.amazonaws.com/1/counts");
     // Ten bodies that fit one call by themselves, but not with their attributes.
-    let body = 256 * 1024 / 10 - 10;
+    let body = BATCH_MAX_BYTES / 10 - 10;
     let messages: Vec<_> = (0..10).map(|i| output(i, "x".repeat(body))).collect();
     let failed = sink.send(&messages).await;
     assert!(failed.is_empty(), "{failed:?}");
@@ -693,6 +693,6 @@ async fn an_sqs_batch_counts_the_output_id_attribute_against_its_size_limit() {
     assert!(calls.len() >= 3, "two calls and a retry: {calls:?}");
     for call in calls.iter() {
         let bytes: usize = call.iter().map(|b| b + 46).sum();
-        assert!(bytes <= 256 * 1024, "a call of {bytes} bytes");
+        assert!(bytes <= BATCH_MAX_BYTES, "a call of {bytes} bytes");
     }
 }

@@ -71,6 +71,8 @@ async fn demo(options: DemoOptions) -> Result<(), CliError> {
     let mut runtime =
         LocalRuntime::from_template(stack::TEMPLATE, services.clone(), &stack::functions())?;
     services.set_latency(Some(Duration::from_millis(1)));
+    // The producer meets each shard's write limit of 1,000 records a second, as on AWS.
+    services.kinesis.set_write_limit(true);
     let stream = runtime
         .resource("ClicksStream")
         .ok_or("the template has no ClicksStream")?;

@@ -11,7 +11,7 @@ use keyway::domain::Output;
 use keyway::ports::{Sink, SinkError};
 
 /// SQS's largest message.
-pub const SQS_MESSAGE_MAX_BYTES: usize = 256 * 1024;
+pub const SQS_MESSAGE_MAX_BYTES: usize = keyway::adapters::sqs::BATCH_MAX_BYTES;
 
 /// Makes the sink of a queue, by name.
 pub type QueueSinks = dyn Fn(&str) -> Result<Arc<dyn Sink>, String> + Send + Sync;

@@ -1,5 +1,5 @@
 //! SQS as a sink: the narrow SendMessageBatch API (`SqsApi`), its SDK implementation, and
-//! `SqsSink`, which batches outputs (10 entries / 256 KB a call) and retries failed entries.
+//! `SqsSink`, which batches outputs (10 entries / 1 MiB a call) and retries failed entries.
 //!
 //! Every message carries its output id: on a FIFO queue as MessageDeduplicationId (SQS then drops
 //! a duplicate sent within five minutes) with the partition key as MessageGroupId (SQS keeps a
@@ -23,8 +23,9 @@ use crate::ports::{Sink, SinkError};
 pub const BATCH_MAX_ENTRIES: usize = 10;
 /// The ids of a call's entries, by position.
 const ENTRY_IDS: [&str; BATCH_MAX_ENTRIES] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-/// The total payload of one SendMessageBatch, and of one message.
-pub const BATCH_MAX_BYTES: usize = 256 * 1024;
+/// The total payload of one SendMessageBatch, and of one message: 1 MiB, SQS's limit since
+/// August 2025 (256 KB before).
+pub const BATCH_MAX_BYTES: usize = 1024 * 1024;
 /// The attribute that carries the output id on standard queues.
 pub const OUTPUT_ID_ATTRIBUTE: &str = "outputId";
 /// What the output id attribute adds to a message's size: SQS counts an attribute's name, data

@@ -555,8 +555,14 @@ impl LocalRuntime {
                     );
                     names.references.insert(id.clone(), name.clone());
                 }
-                Resource::Stream { name, shards, .. } => {
+                Resource::Stream {
+                    name,
+                    shards,
+                    max_record_kib,
+                    ..
+                } => {
                     let arn = services.kinesis.create_stream(name, *shards);
+                    services.kinesis.set_max_record_size(name, *max_record_kib);
                     attr("Arn", arn);
                     names.references.insert(id.clone(), name.clone());
                 }

@@ -220,6 +220,9 @@ struct Planned {
     retries: u32,
     /// Invocations so far, for the on-failure record.
     invocations: u32,
+    /// Whether its last invocation ended in a function error (an error, a timeout, a crash),
+    /// which the on-failure record reports as `functionError`.
+    function_error: bool,
 }
 
 /// One of the concurrent batches of a shard.
@@ -282,7 +285,10 @@ enum Outcome {
     Success,
     /// The records before this index succeeded.
     Partial(usize),
-    Failure,
+    /// The batch failed: by a function error, or by a malformed partial batch response.
+    Failure {
+        function_error: bool,
+    },
 }
 
 impl EventSourceMapping {
@@ -518,6 +524,7 @@ impl EventSourceMapping {
                 size,
                 retries: 0,
                 invocations: 0,
+                function_error: false,
             });
         }
         let planned = partition.plan.front_mut().expect("planned above");
@@ -565,7 +572,9 @@ impl EventSourceMapping {
                 self.stats.function_errors += 1;
                 self.stats.timeouts += u64::from(failed == Failed::TimedOut);
                 self.stats.crashes += u64::from(failed == Failed::Crashed);
-                return Outcome::Failure;
+                return Outcome::Failure {
+                    function_error: true,
+                };
             }
         };
         if !self.settings.report_batch_item_failures {
@@ -577,7 +586,11 @@ impl EventSourceMapping {
         let failures = match response.get("batchItemFailures") {
             None | Some(Value::Null) => return Outcome::Success,
             Some(Value::Array(items)) => items,
-            Some(_) => return Outcome::Failure,
+            Some(_) => {
+                return Outcome::Failure {
+                    function_error: false,
+                }
+            }
         };
         let mut lowest: Option<usize> = None;
         for item in failures {
@@ -586,11 +599,15 @@ impl EventSourceMapping {
                 .and_then(Value::as_str)
                 .filter(|s| !s.is_empty())
             else {
-                return Outcome::Failure;
+                return Outcome::Failure {
+                    function_error: false,
+                };
             };
             // An identifier that names no record of the batch is treated as failing it all.
             let Some(index) = batch.iter().position(|r| r.sequence() == id) else {
-                return Outcome::Failure;
+                return Outcome::Failure {
+                    function_error: false,
+                };
             };
             lowest = Some(lowest.map_or(index, |l| l.min(index)));
         }
@@ -606,7 +623,13 @@ impl EventSourceMapping {
     fn apply(&mut self, i: usize, size: usize, outcome: Outcome) {
         let bisect = self.settings.bisect_batch_on_function_error;
         let partition = &mut self.partitions[i];
-        let planned = *partition.plan.front().expect("an invoked batch is planned");
+        let mut planned = *partition.plan.front().expect("an invoked batch is planned");
+        planned.function_error = matches!(
+            outcome,
+            Outcome::Failure {
+                function_error: true
+            }
+        );
         match outcome {
             Outcome::Success => {
                 partition.queue.drain(..size);
@@ -623,7 +646,7 @@ impl EventSourceMapping {
                 };
                 *partition.plan.front_mut().expect("planned") = rest;
             }
-            Outcome::Failure if bisect && size > 1 => {
+            Outcome::Failure { .. } if bisect && size > 1 => {
                 // Splitting does not use up retries.
                 self.stats.bisections += 1;
                 partition.plan.pop_front();
@@ -638,8 +661,10 @@ impl EventSourceMapping {
                 partition.plan.push_front(second);
                 partition.plan.push_front(first);
             }
-            Outcome::Failure => {
-                partition.plan.front_mut().expect("planned").retries += 1;
+            Outcome::Failure { .. } => {
+                let front = partition.plan.front_mut().expect("planned");
+                front.retries += 1;
+                front.function_error = planned.function_error;
             }
         }
         let exhausted = partition.plan.front().is_some_and(|p| {
@@ -655,7 +680,7 @@ impl EventSourceMapping {
                 .map(|(r, _)| r)
                 .collect();
             self.stats.discarded_for_retries += discarded.len() as u64;
-            self.describe_discarded(i, &discarded, "RetryAttemptsExhausted", planned.invocations);
+            self.describe_discarded(i, &discarded, "RetryAttemptsExhausted", planned);
         }
     }
 
@@ -677,12 +702,21 @@ impl EventSourceMapping {
         let discarded: Vec<Polled> = partition.queue.drain(..expired).map(|(r, _)| r).collect();
         // The batch in flight loses those records; a batch left empty is gone.
         let mut left = expired;
-        let mut invocations = 0;
+        // What the on-failure record tells of the invocations the records were in.
+        let mut last = Planned {
+            size: expired,
+            retries: 0,
+            invocations: 0,
+            function_error: false,
+        };
         while left > 0 {
             let Some(front) = partition.plan.front_mut() else {
                 break;
             };
-            invocations = invocations.max(front.invocations);
+            if front.invocations >= last.invocations {
+                last.invocations = front.invocations;
+                last.function_error = front.function_error;
+            }
             if front.size <= left {
                 left -= front.size;
                 partition.plan.pop_front();
@@ -692,11 +726,13 @@ impl EventSourceMapping {
             }
         }
         self.stats.discarded_for_age += discarded.len() as u64;
-        self.describe_discarded(i, &discarded, "RecordAgeExceeded", invocations);
+        self.describe_discarded(i, &discarded, "RecordAgeExceeded", last);
     }
 
-    /// Sends the on-failure record for discarded records, in the shape Lambda sends it.
-    fn describe_discarded(&self, i: usize, records: &[Polled], condition: &str, invocations: u32) {
+    /// Sends the on-failure record for discarded records, in the shape Lambda sends it (the
+    /// Developer Guide's example records): `functionError` when the batch's last invocation ended
+    /// in one, none after a partial batch response or before any invocation.
+    fn describe_discarded(&self, i: usize, records: &[Polled], condition: &str, batch: Planned) {
         let (Some(destination), Some(first), Some(last)) =
             (&self.settings.on_failure, records.first(), records.last())
         else {
@@ -730,16 +766,18 @@ impl EventSourceMapping {
                 "requestId": format!("{}-{}-{}", self.name, shard, first.sequence()),
                 "functionArn": self.function_arn,
                 "condition": condition,
-                "approximateInvokeCount": invocations,
+                "approximateInvokeCount": batch.invocations,
             },
             "responseContext": {
                 "statusCode": 200,
                 "executedVersion": "$LATEST",
-                "functionError": "Unhandled",
             },
             "version": "1.0",
             "timestamp": iso(now),
         });
+        if batch.function_error {
+            body["responseContext"]["functionError"] = json!("Unhandled");
+        }
         body[info_key] = json!({
             "shardId": shard_id,
             "startSequenceNumber": first.sequence(),

@@ -45,6 +45,8 @@ struct Shard {
 struct Stream {
     arn: String,
     shards: Vec<Shard>,
+    /// The largest record the stream takes: 1 MiB unless it opted into more (MaxRecordSizeInKiB).
+    max_record_bytes: usize,
 }
 
 /// In-memory Kinesis streams.
@@ -54,7 +56,7 @@ pub struct LocalKinesis {
     clock: Arc<dyn Clock>,
     meter: Meter,
     faults: Faults,
-    write_limit: bool,
+    write_limit: std::sync::atomic::AtomicBool,
 }
 
 impl LocalKinesis {
@@ -65,14 +67,21 @@ impl LocalKinesis {
             clock,
             meter: Meter::default(),
             faults,
-            write_limit: false,
+            write_limit: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// Enforces the per-shard write limit of 1,000 records or 1 MiB a second.
-    pub fn with_write_limit(mut self) -> Self {
-        self.write_limit = true;
+    pub fn with_write_limit(self) -> Self {
+        self.set_write_limit(true);
         self
+    }
+
+    /// Turns the per-shard write limit on or off: with it, a producer that writes faster than a
+    /// shard takes meets ProvisionedThroughputExceededException, as on AWS.
+    pub fn set_write_limit(&self, on: bool) {
+        self.write_limit
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Creates a stream and returns its ARN.
@@ -93,9 +102,18 @@ impl LocalKinesis {
             Stream {
                 arn: arn.clone(),
                 shards,
+                max_record_bytes: RECORD_MAX_BYTES,
             },
         );
         arn
+    }
+
+    /// UpdateMaxRecordSize: lets the stream take records of up to `kib` KiB (1,024 to 10,240;
+    /// 1 MiB is every stream's default).
+    pub fn set_max_record_size(&self, stream: &str, kib: usize) {
+        if let Some(stream) = self.streams.lock().expect("streams lock").get_mut(stream) {
+            stream.max_record_bytes = kib.clamp(1024, 10 * 1024) * 1024;
+        }
     }
 
     pub fn meter(&self) -> &Meter {
@@ -273,16 +291,24 @@ impl LocalKinesis {
             .iter()
             .map(|e| e.data.len() + e.partition_key.len())
             .sum();
-        if entries.is_empty() || entries.len() > PUT_RECORDS_MAX || total > PUT_RECORDS_MAX_BYTES {
+        let max_record = {
+            let streams = self.streams.lock().expect("streams lock");
+            streams
+                .get(stream)
+                .map_or(RECORD_MAX_BYTES, |s| s.max_record_bytes)
+        };
+        // A call may carry one record of the stream's largest size.
+        let max_call = PUT_RECORDS_MAX_BYTES.max(max_record);
+        if entries.is_empty() || entries.len() > PUT_RECORDS_MAX || total > max_call {
             return Err(SinkError::Rejected(format!(
-                "ValidationException: PutRecords takes 1-{PUT_RECORDS_MAX} records and at most 5 MiB; got {} records, {total} bytes",
+                "ValidationException: PutRecords takes 1-{PUT_RECORDS_MAX} records and at most {max_call} bytes; got {} records, {total} bytes",
                 entries.len()
             )));
         }
         if let Some(bad) = entries.iter().find(|e| {
             e.partition_key.is_empty()
                 || e.partition_key.chars().count() > 256
-                || e.data.len() + e.partition_key.len() > RECORD_MAX_BYTES
+                || e.data.len() + e.partition_key.len() > max_record
         }) {
             return Err(SinkError::Rejected(format!(
                 "ValidationException: a record with a partition key of {} characters and {} bytes of data",
@@ -321,7 +347,7 @@ impl LocalKinesis {
                 shard.written_records = 0;
                 shard.written_bytes = 0;
             }
-            let over_limit = self.write_limit
+            let over_limit = self.write_limit.load(std::sync::atomic::Ordering::Relaxed)
                 && (shard.written_records >= SHARD_RECORDS_PER_SECOND
                     || shard.written_bytes + size > SHARD_BYTES_PER_SECOND);
             if over_limit || self.faults.draw(Fault::PartialFailure) {
@@ -370,6 +396,27 @@ impl KinesisApi for LocalKinesis {
 mod tests {
     use super::*;
     use crate::local::services::clock::VirtualClock;
+
+    /// "Handle large records" (Kinesis Data Streams Developer Guide): every stream takes records
+    /// of up to 1 MiB; one that opted in with MaxRecordSizeInKiB takes up to that.
+    #[tokio::test(start_paused = true)]
+    async fn a_record_over_a_mebibyte_is_refused_unless_its_stream_opted_into_large_records() {
+        let kinesis = LocalKinesis::new(VirtualClock::starting_at(0), Faults::none());
+        kinesis.create_stream("s", 1);
+        let two_mib = vec![b'x'; 2 * 1024 * 1024];
+        let refused = kinesis.put_record("s", "k", &two_mib).unwrap_err();
+        assert!(
+            refused.to_string().contains("ValidationException"),
+            "{refused}"
+        );
+        assert!(kinesis
+            .put_record("s", "k", &two_mib[..1000 * 1024])
+            .is_ok());
+        kinesis.set_max_record_size("s", 4096);
+        assert!(kinesis.put_record("s", "k", &two_mib).is_ok());
+        let five_mib = vec![b'x'; 5 * 1024 * 1024];
+        assert!(kinesis.put_record("s", "k", &five_mib).is_err());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_trimmed_stream_keeps_its_positions_and_reads_on_from_them() {

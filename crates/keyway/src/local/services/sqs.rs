@@ -1,5 +1,5 @@
 //! In-memory SQS: standard and FIFO queues (FIFO by the `.fifo` suffix, as SQS names them), the
-//! SendMessageBatch limits (10 entries, 256 KB), and FIFO deduplication: a message whose
+//! SendMessageBatch limits (10 entries, 1 MiB), and FIFO deduplication: a message whose
 //! deduplication id was accepted in the last five minutes is answered as sent and dropped (with
 //! ContentBasedDeduplication, the body's SHA-256 is its deduplication id).
 //!

@@ -40,6 +40,8 @@ pub enum Resource {
         shards: usize,
         /// How long the stream keeps a record (RetentionPeriodHours, 24 by default).
         retention: Duration,
+        /// MaxRecordSizeInKiB: 1,024 (1 MiB) unless the stream opts into larger records.
+        max_record_kib: usize,
     },
     Queue {
         name: String,
@@ -246,12 +248,16 @@ pub fn parse_with(
                     .and_then(Value::as_u64)
                     .unwrap_or(24);
                 let retention = Duration::from_secs(hours * 3600);
+                let max_record_kib = int_setting(&props, "MaxRecordSizeInKiB", &[1024..=10_240])
+                    .map_err(|e| TemplateError(format!("{id}.{}", e.0)))?
+                    .unwrap_or(1024) as usize;
                 wiring.resources.insert(
                     id.clone(),
                     Resource::Stream {
                         name,
                         shards,
                         retention,
+                        max_record_kib,
                     },
                 );
             }
@@ -1431,6 +1437,7 @@ Resources:
                 name: "Clicks".into(),
                 shards: 2,
                 retention: Duration::from_secs(24 * 3600),
+                max_record_kib: 1024,
             }
         );
         let f = &wiring.functions[0];
@@ -1660,5 +1667,25 @@ Resources:
         );
         let off = with("rate(1 minute)\n            Enabled: false");
         assert!(parse(&off).unwrap().0.functions[0].schedules.is_empty());
+    }
+
+    #[test]
+    fn a_stream_opting_into_large_records_is_read_and_a_size_outside_kinesis_range_refused() {
+        let stream = |kib: &str| {
+            format!("Resources:\n  Big:\n    Type: AWS::Kinesis::Stream\n    Properties:\n      MaxRecordSizeInKiB: {kib}\n")
+        };
+        let (wiring, _) = parse(&stream("4096")).unwrap();
+        assert!(matches!(
+            wiring.resources["Big"],
+            Resource::Stream {
+                max_record_kib: 4096,
+                ..
+            }
+        ));
+        let e = parse(&stream("512")).unwrap_err();
+        assert!(
+            e.0.starts_with("Big.MaxRecordSizeInKiB: 512 is outside"),
+            "{e}"
+        );
     }
 }
