@@ -1160,3 +1160,45 @@ async fn a_write_that_changes_nothing_leaves_no_stream_record() {
     table.put_item(item("2")).unwrap();
     assert_eq!(table.stream_len(), 2);
 }
+
+/// "Using Lambda with Kinesis Data Streams", error handling: with unlimited retries and no
+/// maximum record age, a record that always fails blocks its shard until the stream's retention
+/// drops it (24 hours here); then it is described to the on-failure destination and the records
+/// after it go on. The stream no longer holds it either.
+#[tokio::test(start_paused = true)]
+async fn a_poison_record_retried_without_limit_ends_when_the_streams_retention_drops_it() {
+    let f = Scripted::new(|_, batch| match batch.iter().any(|r| r.key == "poison") {
+        true => Err(FunctionError("cannot read it".into())),
+        false => Ok(Value::Null),
+    });
+    let mut s = setup(1, f.clone(), MappingSettings::default());
+    s.write("poison", b"{}");
+    s.runtime.run_for(Duration::from_secs(23 * 3600)).await;
+    s.write("good", b"{}");
+    let report = s
+        .runtime
+        .run_until_idle(Duration::from_secs(48 * 3600))
+        .await
+        .expect("the run ends once the record expires");
+    let stats = &report.mappings[0].1;
+    assert_eq!(stats.discarded_for_age, 1);
+    assert_eq!(stats.records_done, 1, "the record after it is delivered");
+    let records = s.failure_records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0]["requestContext"]["condition"],
+        "RecordAgeExceeded"
+    );
+    let last = f.batches().last().cloned().unwrap();
+    assert_eq!(
+        last.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+        ["good"]
+    );
+    // The stream's retention runs in the background, once a virtual second.
+    s.runtime.run_for(Duration::from_secs(2)).await;
+    let kept = s.runtime.services.kinesis.records("in");
+    assert!(
+        kept.iter().all(|r| r.partition_key != "poison"),
+        "trimmed from the stream"
+    );
+}

@@ -354,7 +354,7 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
         fn process(&self, ctx: &mut Ctx<'_>, input: Self::Input) -> Result<(), ProcessError> {
             KeyedCounter.process(ctx, input)?;
             // Bypasses Ctx's size check, as an outbox written under a larger limit would.
-            ctx.emit_json(&BIG, "k", "x".repeat(300 * 1024))
+            ctx.emit_json(&BIG, "k", "x".repeat(1200 * 1024))
         }
     }
 
@@ -371,7 +371,7 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
             self.0.send(messages).await
         }
         fn max_message_bytes(&self) -> usize {
-            1024 * 1024
+            2 * 1024 * 1024
         }
     }
     let sinks = world.sinks().with(
@@ -396,7 +396,7 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
     );
     assert!(
         letters[0].payload_truncated,
-        "a 300 KB output is cut to fit the dead-letter queue"
+        "a 1.2 MB output is cut to fit the dead-letter queue"
     );
 }
 

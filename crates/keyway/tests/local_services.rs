@@ -127,10 +127,10 @@ async fn a_fifo_queue_drops_a_deduplication_id_seen_in_the_last_five_minutes() {
 }
 
 #[tokio::test]
-async fn a_batch_over_ten_entries_or_256_kib_is_refused() {
+async fn a_batch_over_ten_entries_or_a_mebibyte_is_refused() {
     let sqs = LocalSqs::default();
     let url = sqs.create_queue("out");
-    let body = "x".repeat(30 * 1024);
+    let body = "x".repeat(120 * 1024);
     let ids: Vec<String> = (0..11).map(|i| i.to_string()).collect();
     let entries: Vec<SqsEntry> = (0..11)
         .map(|i| SqsEntry {

@@ -559,10 +559,11 @@ impl LocalRuntime {
                     name,
                     shards,
                     max_record_kib,
-                    ..
+                    retention,
                 } => {
                     let arn = services.kinesis.create_stream(name, *shards);
                     services.kinesis.set_max_record_size(name, *max_record_kib);
+                    services.kinesis.set_retention(name, *retention);
                     attr("Arn", arn);
                     names.references.insert(id.clone(), name.clone());
                 }
@@ -926,9 +927,11 @@ impl LocalRuntime {
             if !until_idle && now >= end {
                 return Some(self.report(start));
             }
-            // DynamoDB's TTL process runs in the background; here once a virtual second.
+            // DynamoDB's TTL process and the streams' retention run in the background; here
+            // once a virtual second.
             if now.saturating_sub(last_expiry) >= 1_000 {
                 self.services.dynamodb.expire();
+                self.services.kinesis.expire();
                 last_expiry = now;
             }
             for schedule in &mut self.schedules {

@@ -38,6 +38,9 @@ use crate::lambda::{FunctionError, Handler, Invocation};
 use crate::ports::Clock;
 use events::{dynamodb_event_json, kinesis_event_json, DynamoDbEventRecord, KinesisEventRecord};
 
+/// A DynamoDB stream keeps a record 24 hours.
+pub const DYNAMODB_STREAM_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
 /// Lambda's limit on the payload of one invocation.
 pub const PAYLOAD_MAX_BYTES: usize = 6 * 1024 * 1024;
 
@@ -684,12 +687,22 @@ impl EventSourceMapping {
         }
     }
 
-    /// Discards the records at the head of the partition older than the maximum record age.
-    fn discard_expired(&mut self, i: usize, now: i64) {
-        let Some(max_age) = self.settings.maximum_record_age else {
-            return;
+    /// How long after its arrival a record can still be delivered: the stream's retention (a
+    /// DynamoDB stream keeps records 24 hours), or MaximumRecordAgeInSeconds if shorter.
+    fn max_age(&self) -> Duration {
+        let retention = match &self.source {
+            MappingSource::Kinesis { kinesis, stream } => kinesis.retention(stream),
+            MappingSource::DynamoDb { .. } => DYNAMODB_STREAM_RETENTION,
         };
-        let max_age = max_age.as_millis() as i64;
+        self.settings
+            .maximum_record_age
+            .map_or(retention, |age| age.min(retention))
+    }
+
+    /// Discards the records at the head of the partition older than the maximum record age, or
+    /// gone from the stream with its retention.
+    fn discard_expired(&mut self, i: usize, now: i64) {
+        let max_age = self.max_age().as_millis() as i64;
         let partition = &mut self.partitions[i];
         let expired = partition
             .queue

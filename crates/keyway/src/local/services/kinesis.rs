@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -25,6 +26,9 @@ pub struct StoredRecord {
     pub data: Vec<u8>,
     pub arrival_millis: i64,
 }
+
+/// A stream keeps records 24 hours unless its RetentionPeriodHours says longer.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Kinesis's per-shard write limit.
 pub const SHARD_RECORDS_PER_SECOND: u32 = 1_000;
@@ -47,6 +51,8 @@ struct Stream {
     shards: Vec<Shard>,
     /// The largest record the stream takes: 1 MiB unless it opted into more (MaxRecordSizeInKiB).
     max_record_bytes: usize,
+    /// How long the stream keeps a record (RetentionPeriodHours, 24 by default).
+    retention: Duration,
 }
 
 /// In-memory Kinesis streams.
@@ -103,9 +109,43 @@ impl LocalKinesis {
                 arn: arn.clone(),
                 shards,
                 max_record_bytes: RECORD_MAX_BYTES,
+                retention: DEFAULT_RETENTION,
             },
         );
         arn
+    }
+
+    /// Sets how long the stream keeps a record (its RetentionPeriodHours).
+    pub fn set_retention(&self, stream: &str, retention: Duration) {
+        if let Some(stream) = self.streams.lock().expect("streams lock").get_mut(stream) {
+            stream.retention = retention;
+        }
+    }
+
+    /// How long the stream keeps a record.
+    pub fn retention(&self, stream: &str) -> Duration {
+        let streams = self.streams.lock().expect("streams lock");
+        streams
+            .get(stream)
+            .map_or(DEFAULT_RETENTION, |s| s.retention)
+    }
+
+    /// Drops every record that has been in its stream longer than the stream's retention, as
+    /// Kinesis does; positions stay where they were. Returns how many went.
+    pub fn expire(&self) -> usize {
+        let now = self.clock.now_millis();
+        let mut streams = self.streams.lock().expect("streams lock");
+        let mut expired = 0;
+        for stream in streams.values_mut() {
+            let cutoff = now - stream.retention.as_millis() as i64;
+            for shard in &mut stream.shards {
+                let old = shard.records.partition_point(|r| r.arrival_millis < cutoff);
+                shard.records.drain(..old);
+                shard.trimmed += old;
+                expired += old;
+            }
+        }
+        expired
     }
 
     /// UpdateMaxRecordSize: lets the stream take records of up to `kib` KiB (1,024 to 10,240;

@@ -18,7 +18,7 @@ use serde_yaml::Value;
 
 mod honoured;
 
-use super::mapping::{MappingSettings, StartingPosition};
+use super::mapping::{MappingSettings, StartingPosition, DYNAMODB_STREAM_RETENTION};
 use super::services::dynamodb::StreamView;
 use super::services::sqs::QueueConfig;
 use crate::domain::pattern::{Dialect, Pattern};
@@ -115,9 +115,6 @@ pub struct Wiring {
 
 /// Lambda's default function timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// A DynamoDB stream keeps records for 24 hours.
-const DYNAMODB_STREAM_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 impl Wiring {
     /// How long after a record's arrival `event` may still deliver it: its source's retention,
