@@ -81,22 +81,7 @@ async fn local(options: LocalOptions) -> Result<(), CliError> {
         Some(out) => Some(created(&out.join("logs"))?),
         None => None,
     };
-    let (wiring, _) = keyway::local::template::parse_with(&text, &parameters)
-        .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
-    let mut factories: BTreeMap<String, Factory> = stack::functions();
-    for (id, path) in pairs("--function", &options.functions)? {
-        if !wiring.functions.iter().any(|f| f.logical_id == id) {
-            return Err(
-                format!("--function {id}={path}: the template has no function {id}").into(),
-            );
-        }
-        let path =
-            std::fs::canonicalize(&path).map_err(|e| format!("--function {id}={path}: {e}"))?;
-        factories.insert(
-            id,
-            external::factory(path, api.endpoint.clone(), logs.clone()),
-        );
-    }
+    let factories = factories(&options, &text, &parameters, &api, logs)?;
     let mut runtime = LocalRuntime::from_template_with(&text, &parameters, services.clone(), &factories)
         .map_err(|e| match e {
             keyway::local::LocalError::Unregistered { function } => format!(
@@ -115,6 +100,50 @@ async fn local(options: LocalOptions) -> Result<(), CliError> {
         )?;
     }
     let report = runtime.run_until_idle(RUN_LIMIT).await?;
+    print_summary(&options, &runtime, &services, &report, put);
+    if let Some(out) = &options.out {
+        write_out(&runtime, &services, out)?;
+        println!("\nqueues, tables and streams written to {}", out.display());
+    }
+    drop(api);
+    Ok(())
+}
+
+/// keyway's functions in-process, and each `--function ID=BOOTSTRAP` as its bootstrap.
+fn factories(
+    options: &LocalOptions,
+    text: &str,
+    parameters: &BTreeMap<String, String>,
+    api: &AwsApi,
+    logs: Option<PathBuf>,
+) -> Result<BTreeMap<String, Factory>, CliError> {
+    let (wiring, _) = keyway::local::template::parse_with(text, parameters)
+        .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
+    let mut factories: BTreeMap<String, Factory> = stack::functions();
+    for (id, path) in pairs("--function", &options.functions)? {
+        if !wiring.functions.iter().any(|f| f.logical_id == id) {
+            return Err(
+                format!("--function {id}={path}: the template has no function {id}").into(),
+            );
+        }
+        let path =
+            std::fs::canonicalize(&path).map_err(|e| format!("--function {id}={path}: {e}"))?;
+        factories.insert(
+            id,
+            external::factory(path, api.endpoint.clone(), logs.clone()),
+        );
+    }
+    Ok(factories)
+}
+
+/// What each mapping did and what each resource holds.
+fn print_summary(
+    options: &LocalOptions,
+    runtime: &LocalRuntime,
+    services: &LocalServices,
+    report: &keyway::local::RunReport,
+    put: usize,
+) {
     println!(
         "keyway local: {} on the embedded runtime, {put} records put, {:.0} s of virtual time",
         options.template.display(),
@@ -139,13 +168,7 @@ async fn local(options: LocalOptions) -> Result<(), CliError> {
         println!("  not invoked: {}", names.join(", "));
     }
     println!();
-    print_resources(&runtime, &services);
-    if let Some(out) = &options.out {
-        write_out(&runtime, &services, out)?;
-        println!("\nqueues, tables and streams written to {}", out.display());
-    }
-    drop(api);
-    Ok(())
+    print_resources(runtime, services);
 }
 
 /// `NAME=VALUE` arguments, in order.

@@ -891,7 +891,12 @@ impl LocalRuntime {
         match self.drive(deadline, true).await {
             Some(report) => Ok(report),
             None => {
-                let waiting: usize = self.mappings.iter().map(|m| m.pending().0).sum();
+                let waiting: usize = self.mappings.iter().map(|m| m.pending().0).sum::<usize>()
+                    + self
+                        .queue_mappings
+                        .iter()
+                        .map(QueueMapping::waiting)
+                        .sum::<usize>();
                 Err(LocalError::Unfinished { waiting, limit })
             }
         }

@@ -80,6 +80,11 @@ impl QueueMapping {
         self.settings.enabled = enabled;
     }
 
+    /// The messages still to be delivered or deleted.
+    pub fn waiting(&self) -> usize {
+        self.sqs.held(&self.queue_url)
+    }
+
     /// When the mapping next has a batch to invoke: now, when its batching window closes, or
     /// when a message in flight becomes visible again; none when there is nothing to do.
     pub fn due(&mut self) -> Option<i64> {

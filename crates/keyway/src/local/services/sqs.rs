@@ -248,6 +248,14 @@ impl LocalSqs {
             .count()
     }
 
+    /// The messages the queue holds, visible or in flight.
+    pub fn held(&self, url: &str) -> usize {
+        let queues = self.queues.lock().expect("queues lock");
+        queues
+            .get(url)
+            .map_or(0, |q| q.waiting.len() + q.in_flight.len())
+    }
+
     /// When the first message in flight becomes visible again.
     pub fn next_visible_millis(&self, url: &str) -> Option<i64> {
         let queues = self.queues.lock().expect("queues lock");
