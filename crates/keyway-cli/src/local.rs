@@ -225,7 +225,7 @@ fn put_file(
         }
         // As a producer does, a put the service throttled or failed is made again.
         let mut attempts = 0;
-        while let Err(failed) = put_line(services, &name, &target, &line, pointer, i) {
+        while let Err(failed) = put_line(services, &name, &target, &line, pointer, (i, &at)) {
             attempts += 1;
             if !failed.retryable || attempts == PUT_ATTEMPTS {
                 return Err(format!("{at}: {}", failed.problem).into());
@@ -263,14 +263,14 @@ impl PutFailed {
 
 /// A table's line is a DynamoDB JSON item; a stream's, a record keyed by the partition key; a
 /// queue's, a message (on a FIFO queue, in the group the partition key names, deduplicated by its
-/// line number).
+/// file and line, `at`).
 fn put_line(
     services: &LocalServices,
     name: &str,
     target: &Target,
     line: &str,
     pointer: Option<&str>,
-    index: usize,
+    (index, at): (usize, &str),
 ) -> Result<(), PutFailed> {
     use keyway::adapters::kinesis::PutOutcome;
     use keyway::adapters::sqs::{SqsEntry, SqsOutcome};
@@ -297,13 +297,13 @@ fn put_line(
                 .then(|| partition_key(line, pointer, index))
                 .transpose()
                 .map_err(PutFailed::of)?;
-            let deduplication = fifo.then(|| index.to_string());
+            let deduplication = fifo.then_some(at);
             let entry = SqsEntry {
                 id: "0",
                 body: line,
                 output_id: None,
                 group_id: group.as_deref(),
-                deduplication_id: deduplication.as_deref(),
+                deduplication_id: deduplication,
             };
             match services
                 .sqs

@@ -187,9 +187,12 @@ fn run_stack(dir: &Path, bootstrap: &Path) -> (String, PathBuf) {
 }
 
 /// A bootstrap in Python, speaking the runtime API with nothing but the standard library: it
-/// fails the record whose `n` is 2, and writes what it was given to `calls.jsonl`.
+/// starts slowly, fails the record whose `n` is 2, and writes what it was given to
+/// `calls.jsonl`.
 const PYTHON_BOOTSTRAP: &str = r#"#!/usr/bin/env python3
-import base64, json, os, urllib.request
+import base64, json, os, time, urllib.request
+# A start-up longer than the function's timeout of a second: Lambda does not count it.
+time.sleep(1.5)
 api = "http://" + os.environ["AWS_LAMBDA_RUNTIME_API"] + "/2018-06-01/runtime/invocation/"
 while True:
     with urllib.request.urlopen(api + "next") as r:
@@ -236,7 +239,8 @@ fn a_bootstrap_in_another_language_gets_its_environment_and_its_partial_failures
 fn a_bootstrap_that_exits_or_never_answers_fails_its_invocations_and_the_batch_is_given_up() {
     for (name, script) in [
         ("exits", "#!/bin/sh\necho 'no runtime here' >&2\nexit 3\n"),
-        ("hangs", "#!/bin/sh\nexec sleep 30\n"),
+        // Takes the invocation and never answers.
+        ("hangs", "#!/usr/bin/env python3\nimport os, time, urllib.request\nurllib.request.urlopen(\"http://\" + os.environ[\"AWS_LAMBDA_RUNTIME_API\"] + \"/2018-06-01/runtime/invocation/next\").read()\ntime.sleep(30)\n"),
     ] {
         let dir = scratch(name);
         let worker = dir.join("worker");

@@ -171,3 +171,59 @@ async fn an_operation_or_expression_it_does_not_serve_is_refused_by_name() {
         .into_service_error()
         .is_resource_not_found_exception());
 }
+
+#[tokio::test]
+async fn a_query_reads_numbers_in_order_and_goes_on_after_a_start_key_that_is_gone() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let (services, config) = served().await;
+    let schema = KeySchema {
+        hash: "p".into(),
+        range: Some("n".into()),
+    };
+    let table = services
+        .dynamodb
+        .create_table("numbers", schema, None, None);
+    for n in ["9", "10", "2"] {
+        let item = keyway::domain::Item::from([
+            ("p".to_owned(), keyway::domain::AttrValue::S("a".into())),
+            ("n".to_owned(), keyway::domain::AttrValue::N(n.into())),
+        ]);
+        table.put_item(item).unwrap();
+    }
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    let query = || {
+        client
+            .query()
+            .table_name("numbers")
+            .key_condition_expression("p = :p")
+            .expression_attribute_values(":p", AttributeValue::S("a".into()))
+    };
+    let numbers = |items: &[std::collections::HashMap<String, AttributeValue>]| -> Vec<String> {
+        items
+            .iter()
+            .map(|i| i["n"].as_n().unwrap().clone())
+            .collect()
+    };
+    let first = query().limit(2).send().await.unwrap();
+    assert_eq!(numbers(first.items()), ["2", "9"], "by value, not as text");
+    let start = first.last_evaluated_key().unwrap().clone();
+    client
+        .delete_item()
+        .table_name("numbers")
+        .set_key(Some(start.clone()))
+        .send()
+        .await
+        .unwrap();
+    let rest = query()
+        .set_exclusive_start_key(Some(start))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        numbers(rest.items()),
+        ["10"],
+        "after the deleted item's place"
+    );
+    let backwards = query().scan_index_forward(false).send().await.unwrap();
+    assert_eq!(numbers(backwards.items()), ["10", "2"]);
+}

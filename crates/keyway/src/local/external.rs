@@ -59,14 +59,25 @@ struct Environment {
 impl Drop for Environment {
     fn drop(&mut self) {
         self.server.abort();
+        // The bootstrap leads a process group of its own: a wrapper script's children go too.
+        if let Some(pid) = self.child.id() {
+            // SAFETY: killpg takes plain integers; a group that is gone already is no harm.
+            unsafe { libc::killpg(pid as libc::pid_t, libc::SIGKILL) };
+        }
     }
 }
+
+/// How long Lambda lets a runtime start before its first invocation (the init phase).
+const INIT_LIMIT: Duration = Duration::from_secs(10);
 
 /// An invocation handed to the process, and where its outcome goes.
 struct Pending {
     event: String,
     request_id: String,
-    deadline_epoch_millis: u128,
+    /// The invocation's time on the real clock, from when the process takes it.
+    timeout: Duration,
+    /// Told when the process takes the invocation: its start-up is over.
+    taken: oneshot::Sender<()>,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -180,11 +191,13 @@ impl ExternalFunction {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
+            .process_group(0)
             .kill_on_drop(true);
         Ok(command)
     }
 
-    /// Hands `event` to the process and waits for its outcome, or for it to exit.
+    /// Hands `event` to the process and waits for its outcome, or for it to exit. The process
+    /// has INIT_LIMIT to start and take the invocation, then the function's timeout.
     async fn run(
         &self,
         environment: &mut Environment,
@@ -192,39 +205,81 @@ impl ExternalFunction {
         invocation: &Invocation,
         timeout: Duration,
     ) -> Result<Outcome, Ended> {
-        let (reply, outcome) = oneshot::channel();
-        let deadline = std::time::SystemTime::now() + timeout;
+        let (reply, mut outcome) = oneshot::channel();
+        let (taken, mut started) = oneshot::channel();
         let pending = Pending {
             event: event.to_owned(),
             request_id: request_uuid(&invocation.request_id),
-            deadline_epoch_millis: deadline
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis()),
+            timeout,
+            taken,
             reply,
         };
         if environment.invocations.send(pending).await.is_err() {
             return Err(Ended::Exited("the runtime API stopped".into()));
         }
-        // Virtual time stands still while a blocking task runs (tokio's paused clock does not
-        // advance past it): the process's work takes no virtual time, whatever it takes on the
-        // real clock, which bounds it by the function's timeout.
-        let (release, held) = std::sync::mpsc::channel::<()>();
-        let mut stopper = tokio::task::spawn_blocking(move || held.recv_timeout(timeout));
-        let ended = tokio::select! {
-            outcome = outcome => outcome.map_err(|_| Ended::Exited("the runtime API stopped".into())),
-            status = environment.child.wait() => {
-                let init = environment.api.init_error.lock().expect("init error lock").take();
-                Err(Ended::Exited(init.unwrap_or_else(|| match status {
-                    Ok(status) => format!("Runtime exited with {status}"),
-                    Err(err) => format!("Runtime exited: {err}"),
-                })))
+        let child = &mut environment.child;
+        let took = held_still(INIT_LIMIT, async {
+            tokio::select! {
+                biased;
+                taken = &mut started => taken.map_err(|_| None),
+                status = child.wait() => Err(Some(status)),
             }
-            _ = &mut stopper => return Err(Ended::TimedOut),
-        };
-        drop(release);
-        let _ = stopper.await;
-        ended
+        });
+        match took.await {
+            None => return Err(Ended::TimedOut),
+            Some(Err(status)) => return Err(exited(environment, status)),
+            Some(Ok(())) => {}
+        }
+        let child = &mut environment.child;
+        let answered = held_still(timeout, async {
+            tokio::select! {
+                biased;
+                outcome = &mut outcome => outcome.map_err(|_| None),
+                status = child.wait() => Err(Some(status)),
+            }
+        });
+        match answered.await {
+            None => Err(Ended::TimedOut),
+            Some(Err(status)) => Err(exited(environment, status)),
+            Some(Ok(outcome)) => Ok(outcome),
+        }
     }
+}
+
+/// Runs `work` with virtual time held still, for at most `limit` of real time (none when it
+/// takes longer). Tokio's paused clock does not advance while a blocking task runs: a process's
+/// work then takes no virtual time, whatever it takes on the real clock.
+async fn held_still<F: std::future::Future>(limit: Duration, work: F) -> Option<F::Output> {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let mut stopper = tokio::task::spawn_blocking(move || held.recv_timeout(limit));
+    tokio::select! {
+        biased;
+        done = work => {
+            drop(release);
+            let _ = stopper.await;
+            Some(done)
+        }
+        _ = &mut stopper => None,
+    }
+}
+
+/// Why the environment's process is gone: its init error, or how it exited (`None`: the
+/// runtime API stopped).
+fn exited(
+    environment: &Environment,
+    status: Option<std::io::Result<std::process::ExitStatus>>,
+) -> Ended {
+    let init = environment
+        .api
+        .init_error
+        .lock()
+        .expect("init error lock")
+        .take();
+    Ended::Exited(init.unwrap_or_else(|| match status {
+        Some(Ok(status)) => format!("Runtime exited with {status}"),
+        Some(Err(err)) => format!("Runtime exited: {err}"),
+        None => "the runtime API stopped".to_owned(),
+    }))
 }
 
 /// A request id as Lambda's are, a UUID (it is a path segment of the runtime API), stable for
@@ -251,6 +306,12 @@ enum Ended {
 impl Handler for ExternalFunction {
     async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
         let mut environment = self.environment.lock().await;
+        // A process that exited while idle is replaced, as Lambda replaces its environment.
+        if let Some(running) = environment.as_mut() {
+            if matches!(running.child.try_wait(), Ok(Some(_))) {
+                *environment = None;
+            }
+        }
         if environment.is_none() {
             *environment = Some(self.start().await?);
         }
@@ -327,13 +388,15 @@ impl RuntimeApi {
             .lock()
             .expect("waiting lock")
             .insert(pending.request_id.clone(), pending.reply);
+        let _ = pending.taken.send(());
+        let deadline = std::time::SystemTime::now() + pending.timeout;
+        let deadline_millis = deadline
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
         Response::new(200, pending.event)
             .with_header("content-type", "application/json")
             .with_header("lambda-runtime-aws-request-id", pending.request_id)
-            .with_header(
-                "lambda-runtime-deadline-ms",
-                pending.deadline_epoch_millis.to_string(),
-            )
+            .with_header("lambda-runtime-deadline-ms", deadline_millis.to_string())
             .with_header("lambda-runtime-invoked-function-arn", self.arn.clone())
             .with_header(
                 "lambda-runtime-trace-id",

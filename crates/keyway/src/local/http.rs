@@ -75,7 +75,17 @@ pub async fn bind() -> std::io::Result<(TcpListener, String)> {
 /// returned task is aborted.
 pub fn serve(listener: TcpListener, service: Service) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                // A connection that failed before it was accepted (too many open files, a
+                // reset) ends only itself.
+                Err(err) => {
+                    tracing::warn!(%err, "a connection was not accepted");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
             let service = service.clone();
             tokio::spawn(async move {
                 let answer = service_fn(move |request| answer(service.clone(), request));

@@ -5,7 +5,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::expression::{Condition, Placeholders, Update};
+use std::cmp::Ordering;
+
+use super::expression::{order, Condition, Placeholders, Update};
 use super::ApiError;
 use crate::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
 use crate::domain::Item;
@@ -67,7 +69,8 @@ pub async fn call(
                 )
             })?;
             let placeholders = Placeholders::of(request).map_err(ApiError::expression)?;
-            let update = Update::parse(text, &placeholders).map_err(ApiError::expression)?;
+            let update = Update::parse(text, &placeholders)
+                .map_err(|e| ApiError::validation(format!("UpdateExpression {text:?}: {}", e.0)))?;
             let start = key.clone();
             write(
                 &table,
@@ -242,10 +245,38 @@ fn query(dynamodb: &LocalDynamoDb, request: &Value) -> Result<Value, ApiError> {
         .into_iter()
         .filter(|i| keys.holds(Some(i)))
         .collect();
-    if request["ScanIndexForward"].as_bool() == Some(false) {
+    // In sort key order, as DynamoDB orders it (numbers by value), either way.
+    let range = table.key_schema().range.clone();
+    let sort_key = |item: &Item| range.as_ref().and_then(|r| item.get(r)).cloned();
+    let by_sort_key = |a: &Item, b: &Item| match (sort_key(a), sort_key(b)) {
+        (Some(a), Some(b)) => order(&a, &b).unwrap_or(Ordering::Equal),
+        _ => Ordering::Equal,
+    };
+    items.sort_by(by_sort_key);
+    let forward = request["ScanIndexForward"].as_bool() != Some(false);
+    if !forward {
         items.reverse();
     }
-    page(&table, request, items)
+    // A page goes on after the start key's place, whether or not that item is still there.
+    let mut rest: &[Item] = &items;
+    if !request["ExclusiveStartKey"].is_null() {
+        let start = item(&request["ExclusiveStartKey"], "ExclusiveStartKey")?;
+        let at = items
+            .iter()
+            .position(|i| match by_sort_key(i, &start) {
+                Ordering::Greater => forward,
+                Ordering::Less => !forward,
+                Ordering::Equal => false,
+            })
+            .unwrap_or(items.len());
+        rest = &items[at..];
+    }
+    let limit = limit(request)?;
+    let read: Vec<Item> = rest.iter().take(limit).cloned().collect();
+    let last = (rest.len() > limit)
+        .then(|| read.last().map(|i| table.key_of_item(i)))
+        .flatten();
+    filtered(request, read, last)
 }
 
 fn scan(dynamodb: &LocalDynamoDb, request: &Value) -> Result<Value, ApiError> {
@@ -257,23 +288,6 @@ fn scan(dynamodb: &LocalDynamoDb, request: &Value) -> Result<Value, ApiError> {
     let limit = limit(request)?;
     let (read, more) = table.scan_after(start.as_ref(), limit).map_err(store)?;
     let last = more
-        .then(|| read.last().map(|i| table.key_of_item(i)))
-        .flatten();
-    filtered(request, read, last)
-}
-
-/// One page of `items` (the query's, in its order) after `ExclusiveStartKey`, up to `Limit`.
-fn page(table: &LocalTable, request: &Value, items: Vec<Item>) -> Result<Value, ApiError> {
-    let mut rest: &[Item] = &items;
-    if !request["ExclusiveStartKey"].is_null() {
-        let start = item(&request["ExclusiveStartKey"], "ExclusiveStartKey")?;
-        if let Some(at) = items.iter().position(|i| table.key_of_item(i) == start) {
-            rest = &items[at + 1..];
-        }
-    }
-    let limit = limit(request)?;
-    let read: Vec<Item> = rest.iter().take(limit).cloned().collect();
-    let last = (rest.len() > limit)
         .then(|| read.last().map(|i| table.key_of_item(i)))
         .flatten();
     filtered(request, read, last)

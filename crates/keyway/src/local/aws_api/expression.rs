@@ -119,7 +119,8 @@ impl Condition {
         match self {
             Condition::Compare(a, op, b) => match (get(a), get(b)) {
                 (Some(a), Some(b)) => compare(&a, *op, &b),
-                _ => false,
+                // A missing attribute equals nothing and orders with nothing.
+                _ => *op == Comparator::Ne,
             },
             Condition::Between(v, low, high) => match (get(v), get(low), get(high)) {
                 (Some(v), Some(low), Some(high)) => {
@@ -180,7 +181,9 @@ impl Update {
     pub fn parse(text: &str, placeholders: &Placeholders) -> Result<Self, ExpressionError> {
         let mut parser = Parser::new(text, placeholders)?;
         let mut actions = Vec::new();
+        let mut clauses = Vec::new();
         while let Some(clause) = parser.next_word() {
+            clauses.push(clause.to_ascii_uppercase());
             match clause.to_ascii_uppercase().as_str() {
                 "SET" => loop {
                     let path = parser.path()?;
@@ -222,31 +225,54 @@ impl Update {
         if actions.is_empty() {
             return refuse("the update expression has no action");
         }
-        Ok(Self(actions))
+        let update = Self(actions);
+        update.check(&clauses)?;
+        Ok(update)
     }
 
-    /// `item` with the actions applied.
-    pub fn apply(&self, mut item: Item) -> Result<Item, ExpressionError> {
+    /// `item` with the actions applied. Every action reads the item as it was before the
+    /// update, as DynamoDB evaluates them: `SET a = b, b = a` swaps.
+    pub fn apply(&self, before: Item) -> Result<Item, ExpressionError> {
+        let mut after = before.clone();
         for action in &self.0 {
             match action {
                 Action::Set(path, value) => {
-                    let value = set_value(&item, value)?;
-                    item.insert(path.clone(), value);
+                    after.insert(path.clone(), set_value(&before, value)?);
                 }
                 Action::Remove(path) => {
-                    item.remove(path);
+                    after.remove(path);
                 }
                 Action::Add(path, AttrValue::N(n)) => {
-                    let sum = match item.get(path) {
+                    let sum = match before.get(path) {
                         None => AttrValue::N(n.clone()),
                         Some(current) => arithmetic(current, &AttrValue::N(n.clone()), 1)?,
                     };
-                    item.insert(path.clone(), sum);
+                    after.insert(path.clone(), sum);
                 }
                 Action::Add(path, _) => return refuse(format!("ADD {path}: not a number")),
             }
         }
-        Ok(item)
+        Ok(after)
+    }
+
+    /// DynamoDB refuses an expression that names a clause twice or changes one path twice.
+    fn check(&self, clauses: &[String]) -> Result<(), ExpressionError> {
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(twice) = clauses.iter().find(|c| !seen.insert(c.as_str())) {
+            return refuse(format!(
+                "The {twice} section can only be used once in an update expression"
+            ));
+        }
+        let mut paths = std::collections::BTreeSet::new();
+        for action in &self.0 {
+            let (Action::Set(path, _) | Action::Remove(path) | Action::Add(path, _)) = action;
+            if !paths.insert(path.as_str()) {
+                return refuse(format!(
+                    "Two document paths overlap with each other: [{path}] and [{path}]"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -301,13 +327,7 @@ fn number_order(a: &str, b: &str) -> Option<Ordering> {
 /// DynamoDB's comparison: numbers by value, strings and binaries by their bytes; values of
 /// different types are never ordered and only unequal.
 pub fn compare(a: &AttrValue, op: Comparator, b: &AttrValue) -> bool {
-    let ordering = match (a, b) {
-        (AttrValue::N(a), AttrValue::N(b)) => number_order(a, b),
-        (AttrValue::S(a), AttrValue::S(b)) => Some(a.as_bytes().cmp(b.as_bytes())),
-        (AttrValue::B(a), AttrValue::B(b)) => Some(a.cmp(b)),
-        _ => None,
-    };
-    match (op, ordering) {
+    match (op, order(a, b)) {
         (Comparator::Eq, Some(o)) => o == Ordering::Equal,
         (Comparator::Eq, None) => a == b,
         (Comparator::Ne, Some(o)) => o != Ordering::Equal,
@@ -317,6 +337,17 @@ pub fn compare(a: &AttrValue, op: Comparator, b: &AttrValue) -> bool {
         (Comparator::Gt, Some(o)) => o == Ordering::Greater,
         (Comparator::Ge, Some(o)) => o != Ordering::Less,
         (_, None) => false,
+    }
+}
+
+/// DynamoDB's order of two values: numbers by value, strings and binaries by their bytes; none
+/// between values of different types (or of types without an order).
+pub fn order(a: &AttrValue, b: &AttrValue) -> Option<Ordering> {
+    match (a, b) {
+        (AttrValue::N(a), AttrValue::N(b)) => number_order(a, b),
+        (AttrValue::S(a), AttrValue::S(b)) => Some(a.as_bytes().cmp(b.as_bytes())),
+        (AttrValue::B(a), AttrValue::B(b)) => Some(a.cmp(b)),
+        _ => None,
     }
 }
 
@@ -573,22 +604,50 @@ mod tests {
     }
 
     #[test]
-    fn an_update_sets_adds_and_removes_in_order() {
+    fn an_update_reads_the_item_as_it_was_before_any_of_its_actions() {
         let p = placeholders();
         let update = Update::parse(
-            "SET c = if_not_exists(c, :v), d = c + :one REMOVE gone ADD n :one",
+            "SET c = if_not_exists(c, :v), d = n + :one, n = d REMOVE gone ADD e :one",
             &p,
         )
         .unwrap();
         let before = item(&[
             ("gone", AttrValue::Bool(true)),
             ("n", AttrValue::N("1".into())),
+            ("d", AttrValue::N("5".into())),
         ]);
         let after = update.apply(before).unwrap();
         assert_eq!(after.get("c"), Some(&AttrValue::N("3".into())));
-        assert_eq!(after.get("d"), Some(&AttrValue::N("4".into())));
-        assert_eq!(after.get("n"), Some(&AttrValue::N("2".into())));
+        assert_eq!(
+            after.get("d"),
+            Some(&AttrValue::N("2".into())),
+            "n + 1 of before"
+        );
+        assert_eq!(
+            after.get("n"),
+            Some(&AttrValue::N("5".into())),
+            "d of before"
+        );
+        assert_eq!(after.get("e"), Some(&AttrValue::N("1".into())));
         assert!(!after.contains_key("gone"));
+        let err = Update::parse("SET a = :v SET b = :v", &p).unwrap_err();
+        assert!(err.0.contains("SET section can only be used once"), "{err}");
+        let err = Update::parse("SET a = :v REMOVE a", &p).unwrap_err();
+        assert!(err.0.contains("overlap"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_attribute_is_unequal_to_anything_and_ordered_with_nothing() {
+        let p = placeholders();
+        let empty = item(&[]);
+        assert!(Condition::parse("status <> :s", &p)
+            .unwrap()
+            .holds(Some(&empty)));
+        assert!(Condition::parse("status <> :s", &p).unwrap().holds(None));
+        for op in ["=", "<", "<=", ">", ">="] {
+            let condition = Condition::parse(&format!("status {op} :s"), &p).unwrap();
+            assert!(!condition.holds(Some(&empty)), "{op}");
+        }
     }
 
     #[test]

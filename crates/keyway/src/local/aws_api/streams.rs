@@ -37,15 +37,20 @@ pub async fn kinesis(
     };
     let mut data = Vec::with_capacity(records.len());
     for (i, record) in records.iter().enumerate() {
+        // A PutRecord's fields are the request's own.
+        let at = match operation {
+            "PutRecords" => format!("Records[{i}]."),
+            _ => String::new(),
+        };
         let text = record["Data"]
             .as_str()
-            .ok_or_else(|| ApiError::validation(format!("Records[{i}].Data: required")))?;
+            .ok_or_else(|| ApiError::validation(format!("{at}Data: required")))?;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(text)
-            .map_err(|e| ApiError::validation(format!("Records[{i}].Data: not base64: {e}")))?;
+            .map_err(|e| ApiError::validation(format!("{at}Data: not base64: {e}")))?;
         let key = record["PartitionKey"]
             .as_str()
-            .ok_or_else(|| ApiError::validation(format!("Records[{i}].PartitionKey: required")))?;
+            .ok_or_else(|| ApiError::validation(format!("{at}PartitionKey: required")))?;
         data.push((bytes, key, record["ExplicitHashKey"].as_str()));
     }
     let entries: Vec<PutEntry> = data
@@ -103,7 +108,12 @@ pub async fn sqs(sqs: &LocalSqs, operation: &str, request: &Value) -> Result<Val
     };
     let mut parts = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
-        parts.push(Message::read(message, i)?);
+        // A SendMessage's fields are the request's own.
+        let at = match operation {
+            "SendMessageBatch" => format!("Entries[{i}]."),
+            _ => String::new(),
+        };
+        parts.push(Message::read(message, i, &at)?);
     }
     let entries: Vec<SqsEntry> = parts
         .iter()
@@ -161,13 +171,13 @@ struct Message {
 }
 
 impl Message {
-    fn read(message: &Value, i: usize) -> Result<Self, ApiError> {
+    fn read(message: &Value, i: usize, at: &str) -> Result<Self, ApiError> {
         let field = |name: &str| message[name].as_str().map(str::to_owned);
         let body = field("MessageBody")
-            .ok_or_else(|| ApiError::validation(format!("Entries[{i}].MessageBody: required")))?;
+            .ok_or_else(|| ApiError::validation(format!("{at}MessageBody: required")))?;
         if message["DelaySeconds"].as_u64().is_some_and(|d| d > 0) {
             return Err(ApiError::validation(format!(
-                "Entries[{i}].DelaySeconds: delayed messages are not reproduced"
+                "{at}DelaySeconds: delayed messages are not reproduced"
             )));
         }
         let mut output_id = None;
@@ -176,7 +186,7 @@ impl Message {
                 match (name.as_str(), attribute["StringValue"].as_str()) {
                     ("outputId", Some(value)) => output_id = Some(value.to_owned()),
                     _ => return Err(ApiError::validation(format!(
-                        "Entries[{i}].MessageAttributes.{name}: only the string attribute outputId is kept by the embedded queues"
+                        "{at}MessageAttributes.{name}: only the string attribute outputId is kept by the embedded queues"
                     ))),
                 }
             }

@@ -281,14 +281,17 @@ impl LocalSqs {
         let busy = queue.busy_groups();
         let visibility = queue.config.visibility_timeout.as_millis() as i64;
         let (mut taken, mut kept, mut redriven) = (Vec::new(), VecDeque::new(), Vec::new());
-        let mut bytes = 0;
+        let (mut bytes, mut full) = (0, false);
         while let Some(mut held) = queue.waiting.pop_front() {
             let blocked = held
                 .message
                 .group_id
                 .as_ref()
                 .is_some_and(|g| busy.contains(g));
-            let full = taken.len() == max
+            // Once a message does not fit, none after it is taken: a later one of its group
+            // would overtake it.
+            full = full
+                || taken.len() == max
                 || (!taken.is_empty() && bytes + held.message.body.len() > max_bytes);
             if blocked || full {
                 kept.push_back(held);

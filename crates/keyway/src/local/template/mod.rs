@@ -259,7 +259,7 @@ pub fn parse_with(
                 );
             }
             "AWS::SQS::Queue" => {
-                let fifo = get(&props, "FifoQueue").and_then(Value::as_bool) == Some(true);
+                let fifo = is_fifo(&props);
                 let name = literal("QueueName")?.unwrap_or_else(|| {
                     if fifo {
                         format!("{id}.fifo")
@@ -308,6 +308,11 @@ fn of_type<'a>(
             let props = get(r, "Properties").cloned().unwrap_or(Value::Null);
             (id.as_str().unwrap_or_default(), props)
         })
+}
+
+/// Whether a queue's properties make it FIFO (CloudFormation takes `true` or `"true"`).
+fn is_fifo(props: &Value) -> bool {
+    get(props, "FifoQueue").is_some_and(|v| v.as_bool() == Some(true) || v.as_str() == Some("true"))
 }
 
 /// A queue's attributes that change what its consumers meet, each checked against SQS's ranges;
@@ -560,9 +565,7 @@ fn event_def(
             let fifo = get(template, "Resources")
                 .and_then(|r| get(r, queue))
                 .and_then(|q| get(q, "Properties"))
-                .and_then(|q| get(q, "FifoQueue"))
-                .and_then(Value::as_bool)
-                == Some(true);
+                .is_some_and(is_fifo);
             queue_settings(p, fifo, timeout)
         }
         _ => settings(p, &source, timeout),
@@ -605,9 +608,7 @@ fn on_failure_queue(template: &Value, p: &Value) -> Result<Option<String>, Templ
     };
     let props = get(resource, "Properties");
     match get(resource, "Type").and_then(Value::as_str) {
-        Some("AWS::SQS::Queue")
-            if props.and_then(|p| get(p, "FifoQueue")).and_then(Value::as_bool) == Some(true) =>
-        {
+        Some("AWS::SQS::Queue") if props.is_some_and(is_fifo) => {
             err(format!(
                 "OnFailure.Destination {id}: a FIFO queue, which Lambda refuses as an on-failure destination"
             ))
