@@ -386,3 +386,61 @@ fn a_queue_consumer_reads_each_message_and_what_it_cannot_read_goes_to_the_dead_
     assert_eq!(dead.len(), 1, "{stdout}");
     assert_eq!(dead[0]["body"], "{\"oops\":true}");
 }
+
+/// A bootstrap that takes a tenth of a second a batch and writes each record it was given.
+const PYTHON_SLOW_WRITER: &str = r#"#!/usr/bin/env python3
+import base64, json, os, time, urllib.request
+api = "http://" + os.environ["AWS_LAMBDA_RUNTIME_API"] + "/2018-06-01/runtime/invocation/"
+while True:
+    with urllib.request.urlopen(api + "next") as r:
+        request_id = r.headers["Lambda-Runtime-Aws-Request-Id"]
+        event = json.load(r)
+    time.sleep(0.1)
+    with open("seen.jsonl", "a") as log:
+        for x in event["Records"]:
+            log.write(base64.b64decode(x["kinesis"]["data"]).decode() + "\n")
+    urllib.request.urlopen(urllib.request.Request(api + request_id + "/response", data=b"{}", method="POST")).read()
+"#;
+
+/// ParallelizationFactor 10 makes ten batches of a shard at once; the one execution environment
+/// of an external function takes them one after another, each within its timeout, and each
+/// key's records reach it once and in order.
+#[test]
+fn concurrent_batches_of_a_parallelization_factor_wait_for_the_one_environment_in_turn() {
+    let dir = scratch("lanes");
+    let worker = dir.join("worker");
+    std::fs::create_dir_all(&worker).unwrap();
+    let bootstrap = executable(&worker.join("bootstrap"), PYTHON_SLOW_WRITER);
+    let template = STACK.replace(
+        "BatchSize: 10",
+        "BatchSize: 3\n            ParallelizationFactor: 10",
+    );
+    let records: String = (0..60)
+        .map(|i| format!("{{\"k\":\"key-{}\",\"n\":{i}}}\n", i % 12))
+        .collect();
+    std::fs::write(dir.join("template.yaml"), &template).unwrap();
+    std::fs::write(dir.join("lines.jsonl"), &records).unwrap();
+    let output = keyway(&[
+        "local",
+        "--template",
+        dir.join("template.yaml").to_str().unwrap(),
+        "--function",
+        &format!("Worker={}", bootstrap.display()),
+        "--put",
+        &format!("Events={}", dir.join("lines.jsonl").display()),
+        "--partition-key",
+        "/k",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("function errors           0"), "{stdout}");
+    let seen = lines(&worker.join("seen.jsonl"));
+    assert_eq!(seen.len(), 60, "each record once: {stdout}");
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for record in &seen {
+        let n = record["n"].as_i64().unwrap();
+        let key = record["k"].as_str().unwrap().to_owned();
+        assert!(last.get(&key).is_none_or(|l| *l < n), "{key} out of order");
+        last.insert(key, n);
+    }
+}

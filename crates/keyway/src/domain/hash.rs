@@ -25,6 +25,12 @@ pub fn sha256_hex(parts: &[&[u8]], hex_chars: usize) -> String {
     out
 }
 
+/// The MD5 of `bytes` as 32 hexadecimal digits: what SQS answers as a message body's
+/// `MD5OfMessageBody` and Lambda passes as `md5OfBody`.
+pub fn md5_hex(bytes: &[u8]) -> String {
+    hex(&Md5::digest(bytes))
+}
+
 /// XXH3-128 (seed 0) of `parts` joined by a 0 byte, as 32 hexadecimal digits. The parts are
 /// joined in a buffer on the stack and hashed at once: the same digest as hashing them as a
 /// stream, at a fraction of the cost (this runs for every output).

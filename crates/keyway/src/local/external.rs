@@ -205,8 +205,8 @@ impl ExternalFunction {
         invocation: &Invocation,
         timeout: Duration,
     ) -> Result<Outcome, Ended> {
-        let (reply, mut outcome) = oneshot::channel();
-        let (taken, mut started) = oneshot::channel();
+        let (reply, outcome) = oneshot::channel();
+        let (taken, started) = oneshot::channel();
         let pending = Pending {
             event: event.to_owned(),
             request_id: request_uuid(&invocation.request_id),
@@ -217,32 +217,30 @@ impl ExternalFunction {
         if environment.invocations.send(pending).await.is_err() {
             return Err(Ended::Exited("the runtime API stopped".into()));
         }
-        let child = &mut environment.child;
-        let took = held_still(INIT_LIMIT, async {
-            tokio::select! {
-                biased;
-                taken = &mut started => taken.map_err(|_| None),
-                status = child.wait() => Err(Some(status)),
-            }
-        });
-        match took.await {
-            None => return Err(Ended::TimedOut),
-            Some(Err(status)) => return Err(exited(environment, status)),
-            Some(Ok(())) => {}
+        wait_for(environment, started, INIT_LIMIT).await?;
+        wait_for(environment, outcome, timeout).await
+    }
+}
+
+/// Waits for `signal` from the runtime API, for at most `limit` of real time with virtual time
+/// held still; a process that exits first ends the wait.
+async fn wait_for<T>(
+    environment: &mut Environment,
+    signal: oneshot::Receiver<T>,
+    limit: Duration,
+) -> Result<T, Ended> {
+    let child = &mut environment.child;
+    let waited = held_still(limit, async {
+        tokio::select! {
+            biased;
+            signal = signal => signal.map_err(|_| None),
+            status = child.wait() => Err(Some(status)),
         }
-        let child = &mut environment.child;
-        let answered = held_still(timeout, async {
-            tokio::select! {
-                biased;
-                outcome = &mut outcome => outcome.map_err(|_| None),
-                status = child.wait() => Err(Some(status)),
-            }
-        });
-        match answered.await {
-            None => Err(Ended::TimedOut),
-            Some(Err(status)) => Err(exited(environment, status)),
-            Some(Ok(outcome)) => Ok(outcome),
-        }
+    });
+    match waited.await {
+        None => Err(Ended::TimedOut),
+        Some(Err(status)) => Err(exited(environment, status)),
+        Some(Ok(value)) => Ok(value),
     }
 }
 

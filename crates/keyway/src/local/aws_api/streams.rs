@@ -3,12 +3,12 @@
 //! invokes the function; a function that reads a stream or a queue itself is refused by name.
 
 use base64::Engine as _;
-use md5::{Digest as _, Md5};
 use serde_json::{json, Value};
 
 use super::ApiError;
 use crate::adapters::kinesis::{KinesisApi, PutEntry, PutOutcome};
 use crate::adapters::sqs::{SqsApi, SqsEntry, SqsOutcome};
+use crate::domain::hash::md5_hex;
 use crate::local::services::kinesis::LocalKinesis;
 use crate::local::services::sqs::LocalSqs;
 use crate::ports::SinkError;
@@ -135,7 +135,7 @@ pub async fn sqs(sqs: &LocalSqs, operation: &str, request: &Value) -> Result<Val
             SqsOutcome::Sent { message_id } => successful.push(json!({
                 "Id": message.id,
                 "MessageId": message_id,
-                "MD5OfMessageBody": hex(&Md5::digest(message.body.as_bytes())),
+                "MD5OfMessageBody": md5_hex(message.body.as_bytes()),
             })),
             SqsOutcome::Failed {
                 code,
@@ -199,10 +199,6 @@ impl Message {
             deduplication_id: field("MessageDeduplicationId"),
         })
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A failed call as the service answers it.

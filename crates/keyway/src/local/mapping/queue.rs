@@ -213,7 +213,6 @@ impl QueueMapping {
 
 /// A message as an SQS event carries it (shape of the Lambda Developer Guide's example events).
 fn sqs_record(delivery: &Delivery, queue_arn: &str) -> Value {
-    use md5::{Digest as _, Md5};
     let message = &delivery.message;
     let mut attributes = json!({
         "ApproximateReceiveCount": delivery.receive_count.to_string(),
@@ -232,17 +231,13 @@ fn sqs_record(delivery: &Delivery, queue_arn: &str) -> Value {
             "stringValue": id, "stringListValues": [], "binaryListValues": [], "dataType": "String",
         });
     }
-    let md5: String = Md5::digest(message.body.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
     json!({
         "messageId": message.message_id,
         "receiptHandle": delivery.receipt_handle,
         "body": message.body,
         "attributes": attributes,
         "messageAttributes": message_attributes,
-        "md5OfBody": md5,
+        "md5OfBody": crate::domain::hash::md5_hex(message.body.as_bytes()),
         "eventSource": "aws:sqs",
         "eventSourceARN": queue_arn,
         "awsRegion": "us-east-1",
