@@ -220,7 +220,7 @@ fn dynamodb_mapping(
         .delete_item(&Item::from([("Id".to_owned(), AttrValue::N("101".into()))]))
         .unwrap();
     let sequences = table
-        .stream_records(0, usize::MAX)
+        .stream_records()
         .iter()
         .map(|r| r.sequence_number.clone())
         .collect();

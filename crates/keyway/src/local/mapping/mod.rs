@@ -6,6 +6,10 @@
 //! - BatchSize and MaximumBatchingWindowInSeconds: a batch goes when it is full, when its first
 //!   record has waited the window, or when it reaches the 6 MB payload limit;
 //! - StartingPosition: TRIM_HORIZON, LATEST or AT_TIMESTAMP;
+//! - shard lineage: a shard is read only once every parent it took hash keys from is closed, read
+//!   to its end and done with, so a key's records reach the function in order across a reshard
+//!   ("Using Lambda with Kinesis Data Streams": Lambda processes a parent shard before its
+//!   children; DynamoDB Streams' shards split and roll over the same way);
 //! - ParallelizationFactor: each shard's records are spread over up to ten concurrent batches by
 //!   partition key, so one key's records stay in order;
 //! - ReportBatchItemFailures: the batch checkpoints before the lowest reported sequence number and
@@ -31,6 +35,7 @@ use serde_json::{json, Value};
 use super::services::dynamodb::{LocalTable, StreamRecord};
 use super::services::faults::{Crash, Fault, Faults};
 use super::services::kinesis::{LocalKinesis, StoredRecord};
+use super::services::shards::ShardInfo;
 use super::services::sqs::LocalSqs;
 use crate::domain::item::item_to_dynamodb_json;
 use crate::domain::Pattern;
@@ -109,6 +114,56 @@ pub enum MappingSource {
     DynamoDb {
         table: Arc<LocalTable>,
     },
+}
+
+impl MappingSource {
+    /// Every shard of the source, open and closed, by number.
+    fn shards(&self) -> Vec<ShardInfo> {
+        match self {
+            MappingSource::Kinesis { kinesis, stream } => kinesis.shards(stream),
+            MappingSource::DynamoDb { table } => table.stream_shards(),
+        }
+    }
+
+    /// The records of `shard` from `from` on, and the position after them.
+    fn read(&self, shard: usize, from: usize) -> (Vec<Polled>, usize) {
+        match self {
+            MappingSource::Kinesis { kinesis, stream } => {
+                let (records, next) = kinesis.read(stream, shard, from, usize::MAX);
+                (records.into_iter().map(Polled::Kinesis).collect(), next)
+            }
+            MappingSource::DynamoDb { table } => {
+                let (records, next) = table.stream_read(shard, from, usize::MAX);
+                (records.into_iter().map(Polled::DynamoDb).collect(), next)
+            }
+        }
+    }
+
+    /// Where a mapping starting at `at` begins to read `shard`.
+    fn start(&self, shard: &ShardInfo, number: usize, at: StartingPosition) -> usize {
+        match (self, at) {
+            (_, StartingPosition::TrimHorizon) => 0,
+            (_, StartingPosition::Latest) => shard.len,
+            (MappingSource::Kinesis { kinesis, stream }, StartingPosition::AtTimestamp(t)) => {
+                kinesis.position_at(stream, number, t)
+            }
+            (MappingSource::DynamoDb { table }, StartingPosition::AtTimestamp(t)) => {
+                table.stream_position_at(number, t)
+            }
+        }
+    }
+
+    /// The id of `shard`, as on-failure records name it.
+    fn shard_id(&self, shard: usize) -> String {
+        match self {
+            MappingSource::Kinesis { kinesis, stream } => kinesis
+                .shard_ids(stream)
+                .get(shard)
+                .cloned()
+                .unwrap_or_default(),
+            MappingSource::DynamoDb { table } => table.stream_shard_id(shard),
+        }
+    }
 }
 
 /// What a mapping did.
@@ -245,8 +300,11 @@ pub struct EventSourceMapping {
     handler: Arc<dyn Handler>,
     source: MappingSource,
     settings: MappingSettings,
-    /// Read position per shard, set on the first poll.
-    positions: Option<Vec<usize>>,
+    /// Read position per shard (by number); a shard that appears after the first poll is
+    /// read from its start.
+    positions: Vec<usize>,
+    /// Whether the first poll placed the positions at the starting position.
+    started: bool,
     partitions: Vec<Partition>,
     sqs: Arc<LocalSqs>,
     clock: Arc<dyn Clock>,
@@ -317,7 +375,8 @@ impl EventSourceMapping {
             handler,
             source,
             settings,
-            positions: None,
+            positions: Vec::new(),
+            started: false,
             partitions: Vec::new(),
             sqs,
             clock,
@@ -343,84 +402,78 @@ impl EventSourceMapping {
         &self.name
     }
 
-    fn shard_count(&self) -> usize {
-        match &self.source {
-            MappingSource::Kinesis { kinesis, stream } => kinesis.shard_ids(stream).len(),
-            MappingSource::DynamoDb { .. } => 1,
-        }
-    }
-
-    /// Reads what the shards hold beyond the positions, into the partitions.
+    /// Reads what the shards hold beyond the positions, into the partitions; a shard only once
+    /// its parents are done.
     pub fn poll(&mut self) {
         if !self.settings.enabled {
             return;
         }
-        let shards = self.shard_count();
-        if self.positions.is_none() {
-            let start = |shard: usize| match (&self.source, self.settings.starting_position) {
-                (_, StartingPosition::TrimHorizon) => 0,
-                (MappingSource::Kinesis { kinesis, stream }, StartingPosition::Latest) => {
-                    kinesis.shard_len(stream, shard)
-                }
-                (MappingSource::Kinesis { kinesis, stream }, StartingPosition::AtTimestamp(t)) => {
-                    kinesis.position_at(stream, shard, t)
-                }
-                (MappingSource::DynamoDb { table }, StartingPosition::Latest) => table.stream_len(),
-                (MappingSource::DynamoDb { table }, StartingPosition::AtTimestamp(t)) => {
-                    table.stream_position_at(t)
-                }
-            };
-            self.positions = Some((0..shards).map(start).collect());
-            let factor = self.settings.parallelization_factor as usize;
-            self.partitions = (0..shards * factor)
-                .map(|i| Partition {
-                    shard: i / factor,
-                    queue: VecDeque::new(),
-                    plan: VecDeque::new(),
-                    not_before: i64::MIN,
-                })
+        let shards = self.source.shards();
+        if !self.started {
+            let at = self.settings.starting_position;
+            self.positions = shards
+                .iter()
+                .enumerate()
+                .map(|(number, shard)| self.source.start(shard, number, at))
                 .collect();
+            self.started = true;
+        }
+        self.positions.resize(shards.len(), 0);
+        let factor = self.settings.parallelization_factor as usize;
+        while self.partitions.len() < shards.len() * factor {
+            self.partitions.push(Partition {
+                shard: self.partitions.len() / factor,
+                queue: VecDeque::new(),
+                plan: VecDeque::new(),
+                not_before: i64::MIN,
+            });
         }
         let now = self.clock.now_millis();
-        let factor = u64::from(self.settings.parallelization_factor);
-        let positions = self.positions.as_mut().expect("set above");
-        for (shard, position) in positions.iter_mut().enumerate() {
-            let fresh: Vec<Polled> = match &self.source {
-                MappingSource::Kinesis { kinesis, stream } => kinesis
-                    .read(stream, shard, *position, usize::MAX)
-                    .into_iter()
-                    .map(Polled::Kinesis)
-                    .collect(),
-                MappingSource::DynamoDb { table } => table
-                    .stream_records(*position, usize::MAX)
-                    .into_iter()
-                    .map(Polled::DynamoDb)
-                    .collect(),
-            };
-            *position += fresh.len();
-            let before = fresh.len();
-            let fresh: Vec<Polled> = if self.settings.filters.is_empty() {
-                fresh
-            } else {
-                fresh
-                    .into_iter()
-                    .filter(|r| {
-                        let view = r.filter_view();
-                        self.settings.filters.iter().any(|p| p.matches(&view))
-                    })
-                    .collect()
-            };
-            self.stats.filtered_out += (before - fresh.len()) as u64;
-            for record in fresh {
-                let lane = if factor == 1 {
-                    0
-                } else {
-                    (record.partition_hash() % factor) as usize
-                };
-                self.partitions[shard * factor as usize + lane]
-                    .queue
-                    .push_back((record, now));
+        for (number, shard) in shards.iter().enumerate() {
+            if !shard.parents.iter().all(|&p| self.done_with(p, &shards[p])) {
+                continue;
             }
+            let (fresh, next) = self.source.read(number, self.positions[number]);
+            self.positions[number] = next;
+            self.enqueue(number, fresh, now);
+        }
+    }
+
+    /// Whether `shard` is closed, read to its end, and none of its records waits.
+    fn done_with(&self, number: usize, shard: &ShardInfo) -> bool {
+        let factor = self.settings.parallelization_factor as usize;
+        !shard.open
+            && self.positions[number] >= shard.len
+            && self.partitions[number * factor..(number + 1) * factor]
+                .iter()
+                .all(|p| p.queue.is_empty())
+    }
+
+    /// Puts a shard's fresh records into its partitions, less those no filter pattern matches.
+    fn enqueue(&mut self, shard: usize, fresh: Vec<Polled>, now: i64) {
+        let factor = u64::from(self.settings.parallelization_factor);
+        let before = fresh.len();
+        let fresh: Vec<Polled> = if self.settings.filters.is_empty() {
+            fresh
+        } else {
+            fresh
+                .into_iter()
+                .filter(|r| {
+                    let view = r.filter_view();
+                    self.settings.filters.iter().any(|p| p.matches(&view))
+                })
+                .collect()
+        };
+        self.stats.filtered_out += (before - fresh.len()) as u64;
+        for record in fresh {
+            let lane = if factor == 1 {
+                0
+            } else {
+                (record.partition_hash() % factor) as usize
+            };
+            self.partitions[shard * factor as usize + lane]
+                .queue
+                .push_back((record, now));
         }
     }
 
@@ -757,21 +810,13 @@ impl EventSourceMapping {
                 .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
         };
         let shard = self.partitions[i].shard;
-        let (info_key, shard_id, stream_arn) = match &self.source {
+        let shard_id = self.source.shard_id(shard);
+        let (info_key, stream_arn) = match &self.source {
             MappingSource::Kinesis { kinesis, stream } => (
                 "KinesisBatchInfo",
-                kinesis
-                    .shard_ids(stream)
-                    .get(shard)
-                    .cloned()
-                    .unwrap_or_default(),
                 kinesis.stream_arn(stream).unwrap_or_default(),
             ),
-            MappingSource::DynamoDb { table } => (
-                "DDBStreamBatchInfo",
-                table.stream_shard_id(),
-                table.stream_arn(),
-            ),
+            MappingSource::DynamoDb { table } => ("DDBStreamBatchInfo", table.stream_arn()),
         };
         let now = self.clock.now_millis();
         let mut body = json!({

@@ -2,7 +2,8 @@
 //! (strongly consistent reads, conditional puts, BatchGetItem of 100 keys and 16 MB with the rest
 //! unprocessed, BatchWriteItem of 25 requests with no key twice, the 400 KB item limit), a TTL
 //! process, and streams of any view type (`StreamView`) where TTL deletions are marked as the
-//! service's and a write that changes nothing leaves no record.
+//! service's and a write that changes nothing leaves no record. A stream's shards split and roll
+//! over as DynamoDB Streams' do, each item's changes staying in one lineage (`shards`).
 //! It meters calls and capacity units, and injects throttling, unprocessed keys and items, and the
 //! commits of a concurrent writer.
 
@@ -16,6 +17,7 @@ use async_trait::async_trait;
 
 use super::faults::{crash, Fault, FaultCounts, Faults};
 use super::meter::{read_units, write_units, Meter};
+use super::shards::{Arrived, ReshardError, ShardInfo, Shards};
 use crate::adapters::dynamodb::{
     BatchGetOutput, Expect, ItemKey, ScanPage, Table, WriteRequest, BATCH_GET_MAX, BATCH_WRITE_MAX,
     ITEM_MAX_BYTES, PK, SK, TTL, VERSION,
@@ -130,7 +132,13 @@ struct State {
     /// (TTL, key) of every item with a TTL: what the TTL process finds due without reading
     /// every item, once a virtual second, however large the table grows.
     expiring: BTreeSet<(i64, String)>,
-    stream: Option<(StreamView, Vec<Arc<StreamRecord>>)>,
+    stream: Option<(StreamView, Shards<StreamRecord>)>,
+}
+
+impl Arrived for StreamRecord {
+    fn arrival_millis(&self) -> i64 {
+        self.created_millis
+    }
 }
 
 /// One in-memory table.
@@ -179,7 +187,7 @@ impl LocalTable {
             state: Mutex::new(State {
                 items: BTreeMap::new(),
                 expiring: BTreeSet::new(),
-                stream: stream.map(|view| (view, Vec::new())),
+                stream: stream.map(|view| (view, Self::stream_shards_of(name))),
             }),
             ttl_attribute,
             next_sequence: Arc::new(Mutex::new(0)),
@@ -215,11 +223,64 @@ impl LocalTable {
         )
     }
 
-    /// The id of the stream's one shard, in DynamoDB Streams' form: the shard's creation time in
-    /// epoch milliseconds, 20 digits, and 8 hex digits (`shardId-00000001767225600000-1a2b3c4d`).
-    pub fn stream_shard_id(&self) -> String {
-        let suffix = crate::domain::hash::xxh3_128_hex(&[self.name.as_bytes()]);
-        format!("shardId-{:020}-{}", STREAM_CREATED_MILLIS, &suffix[..8])
+    /// A new stream's one shard. Shard ids have DynamoDB Streams' form: the shard's creation
+    /// time in epoch milliseconds, 20 digits, and 8 hex digits
+    /// (`shardId-00000001767225600000-1a2b3c4d`).
+    fn stream_shards_of(table: &str) -> Shards<StreamRecord> {
+        let table = table.to_owned();
+        let name = move |number: usize, millis: i64| {
+            let suffix = crate::domain::hash::xxh3_128_hex(&[
+                table.as_bytes(),
+                number.to_string().as_bytes(),
+            ]);
+            format!("shardId-{millis:020}-{}", &suffix[..8])
+        };
+        Shards::even(1, Box::new(name), STREAM_CREATED_MILLIS)
+    }
+
+    /// The id of one shard of the table's stream (by number).
+    pub fn stream_shard_id(&self, shard: usize) -> String {
+        self.with_stream(|s| s.id(shard).map(str::to_owned))
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Every shard of the table's stream, open and closed, numbered in the order they were
+    /// created.
+    pub fn stream_shards(&self) -> Vec<ShardInfo> {
+        self.with_stream(Shards::infos).unwrap_or_default()
+    }
+
+    /// Splits an open shard of the stream in two, as DynamoDB does when the table's partition
+    /// splits: each child takes half of its partition keys. Returns the children.
+    pub fn split_stream_shard(&self, shard: usize) -> Result<(usize, usize), ReshardError> {
+        let now = self.clock.now_millis();
+        let mut state = self.state.lock().expect("table lock");
+        let (_, shards) = state
+            .stream
+            .as_mut()
+            .ok_or_else(|| ReshardError::NoShard(format!("in table {}: no stream", self.name)))?;
+        let (first, last) = shards
+            .range(shard)
+            .ok_or_else(|| ReshardError::NoShard(shard.to_string()))?;
+        shards.split(shard, first + (last - first) / 2 + 1, now)
+    }
+
+    /// Closes every open shard of the stream and opens a child of each: what DynamoDB Streams
+    /// does every few hours. Returns the children.
+    pub fn roll_over_stream(&self) -> Vec<usize> {
+        let now = self.clock.now_millis();
+        let mut state = self.state.lock().expect("table lock");
+        state
+            .stream
+            .as_mut()
+            .map(|(_, shards)| shards.roll_over(now))
+            .unwrap_or_default()
+    }
+
+    fn with_stream<T>(&self, f: impl FnOnce(&Shards<StreamRecord>) -> T) -> Option<T> {
+        let state = self.state.lock().expect("table lock");
+        state.stream.as_ref().map(|(_, s)| f(s))
     }
 
     /// Every item, in key order.
@@ -241,32 +302,37 @@ impl LocalTable {
         self.len() == 0
     }
 
-    /// Up to `max` stream records from position `from`.
-    pub fn stream_records(&self, from: usize, max: usize) -> Vec<Arc<StreamRecord>> {
-        let state = self.state.lock().expect("table lock");
-        state
-            .stream
-            .as_ref()
-            .map(|(_, s)| s.iter().skip(from).take(max).cloned().collect())
-            .unwrap_or_default()
+    /// Up to `max` records of one shard of the stream from position `from`, and the position
+    /// after them.
+    pub fn stream_read(
+        &self,
+        shard: usize,
+        from: usize,
+        max: usize,
+    ) -> (Vec<Arc<StreamRecord>>, usize) {
+        self.with_stream(|s| s.read(shard, from, max))
+            .unwrap_or((Vec::new(), from))
     }
 
+    /// Every record the stream holds, in the order the changes were made.
+    pub fn stream_records(&self) -> Vec<Arc<StreamRecord>> {
+        let mut records: Vec<Arc<StreamRecord>> = self
+            .with_stream(|s| s.records().cloned().collect())
+            .unwrap_or_default();
+        // Sequence numbers are of one width, and grow with every change of the table.
+        records.sort_by(|a, b| a.sequence_number.cmp(&b.sequence_number));
+        records
+    }
+
+    /// How many records the stream holds.
     pub fn stream_len(&self) -> usize {
-        self.state
-            .lock()
-            .expect("table lock")
-            .stream
-            .as_ref()
-            .map_or(0, |(_, s)| s.len())
+        self.with_stream(Shards::held).unwrap_or(0)
     }
 
-    /// The position of the first stream record created at or after `millis`.
-    pub fn stream_position_at(&self, millis: i64) -> usize {
-        let state = self.state.lock().expect("table lock");
-        state
-            .stream
-            .as_ref()
-            .map_or(0, |(_, s)| s.partition_point(|r| r.created_millis < millis))
+    /// The position of the first record of one shard created at or after `millis`.
+    pub fn stream_position_at(&self, shard: usize, millis: i64) -> usize {
+        self.with_stream(|s| s.position_at(shard, millis))
+            .unwrap_or(0)
     }
 
     /// PutItem without a condition, as an application writing to its own table does.
@@ -478,21 +544,32 @@ impl LocalTable {
             (None, None) => return,
         };
         let keys = self.key_attributes(item.as_ref().or(old.as_ref()).expect("one of them exists"));
+        // An item's changes stay in the shard lineage of its partition key.
+        let mut partition = String::new();
+        push_canonical(
+            &mut partition,
+            keys.get(&self.schema.hash)
+                .expect("a key has its hash attribute"),
+        );
+        let shard = stream.route(crate::domain::hash::kinesis_hash_key(&partition));
         let mut next = self.next_sequence.lock().expect("sequence lock");
         *next += 1;
-        stream.push(Arc::new(StreamRecord {
-            sequence_number: format!(
-                "{:021}",
-                100_000_000_000_000_000_000u128 + u128::from(*next)
-            ),
-            kind,
-            keys,
-            view: *view,
-            old_image: old.filter(|_| view.keeps_old()),
-            new_image: item.filter(|_| view.keeps_new()),
-            created_millis: self.clock.now_millis(),
-            ttl_deletion,
-        }));
+        stream.push(
+            shard,
+            StreamRecord {
+                sequence_number: format!(
+                    "{:021}",
+                    100_000_000_000_000_000_000u128 + u128::from(*next)
+                ),
+                kind,
+                keys,
+                view: *view,
+                old_image: old.filter(|_| view.keeps_old()),
+                new_image: item.filter(|_| view.keeps_new()),
+                created_millis: self.clock.now_millis(),
+                ttl_deletion,
+            },
+        );
     }
 
     /// The item's TTL (epoch seconds), when TTL is on and the item has one.

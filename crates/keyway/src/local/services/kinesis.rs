@@ -1,7 +1,9 @@
 //! In-memory Kinesis: streams of N shards splitting the MD5 hash key space evenly, sequence
 //! numbers growing per shard, PutRecords with ExplicitHashKey and the service's limits (1 MiB a
 //! record, 500 records and 5 MiB a call), and optionally the per-shard write limit of 1,000
-//! records or 1 MiB a second, answered with ProvisionedThroughputExceededException.
+//! records or 1 MiB a second, answered with ProvisionedThroughputExceededException. Streams
+//! reshard (SplitShard, MergeShards, UpdateShardCount) into shards that name their parents
+//! (`shards`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,10 +13,11 @@ use async_trait::async_trait;
 
 use super::faults::{Fault, Faults};
 use super::meter::Meter;
+use super::shards::{Arrived, ReshardError, ShardInfo, Shards};
 use crate::adapters::kinesis::{
     KinesisApi, PutEntry, PutOutcome, PUT_RECORDS_MAX, PUT_RECORDS_MAX_BYTES, RECORD_MAX_BYTES,
 };
-use crate::domain::hash::{kinesis_hash_key, shard_for_hash};
+use crate::domain::hash::kinesis_hash_key;
 use crate::ports::{Clock, SinkError};
 
 /// A record as a shard stores it.
@@ -34,21 +37,25 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 pub const SHARD_RECORDS_PER_SECOND: u32 = 1_000;
 pub const SHARD_BYTES_PER_SECOND: usize = 1024 * 1024;
 
-struct Shard {
-    id: String,
-    /// Shared with the readers: a record is never copied once written.
-    records: Vec<Arc<StoredRecord>>,
-    /// How many records were trimmed from the front: positions stay where they were.
-    trimmed: usize,
-    /// The second the write counters below are for, and what was written in it.
+impl Arrived for StoredRecord {
+    fn arrival_millis(&self) -> i64 {
+        self.arrival_millis
+    }
+}
+
+/// What one shard took in one second, for the write limit.
+#[derive(Clone, Copy, Default)]
+struct Written {
     second: i64,
-    written_records: u32,
-    written_bytes: usize,
+    records: u32,
+    bytes: usize,
 }
 
 struct Stream {
     arn: String,
-    shards: Vec<Shard>,
+    shards: Shards<StoredRecord>,
+    /// By shard number: what each took in its current second.
+    written: Vec<Written>,
     /// The largest record the stream takes: 1 MiB unless it opted into more (MaxRecordSizeInKiB).
     max_record_bytes: usize,
     /// How long the stream keeps a record (RetentionPeriodHours, 24 by default).
@@ -93,26 +100,89 @@ impl LocalKinesis {
     /// Creates a stream and returns its ARN.
     pub fn create_stream(&self, name: &str, shards: usize) -> String {
         let arn = format!("arn:aws:kinesis:us-east-1:000000000000:stream/{name}");
-        let shards = (0..shards.max(1))
-            .map(|i| Shard {
-                id: format!("shardId-{i:012}"),
-                records: Vec::new(),
-                trimmed: 0,
-                second: 0,
-                written_records: 0,
-                written_bytes: 0,
-            })
-            .collect();
+        let shards = Shards::even(
+            shards,
+            Box::new(|n, _| format!("shardId-{n:012}")),
+            self.clock.now_millis(),
+        );
         self.streams.lock().expect("streams lock").insert(
             name.to_owned(),
             Stream {
                 arn: arn.clone(),
                 shards,
+                written: Vec::new(),
                 max_record_bytes: RECORD_MAX_BYTES,
                 retention: DEFAULT_RETENTION,
             },
         );
         arn
+    }
+
+    /// `f` of the named stream's shards, or ResourceNotFoundException.
+    fn reshard<T>(
+        &self,
+        stream: &str,
+        f: impl FnOnce(&mut Shards<StoredRecord>, i64) -> Result<T, ReshardError>,
+    ) -> Result<T, ReshardError> {
+        let now = self.clock.now_millis();
+        let mut streams = self.streams.lock().expect("streams lock");
+        let target = streams
+            .get_mut(stream)
+            .ok_or_else(|| ReshardError::NoShard(format!("in stream {stream}: no such stream")))?;
+        f(&mut target.shards, now)
+    }
+
+    /// SplitShard: closes the shard and opens two children, the second owning the hash keys from
+    /// `new_starting_hash_key` up. Returns the children's ids.
+    pub fn split_shard(
+        &self,
+        stream: &str,
+        shard_id: &str,
+        new_starting_hash_key: u128,
+    ) -> Result<(String, String), ReshardError> {
+        self.reshard(stream, |shards, now| {
+            let (low, high) = shards.split(shards.number(shard_id)?, new_starting_hash_key, now)?;
+            Ok((id_of(shards, low), id_of(shards, high)))
+        })
+    }
+
+    /// MergeShards: closes two adjacent shards and opens one child. Returns its id.
+    pub fn merge_shards(
+        &self,
+        stream: &str,
+        shard_id: &str,
+        adjacent_shard_id: &str,
+    ) -> Result<String, ReshardError> {
+        self.reshard(stream, |shards, now| {
+            let child = shards.merge(
+                shards.number(shard_id)?,
+                shards.number(adjacent_shard_id)?,
+                now,
+            )?;
+            Ok(id_of(shards, child))
+        })
+    }
+
+    /// UpdateShardCount (UNIFORM_SCALING): the open shards close and `target` even shards open.
+    /// Returns the new shards' ids.
+    pub fn update_shard_count(
+        &self,
+        stream: &str,
+        target: usize,
+    ) -> Result<Vec<String>, ReshardError> {
+        self.reshard(stream, |shards, now| {
+            let children = shards.rescale(target, now)?;
+            Ok(children.into_iter().map(|c| id_of(shards, c)).collect())
+        })
+    }
+
+    /// Every shard of `stream`, open and closed, numbered in the order they were created.
+    pub fn shards(&self, stream: &str) -> Vec<ShardInfo> {
+        let streams = self.streams.lock().expect("streams lock");
+        streams
+            .get(stream)
+            .map(|s| s.shards.infos())
+            .unwrap_or_default()
     }
 
     /// Sets how long the stream keeps a record (its RetentionPeriodHours).
@@ -137,13 +207,9 @@ impl LocalKinesis {
         let mut streams = self.streams.lock().expect("streams lock");
         let mut expired = 0;
         for stream in streams.values_mut() {
-            let cutoff = now - stream.retention.as_millis() as i64;
-            for shard in &mut stream.shards {
-                let old = shard.records.partition_point(|r| r.arrival_millis < cutoff);
-                shard.records.drain(..old);
-                shard.trimmed += old;
-                expired += old;
-            }
+            expired += stream
+                .shards
+                .expire(now - stream.retention.as_millis() as i64);
         }
         expired
     }
@@ -173,13 +239,10 @@ impl LocalKinesis {
             .map(|s| s.arn.clone())
     }
 
-    /// The shard ids of `stream`, in hash key order.
+    /// The shard ids of `stream`, open and closed, in the order they were created (for a stream
+    /// never resharded, in hash key order).
     pub fn shard_ids(&self, stream: &str) -> Vec<String> {
-        let streams = self.streams.lock().expect("streams lock");
-        streams
-            .get(stream)
-            .map(|s| s.shards.iter().map(|sh| sh.id.clone()).collect())
-            .unwrap_or_default()
+        self.shards(stream).into_iter().map(|s| s.id).collect()
     }
 
     /// Every record of `stream`, shard by shard, each shard in sequence order.
@@ -187,12 +250,7 @@ impl LocalKinesis {
         let streams = self.streams.lock().expect("streams lock");
         streams
             .get(stream)
-            .map(|s| {
-                s.shards
-                    .iter()
-                    .flat_map(|sh| sh.records.iter().map(|r| StoredRecord::clone(r)))
-                    .collect()
-            })
+            .map(|s| s.shards.records().map(|r| StoredRecord::clone(r)).collect())
             .unwrap_or_default()
     }
 
@@ -202,56 +260,44 @@ impl LocalKinesis {
     /// long run's memory then stays bounded.
     pub fn trim(&self, stream: &str) -> Vec<Arc<StoredRecord>> {
         let mut streams = self.streams.lock().expect("streams lock");
-        let Some(stream) = streams.get_mut(stream) else {
-            return Vec::new();
-        };
-        let mut taken = Vec::new();
-        for shard in &mut stream.shards {
-            shard.trimmed += shard.records.len();
-            taken.append(&mut shard.records);
-        }
-        taken
+        streams
+            .get_mut(stream)
+            .map(|s| s.shards.take_all())
+            .unwrap_or_default()
     }
 
-    /// Up to `max` records of one shard from position `from` (an index into the shard), as a
-    /// shard iterator would return them; from the oldest kept when `from` was trimmed.
+    /// Up to `max` records of one shard (by number) from position `from`, as a shard iterator
+    /// returns them (from the oldest kept when `from` was trimmed), and the position after them.
     pub fn read(
         &self,
         stream: &str,
         shard: usize,
         from: usize,
         max: usize,
-    ) -> Vec<Arc<StoredRecord>> {
-        self.with_shard(stream, shard, |trimmed, records| {
-            let from = from.saturating_sub(trimmed);
-            records.iter().skip(from).take(max).cloned().collect()
-        })
+    ) -> (Vec<Arc<StoredRecord>>, usize) {
+        self.with_shards(stream, |s| s.read(shard, from, max))
+            .unwrap_or((Vec::new(), from))
     }
 
     /// The position after one shard's last record: how many it ever held.
     pub fn shard_len(&self, stream: &str, shard: usize) -> usize {
-        self.with_shard(stream, shard, |trimmed, records| trimmed + records.len())
+        self.with_shards(stream, |s| s.info(shard).map_or(0, |i| i.len))
+            .unwrap_or(0)
     }
 
     /// The position of the first record that arrived at or after `millis` (AT_TIMESTAMP).
     pub fn position_at(&self, stream: &str, shard: usize, millis: i64) -> usize {
-        self.with_shard(stream, shard, |trimmed, records| {
-            trimmed + records.partition_point(|r| r.arrival_millis < millis)
-        })
+        self.with_shards(stream, |s| s.position_at(shard, millis))
+            .unwrap_or(0)
     }
 
-    /// `f` of one shard's trimmed count and kept records; of none when there is no such shard.
-    fn with_shard<T>(
+    fn with_shards<T>(
         &self,
         stream: &str,
-        shard: usize,
-        f: impl FnOnce(usize, &[Arc<StoredRecord>]) -> T,
-    ) -> T {
+        f: impl FnOnce(&Shards<StoredRecord>) -> T,
+    ) -> Option<T> {
         let streams = self.streams.lock().expect("streams lock");
-        match streams.get(stream).and_then(|s| s.shards.get(shard)) {
-            Some(shard) => f(shard.trimmed, &shard.records),
-            None => f(0, &[]),
-        }
+        streams.get(stream).map(|s| f(&s.shards))
     }
 
     /// Puts records as a careful producer does: one at a time, each retried until the stream takes
@@ -368,7 +414,6 @@ impl LocalKinesis {
                 "ResourceNotFoundException: Stream {stream} not found"
             ))
         })?;
-        let shard_count = target.shards.len() as u32;
         let mut next = self.next_sequence.lock().expect("sequence lock");
         let mut outcomes = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -380,41 +425,54 @@ impl LocalKinesis {
                 })?,
                 None => kinesis_hash_key(entry.partition_key),
             };
-            let shard = &mut target.shards[shard_for_hash(hash, shard_count) as usize];
+            let shard = target.shards.route(hash);
+            let shard_id = id_of(&target.shards, shard);
+            if target.written.len() <= shard {
+                target.written.resize(shard + 1, Written::default());
+            }
+            let written = &mut target.written[shard];
             let size = entry.data.len() + entry.partition_key.len();
-            if shard.second != now.div_euclid(1000) {
-                shard.second = now.div_euclid(1000);
-                shard.written_records = 0;
-                shard.written_bytes = 0;
+            if written.second != now.div_euclid(1000) {
+                *written = Written {
+                    second: now.div_euclid(1000),
+                    ..Written::default()
+                };
             }
             let over_limit = self.write_limit.load(std::sync::atomic::Ordering::Relaxed)
-                && (shard.written_records >= SHARD_RECORDS_PER_SECOND
-                    || shard.written_bytes + size > SHARD_BYTES_PER_SECOND);
+                && (written.records >= SHARD_RECORDS_PER_SECOND
+                    || written.bytes + size > SHARD_BYTES_PER_SECOND);
             if over_limit || self.faults.draw(Fault::PartialFailure) {
                 outcomes.push(PutOutcome::Failed {
                     code: "ProvisionedThroughputExceededException".into(),
-                    message: format!("Rate exceeded for shard {} in stream {stream}", shard.id),
+                    message: format!("Rate exceeded for shard {shard_id} in stream {stream}"),
                 });
                 continue;
             }
-            shard.written_records += 1;
-            shard.written_bytes += size;
+            written.records += 1;
+            written.bytes += size;
             let sequence_number = format!("49{:054}", *next);
             *next += 1;
-            shard.records.push(Arc::new(StoredRecord {
-                shard_id: shard.id.clone(),
-                sequence_number: sequence_number.clone(),
-                partition_key: entry.partition_key.to_owned(),
-                data: entry.data.to_vec(),
-                arrival_millis: now,
-            }));
+            target.shards.push(
+                shard,
+                StoredRecord {
+                    shard_id: shard_id.clone(),
+                    sequence_number: sequence_number.clone(),
+                    partition_key: entry.partition_key.to_owned(),
+                    data: entry.data.to_vec(),
+                    arrival_millis: now,
+                },
+            );
             outcomes.push(PutOutcome::Written {
-                shard_id: shard.id.clone(),
+                shard_id,
                 sequence_number,
             });
         }
         Ok(outcomes)
     }
+}
+
+fn id_of<T: Arrived>(shards: &Shards<T>, shard: usize) -> String {
+    shards.id(shard).expect("a shard of the stream").to_owned()
 }
 
 #[async_trait]
@@ -470,11 +528,11 @@ mod tests {
         assert!(kinesis.records("s").is_empty());
         assert_eq!(kinesis.shard_len("s", 0), 3, "positions stay");
         kinesis.put_record("s", "k", &[3]).unwrap();
-        let read = kinesis.read("s", 0, 3, 10);
+        let (read, _) = kinesis.read("s", 0, 3, 10);
         assert_eq!(read.len(), 1);
         assert_eq!(read[0].data, [3]);
         assert_eq!(
-            kinesis.read("s", 0, 0, 10).len(),
+            kinesis.read("s", 0, 0, 10).0.len(),
             1,
             "a trimmed position reads on from the oldest kept"
         );

@@ -7,4 +7,5 @@ pub mod dynamodb;
 pub mod faults;
 pub mod kinesis;
 pub mod meter;
+pub mod shards;
 pub mod sqs;
