@@ -44,6 +44,11 @@ pub struct LocalOptions {
     /// table; by logical id (repeatable, in order).
     #[arg(long = "put", value_name = "ID=FILE")]
     pub puts: Vec<String>,
+    /// UpdateShardCount on a stream halfway through the first file put on it: the first half
+    /// of its lines go to the template's shards, the rest to COUNT new ones, and its mappings
+    /// read the closed shards before their children (repeatable).
+    #[arg(long = "reshard", value_name = "STREAM=COUNT")]
+    pub reshards: Vec<String>,
     /// The JSON pointer of each line's partition key on a stream (its line number without one).
     #[arg(long)]
     pub partition_key: Option<String>,
@@ -89,6 +94,7 @@ async fn local(options: LocalOptions) -> Result<(), CliError> {
             ),
             other => other.to_string(),
         })?;
+    let mut reshards = reshards(&options)?;
     let mut put = 0;
     for (id, file) in pairs("--put", &options.puts)? {
         put += put_file(
@@ -97,7 +103,11 @@ async fn local(options: LocalOptions) -> Result<(), CliError> {
             &id,
             Path::new(&file),
             options.partition_key.as_deref(),
+            reshards.remove(&id),
         )?;
+    }
+    if let Some(id) = reshards.keys().next() {
+        return Err(format!("--reshard {id}: no --put file for it").into());
     }
     let report = runtime.run_until_idle(RUN_LIMIT).await?;
     print_summary(&options, &runtime, &services, &report, put);
@@ -107,6 +117,17 @@ async fn local(options: LocalOptions) -> Result<(), CliError> {
     }
     drop(api);
     Ok(())
+}
+
+/// Each `--reshard STREAM=COUNT`'s shard count, by stream.
+fn reshards(options: &LocalOptions) -> Result<BTreeMap<String, usize>, CliError> {
+    pairs("--reshard", &options.reshards)?
+        .into_iter()
+        .map(|(id, count)| match count.parse::<usize>() {
+            Ok(n) if n > 0 => Ok((id, n)),
+            _ => Err(format!("--reshard {id}={count}: the count is not a number of shards").into()),
+        })
+        .collect()
 }
 
 /// keyway's functions in-process, and each `--function ID=BOOTSTRAP` as its bootstrap.
@@ -199,6 +220,7 @@ fn put_file(
     id: &str,
     file: &Path,
     pointer: Option<&str>,
+    reshard: Option<usize>,
 ) -> Result<usize, CliError> {
     let name = runtime
         .resource(id)
@@ -216,16 +238,30 @@ fn put_file(
     } else {
         return Err(format!("--put {id}: not a stream, a table or a queue").into());
     };
+    let lines: Vec<String> = std::io::BufReader::new(opened)
+        .lines()
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--put {id}={}: {e}", file.display()))?;
+    let reshard_at = match (reshard, &target) {
+        (None, _) => None,
+        (Some(count), Target::Stream) => Some((lines.len() / 2, count)),
+        (Some(_), _) => return Err(format!("--reshard {id}: not a Kinesis stream").into()),
+    };
     let mut count = 0;
-    for (i, line) in std::io::BufReader::new(opened).lines().enumerate() {
+    for (i, line) in lines.iter().enumerate() {
+        if let Some((_, shards)) = reshard_at.filter(|(half, _)| *half == i) {
+            services
+                .kinesis
+                .update_shard_count(&name, shards)
+                .map_err(|e| format!("--reshard {id}={shards}: {e}"))?;
+        }
         let at = format!("{}:{}", file.display(), i + 1);
-        let line = line.map_err(|e| format!("{at}: {e}"))?;
         if line.trim().is_empty() {
             continue;
         }
         // As a producer does, a put the service throttled or failed is made again.
         let mut attempts = 0;
-        while let Err(failed) = put_line(services, &name, &target, &line, pointer, (i, &at)) {
+        while let Err(failed) = put_line(services, &name, &target, line, pointer, (i, &at)) {
             attempts += 1;
             if !failed.retryable || attempts == PUT_ATTEMPTS {
                 return Err(format!("{at}: {}", failed.problem).into());

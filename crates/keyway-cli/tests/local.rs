@@ -63,14 +63,18 @@ fn counter_bootstrap(dir: &Path) -> PathBuf {
 }
 
 #[test]
-fn a_function_run_as_its_own_bootstrap_counts_every_click_once_through_the_local_aws_apis() {
+fn a_function_run_as_its_own_bootstrap_counts_every_click_once_and_in_order_across_a_reshard() {
     let dir = scratch("counter");
-    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    // Each key's running totals, click by click: amounts that differ make them depend on the
+    // order the clicks are counted in.
+    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut clicks = String::new();
-    for i in 0..300 {
+    for i in 0..3000 {
         let key = format!("user-{}", (i * i) % 17);
-        *expected.entry(key.clone()).or_default() += 1;
-        clicks.push_str(&format!("{{\"key\":\"{key}\"}}\n"));
+        let amount = i % 7 + 1;
+        let totals = expected.entry(key.clone()).or_default();
+        totals.push(totals.last().unwrap_or(&0) + amount);
+        clicks.push_str(&format!("{{\"key\":\"{key}\",\"amount\":{amount}}}\n"));
     }
     clicks.push_str("{\"key\": 42}\n");
     std::fs::write(dir.join("clicks.jsonl"), clicks).unwrap();
@@ -87,23 +91,49 @@ fn a_function_run_as_its_own_bootstrap_counts_every_click_once_through_the_local
         &format!("ClicksStream={}", dir.join("clicks.jsonl").display()),
         "--partition-key",
         "/key",
+        "--reshard",
+        "ClicksStream=3",
         "--out",
         out.to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
-    assert!(stdout.contains("301 records put"), "{stdout}");
+    assert!(stdout.contains("3001 records put"), "{stdout}");
 
-    // Each key's last count is its number of clicks; the malformed click is one dead letter.
-    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    // The first half of the clicks went to the template's two shards, the rest to three new
+    // ones.
+    let shards: Vec<String> = lines(&out.join("streams/ClicksStream.jsonl"))
+        .iter()
+        .map(|r| r["shardId"].as_str().unwrap().to_owned())
+        .collect();
+    let old = ["shardId-000000000000", "shardId-000000000001"];
+    assert_eq!(
+        shards.iter().filter(|s| old.contains(&s.as_str())).count(),
+        1500
+    );
+    assert!(shards.iter().any(|s| s == "shardId-000000000004"));
+    // Each key's running totals are those of its clicks in the order they were written: no click
+    // of a new shard was counted before the clicks of its parents (which take several batches
+    // of 500 each). (The queue is a standard one,
+    // which keeps no order: the totals are compared as sets, one an output id.)
+    let mut by_id: BTreeMap<String, (String, u64)> = BTreeMap::new();
     for message in lines(&out.join("queues/CountsQueue.jsonl")) {
         let body: Value = serde_json::from_str(message["body"].as_str().unwrap()).unwrap();
-        let count = last
-            .entry(body["key"].as_str().unwrap().to_owned())
-            .or_default();
-        *count = (*count).max(body["count"].as_u64().unwrap());
+        let total = (
+            body["key"].as_str().unwrap().to_owned(),
+            body["count"].as_u64().unwrap(),
+        );
+        let id = message["outputId"].as_str().unwrap().to_owned();
+        assert_eq!(*by_id.entry(id).or_insert_with(|| total.clone()), total);
     }
-    assert_eq!(last, expected);
+    let mut counts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (key, total) in by_id.into_values() {
+        counts.entry(key).or_default().push(total);
+    }
+    counts
+        .values_mut()
+        .for_each(|totals| totals.sort_unstable());
+    assert_eq!(counts, expected);
     let dead = lines(&out.join("queues/DeadLetterQueue.jsonl"));
     assert_eq!(dead.len(), 1);
     assert!(dead[0]["body"]
@@ -443,4 +473,48 @@ fn concurrent_batches_of_a_parallelization_factor_wait_for_the_one_environment_i
         assert!(last.get(&key).is_none_or(|l| *l < n), "{key} out of order");
         last.insert(key, n);
     }
+}
+
+#[test]
+fn a_reshard_keyway_local_cannot_make_is_refused_naming_the_flag_and_the_problem() {
+    let dir = scratch("reshard-refused");
+    std::fs::write(dir.join("template.yaml"), STACK).unwrap();
+    std::fs::write(dir.join("lines.jsonl"), "{\"n\":1}\n{\"n\":2}\n").unwrap();
+    let template = dir.join("template.yaml");
+    let lines = dir.join("lines.jsonl");
+    let run = |reshard: &str, put: &str| {
+        let output = keyway(&[
+            "local",
+            "--template",
+            template.to_str().unwrap(),
+            "--function",
+            "Worker=/bin/false",
+            "--reshard",
+            reshard,
+            "--put",
+            &format!("{put}={}", lines.display()),
+        ]);
+        assert!(!output.status.success());
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let queue = run("GivenUp=2", "GivenUp");
+    assert!(
+        queue.contains("--reshard GivenUp: not a Kinesis stream"),
+        "{queue}"
+    );
+    let zero = run("Events=0", "Events");
+    assert!(
+        zero.contains("--reshard Events=0: the count is not a number of shards"),
+        "{zero}"
+    );
+    let unput = run("Events=2", "GivenUp");
+    assert!(
+        unput.contains("--reshard Events: no --put file for it"),
+        "{unput}"
+    );
+    let far = run("Events=3", "Events");
+    assert!(
+        far.contains("--reshard Events=3: InvalidArgumentException: TargetShardCount 3"),
+        "{far}"
+    );
 }
