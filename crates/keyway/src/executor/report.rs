@@ -1,6 +1,6 @@
 //! What one batch did, and the lowest sequence number Lambda must redeliver from.
 
-use tracing::{info, warn};
+use tracing::{debug, warn};
 
 use crate::domain::SequenceNumber;
 use crate::ports::Namespace;
@@ -48,7 +48,8 @@ impl BatchReport {
         }
     }
 
-    /// One line per batch, and one warning when state was migrated or reset.
+    /// One DEBUG line per batch (a function's handler writes the invocation's INFO line), and
+    /// one warning when state was migrated or reset.
     pub fn log(&self, namespace: &Namespace) {
         if self.migrated > 0 || self.reset > 0 {
             warn!(
@@ -59,7 +60,7 @@ impl BatchReport {
                 "state written under an older signature was migrated or left behind"
             );
         }
-        info!(
+        debug!(
             operator = %namespace.operator,
             records = self.records,
             applied = self.applied,

@@ -70,15 +70,18 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
             return Ok(serde_json::to_value(sweep).expect("a sweep serializes"));
         };
         let deadline = invocation.deadline_millis;
+        let started = std::time::Instant::now();
         // The records were read once above: decoded here, not read from the text again.
         let dynamodb = from_dynamodb(&records);
         let batch = match dynamodb {
             true => dynamodb::decode_records(&records),
             false => kinesis::decode_records(&records),
         };
+        let source = BatchSource::of(&batch, dynamodb);
         let response = run_batch(&self.executor, batch, deadline)
             .await
             .map(|report| {
+                source.log(self.executor.namespace(), &report, started.elapsed());
                 let response = match dynamodb {
                     true => serde_json::to_value(dynamodb_response(&report)),
                     false => serde_json::to_value(kinesis_response(&report)),
@@ -86,6 +89,63 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
                 response.expect("a response serializes")
             });
         response.map_err(|e| FunctionError(e.to_string()))
+    }
+}
+
+/// Where a batch came from, as its invocation's log line tells it: no key, no payload.
+struct BatchSource {
+    source: &'static str,
+    stream: Option<std::sync::Arc<str>>,
+    /// A Kinesis batch's shard; a DynamoDB Streams event names none.
+    shard: Option<String>,
+    size: usize,
+}
+
+impl BatchSource {
+    fn of(batch: &crate::sources::DecodedBatch, dynamodb: bool) -> Self {
+        let first = batch.iter().find_map(|r| r.as_ref().ok());
+        let shard = first.filter(|_| !dynamodb).and_then(|r| {
+            // A Kinesis record's origin is `stream/shardId-...`.
+            r.origin
+                .0
+                .rsplit_once('/')
+                .map(|(_, shard)| shard.to_owned())
+        });
+        Self {
+            source: if dynamodb {
+                "aws:dynamodb"
+            } else {
+                "aws:kinesis"
+            },
+            stream: first.map(|r| r.stream.clone()),
+            shard,
+            size: batch.len(),
+        }
+    }
+
+    /// The one INFO line of an invocation: what the batch was and what came of it. The request
+    /// id and the function are the fields of the invocation's span (`serve`).
+    fn log(
+        &self,
+        namespace: &crate::ports::Namespace,
+        report: &BatchReport,
+        took: std::time::Duration,
+    ) {
+        tracing::info!(
+            operator = %namespace.operator,
+            event_source = self.source,
+            stream = self.stream.as_deref(),
+            shard = self.shard.as_deref(),
+            batch_size = self.size,
+            applied = report.applied,
+            skipped_as_applied = report.replayed,
+            dead_lettered = report.dead_lettered,
+            outputs = report.outputs_sent,
+            commit_conflicts = report.conflicts,
+            failed_from = report.failed_from.as_ref().map(|s| s.as_str()),
+            duration_ms = took.as_secs_f64() * 1000.0,
+            "invocation done"
+        );
     }
 }
 
@@ -244,6 +304,101 @@ mod tests {
         );
         let empty = call("{\"Records\": []}").await.unwrap();
         assert_eq!(empty, serde_json::json!({"batchItemFailures": []}));
+    }
+
+    /// Log lines written while a test runs, as a function's JSON subscriber writes them.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn lines(&self) -> Vec<Value> {
+            let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_invocation_logs_one_info_line_of_counts_and_no_key_or_payload() {
+        use crate::executor::testkit::{bench, Summer};
+        use crate::local::mapping::events::{kinesis_event_json, KinesisEventRecord};
+        use tracing::Instrument as _;
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+
+        let handler = StreamHandler::new(bench(Summer::default(), false).executor);
+        let good = br#"{"key":"customer-secret-7c1d","n":5}"#;
+        let bad = br#"{"key":"customer-secret-7c1d","n":"payload-marker"}"#;
+        let record = |seq: &'static str, data: &'static [u8]| KinesisEventRecord {
+            shard_id: "shardId-000000000003",
+            sequence_number: seq,
+            partition_key: "customer-secret-7c1d",
+            data,
+            arrival_millis: 1_767_225_600_000,
+        };
+        let event = kinesis_event_json(
+            "arn:aws:kinesis:us-east-1:123456789012:stream/clicks",
+            [record("49001", good), record("49002", bad)],
+        );
+        let span = tracing::info_span!("invocation", request_id = "req-1", function = "counter");
+        let invocation = Invocation::default();
+        let response = handler.handle(&event, &invocation).instrument(span).await;
+        assert_eq!(
+            response.unwrap(),
+            serde_json::json!({"batchItemFailures": []})
+        );
+
+        let lines = captured.lines();
+        let done: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["fields"]["message"] == "invocation done")
+            .collect();
+        assert_eq!(done.len(), 1, "{lines:?}");
+        let fields = &done[0]["fields"];
+        assert_eq!(fields["event_source"], "aws:kinesis");
+        assert_eq!(fields["stream"], "clicks");
+        assert_eq!(fields["shard"], "shardId-000000000003");
+        assert_eq!(
+            (
+                &fields["batch_size"],
+                &fields["applied"],
+                &fields["dead_lettered"]
+            ),
+            (
+                &serde_json::json!(2),
+                &serde_json::json!(1),
+                &serde_json::json!(1)
+            )
+        );
+        assert!(fields["duration_ms"].is_number());
+        assert_eq!(done[0]["span"]["request_id"], "req-1");
+        assert_eq!(done[0]["span"]["function"], "counter");
+        for line in lines.iter().filter(|l| l["level"] == "INFO") {
+            let text = line.to_string();
+            assert!(!text.contains("customer-secret"), "a key at INFO: {text}");
+            assert!(
+                !text.contains("payload-marker"),
+                "a payload at INFO: {text}"
+            );
+        }
     }
 
     #[test]

@@ -1,11 +1,14 @@
-//! What a function's `main` is: JSON logs, the handler built once from the AWS platform and the
-//! process environment, then the Lambda runtime loop, where each invocation's event, kept as text
-//! until the handler parses it once, goes to the handler with its request id and deadline.
+//! What a function's `main` is: JSON logs at the level the environment asks for, the handler
+//! built once from the AWS platform and the process environment, then the Lambda runtime loop,
+//! where each invocation's event, kept as text until the handler parses it once, goes to the
+//! handler with its request id and deadline, inside a span naming both the request and the
+//! function, so that every line the invocation logs says which it belongs to.
 
 use std::sync::Arc;
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::value::RawValue;
+use tracing::Instrument as _;
 
 use super::handler::{Handler, Invocation};
 use super::{AwsClients, Env, Platform, SetupError};
@@ -16,20 +19,45 @@ where
     H: Handler + 'static,
     F: FnOnce(&dyn Platform, &Env) -> Result<H, SetupError>,
 {
+    let env: Env = std::env::vars().collect();
     tracing_subscriber::fmt()
         .json()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(log_level(&env)))
         .with_target(false)
         .without_time()
         .init();
-    let env: Env = std::env::vars().collect();
     let handler = build(&AwsClients::from_env().await, &env)?;
     serve(Arc::new(handler)).await
 }
 
+/// The log filter: `RUST_LOG` when set, else the level of the function's logging config
+/// (`AWS_LAMBDA_LOG_LEVEL`, which Lambda sets from LoggingConfig.ApplicationLogLevel), else INFO.
+pub fn log_level(env: &Env) -> String {
+    if let Some(filter) = env.get("RUST_LOG").filter(|f| !f.trim().is_empty()) {
+        return filter.clone();
+    }
+    match env
+        .get("AWS_LAMBDA_LOG_LEVEL")
+        .map(|l| l.to_ascii_uppercase())
+    {
+        Some(level) if level == "FATAL" => "error".into(),
+        Some(level) if ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&level.as_str()) => {
+            level.to_ascii_lowercase()
+        }
+        _ => "info".into(),
+    }
+}
+
 /// Serves `handler` to the Lambda runtime API until the execution environment ends.
 pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), Error> {
+    let function = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_default();
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Box<RawValue>>| {
         let handler = handler.clone();
+        let span = tracing::info_span!(
+            "invocation",
+            request_id = %event.context.request_id,
+            function = %function
+        );
         async move {
             let invocation = Invocation {
                 request_id: event.context.request_id.clone(),
@@ -40,6 +68,35 @@ pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), Error> {
                 .await
                 .map_err(Error::from)
         }
+        .instrument(span)
     }))
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lambda::env_of;
+
+    #[test]
+    fn the_log_level_is_rust_logs_else_the_functions_logging_config_else_info() {
+        assert_eq!(log_level(&env_of(&[])), "info");
+        assert_eq!(
+            log_level(&env_of(&[("AWS_LAMBDA_LOG_LEVEL", "DEBUG")])),
+            "debug"
+        );
+        assert_eq!(
+            log_level(&env_of(&[("AWS_LAMBDA_LOG_LEVEL", "FATAL")])),
+            "error"
+        );
+        assert_eq!(
+            log_level(&env_of(&[("AWS_LAMBDA_LOG_LEVEL", "LOUD")])),
+            "info"
+        );
+        let both = env_of(&[
+            ("AWS_LAMBDA_LOG_LEVEL", "WARN"),
+            ("RUST_LOG", "keyway=trace"),
+        ]);
+        assert_eq!(log_level(&both), "keyway=trace");
+    }
 }
