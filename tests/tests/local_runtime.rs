@@ -1155,15 +1155,25 @@ async fn the_stacks_functions_write_a_skew_line_per_batch_that_names_the_hot_key
         })
         .collect();
     counts_every_event(&mut runtime, &events).await;
-    let lines: Vec<serde_json::Value> = runtime
+    let (lines, outcomes): (Vec<serde_json::Value>, Vec<serde_json::Value>) = runtime
         .services
         .metrics
         .take()
         .iter()
         .map(|line| serde_json::from_str(line).unwrap())
         .filter(|line: &serde_json::Value| line["Operator"] == "keyed-counter")
-        .collect();
+        .partition(|line| line.get("Shard").is_some());
     assert!(!lines.is_empty(), "no skew line");
+    // Each batch's outcome line too: every click in, every click applied, nothing left.
+    let total = |name: &str| -> f64 { outcomes.iter().map(|l| l[name].as_f64().unwrap()).sum() };
+    assert_eq!(
+        [
+            total("RecordsIn"),
+            total("Applied"),
+            total("RecordsLeftForRetry")
+        ],
+        [2_000.0, 2_000.0, 0.0]
+    );
     let records: f64 = lines.iter().map(|l| l["Records"].as_f64().unwrap()).sum();
     assert_eq!(
         records, 2_000.0,

@@ -376,6 +376,7 @@ impl<O: KeyedOperator> Executor<O> {
             }
         }
         let now = self.clock.now_millis();
+        let started = std::time::Instant::now();
         let mut report = BatchReport::new(batch.len());
         let (plan, mut inputs) = self.plan(&batch);
         report.keys = plan.groups.len();
@@ -386,6 +387,8 @@ impl<O: KeyedOperator> Executor<O> {
             self.load(&plan, now, &mut report).await
         };
         let Some(mut keys) = loaded else {
+            // The state could not be read: the whole batch is left for Lambda to retry.
+            self.observe_outcome(&plan, &report, now, started);
             return report;
         };
         self.process(&plan, &mut inputs, &mut keys, now, deadline_millis);
@@ -403,8 +406,26 @@ impl<O: KeyedOperator> Executor<O> {
         }
         // After the batch's own work, so that outputs never wait on the registry.
         self.report_heat(&plan, now).await;
+        self.observe_outcome(&plan, &report, now, started);
         report.log(&self.namespace);
         report
+    }
+
+    /// Writes the batch's outcome line, where the executor writes metric lines.
+    fn observe_outcome(
+        &self,
+        plan: &plan::Plan<'_>,
+        report: &BatchReport,
+        now: i64,
+        started: std::time::Instant,
+    ) {
+        let Some(observer) = &self.observer else {
+            return;
+        };
+        let operator = &self.namespace.operator;
+        if let Some(line) = observer.outcome_line(operator, plan, report, now, started.elapsed()) {
+            observer.log.write(line);
+        }
     }
 
     /// Tells the hot-key registry, if there is one, which keys the batch carried. A failed
@@ -472,9 +493,10 @@ mod tests {
 
     #[tokio::test]
     async fn each_batch_writes_a_skew_line_naming_its_shard_its_load_and_its_heaviest_keys() {
-        use super::testkit::record;
+        use super::testkit::{record, START};
         use crate::ports::MemoryMetrics;
-        let clock = ManualClock::at(0);
+        // Five seconds after the records arrived.
+        let clock = ManualClock::at(START + 5_000);
         let store = Arc::new(DynamoStateStore::new(
             Arc::new(LocalTable::new()),
             clock.clone(),
@@ -495,7 +517,7 @@ mod tests {
         }
         executor.run(batch).await;
         let lines = metrics.take();
-        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines.len(), 2, "a skew line and an outcome line: {lines:?}");
         let line: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
         let dimensions = &line["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0];
         assert_eq!(
@@ -518,9 +540,73 @@ mod tests {
         assert_eq!(line["LargestKeyStateBytes"], 10.0);
         let bytes = line["Bytes"].as_f64().unwrap();
         assert!(bytes > 150.0, "{bytes}");
+
+        let outcome: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+        assert_eq!(
+            outcome["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0],
+            serde_json::json!(["Function", "Operator"])
+        );
+        let counts = [
+            "RecordsIn",
+            "Applied",
+            "DuplicatesSkipped",
+            "DeadLetters",
+            "CommitConflicts",
+            "RecordsLeftForRetry",
+            "IteratorAge",
+        ]
+        .map(|name| outcome[name].as_f64());
+        assert_eq!(
+            counts,
+            [10.0, 10.0, 0.0, 0.0, 0.0, 0.0, 5_000.0].map(Some),
+            "{outcome}"
+        );
+        assert!(outcome["BatchDuration"].as_f64().is_some());
+        // The same batch again: every record is a redelivery the watermarks skip.
+        let again: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| record(i as u64 + 1, key, key, 1))
+            .collect();
+        executor.run(again).await;
+        let lines = metrics.take();
+        let outcome: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+        assert_eq!(
+            (
+                outcome["Applied"].as_f64(),
+                outcome["DuplicatesSkipped"].as_f64()
+            ),
+            (Some(0.0), Some(10.0))
+        );
         // An empty batch writes no line.
         executor.run(Vec::new()).await;
         assert!(metrics.take().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_batch_whose_outputs_cannot_be_sent_counts_its_records_left_for_retry() {
+        use super::testkit::{bench, record};
+        use crate::ports::MemoryMetrics;
+        let b = bench(Summer::default(), false);
+        let metrics = Arc::new(MemoryMetrics::default());
+        let executor = b.executor.with_metrics(metrics.clone(), "f");
+        b.out.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let batch = vec![
+            record(1, "a", "a", 1),
+            record(2, "b", "b", 1),
+            record(3, "a", "a", 1),
+        ];
+        let report = executor.run(batch).await;
+        assert!(report.failed_from.is_some());
+        let lines = metrics.take();
+        let outcome: serde_json::Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+        assert_eq!(outcome["RecordsIn"].as_f64(), Some(3.0));
+        assert_eq!(outcome["Applied"].as_f64(), Some(0.0));
+        assert_eq!(
+            outcome["RecordsLeftForRetry"].as_f64(),
+            Some(3.0),
+            "{outcome}"
+        );
     }
 
     #[test]

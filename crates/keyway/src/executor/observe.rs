@@ -8,6 +8,9 @@
 //!
 //! The line is written once the batch's keys have run, so that a key's state is measured as the
 //! batch leaves it: the encoded entries of its slots, which is what the store writes.
+//!
+//! A second line, with `Function` and `Operator` dimensions only, says what came of the batch
+//! once it is committed (`outcome_line`): what the stack's dashboard graphs.
 
 use std::sync::Arc;
 
@@ -15,6 +18,7 @@ use serde_json::json;
 
 use super::plan::Plan;
 use super::process::KeyWork;
+use super::report::BatchReport;
 use crate::domain::item::item_size;
 use crate::domain::metrics::Emf;
 use crate::domain::skew::HeatReport;
@@ -69,6 +73,50 @@ impl Observer {
             .property("HotKeys", json!(named))
             .to_line();
         Some(line)
+    }
+}
+
+impl Observer {
+    /// What came of a batch, once committed: its records, what was applied, skipped as applied
+    /// already, dead-lettered, sent, lost to a concurrent writer and left for Lambda to retry; how
+    /// long it took, and the age of its newest record when it started (Lambda's IteratorAge, as
+    /// the function saw it). None for an empty batch.
+    pub fn outcome_line(
+        &self,
+        operator: &str,
+        plan: &Plan<'_>,
+        report: &BatchReport,
+        now: i64,
+        took: std::time::Duration,
+    ) -> Option<String> {
+        if report.records == 0 {
+            return None;
+        }
+        let records = || {
+            plan.batch
+                .iter()
+                .flatten()
+                .filter(|r| r.as_timer().is_none())
+        };
+        let left = report
+            .failed_from
+            .as_ref()
+            .map_or(0, |from| records().filter(|r| r.sequence >= *from).count());
+        let mut line = Emf::new(now)
+            .dimension("Function", self.function.as_str())
+            .dimension("Operator", operator)
+            .count("RecordsIn", report.records as u64)
+            .count("Applied", report.applied as u64)
+            .count("DuplicatesSkipped", report.replayed as u64)
+            .count("DeadLetters", report.dead_lettered as u64)
+            .count("Outputs", report.outputs_sent as u64)
+            .count("CommitConflicts", report.conflicts as u64)
+            .count("RecordsLeftForRetry", left as u64)
+            .milliseconds("BatchDuration", took.as_secs_f64() * 1000.0);
+        if let Some(newest) = records().filter_map(|r| r.arrival_millis).max() {
+            line = line.milliseconds("IteratorAge", (now - newest).max(0) as f64);
+        }
+        Some(line.to_line())
     }
 }
 
