@@ -396,6 +396,26 @@ def check_operations(endpoint, stack, outputs):
         if len(on_age) != 1 or on_age[0]["Threshold"] != 300000 or on_age[0]["Statistic"] != "Maximum":
             sys.exit(f"e2e: {name}: expected one alarm on the maximum IteratorAge above 300000 ms, found {on_age}")
     print(f"e2e: {stack}: an iterator-age alarm on each of the {len(STREAM_FUNCTIONS)} stream-triggered functions, no skew alarm: ok")
+    for name in STREAM_FUNCTIONS:
+        function = resources[f"{name}Function"]
+        for metric in ("Errors", "Throttles"):
+            found = [
+                a for a in alarms
+                if a.get("MetricName") == metric and a.get("Namespace") == "AWS/Lambda"
+                and {"Name": "FunctionName", "Value": function} in a.get("Dimensions", [])
+            ]
+            if len(found) != 1 or found[0]["Threshold"] != 0 or found[0]["Statistic"] != "Sum":
+                sys.exit(f"e2e: {name}: expected one alarm on the sum of its {metric} above 0, found {found}")
+    for queue in ("DeadLetterQueue", "FailedBatchesQueue"):
+        queue_name = resources[queue].rstrip("/").rsplit("/", 1)[-1]
+        found = [
+            a for a in alarms
+            if a.get("MetricName") == "ApproximateNumberOfMessagesVisible" and a.get("Namespace") == "AWS/SQS"
+            and {"Name": "QueueName", "Value": queue_name} in a.get("Dimensions", [])
+        ]
+        if len(found) != 1:
+            sys.exit(f"e2e: {queue}: expected one alarm on the messages it holds, found {found}")
+    print(f"e2e: {stack}: error and throttle alarms on each function, depth alarms on both failure queues: ok")
 
     kinesis = client("kinesis", endpoint)
     keys = ["skew-hot" if i % 10 else f"skew-{i}" for i in range(100)]

@@ -282,13 +282,17 @@ export class KeywayStack extends Stack {
     const filtering = this.filtering(stateTable, deadLetters, failedBatches, props.functionsDir);
     const cdc = this.cdcJoin(stateTable, deadLetters, failedBatches, props.functionsDir);
     const aggregation = this.aggregation(stateTable, deadLetters, failedBatches, props.functionsDir);
-    operations(this, {
-      KeyedCounter: keyedCounter,
-      IdentityEnricher: enricher,
-      ...filtering,
-      ...cdc,
-      ...aggregation,
-    });
+    operations(
+      this,
+      {
+        KeyedCounter: keyedCounter,
+        IdentityEnricher: enricher,
+        ...filtering,
+        ...cdc,
+        ...aggregation,
+      },
+      { DeadLetterQueue: deadLetters, FailedBatchesQueue: failedBatches },
+    );
 
     new CfnOutput(this, 'ClicksStreamName', { value: clicks.streamName });
     new CfnOutput(this, 'CloudTrailStreamName', { value: cloudTrail.streamName });
@@ -668,11 +672,21 @@ const ALARMED: Record<string, string> = {
   AggregateMerge: 'aggregation merge',
 };
 
+/** What each queue's depth alarm says. */
+const QUEUE_ALARMS: Record<string, string> = {
+  DeadLetterQueue: 'Records no retry could apply wait in the dead-letter queue.',
+  FailedBatchesQueue: 'Batches Lambda gave up on are described in the failed-batches queue.',
+};
+
 /** The alarms of template.yaml's operations section: each stream-triggered function's iterator
- * age, and the skew of the keyed counter's and keyed aggregation's streams over their shards,
- * from the records per shard their metric lines report (created where MetricMathAlarms is
- * "true"). */
-function operations(stack: Stack, functions: Record<string, lambda.Function>): void {
+ * age, errors and throttles; the depth of the dead-letter and failed-batches queues; and the
+ * skew of the keyed counter's and keyed aggregation's streams over their shards, from the
+ * records per shard their metric lines report (created where MetricMathAlarms is "true"). */
+function operations(
+  stack: Stack,
+  functions: Record<string, lambda.Function>,
+  queues: Record<string, sqs.IQueue>,
+): void {
   const ageMillis = new CfnParameter(stack, 'IteratorAgeAlarmMillis', {
     type: 'Number',
     default: 300000,
@@ -703,6 +717,37 @@ function operations(stack: Stack, functions: Record<string, lambda.Function>): v
       treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
     });
     logicalId(alarm, `${name}IteratorAgeAlarm`);
+  }
+  for (const [name, fn] of Object.entries(functions)) {
+    const failing = [
+      ['Errors', 'fails whole invocations'],
+      ['Throttles', 'is throttled'],
+    ];
+    for (const [metric, what] of failing) {
+      const alarm = new cloudwatch.Alarm(stack, `${name}${metric}Alarm`, {
+        alarmDescription: `The ${ALARMED[name]} ${what}.`,
+        metric: fn.metric(metric, { statistic: 'Sum', period: Duration.minutes(1) }),
+        evaluationPeriods: 3,
+        threshold: 0,
+        comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+        treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+      });
+      logicalId(alarm, `${name}${metric}Alarm`);
+    }
+  }
+  for (const [name, queue] of Object.entries(queues)) {
+    const alarm = new cloudwatch.Alarm(stack, `${name}DepthAlarm`, {
+      alarmDescription: QUEUE_ALARMS[name],
+      metric: queue.metricApproximateNumberOfMessagesVisible({
+        statistic: 'Maximum',
+        period: Duration.minutes(1),
+      }),
+      evaluationPeriods: 1,
+      threshold: 0,
+      comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+      treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+    });
+    logicalId(alarm, `${name}DepthAlarm`);
   }
 
   skewAlarm(
