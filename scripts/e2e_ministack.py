@@ -416,6 +416,12 @@ def check_operations(endpoint, stack, outputs):
         if len(found) != 1:
             sys.exit(f"e2e: {queue}: expected one alarm on the messages it holds, found {found}")
     print(f"e2e: {stack}: error and throttle alarms on each function, depth alarms on both failure queues: ok")
+    board = client("cloudwatch", endpoint).get_dashboard(DashboardName=resources["Dashboard"])
+    text = json.dumps(json.loads(board["DashboardBody"]))
+    missing = [name for name in STREAM_FUNCTIONS if f'"{resources[f"{name}Function"]}"' not in text]
+    if missing or "${" in text:
+        sys.exit(f"e2e: the dashboard does not graph {missing}, or left a substitution: {text[:500]}")
+    print(f"e2e: {stack}: the dashboard graphs each of the {len(STREAM_FUNCTIONS)} functions: ok")
 
     kinesis = client("kinesis", endpoint)
     keys = ["skew-hot" if i % 10 else f"skew-{i}" for i in range(100)]

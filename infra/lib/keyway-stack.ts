@@ -749,6 +749,7 @@ function operations(
     });
     logicalId(alarm, `${name}DepthAlarm`);
   }
+  dashboard(stack, Object.keys(functions));
 
   skewAlarm(
     stack,
@@ -768,6 +769,58 @@ function operations(
     "The aggregation stream's load spreads unevenly over its four shards (a hot key no producer salts): the coefficient of variation of the first phase's records per shard is above 0.5.",
     withMetricMath,
   );
+}
+
+/** The outcome metrics of keyway's metric lines a function's dashboard widget graphs. */
+const OUTCOMES = ['RecordsIn', 'Applied', 'DuplicatesSkipped', 'DeadLetters', 'RecordsLeftForRetry'];
+
+/** template.yaml's dashboard: per function (by its name in ALARMED), what its batches did,
+ * searched across its operators, beside Lambda's iterator age, errors and throttles; and what
+ * waits in the dead-letter and failed-batches queues. Its body is a Fn::Sub string, as there. */
+function dashboard(stack: Stack, names: string[]): void {
+  const widget = (x: number, y: number, width: number, properties: object) => ({
+    type: 'metric',
+    x,
+    y,
+    width,
+    height: 6,
+    properties: { region: '${AWS::Region}', view: 'timeSeries', period: 60, ...properties },
+  });
+  const widgets = names.flatMap((name, i) => {
+    const fn = `\${${name}Function}`;
+    const search = (metric: string) =>
+      `SEARCH('{keyway,Function,Operator} Function="${fn}" MetricName="${metric}"', 'Sum', 60)`;
+    return [
+      widget(0, i * 6, 12, {
+        title: `${ALARMED[name]}: records`,
+        metrics: OUTCOMES.map((metric, j) => [{ expression: search(metric), id: `m${j}`, label: metric }]),
+      }),
+      widget(12, i * 6, 12, {
+        title: `${ALARMED[name]}: iterator age, errors, throttles`,
+        metrics: [
+          ['AWS/Lambda', 'IteratorAge', 'FunctionName', fn, { stat: 'Maximum' }],
+          ['AWS/Lambda', 'Errors', 'FunctionName', fn, { stat: 'Sum', yAxis: 'right' }],
+          ['AWS/Lambda', 'Throttles', 'FunctionName', fn, { stat: 'Sum', yAxis: 'right' }],
+        ],
+      }),
+    ];
+  });
+  widgets.push(
+    widget(0, names.length * 6, 24, {
+      title: 'messages waiting in the failure queues',
+      stat: 'Maximum',
+      metrics: ['DeadLetterQueue', 'FailedBatchesQueue'].map((queue) => [
+        'AWS/SQS',
+        'ApproximateNumberOfMessagesVisible',
+        'QueueName',
+        `\${${queue}.QueueName}`,
+      ]),
+    }),
+  );
+  const board = new cloudwatch.CfnDashboard(stack, 'Dashboard', {
+    dashboardBody: Fn.sub(JSON.stringify({ widgets })),
+  });
+  board.overrideLogicalId('Dashboard');
 }
 
 /** An alarm on the coefficient of variation of the records per shard that `fn`'s metric lines

@@ -217,6 +217,49 @@ fn the_cdk_app_raises_the_alarms_template_yaml_raises_with_the_same_parameters()
     );
 }
 
+/// The dashboard's body, a Fn::Sub string in both templates, compared as the JSON it is.
+#[test]
+fn the_cdk_app_builds_the_dashboard_template_yaml_describes_with_every_function_on_it() {
+    use keyway::local::template::{parse, resources_of_type};
+    let (_, sam) = parse(&template()).unwrap();
+    let body = |dashboards: BTreeMap<String, serde_json::Value>| -> serde_json::Value {
+        let text = dashboards["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
+            .as_str()
+            .expect("a Fn::Sub body")
+            .to_owned();
+        serde_json::from_str(&text).expect("the body is JSON")
+    };
+    let ours = body(resources_of_type(&sam, "AWS::CloudWatch::Dashboard"));
+    let text = ours.to_string();
+    for function in resources_of_type(&sam, "AWS::Serverless::Function").keys() {
+        for metric in [
+            "RecordsIn",
+            "RecordsLeftForRetry",
+            "IteratorAge",
+            "Errors",
+            "Throttles",
+        ] {
+            let on_it = ours["widgets"].as_array().unwrap().iter().any(|w| {
+                let widget = w.to_string();
+                widget.contains(&format!("${{{function}}}")) && widget.contains(metric)
+            });
+            assert!(on_it, "{function}'s {metric} is not on the dashboard");
+        }
+    }
+    assert!(
+        text.contains("${DeadLetterQueue.QueueName}")
+            && text.contains("${FailedBatchesQueue.QueueName}")
+    );
+    let Some(cdk_text) = cdk_template("keyway") else {
+        return;
+    };
+    let (_, cdk) = parse(&cdk_text).unwrap();
+    assert_eq!(
+        body(resources_of_type(&cdk, "AWS::CloudWatch::Dashboard")),
+        ours
+    );
+}
+
 #[test]
 fn the_cdk_app_builds_the_consumer_stack_that_consumer_yaml_describes() {
     use keyway::local::template::parse_with;
