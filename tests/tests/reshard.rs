@@ -18,6 +18,7 @@ use keyway::local::{
 };
 use keyway_tests::scripted::{Scripted, Seen};
 use serde_json::json;
+use serde_json::Value;
 
 const EPOCH: i64 = 1_767_225_600_000;
 
@@ -222,6 +223,57 @@ async fn update_shard_count_up_and_down_keeps_every_keys_order_in_concurrent_lan
     );
 }
 
+/// "Using Lambda with Kinesis Data Streams", error handling: a parent whose records are too old
+/// is done with once they are discarded, and its children are read then, in the same run.
+#[tokio::test(start_paused = true)]
+async fn a_parent_whose_last_records_expire_lets_its_children_be_read_in_the_same_run() {
+    let f = Scripted::new(
+        |_, batch| match batch.iter().any(|r| r.key.starts_with("old")) {
+            true => Err(FunctionError("cannot read it".into())),
+            false => Ok(Value::Null),
+        },
+    );
+    let settings = MappingSettings {
+        maximum_record_age: Some(Duration::from_secs(60)),
+        ..Default::default()
+    };
+    let mut runtime = kinesis_setup(1, f.clone(), settings);
+    for i in 0..5 {
+        runtime
+            .services
+            .kinesis
+            .put_record("in", &format!("old-{i}"), b"{}")
+            .unwrap();
+    }
+    runtime
+        .services
+        .kinesis
+        .split_shard("in", "shardId-000000000000", 1 << 127)
+        .unwrap();
+    // Half a minute on, while the parent's records still fail.
+    runtime.run_for(Duration::from_secs(30)).await;
+    for i in 0..5 {
+        runtime
+            .services
+            .kinesis
+            .put_record("in", &format!("new-{i}"), b"{}")
+            .unwrap();
+    }
+    let report = runtime
+        .run_until_idle(Duration::from_secs(3600))
+        .await
+        .expect("the run ends");
+    let stats = &report.mappings[0].1;
+    assert_eq!((stats.discarded_for_age, stats.records_done), (5, 5));
+    let delivered: usize = f
+        .batches()
+        .iter()
+        .flatten()
+        .filter(|r| r.key.starts_with("new"))
+        .count();
+    assert_eq!(delivered, 5, "the children's records, once each");
+}
+
 /// A mapping created after a reshard at LATEST reads only what the open shards take from now
 /// on; one at TRIM_HORIZON reads the closed parent first, then its children.
 #[tokio::test(start_paused = true)]
@@ -236,7 +288,8 @@ async fn a_mapping_created_after_a_reshard_starts_in_the_lineage_where_its_posit
         .unwrap();
     let middle = put_keys(&runtime, 4, 1);
     let latest = Scripted::succeeding();
-    let horizon = Scripted::succeeding();
+    // Its first batches fail, so that its children are ready long before its parent is done.
+    let horizon = failing_first(3);
     for (name, f, at) in [
         ("latest", &latest, StartingPosition::Latest),
         ("horizon", &horizon, StartingPosition::TrimHorizon),
@@ -247,6 +300,8 @@ async fn a_mapping_created_after_a_reshard_starts_in_the_lineage_where_its_posit
         };
         let settings = MappingSettings {
             starting_position: at,
+            // The parent takes several batches, its children one or two each.
+            batch_size: 3,
             ..Default::default()
         };
         runtime.add_mapping(name, f.clone(), source, settings);
@@ -254,7 +309,7 @@ async fn a_mapping_created_after_a_reshard_starts_in_the_lineage_where_its_posit
     let new = put_keys(&runtime, 4, 1);
     run_until_idle(&mut runtime).await;
     assert_eq!(delivered(&latest, 0), new);
-    assert_eq!(delivered(&horizon, 0), merge(merge(old, middle), new));
+    assert_eq!(delivered(&horizon, 3), merge(merge(old, middle), new));
 }
 
 /// DynamoDB Streams: a partition's shard splits, then every shard rolls over, while the first

@@ -238,30 +238,30 @@ fn put_file(
     } else {
         return Err(format!("--put {id}: not a stream, a table or a queue").into());
     };
-    let lines: Vec<String> = std::io::BufReader::new(opened)
-        .lines()
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("--put {id}={}: {e}", file.display()))?;
-    let reshard_at = match (reshard, &target) {
+    let read_error = |e: std::io::Error| format!("--put {id}={}: {e}", file.display());
+    // Halfway through the file: counted in a first pass, only when a reshard asks for it.
+    let mut reshard_at = match (reshard, &target) {
         (None, _) => None,
-        (Some(count), Target::Stream) => Some((lines.len() / 2, count)),
+        (Some(count), Target::Stream) => {
+            let counted = std::fs::File::open(file).map_err(read_error)?;
+            let lines = std::io::BufReader::new(counted).lines().count();
+            Some((lines / 2, count))
+        }
         (Some(_), _) => return Err(format!("--reshard {id}: not a Kinesis stream").into()),
     };
     let mut count = 0;
-    for (i, line) in lines.iter().enumerate() {
-        if let Some((_, shards)) = reshard_at.filter(|(half, _)| *half == i) {
-            services
-                .kinesis
-                .update_shard_count(&name, shards)
-                .map_err(|e| format!("--reshard {id}={shards}: {e}"))?;
+    for (i, line) in std::io::BufReader::new(opened).lines().enumerate() {
+        if reshard_at.is_some_and(|(half, _)| half == i) {
+            reshard_stream(services, id, &name, reshard_at.take())?;
         }
         let at = format!("{}:{}", file.display(), i + 1);
+        let line = line.map_err(|e| format!("{at}: {e}"))?;
         if line.trim().is_empty() {
             continue;
         }
         // As a producer does, a put the service throttled or failed is made again.
         let mut attempts = 0;
-        while let Err(failed) = put_line(services, &name, &target, line, pointer, (i, &at)) {
+        while let Err(failed) = put_line(services, &name, &target, &line, pointer, (i, &at)) {
             attempts += 1;
             if !failed.retryable || attempts == PUT_ATTEMPTS {
                 return Err(format!("{at}: {}", failed.problem).into());
@@ -269,7 +269,26 @@ fn put_file(
         }
         count += 1;
     }
+    // An empty file reshards all the same.
+    reshard_stream(services, id, &name, reshard_at)?;
     Ok(count)
+}
+
+/// UpdateShardCount on the stream `name` (logical id `id`), when a reshard is due.
+fn reshard_stream(
+    services: &LocalServices,
+    id: &str,
+    name: &str,
+    due: Option<(usize, usize)>,
+) -> Result<(), CliError> {
+    let Some((_, shards)) = due else {
+        return Ok(());
+    };
+    services
+        .kinesis
+        .update_shard_count(name, shards)
+        .map_err(|e| format!("--reshard {id}={shards}: {e}"))?;
+    Ok(())
 }
 
 /// How often a line is put before the command gives up on it.

@@ -957,6 +957,12 @@ impl LocalRuntime {
             if ran + polled > 0 {
                 continue;
             }
+            // A step can finish with a parent shard without invoking anything (its last records
+            // were too old): its children are readable from the next poll on, which must come
+            // before the run is taken for idle.
+            for mapping in &mut self.mappings {
+                mapping.poll();
+            }
             let records_due = self
                 .mappings
                 .iter()

@@ -156,11 +156,9 @@ impl MappingSource {
     /// The id of `shard`, as on-failure records name it.
     fn shard_id(&self, shard: usize) -> String {
         match self {
-            MappingSource::Kinesis { kinesis, stream } => kinesis
-                .shard_ids(stream)
-                .get(shard)
-                .cloned()
-                .unwrap_or_default(),
+            MappingSource::Kinesis { kinesis, stream } => {
+                kinesis.shard_id(stream, shard).unwrap_or_default()
+            }
             MappingSource::DynamoDb { table } => table.stream_shard_id(shard),
         }
     }
@@ -430,7 +428,9 @@ impl EventSourceMapping {
         }
         let now = self.clock.now_millis();
         for (number, shard) in shards.iter().enumerate() {
-            if !shard.parents.iter().all(|&p| self.done_with(p, &shards[p])) {
+            // A closed shard read to its end has nothing more; a shard waits for its parents.
+            let read_out = !shard.open && self.positions[number] >= shard.len;
+            if read_out || !shard.parents.iter().all(|&p| self.done_with(p, &shards[p])) {
                 continue;
             }
             let (fresh, next) = self.source.read(number, self.positions[number]);

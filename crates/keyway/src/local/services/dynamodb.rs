@@ -259,11 +259,8 @@ impl LocalTable {
         let (_, shards) = state
             .stream
             .as_mut()
-            .ok_or_else(|| ReshardError::NoShard(format!("in table {}: no stream", self.name)))?;
-        let (first, last) = shards
-            .range(shard)
-            .ok_or_else(|| ReshardError::NoShard(shard.to_string()))?;
-        shards.split(shard, first + (last - first) / 2 + 1, now)
+            .ok_or_else(|| ReshardError::NoStream(format!("of table {}", self.name)))?;
+        shards.halve(shard, now)
     }
 
     /// Closes every open shard of the stream and opens a child of each: what DynamoDB Streams

@@ -51,6 +51,24 @@ struct Written {
     bytes: usize,
 }
 
+impl Written {
+    /// Whether a record of `size` bytes at `now` stays within the shard's write limit.
+    fn fits(&mut self, now: i64, size: usize) -> bool {
+        if self.second != now.div_euclid(1000) {
+            *self = Written {
+                second: now.div_euclid(1000),
+                ..Written::default()
+            };
+        }
+        self.records < SHARD_RECORDS_PER_SECOND && self.bytes + size <= SHARD_BYTES_PER_SECOND
+    }
+
+    fn add(&mut self, size: usize) {
+        self.records += 1;
+        self.bytes += size;
+    }
+}
+
 struct Stream {
     arn: String,
     shards: Shards<StoredRecord>,
@@ -128,7 +146,7 @@ impl LocalKinesis {
         let mut streams = self.streams.lock().expect("streams lock");
         let target = streams
             .get_mut(stream)
-            .ok_or_else(|| ReshardError::NoShard(format!("in stream {stream}: no such stream")))?;
+            .ok_or_else(|| ReshardError::NoStream(stream.to_owned()))?;
         f(&mut target.shards, now)
     }
 
@@ -174,6 +192,12 @@ impl LocalKinesis {
             let children = shards.rescale(target, now)?;
             Ok(children.into_iter().map(|c| id_of(shards, c)).collect())
         })
+    }
+
+    /// The id of the shard numbered `shard` of `stream`.
+    pub fn shard_id(&self, stream: &str, shard: usize) -> Option<String> {
+        self.with_shards(stream, |s| s.id(shard).map(str::to_owned))
+            .flatten()
     }
 
     /// Every shard of `stream`, open and closed, numbered in the order they were created.
@@ -430,17 +454,10 @@ impl LocalKinesis {
             if target.written.len() <= shard {
                 target.written.resize(shard + 1, Written::default());
             }
-            let written = &mut target.written[shard];
             let size = entry.data.len() + entry.partition_key.len();
-            if written.second != now.div_euclid(1000) {
-                *written = Written {
-                    second: now.div_euclid(1000),
-                    ..Written::default()
-                };
-            }
-            let over_limit = self.write_limit.load(std::sync::atomic::Ordering::Relaxed)
-                && (written.records >= SHARD_RECORDS_PER_SECOND
-                    || written.bytes + size > SHARD_BYTES_PER_SECOND);
+            let limited = self.write_limit.load(std::sync::atomic::Ordering::Relaxed);
+            let written = &mut target.written[shard];
+            let over_limit = !written.fits(now, size) && limited;
             if over_limit || self.faults.draw(Fault::PartialFailure) {
                 outcomes.push(PutOutcome::Failed {
                     code: "ProvisionedThroughputExceededException".into(),
@@ -448,8 +465,7 @@ impl LocalKinesis {
                 });
                 continue;
             }
-            written.records += 1;
-            written.bytes += size;
+            written.add(size);
             let sequence_number = format!("49{:054}", *next);
             *next += 1;
             target.shards.push(

@@ -16,12 +16,16 @@ pub trait Arrived {
     fn arrival_millis(&self) -> i64;
 }
 
-/// Why a reshard is refused, as the service's InvalidArgumentException or
-/// ResourceInUseException says it.
+/// Why a reshard is refused, as the service's ResourceNotFoundException,
+/// InvalidArgumentException or ResourceInUseException says it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReshardError {
+    #[error("ResourceNotFoundException: there is no stream {0}")]
+    NoStream(String),
     #[error("ResourceNotFoundException: there is no shard {0}")]
     NoShard(String),
+    #[error("InvalidArgumentException: shard {0} owns a single hash key: it cannot split")]
+    SingleKey(String),
     #[error("ResourceInUseException: shard {0} is closed: only open shards can be resharded")]
     Closed(String),
     #[error("InvalidArgumentException: NewStartingHashKey {at} is not within the hash key range of shard {shard} above its starting hash key")]
@@ -194,7 +198,7 @@ impl<T: Arrived> Shards<T> {
         let s = self
             .shards
             .get(shard)
-            .ok_or_else(|| ReshardError::NoShard(shard.to_string()))?;
+            .ok_or_else(|| ReshardError::NoShard(format!("numbered {shard}")))?;
         if !s.open {
             return Err(ReshardError::Closed(s.id.clone()));
         }
@@ -255,7 +259,7 @@ impl<T: Arrived> Shards<T> {
     /// closed shards whose keys it takes, which gives a reader the same rule: a key's records
     /// in a new shard come after all of its records in the old ones.
     pub fn rescale(&mut self, target: usize, millis: i64) -> Result<Vec<usize>, ReshardError> {
-        let open: Vec<usize> = (0..self.count()).filter(|&i| self.shards[i].open).collect();
+        let open = self.open_numbers();
         if target == 0 || target * 2 < open.len() || target > open.len() * 2 {
             return Err(ReshardError::TargetCount {
                 target,
@@ -277,11 +281,28 @@ impl<T: Arrived> Shards<T> {
         Ok(children)
     }
 
+    /// The numbers of the open shards.
+    fn open_numbers(&self) -> Vec<usize> {
+        (0..self.count()).filter(|&i| self.shards[i].open).collect()
+    }
+
+    /// Splits an open shard in the middle of its hash keys (as a DynamoDB table's partition
+    /// splits). Returns the children.
+    pub fn halve(&mut self, shard: usize, millis: i64) -> Result<(usize, usize), ReshardError> {
+        let parent = self.open(shard)?;
+        if parent.first == parent.last {
+            return Err(ReshardError::SingleKey(parent.id.clone()));
+        }
+        // first < last here: the middle plus one is at most last, and never overflows.
+        let at = parent.first + (parent.last - parent.first) / 2 + 1;
+        self.split(shard, at, millis)
+    }
+
     /// Closes every open shard and opens one child with the same hash keys for each: what
     /// DynamoDB Streams does to every shard of a table every few hours.
     pub fn roll_over(&mut self, millis: i64) -> Vec<usize> {
-        let open: Vec<usize> = (0..self.count()).filter(|&i| self.shards[i].open).collect();
-        open.into_iter()
+        self.open_numbers()
+            .into_iter()
             .map(|i| {
                 self.shards[i].open = false;
                 let (first, last) = (self.shards[i].first, self.shards[i].last);
@@ -370,6 +391,34 @@ mod tests {
             s.split(1, 0, 6),
             Err(ReshardError::OutsideRange { .. })
         ));
+        // The low child owns [0, at - 1]: a split at its first key is refused, as is one past its
+        // last; one at its last key is taken.
+        assert!(matches!(
+            s.split(1, at, 7),
+            Err(ReshardError::OutsideRange { .. })
+        ));
+        let (a, b) = s.split(1, at - 1, 7).unwrap();
+        assert_eq!(
+            (s.range(a), s.range(b)),
+            (Some((0, at - 2)), Some((at - 1, at - 1)))
+        );
+        let (c, _) = s.split(a, 1, 8).unwrap();
+        assert_eq!(
+            s.range(c),
+            Some((0, 0)),
+            "a split one key above the first is taken"
+        );
+    }
+
+    #[test]
+    fn halving_stops_at_a_shard_of_one_hash_key() {
+        let mut s = shards(1);
+        let mut top = 0;
+        for _ in 0..128 {
+            top = s.halve(top, 1).unwrap().1;
+        }
+        assert_eq!(s.range(top), Some((u128::MAX, u128::MAX)));
+        assert!(matches!(s.halve(top, 1), Err(ReshardError::SingleKey(_))));
     }
 
     #[test]
