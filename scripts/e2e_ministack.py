@@ -133,7 +133,9 @@ def create_stack(cfn, stack, template, parameters=None, template_url=None):
 
 def deploy_sam(endpoint, template_path, functions, stack):
     """template.yaml through the emulator's SAM transform, each function's CodeUri pointing at its
-    binary (the one its Metadata names, as `sam build` picks it)."""
+    binary (the one its Metadata names, as `sam build` picks it), and the template itself put in
+    the same bucket, as `sam deploy` puts a template over the 51,200 bytes CloudFormation takes
+    inline."""
     s3 = client("s3", endpoint)
     bucket = f"{stack}-code"
     s3.create_bucket(Bucket=bucket)
@@ -149,7 +151,9 @@ def deploy_sam(endpoint, template_path, functions, stack):
     template, functions_found = re.subn(r"Binary: (\S+)\n(\s+Properties:\n\s+)CodeUri: \.\n", code_of, template)
     if functions_found < 2:
         sys.exit("e2e: template.yaml's functions no longer read 'Binary: ... Properties: CodeUri: .'; update this script")
-    return create_stack(client("cloudformation", endpoint), stack, template)
+    s3.put_object(Bucket=bucket, Key="template.yaml", Body=template.encode())
+    template_url = f"{endpoint}/{bucket}/template.yaml"
+    return create_stack(client("cloudformation", endpoint), stack, None, template_url=template_url)
 
 
 def deploy_cdk(endpoint, cdk_out, stack):
