@@ -282,8 +282,14 @@ mod tests {
         ));
     }
 
+    /// Held by the tests that run the handler: tracing decides once, for every thread, whether
+    /// a log line's callsite is on; a handler run on a thread without a subscriber at the moment
+    /// another test installs one could leave that test's lines unwritten.
+    static HANDLER_RUNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     #[tokio::test]
     async fn an_event_that_is_neither_a_batch_nor_a_schedule_fails_naming_what_is_wrong() {
+        let _alone = HANDLER_RUNS.lock().await;
         use crate::executor::testkit::{bench, Summer};
         let handler = StreamHandler::new(bench(Summer::default(), false).executor);
         let invocation = Invocation::default();
@@ -342,7 +348,9 @@ mod tests {
             .with_max_level(tracing::Level::INFO)
             .with_writer(move || writer.clone())
             .finish();
+        let _alone = HANDLER_RUNS.lock().await;
         let _default = tracing::subscriber::set_default(subscriber);
+        tracing::callsite::rebuild_interest_cache();
 
         let handler = StreamHandler::new(bench(Summer::default(), false).executor);
         let good = br#"{"key":"customer-secret-7c1d","n":5}"#;
