@@ -435,10 +435,14 @@ def check_operations(endpoint, stack, outputs):
         sys.exit(f"e2e: the stream refused records: {response}")
     function = resources["KeyedCounterFunction"]
     logs = client("logs", endpoint)
+    # Each function writes to the log group of its own the stack creates, which its role may write.
+    log_group = client("lambda", endpoint).get_function_configuration(FunctionName=function)["LoggingConfig"]["LogGroup"]
+    if log_group != resources["KeyedCounterFunctionLogGroup"]:
+        sys.exit(f"e2e: the keyed counter logs to {log_group}, not to its stack's log group {resources['KeyedCounterFunctionLogGroup']}")
 
     def hot_line():
         try:
-            events = logs.filter_log_events(logGroupName=f"/aws/lambda/{function}")["events"]
+            events = logs.filter_log_events(logGroupName=log_group)["events"]
         except logs.exceptions.ResourceNotFoundException:
             return None
         for event in events:

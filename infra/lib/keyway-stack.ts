@@ -5,7 +5,6 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import {
-  Aws,
   CfnOutput,
   CfnCondition,
   CfnParameter,
@@ -23,6 +22,7 @@ import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as kinesis from 'aws-cdk-lib/aws-kinesis';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as iam from 'aws-cdk-lib/aws-iam';
+import * as logs from 'aws-cdk-lib/aws-logs';
 import { DynamoEventSource, KinesisEventSource, SqsDlq } from 'aws-cdk-lib/aws-lambda-event-sources';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import { Construct, IConstruct } from 'constructs';
@@ -50,6 +50,50 @@ function functionCode(functionsDir: string, binary: string): lambda.Code {
   return lambda.Code.fromAsset(dir);
 }
 
+/** The IAM actions of each port a function asks for and of what Lambda does with its role:
+ * keyway::adapters::permissions lists the same, and tests/tests/permissions.rs holds this app's
+ * roles and template.yaml's to it. */
+const TABLE_READ = ['dynamodb:BatchGetItem', 'dynamodb:GetItem', 'dynamodb:Query', 'dynamodb:Scan'];
+const TABLE_READ_WRITE = [...TABLE_READ, 'dynamodb:PutItem', 'dynamodb:UpdateItem', 'dynamodb:BatchWriteItem'];
+const KINESIS_SINK = ['kinesis:PutRecords'];
+const SQS_SINK = ['sqs:SendMessage'];
+const KINESIS_TRIGGER = [
+  'kinesis:DescribeStream',
+  'kinesis:DescribeStreamSummary',
+  'kinesis:GetRecords',
+  'kinesis:GetShardIterator',
+  'kinesis:ListShards',
+];
+const DYNAMODB_STREAM_TRIGGER = [
+  'dynamodb:DescribeStream',
+  'dynamodb:GetRecords',
+  'dynamodb:GetShardIterator',
+  'dynamodb:ListStreams',
+];
+const ON_FAILURE_QUEUE = ['sqs:SendMessage'];
+const LOGS = ['logs:CreateLogStream', 'logs:PutLogEvents'];
+
+/** Actions on one resource (an ARN). */
+type Grant = [actions: string[], resource: string];
+
+/** The statements of each function's role, which `grant` adds to. */
+const roleStatements = new WeakMap<lambda.IFunction, object[]>();
+
+/** Grants `fn` `actions` on `resource`, and nothing else: its role takes no grant but these. */
+function grant(fn: lambda.IFunction, actions: string[], resource: string): void {
+  const statements = roleStatements.get(fn);
+  if (statements === undefined) {
+    throw new Error(`${fn.node.id} has no role of rustFunction's`);
+  }
+  statements.push({ Effect: 'Allow', Action: actions, Resource: resource });
+}
+
+/** An event source with what Lambda needs of the function's role to read it. */
+interface Trigger {
+  readonly source: lambda.IEventSource;
+  readonly grants: Grant[];
+}
+
 /** The settings of every stream trigger, as template.yaml gives them: partial batch responses
  * checkpoint at the lowest unapplied record, bisection isolates a record that fails the whole
  * function, and what still fails after its retries is described on the failed-batches queue. */
@@ -57,8 +101,8 @@ function streamTrigger(
   stream: kinesis.IStream,
   failedBatches: sqs.IQueue,
   batchingWindowSeconds = 1,
-): KinesisEventSource {
-  return new KinesisEventSource(stream, {
+): Trigger {
+  const source = new KinesisEventSource(stream, {
     startingPosition: lambda.StartingPosition.TRIM_HORIZON,
     batchSize: 500,
     maxBatchingWindow: Duration.seconds(batchingWindowSeconds),
@@ -69,12 +113,19 @@ function streamTrigger(
     parallelizationFactor: 2,
     onFailure: new SqsDlq(failedBatches),
   });
+  return {
+    source,
+    grants: [
+      [KINESIS_TRIGGER, stream.streamArn],
+      [ON_FAILURE_QUEUE, failedBatches.queueArn],
+    ],
+  };
 }
 
 /** The trigger of a table's stream (a policy table's), with the same failure handling: one item's
  * changes in order, a hundred a batch, none waiting for a fuller batch. */
-function tableTrigger(table: dynamodb.ITable, failedBatches: sqs.IQueue): DynamoEventSource {
-  return new DynamoEventSource(table, {
+function tableTrigger(table: dynamodb.ITable, failedBatches: sqs.IQueue): Trigger {
+  const source = new DynamoEventSource(table, {
     startingPosition: lambda.StartingPosition.TRIM_HORIZON,
     batchSize: 100,
     maxBatchingWindow: Duration.seconds(0),
@@ -84,27 +135,58 @@ function tableTrigger(table: dynamodb.ITable, failedBatches: sqs.IQueue): Dynamo
     maxRecordAge: Duration.seconds(86400),
     onFailure: new SqsDlq(failedBatches),
   });
+  if (table.tableStreamArn === undefined) {
+    throw new Error(`${table.node.id} has no stream`);
+  }
+  return {
+    source,
+    grants: [
+      [DYNAMODB_STREAM_TRIGGER, table.tableStreamArn],
+      [ON_FAILURE_QUEUE, failedBatches.queueArn],
+    ],
+  };
 }
 
-/** Adds `source` to `fn` under the logical id SAM gives it: <function><event>. */
+/** Adds `trigger` to `fn` under the logical id SAM gives it, <function><event>, and grants what
+ * Lambda needs to read it (the event source's own grants go nowhere: the role is immutable). */
 function addTrigger(
   fn: lambda.Function,
   fnId: string,
   event: string,
-  source: lambda.IEventSource,
+  trigger: Trigger,
 ): lambda.CfnEventSourceMapping {
   const before = new Set(fn.node.children);
-  fn.addEventSource(source);
+  fn.addEventSource(trigger.source);
   const mapping = fn.node.children.find((c) => !before.has(c) && c instanceof lambda.EventSourceMapping);
   if (mapping === undefined) {
     throw new Error(`${fnId}: the event source ${event} made no event source mapping`);
+  }
+  for (const [actions, resource] of trigger.grants) {
+    grant(fn, actions, resource);
   }
   logicalId(mapping, `${fnId}${event}`);
   return mapping.node.defaultChild as lambda.CfnEventSourceMapping;
 }
 
+/** The LogRetentionDays parameter, made by the first function that asks. */
+function logRetentionDays(scope: Construct): number {
+  const stack = Stack.of(scope);
+  const made = stack.node.tryFindChild('LogRetentionDays') as CfnParameter | undefined;
+  const parameter =
+    made ??
+    new CfnParameter(stack, 'LogRetentionDays', {
+      type: 'Number',
+      // A string, as allowedValues are: cfn-lint compares the two as written.
+      default: '30',
+      allowedValues: [1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653].map(String),
+      description: "How long each function's log group keeps its logs, in days.",
+    });
+  return parameter.valueAsNumber;
+}
+
 /** A function of this workspace as template.yaml's Globals make them: the cargo-lambda build of
- * `binary` on provided.al2023, under the logical id template.yaml gives it. */
+ * `binary` on provided.al2023, under the logical id template.yaml gives it, with its own log group
+ * and a role that grants writing to it and what `grant` adds, nothing more. */
 function rustFunction(
   scope: Construct,
   id: string,
@@ -113,6 +195,23 @@ function rustFunction(
   description: string,
   environment: Record<string, string>,
 ): lambda.Function {
+  const logGroup = new logs.CfnLogGroup(scope, `${id}LogGroup`, {
+    retentionInDays: logRetentionDays(scope),
+  });
+  logGroup.overrideLogicalId(`${id}LogGroup`);
+  const statements: object[] = [];
+  const role = new iam.CfnRole(scope, `${id}Role`, {
+    assumeRolePolicyDocument: {
+      Version: '2012-10-17',
+      Statement: [
+        { Effect: 'Allow', Principal: { Service: 'lambda.amazonaws.com' }, Action: 'sts:AssumeRole' },
+      ],
+    },
+    policies: [
+      { policyName: binary, policyDocument: { Version: '2012-10-17', Statement: statements } },
+    ],
+  });
+  role.overrideLogicalId(`${id}Role`);
   const made = new lambda.Function(scope, id, {
     description,
     runtime: lambda.Runtime.PROVIDED_AL2023,
@@ -122,8 +221,13 @@ function rustFunction(
     timeout: Duration.seconds(30),
     code: functionCode(functionsDir, binary),
     environment,
+    // Not mutable: a construct's grant (an event source's, a table's) changes nothing.
+    role: iam.Role.fromRoleArn(scope, `${id}RoleArn`, role.attrArn, { mutable: false }),
+    logGroup: logs.LogGroup.fromLogGroupName(scope, `${id}LogGroupName`, logGroup.ref),
   });
   logicalId(made, id);
+  roleStatements.set(made, statements);
+  grant(made, LOGS, logGroup.attrArn);
   return made;
 }
 
@@ -239,9 +343,9 @@ export class KeywayStack extends Stack {
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
     );
-    stateTable.grantReadWriteData(keyedCounter);
-    counts.grantSendMessages(keyedCounter);
-    deadLetters.grantSendMessages(keyedCounter);
+    grant(keyedCounter, TABLE_READ_WRITE, stateTable.tableArn);
+    grant(keyedCounter, SQS_SINK, counts.queueArn);
+    grant(keyedCounter, SQS_SINK, deadLetters.queueArn);
 
     addTrigger(keyedCounter, 'KeyedCounterFunction', 'Clicks', streamTrigger(clicks, failedBatches));
 
@@ -262,10 +366,10 @@ export class KeywayStack extends Stack {
         KEYWAY_REDELIVERY_WINDOW_SECONDS: recordMaxAge.valueAsString,
       },
     );
-    stateTable.grantReadWriteData(enricher);
-    feedback.grantReadWrite(enricher);
-    enriched.grantWrite(enricher);
-    deadLetters.grantSendMessages(enricher);
+    grant(enricher, TABLE_READ_WRITE, stateTable.tableArn);
+    grant(enricher, KINESIS_SINK, feedback.streamArn);
+    grant(enricher, KINESIS_SINK, enriched.streamArn);
+    grant(enricher, SQS_SINK, deadLetters.queueArn);
     // A parameter, which the event source's own range check cannot read: set on the mapping.
     for (const [event, stream] of [['CloudTrail', cloudTrail], ['Feedback', feedback]] as const) {
       const mapping = addTrigger(enricher, 'IdentityEnricherFunction', event, streamTrigger(stream, failedBatches));
@@ -330,6 +434,16 @@ export class KeywayStack extends Stack {
         'names. Empty accepts any queue of the account.',
     });
 
+    new CfnParameter(this, 'ConsumerQueuePrefix', {
+      type: 'String',
+      default: 'keyway-',
+      minLength: 1,
+      allowedPattern: '[A-Za-z0-9_-]+',
+      description:
+        "What every consumer's queue name starts with: the dynamic filter may send to those queues " +
+        'only, and the policy sync refuses a subscription to any other.',
+    });
+
     // The dynamic filter's state: every subscription as of its last change, and the journal of
     // changes the filter catches up from once a batch (functions/dynamic-filter/src/store.rs).
     const filterState = keyedTable(this, 'FilterStateTable');
@@ -340,7 +454,7 @@ export class KeywayStack extends Stack {
     const events = stream(this, 'FilterEventsStream', filterShards.valueAsNumber);
 
     // The stack's name as deployed (a token), which may differ from the one synthesized.
-    const policyTablePrefix = `${Aws.STACK_NAME}-policies-`;
+    const policyTablePrefix = Fn.sub('${AWS::StackName}-policies-');
     const sync = rustFunction(
       this,
       'FilterPolicySyncFunction',
@@ -358,24 +472,16 @@ export class KeywayStack extends Stack {
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
     );
-    stateTable.grantReadWriteData(sync);
-    filterState.grantReadWriteData(sync);
-    deadLetters.grantSendMessages(sync);
+    grant(sync, TABLE_READ_WRITE, stateTable.tableArn);
+    grant(sync, TABLE_READ_WRITE, filterState.tableArn);
+    grant(sync, SQS_SINK, deadLetters.queueArn);
     addTrigger(sync, 'FilterPolicySyncFunction', 'Policies', tableTrigger(policies, failedBatches));
     // The streams of consumers' own policy tables, which their stacks (consumer-stack.ts) map to
     // this function: only tables named by the prefix.
-    sync.addToRolePolicy(
-      new iam.PolicyStatement({
-        actions: [
-          'dynamodb:DescribeStream',
-          'dynamodb:GetRecords',
-          'dynamodb:GetShardIterator',
-          'dynamodb:ListStreams',
-        ],
-        resources: [
-          `arn:aws:dynamodb:${this.region}:${this.account}:table/${policyTablePrefix}*/stream/*`,
-        ],
-      }),
+    grant(
+      sync,
+      DYNAMODB_STREAM_TRIGGER,
+      Fn.sub('arn:${AWS::Partition}:dynamodb:${AWS::Region}:${AWS::AccountId}:table/${AWS::StackName}-policies-*/stream/*'),
     );
 
     const filter = rustFunction(
@@ -391,15 +497,14 @@ export class KeywayStack extends Stack {
         FILTER_KEY_POINTER: keyPointer.valueAsString,
       },
     );
-    filterState.grantReadData(filter);
-    deadLetters.grantSendMessages(filter);
+    grant(filter, TABLE_READ, filterState.tableArn);
+    grant(filter, SQS_SINK, deadLetters.queueArn);
     // Consumers' queues are named by their subscriptions, which the policy sync checks against
     // ConsumerQueues.
-    filter.addToRolePolicy(
-      new iam.PolicyStatement({
-        actions: ['sqs:SendMessage'],
-        resources: [`arn:aws:sqs:${this.region}:${this.account}:*`],
-      }),
+    grant(
+      filter,
+      SQS_SINK,
+      Fn.sub('arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${ConsumerQueuePrefix}*'),
     );
     // Events go out as they come: a consumer of live collaboration waits for none.
     addTrigger(filter, 'DynamicFilterFunction', 'Events', streamTrigger(events, failedBatches, 0));
@@ -482,9 +587,9 @@ export class KeywayStack extends Stack {
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
     );
-    stateTable.grantReadWriteData(rekey);
-    changelog.grantReadWrite(rekey);
-    deadLetters.grantSendMessages(rekey);
+    grant(rekey, TABLE_READ_WRITE, stateTable.tableArn);
+    grant(rekey, KINESIS_SINK, changelog.streamArn);
+    grant(rekey, SQS_SINK, deadLetters.queueArn);
     addTrigger(rekey, 'CdcRekeyFunction', 'Changes', streamTrigger(changes, failedBatches));
     addTrigger(rekey, 'CdcRekeyFunction', 'Users', tableTrigger(users, failedBatches));
     // A truncated table's rows that no change touches again are retracted by a sweep this
@@ -513,10 +618,10 @@ export class KeywayStack extends Stack {
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
     );
-    stateTable.grantReadWriteData(joiner);
-    view.grantReadWriteData(joiner);
-    joined.grantReadWrite(joiner);
-    deadLetters.grantSendMessages(joiner);
+    grant(joiner, TABLE_READ_WRITE, stateTable.tableArn);
+    grant(joiner, TABLE_READ_WRITE, view.tableArn);
+    grant(joiner, KINESIS_SINK, joined.streamArn);
+    grant(joiner, SQS_SINK, deadLetters.queueArn);
     addTrigger(joiner, 'CdcJoinFunction', 'Changelog', streamTrigger(changelog, failedBatches));
 
     new CfnOutput(this, 'CdcChangesStreamName', { value: changes.streamName });
@@ -620,10 +725,10 @@ export class KeywayStack extends Stack {
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
     );
-    stateTable.grantReadWriteData(aggregate);
-    hotKeys.grantReadWriteData(aggregate);
-    partials.grantReadWrite(aggregate);
-    deadLetters.grantSendMessages(aggregate);
+    grant(aggregate, TABLE_READ_WRITE, stateTable.tableArn);
+    grant(aggregate, TABLE_READ_WRITE, hotKeys.tableArn);
+    grant(aggregate, KINESIS_SINK, partials.streamArn);
+    grant(aggregate, SQS_SINK, deadLetters.queueArn);
     addTrigger(aggregate, 'KeyedAggregateFunction', 'Events', streamTrigger(input, failedBatches));
     // Partials go to the merge on the keys' timers: a window's when it closes, a running total's
     // a minute after its first change since the last.
@@ -647,9 +752,9 @@ export class KeywayStack extends Stack {
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },
     );
-    stateTable.grantReadWriteData(merge);
-    results.grantReadWrite(merge);
-    deadLetters.grantSendMessages(merge);
+    grant(merge, TABLE_READ_WRITE, stateTable.tableArn);
+    grant(merge, KINESIS_SINK, results.streamArn);
+    grant(merge, SQS_SINK, deadLetters.queueArn);
     addTrigger(merge, 'AggregateMergeFunction', 'Partials', streamTrigger(partials, failedBatches));
 
     new CfnOutput(this, 'HotKeysTableName', { value: hotKeys.tableName });

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use async_trait::async_trait;
 use keyway::domain::metrics::Emf;
 use keyway::lambda::{
-    executor_config, observed, required, sink_from, table_from, Env, FunctionError, Handler,
+    executor_config, observed, read_table_from, required, sink_from, Env, FunctionError, Handler,
     Invocation, Platform, SetupError, StreamHandler,
 };
 use keyway::ports::{Clock, MetricLog, StoreError};
@@ -142,7 +142,7 @@ impl Handler for FilterHandler {
 /// The function wired to the filter state, queues and dead-letter sink its environment names.
 pub fn handler(platform: &dyn Platform, env: &Env) -> Result<FilterHandler, SetupError> {
     let state = FilterState::new(
-        table_from(platform, env, "FILTER_STATE_TABLE")?,
+        read_table_from(platform, env, "FILTER_STATE_TABLE")?,
         platform.clock(),
     );
     let prefix = required(env, "QUEUE_URL_PREFIX")?.to_owned();

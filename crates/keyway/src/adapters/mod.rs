@@ -5,6 +5,7 @@
 
 pub mod dynamodb;
 pub mod kinesis;
+pub mod permissions;
 pub mod retry;
 pub(crate) mod sdk_error;
 pub mod sqs;

@@ -79,9 +79,9 @@ impl<O: KeyedOperator> Executor<O> {
     ) -> Option<Ready> {
         let records = plan.records_of(g);
         let key = plan.groups[g].key.as_str();
-        if work.deferred || work.blocked {
-            // Not started, or an earlier outbox still waits: later outputs must not overtake it.
-            // The redelivery starts the key again.
+        if work.deferred || work.blocked || work.unreadable {
+            // Not started, or an earlier outbox still waits (later outputs must not overtake
+            // it), or its state could not be read. The redelivery starts the key again.
             report.deferred_keys += usize::from(work.deferred);
             report.fail(&records[0].sequence);
             return None;

@@ -2,7 +2,7 @@
 //! from; and, for keys with nothing stored under the current signature, state carried over from
 //! an older one (a migration) or counted as left behind (a reset).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tracing::warn;
 
@@ -50,9 +50,19 @@ impl<O: KeyedOperator> Executor<O> {
             self.store.load_keys(&self.namespace, &reads),
             self.previous_signature(now)
         );
+        let mut unreadable = HashSet::new();
+        let loaded = match loaded {
+            Err(err) if !err.is_retryable() => self.load_each(&reads, &mut unreadable).await,
+            loaded => loaded,
+        };
+        let readable: Vec<LoadKey<'_>> = requests
+            .iter()
+            .filter(|r| !unreadable.contains(r.key))
+            .cloned()
+            .collect();
         let looked_back = match loaded {
             Ok(mut loaded) => self
-                .look_back(&mut loaded, &requests, previous, report)
+                .look_back(&mut loaded, &readable, previous, report)
                 .await
                 .map(|migrated| (loaded, migrated)),
             Err(err) => Err(err),
@@ -83,10 +93,38 @@ impl<O: KeyedOperator> Executor<O> {
                     base: loaded.remove(&g.key).unwrap_or_default(),
                     migrated: migrated.contains(&g.key),
                     broadcast: broadcast.clone(),
+                    unreadable: unreadable.contains(&g.key),
                     ..KeyWork::default()
                 })
                 .collect(),
         )
+    }
+
+    /// After a load of the batch's keys failed in a way no retry fixes (a stored item that does
+    /// not parse): each key read alone, so that one key's unreadable state holds back its own
+    /// records only. The unreadable keys are added to `unreadable`; the broadcast key's state,
+    /// which every key's run reads, fails the load.
+    async fn load_each(
+        &self,
+        reads: &[LoadKey<'_>],
+        unreadable: &mut HashSet<String>,
+    ) -> Result<HashMap<String, KeyState>, StoreError> {
+        let mut loaded = HashMap::with_capacity(reads.len());
+        for read in reads {
+            match self
+                .store
+                .load_keys(&self.namespace, std::slice::from_ref(read))
+                .await
+            {
+                Ok(state) => loaded.extend(state),
+                Err(err) if !err.is_retryable() && read.key != BROADCAST_KEY => {
+                    warn!(operator = %self.namespace.operator, key = %read.key, error = %err, "the key's state cannot be read; its records will be redelivered");
+                    unreadable.insert(read.key.to_owned());
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(loaded)
     }
 
     /// For keys with no state under the current signature, reads their state under the
@@ -286,6 +324,42 @@ mod tests {
                 ("b".to_owned(), vec!["s/shardId-0/p".to_owned()]),
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_key_whose_stored_state_does_not_parse_holds_back_its_own_records_only() {
+        use crate::domain::AttrValue;
+        let bench = super::super::testkit::bench(Summer::default(), false);
+        bench
+            .executor
+            .run(vec![record(1, "p", "a", 1), record(2, "q", "b", 1)])
+            .await;
+        let mut head = bench
+            .table
+            .items()
+            .into_iter()
+            .find(|i| {
+                i.get("pk")
+                    .and_then(AttrValue::as_s)
+                    .is_some_and(|pk| pk.ends_with("#b"))
+                    && i.get("sk").and_then(AttrValue::as_s) == Some("head")
+            })
+            .expect("b's head");
+        head.insert("doc".into(), AttrValue::S("{not json".into()));
+        bench.table.put_item(head).unwrap();
+
+        let report = bench
+            .executor
+            .run(vec![
+                record(3, "p", "a", 2),
+                record(4, "q", "b", 2),
+                record(5, "r", "c", 3),
+            ])
+            .await;
+        assert_eq!(report.failed_from.unwrap().as_str(), "4");
+        assert_eq!(report.applied, 2, "a's and c's records");
+        // The first run's two sums, then a's and c's: b sent nothing.
+        assert_eq!(bench.out.bodies().concat().len(), 4);
     }
 
     #[tokio::test]

@@ -72,6 +72,9 @@ pub(super) struct KeyWork {
     pub blocked: bool,
     /// Not started: the invocation's deadline was near.
     pub deferred: bool,
+    /// Its stored state could not be read: the key changes nothing now, and its records are
+    /// redelivered.
+    pub unreadable: bool,
     /// The operator's broadcast states as the batch loaded them.
     pub broadcast: Option<Arc<BroadcastSnapshot>>,
     /// States past their own TTL were dropped from `base`: the key is written even if nothing
@@ -90,6 +93,9 @@ impl<O: KeyedOperator> Executor<O> {
     ) {
         let reserve = self.config.deadline_reserve.as_millis() as i64;
         for (g, work) in keys.iter_mut().enumerate() {
+            if work.unreadable {
+                continue;
+            }
             if deadline_millis.is_some_and(|d| self.clock.now_millis() >= d - reserve) {
                 work.deferred = true;
                 continue;

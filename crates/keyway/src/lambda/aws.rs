@@ -7,7 +7,7 @@ use std::time::Duration;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 
-use super::platform::{Platform, PortError, SinkMaker, SinkTarget};
+use super::platform::{Platform, PortError, SinkMaker, SinkTarget, TableAccess};
 use crate::adapters::dynamodb::{DynamoStateStore, SdkTable, Table};
 use crate::adapters::kinesis::{KinesisSink, SdkKinesis};
 use crate::adapters::sqs::{SdkSqs, SqsSink};
@@ -61,7 +61,8 @@ impl Platform for AwsClients {
         Ok(Arc::new(DynamoStateStore::new(table, self.clock())))
     }
 
-    fn table(&self, table: &str) -> Result<Arc<dyn Table>, PortError> {
+    /// IAM holds the function to `_access`: the role grants no more.
+    fn table(&self, table: &str, _access: TableAccess) -> Result<Arc<dyn Table>, PortError> {
         Ok(Arc::new(SdkTable::new(self.dynamodb.clone(), table)))
     }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::platform::{Platform, PortError};
+use super::platform::{Platform, PortError, TableAccess};
 use crate::adapters::dynamodb::{HotKeyRegistry, Table};
 use crate::domain::skew::Hysteresis;
 use crate::executor::{Executor, ExecutorConfig, Lineage, WiringError};
@@ -56,13 +56,25 @@ pub fn state_store_from(
     port_from(env, name, |table| platform.state_store(table))
 }
 
-/// The DynamoDB table the variable `name` names.
+/// The DynamoDB table the variable `name` names, to read and write.
 pub fn table_from(
     platform: &dyn Platform,
     env: &Env,
     name: &str,
 ) -> Result<Arc<dyn Table>, ConfigError> {
-    port_from(env, name, |table| platform.table(table))
+    port_from(env, name, |table| {
+        platform.table(table, TableAccess::ReadWrite)
+    })
+}
+
+/// The DynamoDB table the variable `name` names, to read only: the function's role grants no
+/// writes on it.
+pub fn read_table_from(
+    platform: &dyn Platform,
+    env: &Env,
+    name: &str,
+) -> Result<Arc<dyn Table>, ConfigError> {
+    port_from(env, name, |table| platform.table(table, TableAccess::Read))
 }
 
 /// The sink the variable `name` names (`kinesis:<stream name>` or `sqs:<queue URL>`).
@@ -281,7 +293,7 @@ mod tests {
                     table: table.to_owned(),
                 })
             }
-            fn table(&self, table: &str) -> Result<Arc<dyn Table>, PortError> {
+            fn table(&self, table: &str, _: TableAccess) -> Result<Arc<dyn Table>, PortError> {
                 Err(PortError::NoTable {
                     table: table.to_owned(),
                 })

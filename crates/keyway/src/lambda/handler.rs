@@ -78,17 +78,15 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
             false => kinesis::decode_records(&records),
         };
         let source = BatchSource::of(&batch, dynamodb);
-        let response = run_batch(&self.executor, batch, deadline)
-            .await
-            .map(|report| {
-                source.log(self.executor.namespace(), &report, started.elapsed());
-                let response = match dynamodb {
-                    true => serde_json::to_value(dynamodb_response(&report)),
-                    false => serde_json::to_value(kinesis_response(&report)),
-                };
-                response.expect("a response serializes")
-            });
-        response.map_err(|e| FunctionError(e.to_string()))
+        let report = self.executor.run_until(batch, deadline).await;
+        // Logged before the verdict: an invocation that fails as a whole has its line too.
+        source.log(self.executor.namespace(), &report, started.elapsed());
+        let report = checked(report).map_err(|e| FunctionError(e.to_string()))?;
+        let response = match dynamodb {
+            true => serde_json::to_value(dynamodb_response(&report)),
+            false => serde_json::to_value(kinesis_response(&report)),
+        };
+        Ok(response.expect("a response serializes"))
     }
 }
 
@@ -143,6 +141,7 @@ impl BatchSource {
             outputs = report.outputs_sent,
             commit_conflicts = report.conflicts,
             failed_from = report.failed_from.as_ref().map(|s| s.as_str()),
+            failed_whole = report.unreportable_failure.is_some(),
             duration_ms = took.as_secs_f64() * 1000.0,
             "invocation done"
         );
@@ -231,7 +230,11 @@ async fn run_batch<O: KeyedOperator>(
     batch: DecodedBatch,
     deadline_millis: Option<i64>,
 ) -> Result<BatchReport, SourceError> {
-    let report = executor.run_until(batch, deadline_millis).await;
+    checked(executor.run_until(batch, deadline_millis).await)
+}
+
+/// `report`, unless a record could not be dead-lettered: then the batch fails as a whole.
+fn checked(report: BatchReport) -> Result<BatchReport, SourceError> {
     match report.unreportable_failure {
         Some(reason) => Err(SourceError::Unreportable(reason)),
         None => Ok(report),
@@ -328,6 +331,31 @@ mod tests {
     }
 
     impl Captured {
+        /// A JSON subscriber for this thread while the guard lives, writing to what it returns.
+        fn on_this_thread() -> (Self, tracing::subscriber::DefaultGuard) {
+            let captured = Captured::default();
+            let writer = captured.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .json()
+                .with_max_level(tracing::Level::INFO)
+                .with_writer(move || writer.clone())
+                .finish();
+            let guard = tracing::subscriber::set_default(subscriber);
+            // Callsites another thread registered without a subscriber are asked again.
+            tracing::callsite::rebuild_interest_cache();
+            (captured, guard)
+        }
+
+        /// The invocation's one `invocation done` line among `lines`.
+        fn done(lines: &[Value]) -> Vec<&Value> {
+            let done: Vec<&Value> = lines
+                .iter()
+                .filter(|l| l["fields"]["message"] == "invocation done")
+                .collect();
+            assert_eq!(done.len(), 1, "{lines:?}");
+            done
+        }
+
         fn lines(&self) -> Vec<Value> {
             let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
             text.lines()
@@ -341,16 +369,8 @@ mod tests {
         use crate::executor::testkit::{bench, Summer};
         use crate::local::mapping::events::{kinesis_event_json, KinesisEventRecord};
         use tracing::Instrument as _;
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .json()
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(move || writer.clone())
-            .finish();
         let _alone = HANDLER_RUNS.lock().await;
-        let _default = tracing::subscriber::set_default(subscriber);
-        tracing::callsite::rebuild_interest_cache();
+        let (captured, _default) = Captured::on_this_thread();
 
         let handler = StreamHandler::new(bench(Summer::default(), false).executor);
         let good = br#"{"key":"customer-secret-7c1d","n":5}"#;
@@ -375,11 +395,7 @@ mod tests {
         );
 
         let lines = captured.lines();
-        let done: Vec<&Value> = lines
-            .iter()
-            .filter(|l| l["fields"]["message"] == "invocation done")
-            .collect();
-        assert_eq!(done.len(), 1, "{lines:?}");
+        let done = Captured::done(&lines);
         let fields = &done[0]["fields"];
         assert_eq!(fields["event_source"], "aws:kinesis");
         assert_eq!(fields["stream"], "clicks");
@@ -397,6 +413,7 @@ mod tests {
             )
         );
         assert!(fields["duration_ms"].is_number());
+        assert_eq!(fields["failed_whole"], false);
         assert_eq!(done[0]["span"]["request_id"], "req-1");
         assert_eq!(done[0]["span"]["function"], "counter");
         for line in lines.iter().filter(|l| l["level"] == "INFO") {
@@ -407,6 +424,30 @@ mod tests {
                 "a payload at INFO: {text}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn an_invocation_that_fails_as_a_whole_still_logs_its_line_saying_so() {
+        use crate::executor::testkit::{bench, Summer};
+        let _alone = HANDLER_RUNS.lock().await;
+        let (captured, _default) = Captured::on_this_thread();
+
+        let bench = bench(Summer::default(), false);
+        bench
+            .dead
+            .down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let handler = StreamHandler::new(bench.executor);
+        // A record without a sequence number, which no partial batch response can name: with the
+        // dead-letter sink down, only failing the invocation keeps it.
+        let event = r#"{"Records": [{"eventSource": "aws:kinesis", "eventSourceARN": "arn:aws:kinesis:us-east-1:123456789012:stream/clicks", "kinesis": {"partitionKey": "k", "data": "e30="}}]}"#;
+        let failed = handler.handle(event, &Invocation::default()).await;
+        assert!(failed.is_err(), "{failed:?}");
+
+        let lines = captured.lines();
+        let done = Captured::done(&lines);
+        assert_eq!(done[0]["fields"]["failed_whole"], true);
+        assert_eq!(done[0]["fields"]["batch_size"], 1);
     }
 
     #[test]

@@ -12,17 +12,19 @@ pub mod aws;
 mod env;
 mod handler;
 mod platform;
+mod reach;
 mod serve;
 
 pub use aws::AwsClients;
 pub use env::{
-    check_mapping, env_of, executor_config, hot_key_registry, observed, required, sink_from,
-    state_store_from, table_from, whole_number, ConfigError, Env, SetupError, HOT_KEYS_PERIOD,
-    HOT_KEYS_TABLE, LINEAGE, REDELIVERY_WINDOW,
+    check_mapping, env_of, executor_config, hot_key_registry, observed, read_table_from, required,
+    sink_from, state_store_from, table_from, whole_number, ConfigError, Env, SetupError,
+    HOT_KEYS_PERIOD, HOT_KEYS_TABLE, LINEAGE, REDELIVERY_WINDOW,
 };
 pub use handler::{
     dynamodb_response, is_scheduled, kinesis_response, run_dynamodb, run_kinesis, FunctionError,
     Handler, Invocation, SourceError, StreamHandler,
 };
-pub use platform::{Platform, PortError, SinkMaker, SinkTarget};
+pub use platform::{Platform, PortError, SinkMaker, SinkTarget, TableAccess};
+pub use reach::{Reach, Recording};
 pub use serve::{run, serve};

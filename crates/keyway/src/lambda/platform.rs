@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::adapters::dynamodb::Table;
+use crate::adapters::permissions::{TABLE_READ, TABLE_READ_WRITE};
 use crate::ports::{Clock, MetricLog, Sink, StateStore};
 
 /// Where a function runs: it builds the ports the function's configuration names.
@@ -11,8 +12,9 @@ pub trait Platform: Send + Sync {
     /// The state store on the DynamoDB table `table`.
     fn state_store(&self, table: &str) -> Result<Arc<dyn StateStore>, PortError>;
     /// The DynamoDB table `table` itself, for state an application lays out on its own (an
-    /// index, a journal) with the operations the runtime's adapters share.
-    fn table(&self, table: &str) -> Result<Arc<dyn Table>, PortError>;
+    /// index, a journal) with the operations the runtime's adapters share. `access` is what the
+    /// function's role is granted on it: a platform may refuse the rest, as IAM does.
+    fn table(&self, table: &str, access: TableAccess) -> Result<Arc<dyn Table>, PortError>;
     /// A sink for `target`: `kinesis:<stream name>` or `sqs:<queue URL>`.
     fn sink(&self, target: &str) -> Result<Arc<dyn Sink>, PortError> {
         (self.sink_maker())(target)
@@ -23,6 +25,23 @@ pub trait Platform: Send + Sync {
     fn clock(&self) -> Arc<dyn Clock>;
     /// Where the function's metric lines go.
     fn metrics(&self) -> Arc<dyn MetricLog>;
+}
+
+/// What a function does with a table it asks for: what the templates grant its role on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TableAccess {
+    Read,
+    ReadWrite,
+}
+
+impl TableAccess {
+    /// The IAM actions this access takes.
+    pub fn actions(self) -> &'static [&'static str] {
+        match self {
+            TableAccess::Read => TABLE_READ,
+            TableAccess::ReadWrite => TABLE_READ_WRITE,
+        }
+    }
 }
 
 /// Makes the sink of a target, as `Platform::sink` does, at any time.
@@ -38,7 +57,7 @@ pub enum PortError {
 }
 
 /// Where a sink sends to, as configuration names it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SinkTarget {
     /// `kinesis:<stream name>`
     Kinesis(String),

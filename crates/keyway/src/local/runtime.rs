@@ -16,14 +16,14 @@ use super::services::faults::{add_counts, crash, Fault, FaultCounts, FaultPlan, 
 use super::services::kinesis::LocalKinesis;
 use super::services::sqs::{LocalSqs, QueueConfig};
 use super::template::{self, Resolver, Resource, SourceRef, TemplateError, Wiring};
-use crate::adapters::dynamodb::{DynamoStateStore, Table};
+use crate::adapters::dynamodb::{DynamoStateStore, ReadOnlyTable, Table};
 use crate::adapters::kinesis::KinesisSink;
 use crate::adapters::retry::Backoff;
 use crate::adapters::sqs::SqsSink;
 use crate::domain::KeyState;
 use crate::lambda::{
     check_mapping, executor_config, ConfigError, Env, Handler, Invocation, Platform, PortError,
-    SetupError, SinkMaker, SinkTarget,
+    SetupError, SinkMaker, SinkTarget, TableAccess,
 };
 use crate::ports::{
     Clock, Commit, Committed, KeyPage, LoadKey, MemoryMetrics, MetricLog, Namespace, Sink,
@@ -121,14 +121,18 @@ impl Platform for LocalServices {
         Ok(store)
     }
 
-    fn table(&self, table: &str) -> Result<Arc<dyn Table>, PortError> {
+    /// A table asked for to read only refuses writes, as the function's role does on AWS.
+    fn table(&self, table: &str, access: TableAccess) -> Result<Arc<dyn Table>, PortError> {
         let found = self
             .dynamodb
             .table(table)
             .ok_or_else(|| PortError::NoTable {
                 table: table.to_owned(),
             })?;
-        Ok(found)
+        Ok(match access {
+            TableAccess::ReadWrite => found,
+            TableAccess::Read => Arc::new(ReadOnlyTable::new(found, table)),
+        })
     }
 
     fn sink_maker(&self) -> SinkMaker {

@@ -6,6 +6,7 @@
 //! pass the same contract suite, so the logic that runs in tests is the logic that runs on AWS.
 
 mod hot_keys;
+mod read_only;
 mod sdk;
 mod store;
 mod table_sink;
@@ -13,6 +14,7 @@ mod table_sink;
 use async_trait::async_trait;
 
 pub use hot_keys::{AdaptivePartitioner, HotKeyRegistry};
+pub use read_only::ReadOnlyTable;
 pub use sdk::{item_from_sdk, item_to_sdk, sdk_store_error, SdkTable};
 pub use store::{
     DynamoStateStore, HEAD_INLINE_LIMIT, LINEAGES_PER_COMMIT, SEGMENT_TARGET, TOKENS_KEPT,
