@@ -12,6 +12,7 @@ use tracing::Instrument as _;
 
 use super::handler::{Handler, Invocation};
 use super::{AwsClients, Env, Platform, SetupError};
+use crate::ports::{Clock as _, SystemClock};
 
 /// Runs the function whose handler `build` makes, until the execution environment ends.
 pub async fn run<H, F>(build: F) -> Result<(), Error>
@@ -61,7 +62,7 @@ pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), Error> {
         async move {
             let invocation = Invocation {
                 request_id: event.context.request_id.clone(),
-                deadline_millis: i64::try_from(event.context.deadline).ok(),
+                deadline_millis: deadline_of(event.context.deadline, SystemClock.now_millis()),
             };
             handler
                 .handle(event.payload.get(), &invocation)
@@ -73,9 +74,28 @@ pub async fn serve(handler: Arc<dyn Handler>) -> Result<(), Error> {
     .await
 }
 
+/// The invocation's deadline in epoch milliseconds, as Lambda's runtime API gives it; none when
+/// it has passed before the invocation started, which Lambda never does (`cargo lambda watch`
+/// sends its timeout, 600000, in the header instead). Without one the batch runs to its end; the
+/// function's timeout still stops it.
+fn deadline_of(header_millis: u64, now_millis: i64) -> Option<i64> {
+    i64::try_from(header_millis)
+        .ok()
+        .filter(|deadline| *deadline > now_millis)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_already_past_when_the_invocation_starts_is_no_deadline() {
+        let now = 1_796_325_899_394;
+        assert_eq!(deadline_of(1_796_325_929_394, now), Some(1_796_325_929_394));
+        // What cargo lambda's runtime emulator sends.
+        assert_eq!(deadline_of(600_000, now), None);
+        assert_eq!(deadline_of(u64::MAX, now), None);
+    }
     use crate::lambda::env_of;
 
     #[test]
