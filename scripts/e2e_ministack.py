@@ -109,6 +109,8 @@ def create_stack(cfn, stack, template, parameters=None, template_url=None):
             "HotKeyPeriodSeconds": str(HOT_KEY_PERIOD_SECONDS),
             "AggregateValuePointer": "/value",
             "Aggregates": "count,sum,min,max,mean",
+            # The emulator runs the functions on this machine: host builds, for x86_64.
+            "Architecture": "x86_64",
         }
     body = {"TemplateURL": template_url} if template_url else {"TemplateBody": template}
     cfn.create_stack(

@@ -8,6 +8,7 @@ import {
   CfnOutput,
   CfnCondition,
   CfnParameter,
+  CfnParameterProps,
   CfnResource,
   Fn,
   Duration,
@@ -168,20 +169,34 @@ function addTrigger(
   return mapping.node.defaultChild as lambda.CfnEventSourceMapping;
 }
 
-/** The LogRetentionDays parameter, made by the first function that asks. */
-function logRetentionDays(scope: Construct): number {
+/** The stack's parameter `id`, made with `props` by the first function that asks for it. */
+function functionsParameter(scope: Construct, id: string, props: CfnParameterProps): CfnParameter {
   const stack = Stack.of(scope);
-  const made = stack.node.tryFindChild('LogRetentionDays') as CfnParameter | undefined;
-  const parameter =
-    made ??
-    new CfnParameter(stack, 'LogRetentionDays', {
-      type: 'Number',
-      // A string, as allowedValues are: cfn-lint compares the two as written.
-      default: '30',
-      allowedValues: [1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653].map(String),
-      description: "How long each function's log group keeps its logs, in days.",
-    });
-  return parameter.valueAsNumber;
+  const made = stack.node.tryFindChild(id) as CfnParameter | undefined;
+  return made ?? new CfnParameter(stack, id, props);
+}
+
+/** The Architecture parameter's value. */
+function architecture(scope: Construct): string {
+  return functionsParameter(scope, 'Architecture', {
+    type: 'String',
+    default: 'arm64',
+    allowedValues: ['arm64', 'x86_64'],
+    description:
+      "The functions' instruction set. arm64 (Graviton) costs less per second of the same work; " +
+      'build for it with `cargo lambda build --release --arm64`, for x86_64 without the flag.',
+  }).valueAsString;
+}
+
+/** The LogRetentionDays parameter's value. */
+function logRetentionDays(scope: Construct): number {
+  return functionsParameter(scope, 'LogRetentionDays', {
+    type: 'Number',
+    // A string, as allowedValues are: cfn-lint compares the two as written.
+    default: '30',
+    allowedValues: [1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, 3653].map(String),
+    description: "How long each function's log group keeps its logs, in days.",
+  }).valueAsNumber;
 }
 
 /** A function of this workspace as template.yaml's Globals make them: the cargo-lambda build of
@@ -216,7 +231,7 @@ function rustFunction(
     description,
     runtime: lambda.Runtime.PROVIDED_AL2023,
     handler: 'bootstrap',
-    architecture: lambda.Architecture.X86_64,
+    architecture: lambda.Architecture.custom(architecture(scope)),
     memorySize: 256,
     timeout: Duration.seconds(30),
     code: functionCode(functionsDir, binary),
@@ -440,8 +455,8 @@ export class KeywayStack extends Stack {
       minLength: 1,
       allowedPattern: '[A-Za-z0-9_-]+',
       description:
-        "What every consumer's queue name starts with: the dynamic filter may send to those queues " +
-        'only, and the policy sync refuses a subscription to any other.',
+        "What every consumer's queue name starts with: the dynamic filter's role may send to those " +
+        'queues only.',
     });
 
     // The dynamic filter's state: every subscription as of its last change, and the journal of

@@ -217,6 +217,51 @@ fn the_cdk_app_raises_the_alarms_template_yaml_raises_with_the_same_parameters()
     );
 }
 
+#[test]
+fn the_cdk_app_takes_every_parameter_template_yaml_takes_with_the_same_defaults_and_limits() {
+    use keyway::local::template::{long_form, parse};
+    let Some(cdk_text) = cdk_template("keyway") else {
+        return;
+    };
+    // Numbers as text: the CDK writes a default of a parameter with allowed values as a string.
+    let settings = |template: &str| -> BTreeMap<String, BTreeMap<String, String>> {
+        let (_, yaml) = parse(template).unwrap();
+        let parameters = long_form(&yaml)["Parameters"].clone();
+        let mut parameters: BTreeMap<String, serde_json::Value> =
+            serde_json::from_value(parameters).unwrap();
+        // The CDK's own, which its bootstrap stack answers.
+        parameters.remove("BootstrapVersion");
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .map(|i| i.to_string().replace('"', ""))
+                .collect::<Vec<_>>()
+                .join(","),
+            other => other.to_string(),
+        };
+        parameters
+            .into_iter()
+            .map(|(name, parameter)| {
+                let kept = parameter
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), text(v)))
+                    .map(|(k, v)| match k.as_str() {
+                        "Description" => (k, v.split_whitespace().collect::<Vec<_>>().join(" ")),
+                        _ => (k, v),
+                    })
+                    .collect();
+                (name, kept)
+            })
+            .collect()
+    };
+    let sam = settings(&template());
+    assert!(sam.contains_key("Architecture") && sam.contains_key("LogRetentionDays"));
+    assert_eq!(settings(&cdk_text), sam);
+}
+
 /// The dashboard's body, a Fn::Sub string in both templates, compared as the JSON it is.
 #[test]
 fn the_cdk_app_builds_the_dashboard_template_yaml_describes_with_every_function_on_it() {

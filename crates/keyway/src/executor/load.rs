@@ -102,8 +102,10 @@ impl<O: KeyedOperator> Executor<O> {
 
     /// After a load of the batch's keys failed in a way no retry fixes (a stored item that does
     /// not parse): each key read alone, so that one key's unreadable state holds back its own
-    /// records only. The unreadable keys are added to `unreadable`; the broadcast key's state,
-    /// which every key's run reads, fails the load.
+    /// records only. The unreadable keys are added to `unreadable`. The load fails as a whole when
+    /// the broadcast key's state, which every key's run reads, cannot be read, and when the first
+    /// two keys cannot: then the table is at fault (missing, say), not a key, and reading every
+    /// key alone would only cost calls.
     async fn load_each(
         &self,
         reads: &[LoadKey<'_>],
@@ -117,6 +119,7 @@ impl<O: KeyedOperator> Executor<O> {
                 .await
             {
                 Ok(state) => loaded.extend(state),
+                Err(err) if loaded.is_empty() && !unreadable.is_empty() => return Err(err),
                 Err(err) if !err.is_retryable() && read.key != BROADCAST_KEY => {
                     warn!(operator = %self.namespace.operator, key = %read.key, error = %err, "the key's state cannot be read; its records will be redelivered");
                     unreadable.insert(read.key.to_owned());
@@ -244,11 +247,13 @@ mod tests {
         }
     }
 
-    /// Answers every load with nothing stored, or fails it, and remembers what it was asked.
+    /// Answers every load with nothing stored, or fails it (for now, or for good), and remembers
+    /// what it was asked.
     #[derive(Default)]
     struct Asked {
         keys: Mutex<Vec<(String, Vec<String>)>>,
         fail: bool,
+        refuse: bool,
     }
 
     #[async_trait]
@@ -265,6 +270,9 @@ mod tests {
                 }));
                 if self.fail {
                     return Err(StoreError::Unavailable("down".into()));
+                }
+                if self.refuse {
+                    return Err(StoreError::Invalid("no such table".into()));
                 }
             }
             Ok(keys
@@ -360,6 +368,29 @@ mod tests {
         assert_eq!(report.applied, 2, "a's and c's records");
         // The first run's two sums, then a's and c's: b sent nothing.
         assert_eq!(bench.out.bodies().concat().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_table_that_refuses_every_read_fails_the_batch_after_two_keys_read_alone() {
+        let store = std::sync::Arc::new(Asked {
+            refuse: true,
+            ..Asked::default()
+        });
+        let keys = ["a", "b", "c", "d", "e"];
+        let records = (0..5)
+            .map(|i| record(10 + i, "p", keys[i as usize], 1))
+            .collect();
+        let report = executor(store.clone()).run(records).await;
+        assert_eq!(report.failed_from.unwrap().as_str(), "10");
+        assert_eq!(report.applied, 0);
+        let asked: Vec<String> = store
+            .keys
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert_eq!(asked, ["a", "b", "c", "d", "e", "a", "b"]);
     }
 
     #[tokio::test]
