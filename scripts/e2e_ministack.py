@@ -576,7 +576,8 @@ def check_filter(endpoint, stack, outputs, consumer, keyway):
     policy sync dead-letters."""
     sqs = client("sqs", endpoint)
     kinesis = client("kinesis", endpoint)
-    queue = f"live-{uuid.uuid4().hex[:8]}"
+    # Named with the stack's ConsumerQueuePrefix, as the dynamic filter's role requires.
+    queue = f"keyway-live-{uuid.uuid4().hex[:8]}"
     url = sqs.create_queue(QueueName=queue)["QueueUrl"]
     env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
 

@@ -40,12 +40,13 @@ function logicalId(construct: IConstruct, id: string): void {
   (construct.node.defaultChild as CfnResource).overrideLogicalId(id);
 }
 
-/** The code of a function built by `cargo lambda build --release`. */
+/** The code of a function built by `cargo lambda build --release --arm64` (or without --arm64 for
+ * the x86_64 Architecture). */
 function functionCode(functionsDir: string, binary: string): lambda.Code {
   const dir = path.join(functionsDir, binary);
   if (!fs.existsSync(path.join(dir, 'bootstrap'))) {
     throw new Error(
-      `${dir}/bootstrap does not exist: build the functions first (cargo lambda build --release)`,
+      `${dir}/bootstrap does not exist: build the functions first (cargo lambda build --release --arm64)`,
     );
   }
   return lambda.Code.fromAsset(dir);
@@ -446,7 +447,7 @@ export class KeywayStack extends Stack {
       default: '',
       description:
         'The queues each consumer may deliver to: a JSON object of consumer id to a list of queue ' +
-        'names. Empty accepts any queue of the account.',
+        'names. Empty accepts any queue (the dynamic filter reaches those named with ConsumerQueuePrefix).',
     });
 
     new CfnParameter(this, 'ConsumerQueuePrefix', {

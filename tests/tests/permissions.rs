@@ -325,8 +325,23 @@ fn a_role_granting_an_action_more_or_one_less_or_a_wildcard_fails_the_check() {
     );
     let star = text.replacen("Resource: !GetAtt CountsQueue.Arn", "Resource: \"*\"", 1);
     assert_ne!(star, text);
-    for (what, text) in [("one less", less), ("one more", more), ("a wildcard", star)] {
-        let failed = std::panic::catch_unwind(|| check(what, &text)).is_err();
-        assert!(failed, "a role granting {what} passed the check");
+    let cases = [
+        (
+            "one less",
+            less,
+            "lacks what it needs: [\n    (\n        \"dynamodb:Scan\"",
+        ),
+        (
+            "one more",
+            more,
+            "grants what no code of it calls: [\n    (\n        \"dynamodb:DeleteItem\"",
+        ),
+        ("a wildcard", star, "is granted sqs:SendMessage on *"),
+    ];
+    for (what, text, said) in cases {
+        let failed = std::panic::catch_unwind(|| check(what, &text))
+            .expect_err(&format!("a role granting {what} passed the check"));
+        let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(message.contains(said), "{what}: {message}");
     }
 }

@@ -25,6 +25,10 @@ pub enum StoreError {
     Conflict,
     #[error("state request rejected: {0}")]
     Invalid(String),
+    /// An item the key's state is stored in does not parse (or one it names is missing): no
+    /// retry reads it, and the key waits until the item is repaired; other keys go on.
+    #[error("stored state does not parse: {0}")]
+    Corrupt(String),
 }
 
 impl StoreError {

@@ -374,7 +374,7 @@ fn store(err: StoreError) -> ApiError {
             "ConditionalCheckFailedException",
             "The conditional request failed".to_owned(),
         ),
-        StoreError::Invalid(m) => (
+        StoreError::Invalid(m) | StoreError::Corrupt(m) => (
             400,
             "ValidationException",
             m.trim_start_matches("ValidationException: ").to_owned(),

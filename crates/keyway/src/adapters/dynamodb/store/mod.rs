@@ -200,7 +200,7 @@ fn number(item: &Item, name: &str) -> Result<Option<i64>, StoreError> {
     item.get(name)
         .map(|v| {
             v.as_n().and_then(|n| n.parse::<i64>().ok()).ok_or_else(|| {
-                StoreError::Invalid(format!("attribute {name} is not an integer: {v:?}"))
+                StoreError::Corrupt(format!("attribute {name} is not an integer: {v:?}"))
             })
         })
         .transpose()
@@ -222,7 +222,7 @@ fn parse_head(item: &Item) -> Result<(u64, HeadDoc), StoreError> {
     let version = number(item, VERSION)?.unwrap_or(0) as u64;
     let text = item.get(DOC).and_then(AttrValue::as_s).unwrap_or("{}");
     let doc: HeadDoc = serde_json::from_str(text)
-        .map_err(|e| StoreError::Invalid(format!("head doc does not parse: {e}")))?;
+        .map_err(|e| StoreError::Corrupt(format!("head doc does not parse: {e}")))?;
     Ok((version, doc))
 }
 
@@ -236,11 +236,11 @@ fn list_entries(
     for segment in &list.seg {
         let key = key_of(segment.id);
         let item = items.get(&key).ok_or_else(|| {
-            StoreError::Invalid(format!("segment {} of {} is missing", key.sk, key.pk))
+            StoreError::Corrupt(format!("segment {} of {} is missing", key.sk, key.pk))
         })?;
         let text = item.get(ENTRIES).and_then(AttrValue::as_s).unwrap_or("[]");
         let mut part: Vec<Box<RawValue>> = serde_json::from_str(text)
-            .map_err(|e| StoreError::Invalid(format!("segment {} does not parse: {e}", key.sk)))?;
+            .map_err(|e| StoreError::Corrupt(format!("segment {} does not parse: {e}", key.sk)))?;
         entries.append(&mut part);
     }
     entries.extend(list.e);
@@ -326,7 +326,7 @@ impl Pending {
             loaded.outbox = list.seg.clone();
             for entry in list_entries(list, |id| outbox_segment_key(pk, id), items)? {
                 let output: Output = serde_json::from_str(entry.get()).map_err(|e| {
-                    StoreError::Invalid(format!("an outbox entry of {pk} does not parse: {e}"))
+                    StoreError::Corrupt(format!("an outbox entry of {pk} does not parse: {e}"))
                 })?;
                 outbox.push(output);
             }
