@@ -369,3 +369,53 @@ async fn a_migrated_key_keeps_the_outbox_its_old_state_had_not_sent() {
         })
     );
 }
+
+/// A key whose state under the old signature does not parse holds back its own records only:
+/// it neither starts afresh (its state would be lost) nor stops the keys beside it.
+#[tokio::test]
+async fn a_key_whose_old_state_does_not_parse_waits_while_the_others_migrate() {
+    use keyway::domain::AttrValue;
+    let world = World::new(&[COUNTS.name]);
+    let mut shard = Shard::new("clicks", 0);
+    deploy_v1(&world, &mut shard).await;
+    let mut head = world
+        .table
+        .items()
+        .into_iter()
+        .find(|i| {
+            i.get("pk")
+                .and_then(AttrValue::as_s)
+                .is_some_and(|pk| pk == format!("keyed-counter#{V1_SIGNATURE}#b"))
+                && i.get("sk").and_then(AttrValue::as_s) == Some("head")
+        })
+        .expect("b's head under version 1");
+    head.insert("doc".into(), AttrValue::S("{not json".into()));
+    world.table.put_item(head).unwrap();
+
+    let v2 = world.executor(CounterV2 {
+        migrate: Some(from_v1),
+    });
+    let batch = shard.batch(&[count("a", 10), count("b", 10), count("d", 1)]);
+    let b_first = batch["Records"][1]["kinesis"]["sequenceNumber"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let report = v2.run(decode_event(&batch.to_string()).unwrap()).await;
+    assert_eq!(
+        (report.migrated, report.reset, report.applied),
+        (1, 0, 2),
+        "a migrates, d starts, b waits"
+    );
+    assert_eq!(
+        report.failed_from.map(|s| s.as_str().to_owned()),
+        Some(b_first)
+    );
+    assert_eq!(tally(&world, "b").await, None, "b wrote nothing");
+    assert_eq!(
+        tally(&world, "a").await,
+        Some(Tally {
+            total: 13,
+            events: 1
+        })
+    );
+}

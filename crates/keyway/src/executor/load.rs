@@ -58,23 +58,14 @@ impl<O: KeyedOperator> Executor<O> {
         if broadcast_key {
             reads.push(LoadKey::from(BROADCAST_KEY));
         }
+        let mut unreadable = HashSet::new();
         let (loaded, previous) = futures::join!(
-            self.store.load_keys(&self.namespace, &reads),
+            self.load_readable(&self.namespace, &reads, &mut unreadable),
             self.previous_signature(now)
         );
-        let mut unreadable = HashSet::new();
-        let loaded = match loaded {
-            Err(StoreError::Corrupt(_)) => self.load_each(&reads, &mut unreadable).await,
-            loaded => loaded,
-        };
-        let readable: Vec<LoadKey<'_>> = requests
-            .iter()
-            .filter(|r| !unreadable.contains(r.key))
-            .cloned()
-            .collect();
         let looked_back = match loaded {
             Ok(mut loaded) => self
-                .look_back(&mut loaded, &readable, previous, report)
+                .look_back(&mut loaded, &requests, previous, &mut unreadable, report)
                 .await
                 .map(|migrated| (loaded, migrated)),
             Err(err) => Err(err),
@@ -108,30 +99,32 @@ impl<O: KeyedOperator> Executor<O> {
         )
     }
 
-    /// After a load of the batch's keys met a stored item that does not parse: each key read
-    /// alone, a few at a time, so that one key's unreadable state holds back its own records only.
-    /// The unreadable keys are added to `unreadable`. Any other failure fails the load, as does
-    /// the broadcast key's state, which every key's run reads.
-    async fn load_each(
+    /// `reads` under `namespace`, in one load. When it meets a stored item that does not parse,
+    /// each key is read alone, a few at a time, so that one key's unreadable state holds back its
+    /// own records only: the unreadable keys are added to `unreadable` and left out. Any other
+    /// failure fails the load, as does the broadcast key's state, which every key's run reads.
+    async fn load_readable(
         &self,
+        namespace: &Namespace,
         reads: &[LoadKey<'_>],
         unreadable: &mut HashSet<String>,
     ) -> Result<HashMap<String, KeyState>, StoreError> {
+        match self.store.load_keys(namespace, reads).await {
+            Err(StoreError::Corrupt(_)) => {}
+            loaded => return loaded,
+        }
         let mut loaded = HashMap::with_capacity(reads.len());
         for chunk in reads.chunks(LOADS_ALONE) {
             let mut alone = Vec::with_capacity(chunk.len());
             for read in chunk {
-                alone.push(
-                    self.store
-                        .load_keys(&self.namespace, std::slice::from_ref(read)),
-                );
+                alone.push(self.store.load_keys(namespace, std::slice::from_ref(read)));
             }
             let answers = futures::future::join_all(alone).await;
             for (read, answer) in chunk.iter().zip(answers) {
                 match answer {
                     Ok(state) => loaded.extend(state),
                     Err(err @ StoreError::Corrupt(_)) if read.key != BROADCAST_KEY => {
-                        warn!(operator = %self.namespace.operator, key = %read.key, error = %err, "the key's state cannot be read; its records will be redelivered");
+                        warn!(operator = %namespace.operator, signature = %namespace.signature, key = %read.key, error = %err, "the key's state cannot be read; its records will be redelivered");
                         unreadable.insert(read.key.to_owned());
                     }
                     Err(err) => return Err(err),
@@ -143,19 +136,22 @@ impl<O: KeyedOperator> Executor<O> {
 
     /// For keys with no state under the current signature, reads their state under the
     /// signatures migrations come from, and the previous signature: migrated state becomes the
-    /// key's loaded state; state left behind is counted as a reset. Returns the migrated keys.
+    /// key's loaded state; state left behind is counted as a reset. A key whose old state does
+    /// not parse is added to `unreadable`: it neither starts afresh nor migrates. Returns the
+    /// migrated keys.
     async fn look_back(
         &self,
         loaded: &mut HashMap<String, KeyState>,
         requests: &[LoadKey<'_>],
         previous: Option<(String, i64)>,
+        unreadable: &mut HashSet<String>,
         report: &mut BatchReport,
     ) -> Result<Vec<String>, StoreError> {
         let mut migrated = Vec::new();
         // Broadcast state starts afresh after a change of signature: no migration reads it.
         let mut missing: Vec<LoadKey<'_>> = requests
             .iter()
-            .filter(|r| r.key != BROADCAST_KEY)
+            .filter(|r| r.key != BROADCAST_KEY && !unreadable.contains(r.key))
             .filter(|r| loaded.get(r.key).is_none_or(|s| s.version == 0))
             .cloned()
             .collect();
@@ -178,10 +174,13 @@ impl<O: KeyedOperator> Executor<O> {
                 operator: self.namespace.operator.clone(),
                 signature: signature.clone(),
             };
-            let old = self.store.load_keys(&namespace, &missing).await?;
+            let old = self.load_readable(&namespace, &missing, unreadable).await?;
             let migration = self.migrations.iter().find(|m| m.from == *signature);
             missing.retain(|request| {
                 let key = request.key;
+                if unreadable.contains(key) {
+                    return false;
+                }
                 // A key that was never written (version 0) has no slots either.
                 let Some(state) = old.get(key).filter(|s| !s.slots.is_empty()) else {
                     return true;

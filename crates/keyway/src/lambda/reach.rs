@@ -3,7 +3,7 @@
 //! builds each function of a template on it and derives the grants its role needs from what it
 //! recorded: the actions of each port (`adapters::permissions`) on the resource it named.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::platform::{Platform, PortError, SinkMaker, SinkTarget, TableAccess};
 use crate::adapters::dynamodb::Table;
@@ -51,14 +51,19 @@ impl<'a> Recording<'a> {
 
     /// What was asked for, each port once, in order.
     pub fn reached(&self) -> Vec<Reach> {
-        let mut reached = self.reached.lock().expect("not poisoned").clone();
+        let mut reached = self.list().clone();
         reached.sort();
         reached.dedup();
         reached
     }
 
     fn record(&self, reach: Reach) {
-        self.reached.lock().expect("not poisoned").push(reach);
+        self.list().push(reach);
+    }
+
+    /// The list, also after a panic elsewhere held the lock: pushes leave it whole.
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<Reach>> {
+        self.reached.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
