@@ -345,16 +345,9 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// A function's Lambda zip, built with the release profile and with the lambda-release
-    /// profile in one run (minutes: two optimised builds).
-    Package {
-        /// The function crate.
-        #[arg(long, default_value = "keyed-counter")]
-        function: String,
-        /// Print the result as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    /// Each function's Lambda zip, as `cargo lambda build --release` or `sam build` left it,
+    /// its architecture, and its cold start on the embedded runtime where this machine runs it.
+    Package(package::PackageOptions),
 }
 
 fn bench(which: BenchCommand) -> Result<(), error::CliError> {
@@ -365,7 +358,7 @@ fn bench(which: BenchCommand) -> Result<(), error::CliError> {
             json,
         } => bench::runtime(batches, seed, json),
         BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
-        BenchCommand::Package { function, json } => package::run(&function, json),
+        BenchCommand::Package(options) => package::run(options),
         BenchCommand::Skew { events, seed, json } => skew::bench::run(events, seed, json),
         BenchCommand::Filter { events, seed, json } => bench_filter::run(events, seed, json),
         BenchCommand::Cdc {

@@ -1,90 +1,414 @@
-//! `keyway bench package`: what a function ships to Lambda. Builds the function twice in one run,
-//! with the plain release profile (symbols stripped, as a deployment would) as the baseline and
-//! with the `lambda-release` profile (link-time optimisation, one codegen unit, no symbols), zips
-//! each binary as `bootstrap` the way Lambda's provided.al2023 runtime takes it, and reports the
-//! sizes, their ratio, and whether the embedded runtime was left out of the function.
+//! `keyway bench package`: what each function of template.yaml ships to Lambda, as `cargo lambda
+//! build --release` and `sam build` leave it. Each bootstrap is zipped as Lambda's
+//! provided.al2023 runtime takes it and its architecture read from its ELF header. For builds
+//! this machine can run, its cold start is measured on the embedded runtime: the process started
+//! behind the Lambda Runtime API, on the template's tables, streams and queues served over their
+//! AWS APIs, until its first response to the function's clean payload in events/. The same
+//! process's next response to the same payload, warm, is the baseline measured in the same run.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use keyway::lambda::{Env, Handler as _, Invocation};
+use keyway::local::{external, AwsApi, Bootstrap, ExternalFunction, Factory, FaultPlan};
+use keyway::local::{LocalRuntime, LocalServices};
 use serde::Serialize;
 
 use crate::error::CliError;
 
 /// The zipped size a function should stay under: small zips deploy and cold-start faster.
 const TARGET_ZIP_BYTES: u64 = 4 * 1024 * 1024;
-/// The profile functions are packaged with (Cargo.toml).
-const LAMBDA_PROFILE: &str = "lambda-release";
+/// The cold start a function should stay under: process start to its first response.
+const TARGET_COLD_START_MS: f64 = 50.0;
+/// Where the virtual clock starts: 2026-01-01T00:00:00Z.
+const EPOCH: i64 = 1_767_225_600_000;
+
+/// Each function's payload for its cold start, by binary: a clean batch (or its schedule's
+/// event), as `cargo lambda invoke` would send it.
+const PAYLOADS: &[(&str, &str)] = &[
+    ("keyed-counter", "events/keyed-counter/clean-batch.json"),
+    (
+        "identity-enricher",
+        "events/identity-enricher/clean-cloudtrail-batch.json",
+    ),
+    (
+        "filter-policy-sync",
+        "events/filter-policy-sync/clean-policy-changes.json",
+    ),
+    (
+        "dynamic-filter",
+        "events/dynamic-filter/clean-events-batch.json",
+    ),
+    ("cdc-rekey", "events/cdc-rekey/clean-debezium-batch.json"),
+    ("cdc-join", "events/cdc-join/clean-changelog-batch.json"),
+    (
+        "keyed-aggregate",
+        "events/keyed-aggregate/clean-events-batch.json",
+    ),
+    (
+        "aggregate-merge",
+        "events/aggregate-merge/partials-batch.json",
+    ),
+];
+
+#[derive(clap::Args, Debug)]
+pub struct PackageOptions {
+    /// The stack whose functions are packaged (their binaries: Metadata/BuildProperties/Binary).
+    #[arg(long, default_value = "template.yaml")]
+    pub template: PathBuf,
+    /// A folder of builds: BINARY/bootstrap as `cargo lambda build --release` leaves them, or
+    /// LOGICAL_ID/bootstrap as `sam build --build-dir` does (repeatable).
+    #[arg(long = "build", default_value = "target/lambda")]
+    pub builds: Vec<PathBuf>,
+    /// Cold starts measured per function; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub starts: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
 
 #[derive(Serialize)]
 struct PackageBench {
-    function: String,
-    baseline: Package,
-    lambda: Package,
-    /// lambda / baseline, zipped.
-    zip_ratio: f64,
-    /// The function's build leaves out the embedded runtime (`keyway` without its `local`
-    /// feature), as `cargo tree` resolves it.
-    embedded_runtime_left_out: bool,
+    template: PathBuf,
+    packages: Vec<Package>,
     target_zip_bytes: u64,
-    target_met: bool,
+    target_cold_start_ms: f64,
+    largest_zip_bytes: u64,
+    /// The slowest median cold start of the builds this machine runs.
+    slowest_cold_start_ms: Option<f64>,
+    targets_met: bool,
 }
 
 #[derive(Serialize)]
 struct Package {
-    profile: String,
+    function: String,
+    binary: String,
+    bootstrap: PathBuf,
+    /// From the ELF header: x86_64 or arm64.
+    architecture: String,
+    /// The function's crate, as `sam build` builds it from its CodeUri, leaves out the embedded
+    /// runtime (`keyway` without its `local` feature), as `cargo tree` resolves it.
+    embedded_runtime_left_out: bool,
     binary_bytes: u64,
     zip_bytes: u64,
-    zip_path: PathBuf,
+    /// Median over the starts, when this machine runs the architecture.
+    cold_start_ms: Option<f64>,
+    /// Median of the same process's second response, the baseline.
+    warm_response_ms: Option<f64>,
 }
 
-pub fn run(function: &str, json: bool) -> Result<(), CliError> {
-    let root = workspace_root()?;
-    let left_out = embedded_runtime_left_out(&root, function)?;
-    let baseline = package(&root, function, "release")?;
-    let lambda = package(&root, function, LAMBDA_PROFILE)?;
+/// A function of the template: its logical id, its binary and the crate folder it builds from.
+struct Function {
+    logical_id: String,
+    binary: String,
+    code_uri: String,
+}
+
+pub fn run(options: PackageOptions) -> Result<(), CliError> {
+    if options.starts == 0 {
+        return Err("--starts must be at least 1".into());
+    }
+    let text = std::fs::read_to_string(&options.template)
+        .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
+    let functions = functions(&text)?;
+    let mut left_out = BTreeMap::new();
+    for function in &functions {
+        if !left_out.contains_key(&function.code_uri) {
+            left_out.insert(
+                function.code_uri.clone(),
+                embedded_runtime_left_out(function)?,
+            );
+        }
+    }
+    let mut packages = Vec::new();
+    for build in &options.builds {
+        for function in &functions {
+            let mut package = package(build, function)?;
+            package.embedded_runtime_left_out = left_out[&function.code_uri];
+            packages.push(package);
+        }
+    }
+    let host = architecture_name(std::env::consts::ARCH);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    for package in packages.iter_mut().filter(|p| p.architecture == host) {
+        let (cold, warm) = runtime.block_on(cold_starts(&text, package, options.starts))?;
+        package.cold_start_ms = Some(cold);
+        package.warm_response_ms = Some(warm);
+    }
+    let largest_zip_bytes = packages.iter().map(|p| p.zip_bytes).max().unwrap_or(0);
+    let slowest_cold_start_ms = packages
+        .iter()
+        .filter_map(|p| p.cold_start_ms)
+        .reduce(f64::max);
     let result = PackageBench {
-        function: function.to_owned(),
-        zip_ratio: lambda.zip_bytes as f64 / baseline.zip_bytes as f64,
-        target_met: lambda.zip_bytes <= TARGET_ZIP_BYTES && left_out,
-        embedded_runtime_left_out: left_out,
+        template: options.template,
+        targets_met: largest_zip_bytes <= TARGET_ZIP_BYTES
+            && slowest_cold_start_ms.is_some_and(|ms| ms <= TARGET_COLD_START_MS)
+            && packages.iter().all(|p| p.embedded_runtime_left_out),
+        packages,
         target_zip_bytes: TARGET_ZIP_BYTES,
-        baseline,
-        lambda,
+        target_cold_start_ms: TARGET_COLD_START_MS,
+        largest_zip_bytes,
+        slowest_cold_start_ms,
     };
-    crate::bench::report(&result, json, print_table);
+    crate::bench::report(&result, options.json, print_table);
     Ok(())
 }
 
 fn print_table(r: &PackageBench) {
     let mb = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
-    println!("keyway bench package: {}", r.function);
+    let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    println!("keyway bench package: {}", r.template.display());
     println!();
     println!(
-        "{:<16} {:>14} {:>12}",
-        "profile", "binary (MiB)", "zip (MiB)"
+        "{:<26} {:<8} {:>13} {:>10} {:>14} {:>10}  build",
+        "function", "arch", "binary (MiB)", "zip (MiB)", "cold start ms", "warm ms"
     );
-    for p in [&r.baseline, &r.lambda] {
+    for p in &r.packages {
         println!(
-            "{:<16} {:>14.2} {:>12.2}",
-            p.profile,
+            "{:<26} {:<8} {:>13.2} {:>10.2} {:>14} {:>10}  {}",
+            p.function,
+            p.architecture,
             mb(p.binary_bytes),
-            mb(p.zip_bytes)
+            mb(p.zip_bytes),
+            ms(p.cold_start_ms),
+            ms(p.warm_response_ms),
+            p.bootstrap.display()
         );
     }
     println!();
-    println!("zip ratio {}/release: {:.3}", LAMBDA_PROFILE, r.zip_ratio);
     println!(
-        "embedded runtime left out of the function: {}",
-        r.embedded_runtime_left_out
+        "embedded runtime left out of every function: {}",
+        r.packages.iter().all(|p| p.embedded_runtime_left_out)
     );
     println!(
-        "target: zip <= {:.1} MiB: {}",
+        "largest zip {:.2} MiB (target: at most {:.1}); slowest cold start {} ms (target: at most {:.0}): {}",
+        mb(r.largest_zip_bytes),
         mb(r.target_zip_bytes),
-        if r.target_met { "met" } else { "missed" }
+        ms(r.slowest_cold_start_ms),
+        r.target_cold_start_ms,
+        if r.targets_met { "met" } else { "missed" }
     );
-    println!("zip: {}", r.lambda.zip_path.display());
+}
+
+/// The template's functions and the binary each is built from.
+fn functions(text: &str) -> Result<Vec<Function>, CliError> {
+    let (wiring, template) = keyway::local::template::parse_with(text, &BTreeMap::new())
+        .map_err(|e| format!("--template: {e}"))?;
+    wiring
+        .functions
+        .iter()
+        .map(|f| {
+            let resource = &template["Resources"][f.logical_id.as_str()];
+            let binary = resource["Metadata"]["BuildProperties"]["Binary"]
+                .as_str()
+                .ok_or_else(|| {
+                    format!(
+                        "Resources/{}/Metadata/BuildProperties/Binary: missing; it names the binary sam build makes",
+                        f.logical_id
+                    )
+                })?;
+            let code_uri = resource["Properties"]["CodeUri"].as_str().ok_or_else(|| {
+                format!(
+                    "Resources/{}/Properties/CodeUri: missing; it names the crate sam build builds",
+                    f.logical_id
+                )
+            })?;
+            Ok(Function {
+                logical_id: f.logical_id.clone(),
+                binary: binary.to_owned(),
+                code_uri: code_uri.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The function's bootstrap in `build`, zipped.
+fn package(build: &Path, function: &Function) -> Result<Package, CliError> {
+    let bootstrap = [&function.binary, &function.logical_id]
+        .iter()
+        .map(|name| build.join(name).join("bootstrap"))
+        .find(|path| path.is_file())
+        .ok_or_else(|| {
+            format!(
+                "--build {}: no {}/bootstrap nor {}/bootstrap (run `cargo lambda build --release` or `sam build --build-dir {}` first)",
+                build.display(),
+                function.binary,
+                function.logical_id,
+                build.display()
+            )
+        })?;
+    let binary = std::fs::read(&bootstrap).map_err(|e| format!("{}: {e}", bootstrap.display()))?;
+    let architecture = elf_architecture(&binary).ok_or_else(|| {
+        format!(
+            "{}: not an x86_64 or arm64 ELF executable",
+            bootstrap.display()
+        )
+    })?;
+    Ok(Package {
+        function: function.logical_id.clone(),
+        binary: function.binary.clone(),
+        bootstrap,
+        architecture: architecture.to_owned(),
+        embedded_runtime_left_out: false,
+        binary_bytes: binary.len() as u64,
+        zip_bytes: zip_bootstrap(&binary)?.len() as u64,
+        cold_start_ms: None,
+        warm_response_ms: None,
+    })
+}
+
+/// Whether the function's crate, built from its folder as `sam build` builds it, leaves the
+/// `local` feature of keyway (the embedded runtime and its YAML reader) off.
+fn embedded_runtime_left_out(function: &Function) -> Result<bool, CliError> {
+    let manifest = workspace_root()?
+        .join(&function.code_uri)
+        .join("Cargo.toml");
+    let out =
+        std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .arg("tree")
+            .arg("--manifest-path")
+            .arg(&manifest)
+            // Dev-dependencies are the tests', which a release build leaves out.
+            .args(["-e", "features,no-dev", "-i", "keyway"])
+            .output()
+            .map_err(|e| format!("cargo tree: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo tree --manifest-path {}: {}",
+            manifest.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(!String::from_utf8_lossy(&out.stdout).contains("keyway feature \"local\""))
+}
+
+/// The architecture an ELF executable is for, as Lambda names it (its e_machine field).
+fn elf_architecture(binary: &[u8]) -> Option<&'static str> {
+    if binary.len() < 20 || &binary[..4] != b"\x7fELF" {
+        return None;
+    }
+    match u16::from_le_bytes([binary[18], binary[19]]) {
+        0x3e => Some("x86_64"),
+        0xb7 => Some("arm64"),
+        _ => None,
+    }
+}
+
+/// Lambda's name for a Rust target architecture.
+fn architecture_name(arch: &str) -> &str {
+    match arch {
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// Median cold start and warm response of `package`'s bootstrap, in milliseconds. Each start is
+/// a first: the template deployed afresh on the embedded services, and the process started with
+/// the environment the template gives the function. Warm is the same process answering the same
+/// batch again: the payloads' records arrived long before the redelivery window, so the second
+/// answer does the same work as the first.
+async fn cold_starts(text: &str, package: &Package, starts: usize) -> Result<(f64, f64), CliError> {
+    let payload = payload(&package.binary)?;
+    // Absolute: the process starts in its own folder, as Lambda's does.
+    let bootstrap = std::fs::canonicalize(&package.bootstrap)
+        .map_err(|e| format!("{}: {e}", package.bootstrap.display()))?;
+    // Beside the builds, not in them: a build's folder is what the CDK app zips.
+    let logs = workspace_root()?.join("target/bench-package");
+    std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+    let log = logs.join(format!("{}-{}.log", package.function, package.architecture));
+    let mut cold = Vec::with_capacity(starts);
+    let mut warm = Vec::with_capacity(starts);
+    for start in 0..starts {
+        let services = LocalServices::new(EPOCH, FaultPlan::default());
+        let api = AwsApi::start(services.clone())
+            .await
+            .map_err(|e| format!("cannot serve the AWS APIs: {e}"))?;
+        let env = deployed_env(text, &services, &package.function, &bootstrap, &api)?;
+        let function = ExternalFunction::new(
+            env.get("AWS_LAMBDA_FUNCTION_NAME")
+                .map_or("function", String::as_str),
+            Bootstrap {
+                path: bootstrap.clone(),
+                env: env.clone(),
+                aws_endpoint: api.endpoint.clone(),
+                log: Some(log.clone()),
+            },
+            services.clock.clone(),
+        );
+        for (which, times) in [("cold", &mut cold), ("warm", &mut warm)] {
+            let invocation = Invocation {
+                request_id: format!("bench-package-{start}-{which}"),
+                deadline_millis: None,
+            };
+            let began = Instant::now();
+            function.handle(&payload, &invocation).await.map_err(|e| {
+                format!(
+                    "{} ({}): {e} (its output: {})",
+                    package.function,
+                    package.bootstrap.display(),
+                    log.display()
+                )
+            })?;
+            times.push(began.elapsed());
+        }
+    }
+    Ok((median_ms(&mut cold), median_ms(&mut warm)))
+}
+
+/// The environment the template gives `function` once deployed on `services`: the template is
+/// deployed with every function as its bootstrap, and the runtime's factory records it.
+fn deployed_env(
+    text: &str,
+    services: &Arc<LocalServices>,
+    function: &str,
+    bootstrap: &Path,
+    api: &AwsApi,
+) -> Result<Env, CliError> {
+    let recorded: Arc<Mutex<Option<Env>>> = Arc::default();
+    let (wiring, _) = keyway::local::template::parse_with(text, &BTreeMap::new())
+        .map_err(|e| format!("--template: {e}"))?;
+    let mut factories: BTreeMap<String, Factory> = BTreeMap::new();
+    for f in &wiring.functions {
+        let inner = external::factory(bootstrap.to_owned(), api.endpoint.clone(), None);
+        let record = (f.logical_id == function).then(|| recorded.clone());
+        factories.insert(
+            f.logical_id.clone(),
+            Box::new(move |platform, env| {
+                if let Some(record) = &record {
+                    *record.lock().unwrap_or_else(|p| p.into_inner()) = Some(env.clone());
+                }
+                inner(platform, env)
+            }),
+        );
+    }
+    LocalRuntime::from_template_with(text, &BTreeMap::new(), services.clone(), &factories)?;
+    let env = recorded.lock().unwrap_or_else(|p| p.into_inner()).take();
+    env.ok_or_else(|| format!("the template does not deploy {function}").into())
+}
+
+/// The clean payload the function's cold start answers.
+fn payload(binary: &str) -> Result<String, CliError> {
+    let (_, path) = PAYLOADS
+        .iter()
+        .find(|(b, _)| *b == binary)
+        .ok_or_else(|| format!("{binary}: no payload to start it with (package.rs PAYLOADS)"))?;
+    let path = workspace_root()?.join(path);
+    std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+fn median_ms(times: &mut [Duration]) -> f64 {
+    times.sort();
+    times[times.len() / 2].as_secs_f64() * 1000.0
 }
 
 /// The workspace the command was built from, or the current directory's if run elsewhere.
@@ -97,63 +421,6 @@ fn workspace_root() -> Result<PathBuf, CliError> {
     };
     root.canonicalize()
         .map_err(|e| format!("workspace {}: {e}", root.display()).into())
-}
-
-fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-}
-
-/// Builds `function` with `profile`, strips it (the release profile keeps line tables) and zips it.
-fn package(root: &Path, function: &str, profile: &str) -> Result<Package, CliError> {
-    eprintln!("building {function} with the {profile} profile");
-    let status = cargo()
-        .current_dir(root)
-        .args(["build", "--profile", profile, "-p", function])
-        .status()
-        .map_err(|e| format!("cargo build: {e}"))?;
-    if !status.success() {
-        return Err(format!("cargo build --profile {profile} -p {function}: {status}").into());
-    }
-    let dir = root.join("target").join(profile);
-    let built = dir.join(function);
-    let stripped = dir.join(format!("{function}.bootstrap"));
-    let status = Command::new("strip")
-        .arg("-o")
-        .arg(&stripped)
-        .arg(&built)
-        .status()
-        .map_err(|e| format!("strip {}: {e}", built.display()))?;
-    if !status.success() {
-        return Err(format!("strip {}: {status}", built.display()).into());
-    }
-    let binary = std::fs::read(&stripped).map_err(|e| format!("{}: {e}", stripped.display()))?;
-    let zip = zip_bootstrap(&binary)?;
-    let zip_path = dir.join(format!("{function}.zip"));
-    std::fs::write(&zip_path, &zip).map_err(|e| format!("{}: {e}", zip_path.display()))?;
-    Ok(Package {
-        profile: profile.to_owned(),
-        binary_bytes: binary.len() as u64,
-        zip_bytes: zip.len() as u64,
-        zip_path,
-    })
-}
-
-/// Whether the function's dependency on keyway leaves the `local` feature (the embedded runtime
-/// and its YAML reader) off, as Cargo resolves the function on its own.
-fn embedded_runtime_left_out(root: &Path, function: &str) -> Result<bool, CliError> {
-    let out = cargo()
-        .current_dir(root)
-        .args(["tree", "-p", function, "-e", "features", "-i", "keyway"])
-        .output()
-        .map_err(|e| format!("cargo tree: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "cargo tree -p {function}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    Ok(!String::from_utf8_lossy(&out.stdout).contains("keyway feature \"local\""))
 }
 
 /// A zip archive holding `binary` as an executable `bootstrap`, deflated: what Lambda's
@@ -212,7 +479,46 @@ fn zip_bootstrap(binary: &[u8]) -> Result<Vec<u8>, CliError> {
 
 #[cfg(test)]
 mod tests {
+    use std::process::Command;
+
     use super::*;
+
+    #[test]
+    fn every_function_of_the_stack_names_its_binary_and_has_a_payload_to_start_with() {
+        let root = workspace_root().unwrap();
+        let text = std::fs::read_to_string(root.join("template.yaml")).unwrap();
+        let functions = functions(&text).unwrap();
+        assert_eq!(functions.len(), 8, "template.yaml's functions");
+        for function in &functions {
+            let payload = payload(&function.binary)
+                .unwrap_or_else(|e| panic!("{}: {e}", function.logical_id));
+            let event: serde_json::Value = serde_json::from_str(&payload).unwrap();
+            assert!(
+                event.get("Records").is_some() || event.get("detail-type").is_some(),
+                "{}: a stream batch or a scheduled event",
+                function.binary
+            );
+        }
+    }
+
+    #[test]
+    fn a_bootstrap_s_architecture_is_read_from_its_elf_header() {
+        let this = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(
+            elf_architecture(&this),
+            Some(architecture_name(std::env::consts::ARCH))
+        );
+        let mut arm = this[..64].to_vec();
+        arm[18..20].copy_from_slice(&0xb7u16.to_le_bytes());
+        assert_eq!(elf_architecture(&arm), Some("arm64"));
+        arm[18..20].copy_from_slice(&0x28u16.to_le_bytes());
+        assert_eq!(
+            elf_architecture(&arm),
+            None,
+            "32-bit ARM is not a Lambda architecture"
+        );
+        assert_eq!(elf_architecture(b"#!/bin/sh\necho hi\n"), None);
+    }
 
     #[test]
     fn the_zip_holds_the_binary_as_an_executable_bootstrap_that_unzip_restores() {

@@ -1,0 +1,50 @@
+"""Checks what `keyway bench package --json` found in the test command's builds: every function of
+template.yaml built by `sam build` for arm64 (target/sam-build) and by `cargo lambda build
+--release --x86-64` (target/lambda), without the embedded runtime, and each x86_64 build started
+and answered on the embedded runtime. The sizes and cold starts are printed with their targets (4 MiB zipped, 50 ms), which
+are figures to report, not conditions of a passing run.
+
+    python3 scripts/check_packages.py target/bench-package.json
+"""
+
+import json
+import sys
+
+EXPECTED = {"target/sam-build": "arm64", "target/lambda": "x86_64"}
+
+
+def main(path):
+    with open(path) as f:
+        bench = json.load(f)
+    problems = []
+    by_build = {}
+    for p in bench["packages"]:
+        build = p["bootstrap"].rsplit("/", 2)[0]
+        by_build.setdefault(build, []).append(p)
+        expected = EXPECTED.get(build)
+        if expected is None:
+            problems.append(f"{p['bootstrap']}: not from a build this check knows")
+            continue
+        if p["architecture"] != expected:
+            problems.append(f"{p['bootstrap']}: built for {p['architecture']}, expected {expected}")
+        if not p["embedded_runtime_left_out"]:
+            problems.append(f"{p['function']}: its crate builds keyway with the embedded runtime")
+        if expected == "x86_64" and p["cold_start_ms"] is None:
+            problems.append(f"{p['bootstrap']}: no cold start measured")
+        cold = "-" if p["cold_start_ms"] is None else f"{p['cold_start_ms']:.1f} ms"
+        warm = "-" if p["warm_response_ms"] is None else f"{p['warm_response_ms']:.1f} ms"
+        print(f"  {p['function']:<26} {p['architecture']:<7} zip {p['zip_bytes'] / 2**20:5.2f} MiB"
+              f"  cold start {cold:>9}  warm {warm:>9}")
+    for build, expected in EXPECTED.items():
+        functions = {p["function"] for p in by_build.get(build, [])}
+        if len(functions) != 8:
+            problems.append(f"{build}: {len(functions)} functions packaged, expected template.yaml's 8")
+    print(f"largest zip {bench['largest_zip_bytes'] / 2**20:.2f} MiB, slowest cold start "
+          f"{bench['slowest_cold_start_ms']} ms (targets: {bench['target_zip_bytes'] / 2**20:.0f} MiB,"
+          f" {bench['target_cold_start_ms']:.0f} ms): {'met' if bench['targets_met'] else 'missed'}")
+    if problems:
+        sys.exit("packages:\n  " + "\n  ".join(problems))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
