@@ -151,7 +151,7 @@ def deploy_sam(endpoint, template_path, functions, stack):
         return f"Binary: {binary}\n{match.group(2)}CodeUri: s3://{bucket}/{binary}.zip\n"
 
     template, functions_found = re.subn(r"Binary: (\S+)\n(\s+Properties:\n\s+)CodeUri: \S+\n", code_of, template)
-    if functions_found < 2:
+    if functions_found != template.count("BuildMethod: rust-cargolambda"):
         sys.exit("e2e: template.yaml's functions no longer read 'Binary: ... Properties: CodeUri: ...'; update this script")
     s3.put_object(Bucket=bucket, Key="template.yaml", Body=template.encode())
     template_url = f"{endpoint}/{bucket}/template.yaml"

@@ -87,6 +87,8 @@ struct PackageBench {
 struct Package {
     function: String,
     binary: String,
+    /// The build folder, as given.
+    build: PathBuf,
     bootstrap: PathBuf,
     /// From the ELF header: x86_64 or arm64.
     architecture: String,
@@ -115,12 +117,18 @@ pub fn run(options: PackageOptions) -> Result<(), CliError> {
     let text = std::fs::read_to_string(&options.template)
         .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
     let functions = functions(&text)?;
+    // CodeUri is relative to the template's folder, as SAM reads it.
+    let stack_root = match options.template.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
+    };
     let mut left_out = BTreeMap::new();
     for function in &functions {
         if !left_out.contains_key(&function.code_uri) {
+            let crate_dir = stack_root.join(&function.code_uri);
             left_out.insert(
                 function.code_uri.clone(),
-                embedded_runtime_left_out(function)?,
+                embedded_runtime_left_out(&crate_dir)?,
             );
         }
     }
@@ -256,6 +264,7 @@ fn package(build: &Path, function: &Function) -> Result<Package, CliError> {
     Ok(Package {
         function: function.logical_id.clone(),
         binary: function.binary.clone(),
+        build: build.to_owned(),
         bootstrap,
         architecture: architecture.to_owned(),
         embedded_runtime_left_out: false,
@@ -266,12 +275,10 @@ fn package(build: &Path, function: &Function) -> Result<Package, CliError> {
     })
 }
 
-/// Whether the function's crate, built from its folder as `sam build` builds it, leaves the
+/// Whether the crate in `crate_dir`, built from there as `sam build` builds a function, leaves the
 /// `local` feature of keyway (the embedded runtime and its YAML reader) off.
-fn embedded_runtime_left_out(function: &Function) -> Result<bool, CliError> {
-    let manifest = workspace_root()?
-        .join(&function.code_uri)
-        .join("Cargo.toml");
+fn embedded_runtime_left_out(crate_dir: &Path) -> Result<bool, CliError> {
+    let manifest = crate_dir.join("Cargo.toml");
     let out =
         std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
             .arg("tree")
@@ -315,8 +322,9 @@ fn architecture_name(arch: &str) -> &str {
 /// Median cold start and warm response of `package`'s bootstrap, in milliseconds. Each start is
 /// a first: the template deployed afresh on the embedded services, and the process started with
 /// the environment the template gives the function. Warm is the same process answering the same
-/// batch again: the payloads' records arrived long before the redelivery window, so the second
-/// answer does the same work as the first.
+/// batch again. (Whether it applies the records again or skips them as applied depends on their
+/// arrival times against the function's redelivery window on the real clock: the payloads'
+/// records arrived on 2026-01-01.) Every answer must be clean: no record of the batch failed.
 async fn cold_starts(text: &str, package: &Package, starts: usize) -> Result<(f64, f64), CliError> {
     let payload = payload(&package.binary)?;
     // Absolute: the process starts in its own folder, as Lambda's does.
@@ -351,15 +359,24 @@ async fn cold_starts(text: &str, package: &Package, starts: usize) -> Result<(f6
                 deadline_millis: None,
             };
             let began = Instant::now();
-            function.handle(&payload, &invocation).await.map_err(|e| {
-                format!(
-                    "{} ({}): {e} (its output: {})",
+            let answer = function.handle(&payload, &invocation).await;
+            times.push(began.elapsed());
+            let failed = match &answer {
+                Ok(answer) => answer["batchItemFailures"]
+                    .as_array()
+                    .filter(|failures| !failures.is_empty())
+                    .map(|failures| format!("batchItemFailures {failures:?}")),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(failed) = failed {
+                return Err(format!(
+                    "{} ({}), {which} start: {failed} (its output: {})",
                     package.function,
                     package.bootstrap.display(),
                     log.display()
                 )
-            })?;
-            times.push(began.elapsed());
+                .into());
+            }
         }
     }
     Ok((median_ms(&mut cold), median_ms(&mut warm)))
@@ -499,6 +516,40 @@ mod tests {
                 function.binary
             );
         }
+    }
+
+    #[test]
+    fn the_release_profile_sets_what_cargo_lambda_would_otherwise_choose_and_unwinds() {
+        let root = workspace_root().unwrap();
+        let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        let section: Vec<&str> = manifest
+            .lines()
+            .skip_while(|line| line.trim() != "[profile.release]")
+            .skip(1)
+            .take_while(|line| !line.starts_with('['))
+            .collect();
+        let value = |key: &str| {
+            section.iter().find_map(|line| {
+                let (k, v) = line.split_once('=')?;
+                (k.trim() == key).then(|| v.trim().to_owned())
+            })
+        };
+        // cargo lambda build adds its own value for each of these that the profile leaves out.
+        for key in ["strip", "lto", "codegen-units", "panic"] {
+            assert!(value(key).is_some(), "[profile.release] sets {key}");
+        }
+        assert_eq!(
+            value("panic").as_deref(),
+            Some("\"unwind\""),
+            "the executor catches an operator's panic"
+        );
+    }
+
+    #[test]
+    fn a_crate_built_with_the_embedded_runtime_is_told_from_a_function_built_without() {
+        let root = workspace_root().unwrap();
+        assert!(embedded_runtime_left_out(&root.join("functions/keyed-counter")).unwrap());
+        assert!(!embedded_runtime_left_out(&root.join("crates/keyway-cli")).unwrap());
     }
 
     #[test]
