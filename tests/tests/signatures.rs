@@ -374,23 +374,11 @@ async fn a_migrated_key_keeps_the_outbox_its_old_state_had_not_sent() {
 /// it neither starts afresh (its state would be lost) nor stops the keys beside it.
 #[tokio::test]
 async fn a_key_whose_old_state_does_not_parse_waits_while_the_others_migrate() {
-    use keyway::domain::AttrValue;
     let world = World::new(&[COUNTS.name]);
     let mut shard = Shard::new("clicks", 0);
     deploy_v1(&world, &mut shard).await;
-    let mut head = world
-        .table
-        .items()
-        .into_iter()
-        .find(|i| {
-            i.get("pk")
-                .and_then(AttrValue::as_s)
-                .is_some_and(|pk| pk == format!("keyed-counter#{V1_SIGNATURE}#b"))
-                && i.get("sk").and_then(AttrValue::as_s) == Some("head")
-        })
-        .expect("b's head under version 1");
-    head.insert("doc".into(), AttrValue::S("{not json".into()));
-    world.table.put_item(head).unwrap();
+    let b_under_v1 = format!("keyed-counter#{V1_SIGNATURE}#b");
+    keyway::testing::corrupt_head(&world.table, |pk| pk == b_under_v1);
 
     let v2 = world.executor(CounterV2 {
         migrate: Some(from_v1),

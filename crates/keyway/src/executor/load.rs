@@ -346,25 +346,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_key_whose_stored_state_does_not_parse_holds_back_its_own_records_only() {
-        use crate::domain::AttrValue;
         let bench = super::super::testkit::bench(Summer::default(), false);
         bench
             .executor
             .run(vec![record(1, "p", "a", 1), record(2, "q", "b", 1)])
             .await;
-        let mut head = bench
-            .table
-            .items()
-            .into_iter()
-            .find(|i| {
-                i.get("pk")
-                    .and_then(AttrValue::as_s)
-                    .is_some_and(|pk| pk.ends_with("#b"))
-                    && i.get("sk").and_then(AttrValue::as_s) == Some("head")
-            })
-            .expect("b's head");
-        head.insert("doc".into(), AttrValue::S("{not json".into()));
-        bench.table.put_item(head).unwrap();
+        crate::testing::corrupt_head(&bench.table, |pk| pk.ends_with("#b"));
 
         let report = bench
             .executor

@@ -21,6 +21,23 @@ pub use table::{keep_table_promise, table_contract, TablePromise};
 use crate::adapters::dynamodb::{ItemKey, VERSION};
 use crate::domain::{AttrValue, Item, Origin, Output, OutputId, SequenceNumber};
 
+/// Makes the stored head of a key unreadable, as a bad write or a hand edit leaves it: the head
+/// whose partition key `pk_matches` gets a document that is not JSON. Panics when there is none.
+pub fn corrupt_head(table: &crate::local::LocalTable, pk_matches: impl Fn(&str) -> bool) {
+    let mut head = table
+        .items()
+        .into_iter()
+        .find(|i| {
+            i.get("pk")
+                .and_then(AttrValue::as_s)
+                .is_some_and(&pk_matches)
+                && i.get("sk").and_then(AttrValue::as_s) == Some("head")
+        })
+        .expect("a stored head for the key");
+    head.insert("doc".into(), AttrValue::S("{not json".into()));
+    table.put_item(head).expect("the head written back");
+}
+
 fn item(pk: &str, sk: &str, version: u64, payload: &str) -> Item {
     let mut item = ItemKey {
         pk: pk.into(),
