@@ -16,13 +16,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use keyed_aggregate::aggregate::Aggregate;
+use keyway::domain::hash::kinesis_shard_index;
 use keyway::domain::pointer::{string_of, Pointer};
 use keyway::local::FaultPlan;
 use keyway_stack::aggregation::{Aggregation, Finished, Settings, Windowing};
 
 use crate::error::CliError;
 
-/// Lines put on the stream at a time.
+/// Lines put on the stream at a time, all shares together.
 const SLICE: usize = 20_000;
 /// The virtual clock's start when the lines carry no time to start from.
 const EPOCH: i64 = 1_767_225_600_000;
@@ -50,15 +51,13 @@ pub struct AggregateOptions {
     /// Shards of the stream the lines go on.
     #[arg(long, default_value_t = 4)]
     pub shards: usize,
+    /// Records per invocation at most: Lambda's largest for a Kinesis mapping by default, where
+    /// the stack deploys 500; the 6 MB payload limit caps it for long lines.
+    #[arg(long, default_value_t = 10_000)]
+    pub batch_size: usize,
     /// JSON Lines files, gzipped or not.
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
-}
-
-/// What a run did, for the summary.
-struct Tally {
-    lines: u64,
-    started: Instant,
 }
 
 pub fn run(options: AggregateOptions) -> Result<(), CliError> {
@@ -74,31 +73,21 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
         indicatif::ProgressStyle::with_template("  {spinner} {pos} lines aggregated, {per_sec}")
             .map_err(|e| e.to_string())?,
     );
-    let runtime = crate::bench::runtime_builder(true);
-    let mut tally = Tally {
-        lines: 0,
-        started: Instant::now(),
-    };
-    // Lines are read and keyed on a thread of their own, a slice ahead of the functions.
-    let (slices, reader) = read_slices(options.paths.clone(), key, time);
-    let finished = runtime.block_on(async {
-        let mut aggregation: Option<Aggregation> = None;
-        for slice in slices {
-            let Slice { records, from } = slice?;
-            let run = deployed(&mut aggregation, &settings, from)?;
-            run.put(&records, from).await?;
-            tally.lines += records.len() as u64;
-            progress.set_position(tally.lines);
-        }
-        // An empty input still deploys, and finishes with no results.
-        deployed(&mut aggregation, &settings, None)?;
-        let run = aggregation.take().expect("deployed above");
-        Ok::<Finished, CliError>(run.finish().await?)
-    });
-    reader.join().map_err(|_| {
-        CliError::from("the thread reading the files stopped unexpectedly".to_owned())
-    })?;
-    let finished = finished?;
+    let started = Instant::now();
+    let shares = shares(settings.shards);
+    let (senders, workers): (Vec<_>, Vec<_>) = (0..shares)
+        .map(|share| spawn_share(share_settings(&settings, share, shares), progress.clone()))
+        .unzip();
+    let reader = read_slices(options.paths.clone(), key, time, senders, settings.shards);
+    let read = reader.join().map_err(|_| stopped("reading the files"))?;
+    // Every share is joined before an error is reported: a share that stopped on an error also
+    // stops the reader, which then has nothing to say.
+    let finished: Vec<Result<Finished, CliError>> = workers
+        .into_iter()
+        .map(|w| w.join().map_err(|_| stopped("aggregating"))?)
+        .collect();
+    let lines = read?;
+    let finished = Finished::merge(finished.into_iter().collect::<Result<Vec<_>, _>>()?);
     progress.finish_and_clear();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for line in &finished.results {
@@ -106,8 +95,55 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
     }
     out.flush()
         .map_err(|e| format!("writing the results: {e}"))?;
-    eprint!("{}", summary(&finished, &tally));
+    eprint!("{}", summary(&finished, lines, started.elapsed()));
     Ok(())
+}
+
+fn stopped(what: &str) -> CliError {
+    CliError::from(format!("the thread {what} stopped unexpectedly"))
+}
+
+/// Into how many shares the stream's shards are split, each run on a core of its own: one per
+/// core, at most one per shard. Keys never cross shares, so each share's results are final.
+fn shares(shards: usize) -> usize {
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    cores.min(shards).max(1)
+}
+
+/// A share's settings: as many shards as it owns of the stream's (those whose number modulo
+/// `shares` is `share`), on a stream of its own.
+fn share_settings(settings: &Settings, share: usize, shares: usize) -> Settings {
+    Settings {
+        shards: (settings.shards - share).div_ceil(shares),
+        ..settings.clone()
+    }
+}
+
+/// Runs a share through the functions on a thread and an embedded runtime of its own, slice by
+/// slice as they come, and hands back its results once the slices end.
+fn spawn_share(
+    settings: Settings,
+    progress: indicatif::ProgressBar,
+) -> (
+    mpsc::SyncSender<Slice>,
+    thread::JoinHandle<Result<Finished, CliError>>,
+) {
+    let (sender, slices) = mpsc::sync_channel::<Slice>(2);
+    let worker = thread::spawn(move || {
+        crate::bench::runtime_builder(true).block_on(async {
+            let mut aggregation: Option<Aggregation> = None;
+            for Slice { records, from } in slices {
+                let run = deployed(&mut aggregation, &settings, from)?;
+                run.put(&records, from).await?;
+                progress.inc(records.len() as u64);
+            }
+            // An empty input still deploys, and finishes with no results.
+            deployed(&mut aggregation, &settings, None)?;
+            let run = aggregation.take().expect("deployed above");
+            Ok(run.finish().await?)
+        })
+    });
+    (sender, worker)
 }
 
 /// Lines put on the stream together: (partition key, line), and the first line's event time.
@@ -116,55 +152,56 @@ struct Slice {
     from: Option<i64>,
 }
 
-/// Reads the files' lines into slices on a thread of its own; the receiver ends after the last
-/// slice, or after an error.
+impl Slice {
+    fn new(capacity: usize) -> Self {
+        Self {
+            records: Vec::with_capacity(capacity),
+            from: None,
+        }
+    }
+}
+
+/// Reads the files' lines on a thread of its own, each to the share that owns its shard (one of
+/// `shards`, by the partition key's MD5, as Kinesis assigns it), in slices. Ends with the files,
+/// on an error, or when a share stops taking slices; answers how many lines were read.
 fn read_slices(
     paths: Vec<PathBuf>,
     key: Pointer,
     time: Option<Pointer>,
-) -> (
-    mpsc::Receiver<Result<Slice, CliError>>,
-    thread::JoinHandle<()>,
-) {
-    let (sender, receiver) = mpsc::sync_channel(2);
-    let reader = thread::spawn(move || {
-        let read = || -> Result<(), CliError> {
-            let mut slice = Slice {
-                records: Vec::with_capacity(SLICE),
-                from: None,
-            };
-            for file in &paths {
-                for line in lines(file)? {
-                    let line = line?;
-                    if slice.from.is_none() {
-                        slice.from = time.as_ref().and_then(|t| event_time(t, &line));
-                    }
-                    slice.records.push((partition_key(&key, &line), line));
-                    if slice.records.len() == SLICE {
-                        let full = std::mem::replace(&mut slice.records, Vec::with_capacity(SLICE));
-                        let from = slice.from.take();
-                        if sender
-                            .send(Ok(Slice {
-                                records: full,
-                                from,
-                            }))
-                            .is_err()
-                        {
-                            return Ok(());
-                        }
+    shares: Vec<mpsc::SyncSender<Slice>>,
+    shards: usize,
+) -> thread::JoinHandle<Result<u64, CliError>> {
+    thread::spawn(move || {
+        let size = SLICE / shares.len();
+        let mut slices: Vec<Slice> = shares.iter().map(|_| Slice::new(size)).collect();
+        let mut lines_read = 0;
+        for file in &paths {
+            for line in lines(file)? {
+                let line = line?;
+                lines_read += 1;
+                let partition_key = partition_key(&key, &line);
+                let shard = kinesis_shard_index(&partition_key, shards as u32) as usize;
+                let share = shard % shares.len();
+                let slice = &mut slices[share];
+                if slice.from.is_none() {
+                    slice.from = time.as_ref().and_then(|t| event_time(t, &line));
+                }
+                slice.records.push((partition_key, line));
+                if slice.records.len() == size {
+                    let full = std::mem::replace(slice, Slice::new(size));
+                    if shares[share].send(full).is_err() {
+                        return Ok(lines_read);
                     }
                 }
             }
-            if !slice.records.is_empty() {
-                let _ = sender.send(Ok(slice));
-            }
-            Ok(())
-        };
-        if let Err(e) = read() {
-            let _ = sender.send(Err(e));
         }
-    });
-    (receiver, reader)
+        for (slice, share) in slices.into_iter().zip(&shares) {
+            if !slice.records.is_empty() && share.send(slice).is_err() {
+                break;
+            }
+        }
+        Ok(lines_read)
+    })
 }
 
 /// The aggregation, deployed on first use with the clock at `first` (the first slice's time).
@@ -199,6 +236,9 @@ fn settings(options: &AggregateOptions) -> Result<Settings, CliError> {
     if options.shards == 0 {
         return Err("--shards must be at least 1".into());
     }
+    if !(1..=10_000).contains(&options.batch_size) {
+        return Err("--batch-size must be from 1 to 10000, as Lambda takes it".into());
+    }
     let windows = options.window.map(|seconds| Windowing {
         seconds,
         time: options.time.clone().unwrap_or_default(),
@@ -210,6 +250,7 @@ fn settings(options: &AggregateOptions) -> Result<Settings, CliError> {
         aggregates,
         windows,
         shards: options.shards,
+        batch_size: options.batch_size,
         flush: Duration::from_secs(60),
         faults: FaultPlan::default(),
     })
@@ -256,8 +297,8 @@ fn lines(path: &Path) -> Result<impl Iterator<Item = Result<Vec<u8>, CliError>>,
         .filter(|line| !matches!(line, Ok(l) if l.iter().all(u8::is_ascii_whitespace))))
 }
 
-fn summary(finished: &Finished, tally: &Tally) -> String {
-    let seconds = tally.started.elapsed().as_secs_f64();
+fn summary(finished: &Finished, lines: u64, took: Duration) -> String {
+    let seconds = took.as_secs_f64();
     let late = finished
         .dead_letters
         .iter()
@@ -265,8 +306,8 @@ fn summary(finished: &Finished, tally: &Tally) -> String {
         .count();
     format!(
         "keyway aggregate: {} lines in {seconds:.1} s ({:.0} lines/s), {} results, {} dead letters ({} late)\n",
-        tally.lines,
-        tally.lines as f64 / seconds.max(1e-9),
+        lines,
+        lines as f64 / seconds.max(1e-9),
         finished.results.len(),
         finished.dead_letters.len() - late,
         late

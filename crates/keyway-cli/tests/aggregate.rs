@@ -100,3 +100,36 @@ fn an_aggregate_that_needs_values_without_a_value_pointer_is_refused() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--agg mean: needs --value"));
 }
+
+#[test]
+fn a_stream_split_over_the_cores_gives_the_results_of_one_shard() {
+    let dir = std::env::temp_dir().join(format!("keyway-aggregate-{}-shares", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("many.jsonl");
+    let lines: String = (0..3_000)
+        .map(|i| format!("{{\"key\":\"k{}\",\"v\":{}}}\n", (i * i) % 97, i % 13))
+        .collect();
+    std::fs::write(&path, lines).unwrap();
+    let run = |shards: &str| {
+        let output = Command::new(env!("CARGO_BIN_EXE_keyway"))
+            .args([
+                "aggregate",
+                "--key",
+                "/key",
+                "--value",
+                "/v",
+                "--agg",
+                "sum,max",
+            ])
+            .args(["--shards", shards])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let one = run("1");
+    assert_eq!(one.lines().count(), 97 - 48, "the squares modulo 97");
+    // Eight shards are split into one share per core, each with an embedded runtime of its own.
+    assert_eq!(run("8"), one);
+}

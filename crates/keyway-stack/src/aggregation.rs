@@ -44,6 +44,8 @@ pub struct Settings {
     pub aggregates: Vec<Aggregate>,
     pub windows: Option<Windowing>,
     pub shards: usize,
+    /// The mappings' batch size (the stack's is 500; the 6 MB payload limit may cap it).
+    pub batch_size: usize,
     /// How long a running total waits before it goes to the merge.
     pub flush: Duration,
     pub faults: FaultPlan,
@@ -67,6 +69,29 @@ pub struct Finished {
     pub dead_letters: Vec<DeadLetter>,
 }
 
+impl Finished {
+    /// The results and dead letters of runs over disjoint sets of keys (each key's records all
+    /// went to one run), the results by key and window again.
+    pub fn merge(parts: Vec<Finished>) -> Finished {
+        let slot = |line: &String| {
+            let body: Value = serde_json::from_str(line).unwrap_or_default();
+            let key = body["key"].as_str().unwrap_or_default().to_owned();
+            (key, body["window_start"].as_i64())
+        };
+        let mut results = Vec::new();
+        let mut dead_letters = Vec::new();
+        for part in parts {
+            results.extend(part.results);
+            dead_letters.extend(part.dead_letters);
+        }
+        results.sort_by_cached_key(slot);
+        Finished {
+            results,
+            dead_letters,
+        }
+    }
+}
+
 impl Aggregation {
     /// Deploys the functions with the virtual clock at `epoch_millis` (the first record's time,
     /// for a recorded stream aggregated in windows).
@@ -88,7 +113,7 @@ impl Aggregation {
         let dead_letters = services.sqs.create_queue("aggregate-dead-letters");
         let env = environment(settings, &dead_letters);
         let mut runtime = LocalRuntime::new(services.clone());
-        let mapping = stack_mapping(500);
+        let mapping = stack_mapping(settings.batch_size);
         let source = |stream: &str| MappingSource::Kinesis {
             kinesis: services.kinesis.clone(),
             stream: stream.to_owned(),

@@ -254,6 +254,7 @@ fn aggregated_exactly(events: &[Event]) -> Result<bool, CliError> {
         aggregates: vec![Aggregate::Count],
         windows: None,
         shards: SHARDS as usize,
+        batch_size: 500,
         flush: Duration::from_secs(60),
         faults: FaultPlan::default(),
     };

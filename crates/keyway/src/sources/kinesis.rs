@@ -100,6 +100,15 @@ fn decode_record(
 
 type Parsed = (Origin, SequenceNumber, String, Option<i64>, Vec<u8>);
 
+/// Decodes standard base64 with SIMD, where most of a batch's decoding time goes; the scalar
+/// decoder is asked only about text the fast one refused, for its message naming the offset.
+fn decode_base64(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
+    match base64_simd::STANDARD.decode_to_vec(text) {
+        Ok(bytes) => Ok(bytes),
+        Err(_) => base64::engine::general_purpose::STANDARD.decode(text),
+    }
+}
+
 /// Partition keys longer than this are named by their hash in a lineage.
 const LINEAGE_KEY_MAX: usize = 64;
 
@@ -194,14 +203,12 @@ impl<'a> Fields<'a> {
         let data = self
             .data
             .ok_or_else(|| at(InvalidInput::new("kinesis.data", "missing or not a string")))?;
-        let data = base64::engine::general_purpose::STANDARD
-            .decode(data.trim())
-            .map_err(|e| {
-                at(InvalidInput::new(
-                    "kinesis.data",
-                    format!("not base64: {e}"),
-                ))
-            })?;
+        let data = decode_base64(data.trim()).map_err(|e| {
+            at(InvalidInput::new(
+                "kinesis.data",
+                format!("not base64: {e}"),
+            ))
+        })?;
         let arrival_millis = self
             .arrival
             .filter(|v| !v.is_null())
@@ -216,6 +223,25 @@ impl<'a> Fields<'a> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_simd_decoder_reads_what_the_scalar_one_writes_and_refuses_what_it_refuses() {
+        let standard = base64::engine::general_purpose::STANDARD;
+        for len in 0..100usize {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 37 + len) as u8).collect();
+            let text = standard.encode(&bytes);
+            assert_eq!(decode_base64(&text).unwrap(), bytes, "{len} bytes");
+            assert_eq!(base64_simd::STANDARD.encode_to_string(&bytes), text);
+        }
+        for bad in ["QQ", "Q===", "QUJD!", "QUJ=RA==", "  QUJD"] {
+            let scalar = standard.decode(bad).map_err(|e| e.to_string());
+            assert_eq!(
+                decode_base64(bad).map_err(|e| e.to_string()),
+                scalar,
+                "{bad}"
+            );
+        }
+    }
 
     /// The event as Lambda hands it over: JSON text.
     fn decode_event(event: Value) -> Result<DecodedBatch, InvalidInput> {
