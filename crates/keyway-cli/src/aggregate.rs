@@ -5,8 +5,12 @@
 //! a summary with lines a second and the dead letters (late records apart) to stderr, with a
 //! progress line while it runs.
 //!
-//! With windows the virtual clock starts at the first line's event time and keeps up with the
-//! lines' as they go in, so a recorded stream's windows close as they would have live.
+//! The stream's shards are split into shares, one per core: each share runs on an embedded
+//! runtime and a thread of its own, and the reader sends each line to the share that owns its
+//! shard. A key's lines all go to one share, so the shares' results only need putting in order.
+//!
+//! With windows a share's virtual clock starts at its first line's event time and keeps up with
+//! its lines' as they go in, so a recorded stream's windows close as they would have live.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
