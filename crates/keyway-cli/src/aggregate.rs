@@ -9,8 +9,10 @@
 //! runtime and a thread of its own, and the reader sends each line to the share that owns its
 //! shard. A key's lines all go to one share, so the shares' results only need putting in order.
 //!
-//! With windows a share's virtual clock starts at its first line's event time and keeps up with
-//! its lines' as they go in, so a recorded stream's windows close as they would have live.
+//! With windows every share's virtual clock starts at the first line's event time and keeps up
+//! with the lines' as they go in, so a recorded stream's windows close as they would have live.
+//! Which lines are late can depend on where slices begin, and on the few seconds of virtual time
+//! a share takes to run its part of a slice; without windows nothing depends on either.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -23,7 +25,7 @@ use keyed_aggregate::aggregate::Aggregate;
 use keyway::domain::hash::kinesis_shard_index;
 use keyway::domain::pointer::{string_of, Pointer};
 use keyway::local::FaultPlan;
-use keyway_stack::aggregation::{Aggregation, Finished, Settings, Windowing};
+use keyway_stack::aggregation::{Aggregation, EventTimes, Finished, Settings, Windowing};
 
 use crate::error::CliError;
 
@@ -84,8 +86,8 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
         .unzip();
     let reader = read_slices(options.paths.clone(), key, time, senders, settings.shards);
     let read = reader.join().map_err(|_| stopped("reading the files"))?;
-    // Every share is joined before an error is reported: a share that stopped on an error also
-    // stops the reader, which then has nothing to say.
+    // Every share is joined before an error is reported: the reader's error comes first (the
+    // shares end with its channels, having aggregated what it read), then the first share's.
     let finished: Vec<Result<Finished, CliError>> = workers
         .into_iter()
         .map(|w| w.join().map_err(|_| stopped("aggregating"))?)
@@ -103,6 +105,7 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
     Ok(())
 }
 
+/// A thread that panicked: a bug, said as such.
 fn stopped(what: &str) -> CliError {
     CliError::from(format!("the thread {what} stopped unexpectedly"))
 }
@@ -136,9 +139,9 @@ fn spawn_share(
     let worker = thread::spawn(move || {
         crate::bench::runtime_builder(true).block_on(async {
             let mut aggregation: Option<Aggregation> = None;
-            for Slice { records, from } in slices {
-                let run = deployed(&mut aggregation, &settings, from)?;
-                run.put(&records, from).await?;
+            for Slice { records, times } in slices {
+                let run = deployed(&mut aggregation, &settings, times.first)?;
+                run.put(&records, times).await?;
                 progress.inc(records.len() as u64);
             }
             // An empty input still deploys, and finishes with no results.
@@ -150,24 +153,18 @@ fn spawn_share(
     (sender, worker)
 }
 
-/// Lines put on the stream together: (partition key, line), and the first line's event time.
+/// A share's lines of a slice: (partition key, line), and the slice's event times.
 struct Slice {
     records: Vec<(String, Vec<u8>)>,
-    from: Option<i64>,
-}
-
-impl Slice {
-    fn new(capacity: usize) -> Self {
-        Self {
-            records: Vec::with_capacity(capacity),
-            from: None,
-        }
-    }
+    times: EventTimes,
 }
 
 /// Reads the files' lines on a thread of its own, each to the share that owns its shard (one of
-/// `shards`, by the partition key's MD5, as Kinesis assigns it), in slices. Ends with the files,
-/// on an error, or when a share stops taking slices; answers how many lines were read.
+/// `shards`, by the partition key's MD5, as Kinesis assigns it), `SLICE` lines at a time in all.
+/// Every share's lines of a slice go at once, with the slice's event times: each share's clock
+/// then follows the whole stream's, whatever the number of shares, as one clock does live. Ends
+/// with the files, on an error, or when a share stops taking slices; answers how many lines were
+/// read.
 fn read_slices(
     paths: Vec<PathBuf>,
     key: Pointer,
@@ -176,36 +173,49 @@ fn read_slices(
     shards: usize,
 ) -> thread::JoinHandle<Result<u64, CliError>> {
     thread::spawn(move || {
-        let size = SLICE / shares.len();
-        let mut slices: Vec<Slice> = shares.iter().map(|_| Slice::new(size)).collect();
+        let mut slices: Vec<Vec<(String, Vec<u8>)>> = shares.iter().map(|_| Vec::new()).collect();
+        let mut times = EventTimes::default();
         let mut lines_read = 0;
         for file in &paths {
             for line in lines(file)? {
                 let line = line?;
                 lines_read += 1;
+                if let Some(at) = time.as_ref().and_then(|t| event_time(t, &line)) {
+                    times.first = times.first.or(Some(at));
+                    times.newest = times.newest.max(Some(at));
+                }
                 let partition_key = partition_key(&key, &line);
                 let shard = kinesis_shard_index(&partition_key, shards as u32) as usize;
-                let share = shard % shares.len();
-                let slice = &mut slices[share];
-                if slice.from.is_none() {
-                    slice.from = time.as_ref().and_then(|t| event_time(t, &line));
-                }
-                slice.records.push((partition_key, line));
-                if slice.records.len() == size {
-                    let full = std::mem::replace(slice, Slice::new(size));
-                    if shares[share].send(full).is_err() {
+                slices[shard % shares.len()].push((partition_key, line));
+                if lines_read % SLICE as u64 == 0 {
+                    if !send(&mut slices, times, &shares) {
                         return Ok(lines_read);
                     }
+                    times.first = None;
                 }
             }
         }
-        for (slice, share) in slices.into_iter().zip(&shares) {
-            if !slice.records.is_empty() && share.send(slice).is_err() {
-                break;
-            }
-        }
+        send(&mut slices, times, &shares);
         Ok(lines_read)
     })
+}
+
+/// Sends each share its lines of the slice, if it has any; false when a share has stopped.
+fn send(
+    slices: &mut [Vec<(String, Vec<u8>)>],
+    times: EventTimes,
+    shares: &[mpsc::SyncSender<Slice>],
+) -> bool {
+    for (records, share) in slices.iter_mut().zip(shares) {
+        if records.is_empty() {
+            continue;
+        }
+        let records = std::mem::take(records);
+        if share.send(Slice { records, times }).is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// The aggregation, deployed on first use with the clock at `first` (the first slice's time).

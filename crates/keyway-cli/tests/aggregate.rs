@@ -133,3 +133,41 @@ fn a_stream_split_over_the_cores_gives_the_results_of_one_shard() {
     // Eight shards are split into one share per core, each with an embedded runtime of its own.
     assert_eq!(run("8"), one);
 }
+
+#[test]
+fn every_window_of_a_long_recording_closes_though_the_lines_fit_in_one_slice() {
+    let dir = std::env::temp_dir().join(format!("keyway-aggregate-{}-hours", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("hours.jsonl");
+    // Three hours of lines, one a minute on each of two keys: 180 windows of a minute per key.
+    let lines: String = (0..360)
+        .map(|i| {
+            let at = 1_767_225_600_000i64 + (i / 2) * 60_000;
+            format!("{{\"key\":\"k{}\",\"t\":{at}}}\n", i % 2)
+        })
+        .collect();
+    std::fs::write(&path, lines).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_keyway"))
+        .args([
+            "aggregate",
+            "--key",
+            "/key",
+            "--window",
+            "60",
+            "--time",
+            "/t",
+        ])
+        .args(["--shards", "8"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let results = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(results.lines().count(), 360, "{results}");
+    assert!(
+        results.lines().all(|l| l.contains("\"count\":1}")),
+        "{results}"
+    );
+    let summary = String::from_utf8(output.stderr).unwrap();
+    assert!(summary.contains("0 dead letters (0 late)"), "{summary}");
+}

@@ -1,9 +1,9 @@
 //! Keyed aggregation on the embedded runtime, as `keyway aggregate` runs it: the first phase and
 //! the merge (functions/keyed-aggregate) on their streams and a state table, as the stack wires
-//! them, with as many shards as asked for. Records go in slice by slice; the virtual clock keeps
-//! up with the records' event times when aggregating in windows, so that windows of a recorded
-//! stream close as they would have live; `finish` runs the timers out and takes each key's last
-//! result.
+//! them, with the shards and batch size asked for. Records go in slice by slice; the virtual clock
+//! keeps up with the records' event times when aggregating in windows, so that windows of a
+//! recorded stream close as they would have live; `finish` runs the clock past the newest record
+//! and the timers out, and takes each key's last result.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,12 +51,24 @@ pub struct Settings {
     pub faults: FaultPlan,
 }
 
+/// The event times of a slice of records, for aggregating in windows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EventTimes {
+    /// The first record's time: the clock catches up with it before the slice goes in.
+    pub first: Option<i64>,
+    /// The newest time of any record so far: `finish` runs the clock past it, so that every
+    /// window a record went into closes.
+    pub newest: Option<i64>,
+}
+
 /// The two functions running on their streams.
 pub struct Aggregation {
     services: Arc<LocalServices>,
     runtime: LocalRuntime,
     dead_letters: String,
     windows: Option<Windowing>,
+    /// The newest event time of the records put.
+    newest: Option<i64>,
     flush: Duration,
     /// Each key's (and window's) result with the highest count so far: counts only grow.
     results: BTreeMap<(String, Option<i64>), (u64, String)>,
@@ -140,26 +152,25 @@ impl Aggregation {
             runtime,
             dead_letters,
             windows: settings.windows.clone(),
+            newest: None,
             flush: settings.flush,
             results: BTreeMap::new(),
         })
     }
 
     /// Puts a slice of records (partition key, data) on the events stream and runs the functions
-    /// until they are idle; with windows, first lets the virtual clock reach `from`, the slice's
-    /// first event time, as a live stream's would have when that record came. (Not its newest:
-    /// the slice's earlier records would be judged late by a clock they never saw.)
+    /// until they are idle; with windows, first lets the virtual clock reach the slice's first
+    /// event time, as a live stream's would have when that record came. (Not its newest: the
+    /// slice's earlier records would be judged late by a clock they never saw.)
     pub async fn put(
         &mut self,
         records: &[(String, Vec<u8>)],
-        from: Option<i64>,
+        times: EventTimes,
     ) -> Result<(), LocalError> {
-        if let Some(from) = from.filter(|_| self.windows.is_some()) {
-            let behind = from - self.services.clock.now_millis();
-            if behind > 0 {
-                self.runtime
-                    .run_for(Duration::from_millis(behind as u64))
-                    .await;
+        if self.windows.is_some() {
+            self.newest = self.newest.max(times.newest);
+            if let Some(first) = times.first {
+                self.run_clock_to(first).await;
             }
         }
         self.services
@@ -180,6 +191,11 @@ impl Aggregation {
             Some(w) => Duration::from_secs(w.seconds + w.lateness_seconds),
             None => self.flush,
         };
+        // A slice's records after its first can be far ahead of the clock: their windows close
+        // only once the clock has passed them too.
+        if let Some(newest) = self.newest {
+            self.run_clock_to(newest).await;
+        }
         self.runtime.run_for(last_close + SWEEP_EVERY * 2).await;
         self.runtime.run_until_idle(SETTLE_LIMIT).await?;
         self.take_results()?;
@@ -195,6 +211,16 @@ impl Aggregation {
             results: self.results.into_values().map(|(_, line)| line).collect(),
             dead_letters,
         })
+    }
+
+    /// Lets the virtual clock run, the functions with it, until `millis` if it is behind.
+    async fn run_clock_to(&mut self, millis: i64) {
+        let behind = millis - self.services.clock.now_millis();
+        if behind > 0 {
+            self.runtime
+                .run_for(Duration::from_millis(behind as u64))
+                .await;
+        }
     }
 
     fn take_results(&mut self) -> Result<(), LocalError> {

@@ -15,7 +15,7 @@ use keyway::domain::salt::{Partitioner, Salting};
 use keyway::domain::skew::Hysteresis;
 use keyway::local::FaultPlan;
 use keyway_stack::adaptive;
-use keyway_stack::aggregation::{Aggregation, Settings as Run};
+use keyway_stack::aggregation::{Aggregation, EventTimes, Settings as Run};
 use serde::Serialize;
 
 use super::simulate::outcome;
@@ -261,7 +261,7 @@ fn aggregated_exactly(events: &[Event]) -> Result<bool, CliError> {
     let runtime = crate::bench::runtime_builder(true);
     let finished = runtime.block_on(async {
         let mut run = Aggregation::deploy(&settings, 1_767_225_600_000)?;
-        run.put(&records, None).await?;
+        run.put(&records, EventTimes::default()).await?;
         run.finish().await
     })?;
     let mut counted: BTreeMap<String, u64> = BTreeMap::new();
