@@ -16,10 +16,16 @@ const MORE: &str = r#"{"key":"b","v":0.1,"t":"2026-01-01T00:01:45Z"}
 {"key":"b","v":0.2,"t":1767225706000}
 "#;
 
-/// Runs the command on the two files, written to a folder of `run`'s own (tests run at once).
-fn aggregate(run: &str, args: &[&str]) -> (Vec<String>, String) {
+/// A folder of `run`'s own (tests run at once).
+fn folder(run: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("keyway-aggregate-{}-{run}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs the command on the two files, written to a folder of `run`'s own.
+fn aggregate(run: &str, args: &[&str]) -> (Vec<String>, String) {
+    let dir = folder(run);
     let plain = dir.join("lines.jsonl");
     std::fs::write(&plain, LINES).unwrap();
     let zipped = dir.join("more.jsonl.gz");
@@ -103,9 +109,7 @@ fn an_aggregate_that_needs_values_without_a_value_pointer_is_refused() {
 
 #[test]
 fn a_stream_split_over_the_cores_gives_the_results_of_one_shard() {
-    let dir = std::env::temp_dir().join(format!("keyway-aggregate-{}-shares", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("many.jsonl");
+    let path = folder("shares").join("many.jsonl");
     let lines: String = (0..3_000)
         .map(|i| format!("{{\"key\":\"k{}\",\"v\":{}}}\n", (i * i) % 97, i % 13))
         .collect();
@@ -136,9 +140,7 @@ fn a_stream_split_over_the_cores_gives_the_results_of_one_shard() {
 
 #[test]
 fn every_window_of_a_long_recording_closes_though_the_lines_fit_in_one_slice() {
-    let dir = std::env::temp_dir().join(format!("keyway-aggregate-{}-hours", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("hours.jsonl");
+    let path = folder("hours").join("hours.jsonl");
     // Three hours of lines, one a minute on each of two keys: 180 windows of a minute per key.
     let lines: String = (0..360)
         .map(|i| {
