@@ -22,7 +22,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use keyed_aggregate::aggregate::Aggregate;
-use keyway::domain::hash::kinesis_shard_index;
+use keyway::adapters::kinesis::RECORD_MAX_BYTES;
+use keyway::domain::hash::{kinesis_shard_index, xxh3_128_hex};
 use keyway::domain::pointer::{string_of, Pointer};
 use keyway::local::FaultPlan;
 use keyway_stack::aggregation::{Aggregation, EventTimes, Finished, Settings, Windowing};
@@ -31,6 +32,8 @@ use crate::error::CliError;
 
 /// Lines put on the stream at a time, all shares together.
 const SLICE: usize = 20_000;
+/// The longest partition key Kinesis takes, in characters.
+const PARTITION_KEY_MAX_CHARS: usize = 256;
 /// The virtual clock's start when the lines carry no time to start from.
 const EPOCH: i64 = 1_767_225_600_000;
 
@@ -92,7 +95,7 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
         .into_iter()
         .map(|w| w.join().map_err(|_| stopped("aggregating"))?)
         .collect();
-    let lines = read?;
+    let read = read?;
     let finished = Finished::merge(finished.into_iter().collect::<Result<Vec<_>, _>>()?);
     progress.finish_and_clear();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -101,7 +104,7 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
     }
     out.flush()
         .map_err(|e| format!("writing the results: {e}"))?;
-    eprint!("{}", summary(&finished, lines, started.elapsed()));
+    eprint!("{}", summary(&finished, &read, started.elapsed()));
     Ok(())
 }
 
@@ -153,6 +156,13 @@ fn spawn_share(
     (sender, worker)
 }
 
+/// What the reader read: lines, and those too large for a Kinesis record.
+#[derive(Default)]
+struct Read {
+    lines: u64,
+    too_large: u64,
+}
+
 /// A share's lines of a slice: (partition key, line), and the slice's event times.
 struct Slice {
     records: Vec<(String, Vec<u8>)>,
@@ -171,32 +181,43 @@ fn read_slices(
     time: Option<Pointer>,
     shares: Vec<mpsc::SyncSender<Slice>>,
     shards: usize,
-) -> thread::JoinHandle<Result<u64, CliError>> {
+) -> thread::JoinHandle<Result<Read, CliError>> {
     thread::spawn(move || {
         let mut slices: Vec<Vec<(String, Vec<u8>)>> = shares.iter().map(|_| Vec::new()).collect();
         let mut times = EventTimes::default();
-        let mut lines_read = 0;
+        let mut read = Read::default();
         for file in &paths {
             for line in lines(file)? {
                 let line = line?;
-                lines_read += 1;
+                read.lines += 1;
                 if let Some(at) = time.as_ref().and_then(|t| event_time(t, &line)) {
                     times.first = times.first.or(Some(at));
                     times.newest = times.newest.max(Some(at));
                 }
                 let partition_key = partition_key(&key, &line);
+                if line.len() + partition_key.len() > RECORD_MAX_BYTES {
+                    // No Kinesis stream takes it: dead-lettered here, not the end of the run.
+                    eprintln!(
+                        "keyway aggregate: {}: the input's line {} has {} bytes, over a Kinesis record's 1 MiB: dead-lettered",
+                        file.display(),
+                        read.lines,
+                        line.len()
+                    );
+                    read.too_large += 1;
+                    continue;
+                }
                 let shard = kinesis_shard_index(&partition_key, shards as u32) as usize;
                 slices[shard % shares.len()].push((partition_key, line));
-                if lines_read % SLICE as u64 == 0 {
+                if read.lines % SLICE as u64 == 0 {
                     if !send(&mut slices, times, &shares) {
-                        return Ok(lines_read);
+                        return Ok(read);
                     }
                     times.first = None;
                 }
             }
         }
         send(&mut slices, times, &shares);
-        Ok(lines_read)
+        Ok(read)
     })
 }
 
@@ -271,8 +292,17 @@ fn settings(options: &AggregateOptions) -> Result<Settings, CliError> {
 }
 
 /// A line's partition key: its key, as the function reads it; a line without one goes under
-/// "-" and is dead-lettered by the function with the reason.
+/// "-" and is dead-lettered by the function with the reason. A key longer than Kinesis takes
+/// (256 characters) goes under its hash: the function reads the key from the line.
 fn partition_key(key: &Pointer, line: &[u8]) -> String {
+    let text = key_text(key, line);
+    if text.chars().count() > PARTITION_KEY_MAX_CHARS {
+        return xxh3_128_hex(&[text.as_bytes()]);
+    }
+    text
+}
+
+fn key_text(key: &Pointer, line: &[u8]) -> String {
     match key.find(line) {
         Ok(Some(raw)) => match string_of(raw) {
             Some(text) if !text.is_empty() => text.into_owned(),
@@ -311,7 +341,7 @@ fn lines(path: &Path) -> Result<impl Iterator<Item = Result<Vec<u8>, CliError>>,
         .filter(|line| !matches!(line, Ok(l) if l.iter().all(u8::is_ascii_whitespace))))
 }
 
-fn summary(finished: &Finished, lines: u64, took: Duration) -> String {
+fn summary(finished: &Finished, read: &Read, took: Duration) -> String {
     let seconds = took.as_secs_f64();
     let late = finished
         .dead_letters
@@ -320,10 +350,10 @@ fn summary(finished: &Finished, lines: u64, took: Duration) -> String {
         .count();
     format!(
         "keyway aggregate: {} lines in {seconds:.1} s ({:.0} lines/s), {} results, {} dead letters ({} late)\n",
-        lines,
-        lines as f64 / seconds.max(1e-9),
+        read.lines,
+        read.lines as f64 / seconds.max(1e-9),
         finished.results.len(),
-        finished.dead_letters.len() - late,
+        finished.dead_letters.len() - late + read.too_large as usize,
         late
     )
 }

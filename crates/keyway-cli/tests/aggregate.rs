@@ -173,3 +173,29 @@ fn every_window_of_a_long_recording_closes_though_the_lines_fit_in_one_slice() {
     let summary = String::from_utf8(output.stderr).unwrap();
     assert!(summary.contains("0 dead letters (0 late)"), "{summary}");
 }
+
+#[test]
+fn a_line_too_large_for_kinesis_is_dead_lettered_and_a_key_too_long_for_one_still_counts() {
+    let long_key = "k".repeat(300);
+    let lines = format!(
+        "{{\"key\":\"a\",\"pad\":\"{}\"}}\n{{\"key\":\"a\",\"pad\":\"{}\"}}\n{{\"key\":\"{long_key}\"}}\n{{\"key\":\"{long_key}\"}}\n",
+        "x".repeat(2 * 1024 * 1024),
+        "x".repeat(10_000),
+    );
+    let path = folder("large").join("large.jsonl");
+    std::fs::write(&path, lines).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_keyway"))
+        .args(["aggregate", "--key", "/key"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let summary = String::from_utf8(output.stderr).unwrap();
+    assert!(output.status.success(), "{summary}");
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        format!("{{\"key\":\"a\",\"count\":1}}\n{{\"key\":\"{long_key}\",\"count\":2}}\n")
+    );
+    assert!(summary.contains("line 1 has 2097"), "{summary}");
+    assert!(summary.contains("4 lines"), "{summary}");
+    assert!(summary.contains("1 dead letters (0 late)"), "{summary}");
+}
