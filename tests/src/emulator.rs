@@ -25,7 +25,7 @@ pub fn endpoint() -> String {
 
 /// SDK configuration for the emulator: fixed region, dummy credentials.
 pub async fn sdk_config() -> aws_config::SdkConfig {
-    aws_config::defaults(aws_config::BehaviorVersion::latest())
+    keyway::lambda::aws::config_loader()
         .endpoint_url(endpoint())
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "keyway-tests"))

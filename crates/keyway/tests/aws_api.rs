@@ -20,7 +20,7 @@ async fn served() -> (Arc<LocalServices>, aws_config::SdkConfig) {
     let api = AwsApi::start(services.clone())
         .await
         .expect("a loopback port");
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+    let config = keyway::lambda::aws::config_loader()
         .endpoint_url(&api.endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new(

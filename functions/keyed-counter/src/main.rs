@@ -7,7 +7,8 @@ use lambda_runtime::Error;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
+// One invocation at a time, each batch one task: a scheduler thread per core would only idle.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     keyway::lambda::run(keyed_counter::handler).await
 }

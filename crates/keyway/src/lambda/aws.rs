@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
+use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+use aws_smithy_runtime_api::client::http::SharedHttpClient;
 
 use super::platform::{Platform, PortError, SinkMaker, SinkTarget, TableAccess};
 use crate::adapters::dynamodb::{DynamoStateStore, SdkTable, Table};
@@ -16,6 +18,22 @@ use crate::ports::{Clock, MetricLog, Sink, StateStore, StdoutMetrics, SystemCloc
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// One attempt of any call: BatchWriteItem of 25 items and PutRecords of 5 MB take well under it.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The SDK's configuration loader with keyway's HTTPS client: the standard environment (region,
+/// credentials, `AWS_ENDPOINT_URL`) is read by `load`.
+pub fn config_loader() -> aws_config::ConfigLoader {
+    aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https_client())
+}
+
+/// The one HTTP client of every SDK client: hyper with rustls on ring, and the system's trusted
+/// roots. The SDK's default client is the same on aws-lc, a C library that takes minutes to
+/// build for each architecture and weighs in every function's zip, for faster handshakes that a
+/// function makes few of: one per connection its process keeps.
+pub fn https_client() -> SharedHttpClient {
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https()
+}
 
 /// The SDK clients a function needs.
 #[derive(Clone, Debug)]
@@ -28,8 +46,7 @@ pub struct AwsClients {
 impl AwsClients {
     /// Clients from the standard environment (region, credentials, `AWS_ENDPOINT_URL`).
     pub async fn from_env() -> Self {
-        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-        Self::from_config(&config)
+        Self::from_config(&config_loader().load().await)
     }
 
     /// Clients on `config`, with the SDK's own retries turned off: every adapter retries with

@@ -8,7 +8,11 @@ use std::sync::Arc;
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::value::RawValue;
-use tracing::Instrument as _;
+use tracing::{Instrument as _, Level};
+use tracing_subscriber::filter::{ParseError, Targets};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::Layer as _;
 
 use super::handler::{Handler, Invocation};
 use super::{AwsClients, Env, Platform, SetupError};
@@ -21,12 +25,17 @@ where
     F: FnOnce(&dyn Platform, &Env) -> Result<H, SetupError>,
 {
     let env: Env = std::env::vars().collect();
-    tracing_subscriber::fmt()
+    let (filter, unread) = log_filter(&env);
+    let lines = tracing_subscriber::fmt::layer()
         .json()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(log_level(&env)))
         .with_target(false)
-        .without_time()
+        .without_time();
+    tracing_subscriber::registry()
+        .with(lines.with_filter(filter))
         .init();
+    if let Some(problem) = unread {
+        tracing::warn!(%problem, "RUST_LOG could not be read: logging at INFO");
+    }
     let handler = build(&AwsClients::from_env().await, &env)?;
     serve(Arc::new(handler)).await
 }
@@ -46,6 +55,17 @@ pub fn log_level(env: &Env) -> String {
             level.to_ascii_lowercase()
         }
         _ => "info".into(),
+    }
+}
+
+/// The filter of `log_level`, and the problem with `RUST_LOG` when it could not be read (the
+/// filter is then INFO). It takes levels and targets (`info,keyway=debug`), as `RUST_LOG` does,
+/// with no span or field filters: the regular expressions these need would weigh in every
+/// function's package.
+pub fn log_filter(env: &Env) -> (Targets, Option<ParseError>) {
+    match log_level(env).parse::<Targets>() {
+        Ok(filter) => (filter, None),
+        Err(problem) => (Targets::new().with_default(Level::INFO), Some(problem)),
     }
 }
 
@@ -118,5 +138,19 @@ mod tests {
             ("RUST_LOG", "keyway=trace"),
         ]);
         assert_eq!(log_level(&both), "keyway=trace");
+    }
+
+    #[test]
+    fn a_rust_log_that_cannot_be_read_is_named_and_the_function_logs_at_info() {
+        let (filter, problem) = log_filter(&env_of(&[("RUST_LOG", "info,keyway=debug")]));
+        assert!(problem.is_none());
+        assert!(filter.would_enable("keyway::executor", &Level::DEBUG));
+        assert!(!filter.would_enable("hyper", &Level::DEBUG));
+        assert!(filter.would_enable("hyper", &Level::INFO));
+
+        let (filter, problem) = log_filter(&env_of(&[("RUST_LOG", "keyway=loud")]));
+        assert!(problem.is_some(), "an unknown level is a problem");
+        assert!(filter.would_enable("keyway::executor", &Level::INFO));
+        assert!(!filter.would_enable("keyway::executor", &Level::DEBUG));
     }
 }
