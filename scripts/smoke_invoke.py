@@ -1,6 +1,10 @@
-"""Every function as a user invokes it: served by `cargo lambda watch`, invoked with `cargo lambda
-invoke <function> --data-file events/<function>/<payload>.json`, against the DynamoDB tables, Kinesis
-streams and SQS queues of an emulator of AWS (ministack), wired as events/README.md says.
+"""Every function as a user invokes it: its package as `cargo lambda build --release` left it in
+`--functions` (`<function>/bootstrap`), served by `cargo lambda watch`'s Lambda Runtime API
+(`--only-lambda-apis`: watch serves the runtime APIs and this script starts the bootstrap with the
+environment watch gives a function, so that the binaries a deployment ships are what answer),
+invoked with `cargo lambda invoke <function> --data-file events/<function>/<payload>.json`,
+against the DynamoDB tables, Kinesis streams and SQS queues of an emulator of AWS (ministack),
+wired as events/README.md says.
 
 For each function: a clean batch answers no failure and dead-letters nothing; a batch with bad
 records answers no failure and dead-letters each bad record (its good records, already applied,
@@ -10,7 +14,8 @@ parses: the answer names that key's first record, not the batch's first, and not
 dead-letter queue. (The identity enricher's and the merge's payloads keep state for their first
 key only, where the answer could not tell one key held back from the whole batch.)
 
-    python scripts/smoke_invoke.py --endpoint http://127.0.0.1:4566 --cargo-lambda .venv/lambda/bin/cargo-lambda
+    python scripts/smoke_invoke.py --endpoint http://127.0.0.1:4566 --cargo-lambda .venv/lambda/bin/cargo-lambda \
+        --functions target/lambda
 """
 import argparse
 import contextlib
@@ -19,7 +24,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -196,7 +200,7 @@ def invoke(cargo_lambda, port, function, payload):
     path = os.path.join(EVENTS, function, payload)
     done = subprocess.run(
         [cargo_lambda, "lambda", "invoke", "--invoke-address", "127.0.0.1", "--invoke-port", str(port), "--data-file", path, function],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=120,
     )
     if done.returncode != 0:
         sys.exit(f"smoke: cargo lambda invoke {function} --data-file events/{function}/{payload} failed: {done.stdout}{done.stderr}")
@@ -249,17 +253,18 @@ def check_one_key_fails(stack, cargo_lambda, port, function, step, heads_before)
 
 
 @contextlib.contextmanager
-def watching(cargo_lambda, package, env_file):
-    """`cargo lambda watch` serving the functions of `package`, on the port it yields. It builds a
-    function at its first invocation (`cargo run`), and runs it as Lambda would, environment
-    included."""
+def watching(cargo_lambda, function, package, bootstrap, environment):
+    """`cargo lambda watch`'s Lambda Runtime API for `function` on the port it yields, and the
+    function's bootstrap polling it with `environment` and the variables watch gives a function
+    it starts itself."""
     port = free_port()
     watch = subprocess.Popen(
-        [cargo_lambda, "lambda", "watch", "--invoke-port", str(port), "--invoke-address", "127.0.0.1",
-         "--env-file", env_file, "--ignore-changes", "--quiet",
+        [cargo_lambda, "lambda", "watch", "--only-lambda-apis", "--invoke-port", str(port),
+         "--invoke-address", "127.0.0.1", "--ignore-changes", "--quiet",
          "--manifest-path", os.path.join(EVENTS, "..", "functions", package, "Cargo.toml")],
         start_new_session=True,
     )
+    served = None
     try:
         for _ in range(120):
             try:
@@ -267,33 +272,48 @@ def watching(cargo_lambda, package, env_file):
                 break
             except OSError:
                 time.sleep(0.5)
-        yield port
+        served = subprocess.Popen(
+            [bootstrap],
+            env=dict(
+                environment,
+                PATH=os.environ["PATH"],
+                AWS_LAMBDA_RUNTIME_API=f"http://127.0.0.1:{port}/.rt/{function}",
+                AWS_LAMBDA_FUNCTION_NAME=function,
+                AWS_LAMBDA_FUNCTION_VERSION="1",
+                AWS_LAMBDA_FUNCTION_MEMORY_SIZE="512",
+            ),
+            start_new_session=True,
+        )
+        yield port, served
     finally:
-        os.killpg(watch.pid, 15)
-        watch.wait()
+        for process in (served, watch):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, 15)
+                process.wait()
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--cargo-lambda", required=True)
+    parser.add_argument("--functions", required=True, help="cargo lambda build's folder: <function>/bootstrap")
     args = parser.parse_args()
     stack = Stack(args.endpoint)
-    with tempfile.NamedTemporaryFile("w", suffix=".env", delete=False) as env_file:
-        for name, value in stack.environment(args.endpoint).items():
-            # Single quotes: the JSON values hold double quotes, which a dotenv file would read.
-            env_file.write(f"{name}='{value}'\n")
-    try:
-        for function in FUNCTIONS:
-            with watching(args.cargo_lambda, function.package or function.name, env_file.name) as port:
-                heads_before = {h["pk"]["S"] for h in stack.heads()}
-                for step in function.steps:
-                    if isinstance(step, OneKeyFails):
-                        check_one_key_fails(stack, args.cargo_lambda, port, function.name, step, heads_before)
-                    else:
-                        check_invoke(stack, args.cargo_lambda, port, function.name, step)
-    finally:
-        os.unlink(env_file.name)
+    environment = stack.environment(args.endpoint)
+    for function in FUNCTIONS:
+        bootstrap = os.path.join(args.functions, function.name, "bootstrap")
+        if not os.access(bootstrap, os.X_OK):
+            sys.exit(f"smoke: {bootstrap} is missing: build the functions with cargo lambda build --release first")
+        package = function.package or function.name
+        with watching(args.cargo_lambda, function.name, package, bootstrap, environment) as (port, served):
+            heads_before = {h["pk"]["S"] for h in stack.heads()}
+            for step in function.steps:
+                if served.poll() is not None:
+                    sys.exit(f"smoke: {function.name} exited with {served.returncode} before {step.payload}")
+                if isinstance(step, OneKeyFails):
+                    check_one_key_fails(stack, args.cargo_lambda, port, function.name, step, heads_before)
+                else:
+                    check_invoke(stack, args.cargo_lambda, port, function.name, step)
     print(f"smoke: every payload of the {len(FUNCTIONS)} functions answered as it should")
 
 

@@ -3,10 +3,6 @@
 
 use lambda_runtime::Error;
 
-/// Batches make thousands of small allocations; mimalloc serves them faster than the system's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 // One invocation at a time, each batch one task: a scheduler thread per core would only idle.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
