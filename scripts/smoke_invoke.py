@@ -198,10 +198,13 @@ class Stack:
 
 def invoke(cargo_lambda, port, function, payload):
     path = os.path.join(EVENTS, function, payload)
-    done = subprocess.run(
-        [cargo_lambda, "lambda", "invoke", "--invoke-address", "127.0.0.1", "--invoke-port", str(port), "--data-file", path, function],
-        capture_output=True, text=True, timeout=120,
-    )
+    try:
+        done = subprocess.run(
+            [cargo_lambda, "lambda", "invoke", "--invoke-address", "127.0.0.1", "--invoke-port", str(port), "--data-file", path, function],
+            capture_output=True, text=True, timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        sys.exit(f"smoke: {function} did not answer events/{function}/{payload} within 120 s (its log above says why)")
     if done.returncode != 0:
         sys.exit(f"smoke: cargo lambda invoke {function} --data-file events/{function}/{payload} failed: {done.stdout}{done.stderr}")
     return json.loads(done.stdout)
@@ -272,6 +275,8 @@ def watching(cargo_lambda, function, package, bootstrap, environment):
                 break
             except OSError:
                 time.sleep(0.5)
+        else:
+            sys.exit(f"smoke: cargo lambda watch did not listen on port {port} within a minute")
         served = subprocess.Popen(
             [bootstrap],
             env=dict(

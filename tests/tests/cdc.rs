@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-/// The functions and the `keyway` command run on mimalloc; so does this test, whose chaos run
+/// The `keyway` command runs the embedded runtime on mimalloc; so does this test, whose chaos run
 /// makes millions of small allocations.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

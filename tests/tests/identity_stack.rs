@@ -21,7 +21,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::Value;
 
-/// Millions of small allocations, as the deployed function makes them with mimalloc.
+/// Millions of small allocations, served with mimalloc as the `keyway` command serves them.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

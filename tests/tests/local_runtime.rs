@@ -19,8 +19,8 @@ use keyway_tests::operators::{GroupCounter, History, Tweaked};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// The chaos run makes millions of small allocations, as the deployed functions do; they use
-/// mimalloc, and so does this test.
+/// The chaos run makes millions of small allocations; the `keyway` command serves them to the
+/// embedded runtime with mimalloc, and so does this test.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

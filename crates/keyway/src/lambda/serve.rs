@@ -34,39 +34,80 @@ where
         .with(lines.with_filter(filter))
         .init();
     if let Some(problem) = unread {
-        tracing::warn!(%problem, "RUST_LOG could not be read: logging at INFO");
+        tracing::warn!(%problem, "RUST_LOG not taken: logging at the logging config's level");
     }
     let handler = build(&AwsClients::from_env().await, &env)?;
     serve(Arc::new(handler)).await
 }
 
-/// The log filter: `RUST_LOG` when set, else the level of the function's logging config
-/// (`AWS_LAMBDA_LOG_LEVEL`, which Lambda sets from LoggingConfig.ApplicationLogLevel), else INFO.
-pub fn log_level(env: &Env) -> String {
-    if let Some(filter) = env.get("RUST_LOG").filter(|f| !f.trim().is_empty()) {
-        return filter.clone();
-    }
+/// The level of the function's logging config (`AWS_LAMBDA_LOG_LEVEL`, which Lambda sets from
+/// LoggingConfig.ApplicationLogLevel), else INFO.
+fn config_level(env: &Env) -> Level {
     match env
         .get("AWS_LAMBDA_LOG_LEVEL")
         .map(|l| l.to_ascii_uppercase())
+        .as_deref()
     {
-        Some(level) if level == "FATAL" => "error".into(),
-        Some(level) if ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&level.as_str()) => {
-            level.to_ascii_lowercase()
-        }
-        _ => "info".into(),
+        Some("TRACE") => Level::TRACE,
+        Some("DEBUG") => Level::DEBUG,
+        Some("WARN") => Level::WARN,
+        Some("ERROR" | "FATAL") => Level::ERROR,
+        _ => Level::INFO,
     }
 }
 
-/// The filter of `log_level`, and the problem with `RUST_LOG` when it could not be read (the
-/// filter is then INFO). It takes levels and targets (`info,keyway=debug`), as `RUST_LOG` does,
-/// with no span or field filters: the regular expressions these need would weigh in every
-/// function's package.
-pub fn log_filter(env: &Env) -> (Targets, Option<ParseError>) {
-    match log_level(env).parse::<Targets>() {
-        Ok(filter) => (filter, None),
-        Err(problem) => (Targets::new().with_default(Level::INFO), Some(problem)),
+/// Why a function did not take its `RUST_LOG`.
+#[derive(Debug, thiserror::Error)]
+pub enum LogFilterError {
+    #[error("`{0}`: span and field filters are not taken, only levels and targets")]
+    SpanOrField(String),
+    #[error("`{directive}` is neither a level, a target nor target=level: {source}")]
+    Unreadable {
+        directive: String,
+        source: ParseError,
+    },
+}
+
+/// The log filter: `RUST_LOG` when set, else the level of the function's logging config; and why
+/// `RUST_LOG` was not taken when it was not (the filter is then the logging config's level). It
+/// takes levels and targets (`info, keyway=debug`), as `RUST_LOG` does, with no span or field
+/// filters: the regular expressions these need would weigh in every function's package, and
+/// taken as a target name such a filter would match nothing and silence the function.
+pub fn log_filter(env: &Env) -> (Targets, Option<LogFilterError>) {
+    let fallback = || Targets::new().with_default(config_level(env));
+    match env.get("RUST_LOG").map(|value| targets(value)) {
+        Some(Ok(Some(filter))) => (filter, None),
+        Some(Err(problem)) => (fallback(), Some(problem)),
+        Some(Ok(None)) | None => (fallback(), None),
     }
+}
+
+/// `value`'s directives, each trimmed, empty ones left out; `None` when none is left.
+fn targets(value: &str) -> Result<Option<Targets>, LogFilterError> {
+    let directives: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    for directive in &directives {
+        if directive.contains(|c: char| c == '[' || c == '{' || c.is_whitespace()) {
+            return Err(LogFilterError::SpanOrField(directive.to_string()));
+        }
+        if let Err(source) = directive.parse::<Targets>() {
+            let directive = directive.to_string();
+            return Err(LogFilterError::Unreadable { directive, source });
+        }
+    }
+    if directives.is_empty() {
+        return Ok(None);
+    }
+    let filter = directives.join(",").parse::<Targets>();
+    filter
+        .map(Some)
+        .map_err(|source| LogFilterError::Unreadable {
+            directive: value.to_string(),
+            source,
+        })
 }
 
 /// Serves `handler` to the Lambda runtime API until the execution environment ends.
@@ -120,37 +161,65 @@ mod tests {
 
     #[test]
     fn the_log_level_is_rust_logs_else_the_functions_logging_config_else_info() {
-        assert_eq!(log_level(&env_of(&[])), "info");
-        assert_eq!(
-            log_level(&env_of(&[("AWS_LAMBDA_LOG_LEVEL", "DEBUG")])),
-            "debug"
-        );
-        assert_eq!(
-            log_level(&env_of(&[("AWS_LAMBDA_LOG_LEVEL", "FATAL")])),
-            "error"
-        );
-        assert_eq!(
-            log_level(&env_of(&[("AWS_LAMBDA_LOG_LEVEL", "LOUD")])),
-            "info"
-        );
-        let both = env_of(&[
+        assert_eq!(config_level(&env_of(&[])), Level::INFO);
+        let level = |l| config_level(&env_of(&[("AWS_LAMBDA_LOG_LEVEL", l)]));
+        assert_eq!(level("DEBUG"), Level::DEBUG);
+        assert_eq!(level("FATAL"), Level::ERROR);
+        assert_eq!(level("LOUD"), Level::INFO);
+        let (filter, problem) = log_filter(&env_of(&[
             ("AWS_LAMBDA_LOG_LEVEL", "WARN"),
             ("RUST_LOG", "keyway=trace"),
-        ]);
-        assert_eq!(log_level(&both), "keyway=trace");
+        ]));
+        assert!(problem.is_none());
+        assert!(filter.would_enable("keyway::executor", &Level::TRACE));
+        assert!(!filter.would_enable("hyper", &Level::ERROR));
     }
 
     #[test]
-    fn a_rust_log_that_cannot_be_read_is_named_and_the_function_logs_at_info() {
+    fn a_rust_log_that_cannot_be_read_is_named_and_the_function_logs_at_its_config_level() {
         let (filter, problem) = log_filter(&env_of(&[("RUST_LOG", "info,keyway=debug")]));
         assert!(problem.is_none());
         assert!(filter.would_enable("keyway::executor", &Level::DEBUG));
         assert!(!filter.would_enable("hyper", &Level::DEBUG));
         assert!(filter.would_enable("hyper", &Level::INFO));
 
-        let (filter, problem) = log_filter(&env_of(&[("RUST_LOG", "keyway=loud")]));
-        assert!(problem.is_some(), "an unknown level is a problem");
-        assert!(filter.would_enable("keyway::executor", &Level::INFO));
-        assert!(!filter.would_enable("keyway::executor", &Level::DEBUG));
+        // Spaces after commas and a trailing comma are how people write lists.
+        let (filter, problem) = log_filter(&env_of(&[("RUST_LOG", " info, keyway=debug,")]));
+        assert!(problem.is_none(), "{problem:?}");
+        assert!(filter.would_enable("keyway::executor", &Level::DEBUG));
+        assert!(filter.would_enable("hyper", &Level::INFO));
+        assert!(!filter.would_enable("hyper", &Level::DEBUG));
+
+        let with_config = |rust_log| {
+            log_filter(&env_of(&[
+                ("RUST_LOG", rust_log),
+                ("AWS_LAMBDA_LOG_LEVEL", "WARN"),
+            ]))
+        };
+        for unreadable in [
+            "keyway=loud",
+            "keyway[invocation]=debug",
+            "keyway[{request_id}]=debug",
+            "keyway =debug",
+        ] {
+            let (filter, problem) = with_config(unreadable);
+            let problem = problem.unwrap_or_else(|| panic!("{unreadable} taken"));
+            assert!(problem
+                .to_string()
+                .contains(unreadable.split('=').next().unwrap()));
+            assert!(
+                filter.would_enable("keyway::executor", &Level::WARN),
+                "{unreadable}"
+            );
+            assert!(
+                !filter.would_enable("keyway::executor", &Level::INFO),
+                "{unreadable}"
+            );
+        }
+
+        let (filter, problem) = with_config(" , ");
+        assert!(problem.is_none());
+        assert!(filter.would_enable("keyway::executor", &Level::WARN));
+        assert!(!filter.would_enable("keyway::executor", &Level::INFO));
     }
 }
