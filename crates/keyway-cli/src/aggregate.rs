@@ -70,6 +70,7 @@ pub struct AggregateOptions {
 }
 
 pub fn run(options: AggregateOptions) -> Result<(), CliError> {
+    crate::keep_freed_memory();
     let settings = settings(&options)?;
     let key = Pointer::parse(&options.key).map_err(|e| format!("--key: {e}"))?;
     let time = match &settings.windows {
@@ -84,10 +85,21 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
     );
     let started = Instant::now();
     let shares = shares(settings.shards);
+    let (spent, spent_slices) = mpsc::channel();
     let (senders, workers): (Vec<_>, Vec<_>) = (0..shares)
-        .map(|share| spawn_share(share_settings(&settings, share, shares), progress.clone()))
+        .map(|share| {
+            let settings = share_settings(&settings, share, shares);
+            spawn_share(settings, progress.clone(), spent.clone())
+        })
         .unzip();
-    let reader = read_slices(options.paths.clone(), key, time, senders, settings.shards);
+    let reader = read_slices(
+        options.paths.clone(),
+        key,
+        time,
+        senders,
+        spent_slices,
+        settings.shards,
+    );
     let read = reader.join().map_err(|_| stopped("reading the files"))?;
     // Every share is joined before an error is reported: the reader's error comes first (the
     // shares end with its channels, having aggregated what it read), then the first share's.
@@ -130,10 +142,12 @@ fn share_settings(settings: &Settings, share: usize, shares: usize) -> Settings 
 }
 
 /// Runs a share through the functions on a thread and an embedded runtime of its own, slice by
-/// slice as they come, and hands back its results once the slices end.
+/// slice as they come, and hands back its results once the slices end. Each slice's text goes
+/// back to the reader (`spent`) to be filled again.
 fn spawn_share(
     settings: Settings,
     progress: indicatif::ProgressBar,
+    spent: mpsc::Sender<Vec<u8>>,
 ) -> (
     mpsc::SyncSender<Slice>,
     thread::JoinHandle<Result<Finished, CliError>>,
@@ -142,10 +156,12 @@ fn spawn_share(
     let worker = thread::spawn(move || {
         crate::bench::runtime_builder(true).block_on(async {
             let mut aggregation: Option<Aggregation> = None;
-            for Slice { records, times } in slices {
-                let run = deployed(&mut aggregation, &settings, times.first)?;
-                run.put(&records, times).await?;
-                progress.inc(records.len() as u64);
+            for slice in slices {
+                let run = deployed(&mut aggregation, &settings, slice.times.first)?;
+                run.put(&slice.records(), slice.times).await?;
+                progress.inc(slice.lines.len() as u64);
+                // The reader may have ended: then the text is only dropped.
+                let _ = spent.send(slice.text);
             }
             // An empty input still deploys, and finishes with no results.
             deployed(&mut aggregation, &settings, None)?;
@@ -163,10 +179,47 @@ struct Read {
     too_large: u64,
 }
 
-/// A share's lines of a slice: (partition key, line), and the slice's event times.
+/// A share's lines of a slice, each with its partition key, end to end in one text: the reader
+/// allocates nothing a line, and a share frees nothing the reader allocated.
+#[derive(Default)]
 struct Slice {
-    records: Vec<(String, Vec<u8>)>,
+    text: Vec<u8>,
+    /// Where each line's partition key ends and the line itself does, in `text`.
+    lines: Vec<(usize, usize)>,
     times: EventTimes,
+}
+
+impl Slice {
+    /// A slice that fills `text`, emptied first.
+    fn reusing(mut text: Vec<u8>) -> Self {
+        text.clear();
+        Self {
+            text,
+            ..Self::default()
+        }
+    }
+
+    fn push(&mut self, partition_key: &str, line: &[u8]) {
+        self.text.extend_from_slice(partition_key.as_bytes());
+        let key_end = self.text.len();
+        self.text.extend_from_slice(line);
+        self.lines.push((key_end, self.text.len()));
+    }
+
+    /// The records to put: (partition key, line).
+    fn records(&self) -> Vec<(&str, &[u8])> {
+        let mut start = 0;
+        self.lines
+            .iter()
+            .map(|&(key_end, end)| {
+                let key = std::str::from_utf8(&self.text[start..key_end])
+                    .expect("a partition key is text");
+                let line = &self.text[key_end..end];
+                start = end;
+                (key, line)
+            })
+            .collect()
+    }
 }
 
 /// Reads the files' lines on a thread of its own, each to the share that owns its shard (one of
@@ -174,27 +227,29 @@ struct Slice {
 /// Every share's lines of a slice go at once, with the slice's event times: each share's clock
 /// then follows the whole stream's, whatever the number of shares, as one clock does live. Ends
 /// with the files, on an error, or when a share stops taking slices; answers how many lines were
-/// read.
+/// read. The shares hand each slice's text back (`spent`), so that a long run reuses a few.
 fn read_slices(
     paths: Vec<PathBuf>,
     key: Pointer,
     time: Option<Pointer>,
     shares: Vec<mpsc::SyncSender<Slice>>,
+    spent: mpsc::Receiver<Vec<u8>>,
     shards: usize,
 ) -> thread::JoinHandle<Result<Read, CliError>> {
     thread::spawn(move || {
-        let mut slices: Vec<Vec<(String, Vec<u8>)>> = shares.iter().map(|_| Vec::new()).collect();
+        let fresh = || Slice::reusing(spent.try_recv().unwrap_or_default());
+        let mut slices: Vec<Slice> = shares.iter().map(|_| fresh()).collect();
         let mut times = EventTimes::default();
         let mut read = Read::default();
         for file in &paths {
-            for line in lines(file)? {
-                let line = line?;
+            let mut lines = Lines::open(file)?;
+            while let Some(line) = lines.next_line()? {
                 read.lines += 1;
-                if let Some(at) = time.as_ref().and_then(|t| event_time(t, &line)) {
+                if let Some(at) = time.as_ref().and_then(|t| event_time(t, line)) {
                     times.first = times.first.or(Some(at));
                     times.newest = times.newest.max(Some(at));
                 }
-                let partition_key = partition_key(&key, &line);
+                let partition_key = partition_key(&key, line);
                 if line.len() + partition_key.len() > RECORD_MAX_BYTES {
                     // No Kinesis stream takes it: dead-lettered here, not the end of the run.
                     eprintln!(
@@ -207,32 +262,35 @@ fn read_slices(
                     continue;
                 }
                 let shard = kinesis_shard_index(&partition_key, shards as u32) as usize;
-                slices[shard % shares.len()].push((partition_key, line));
+                slices[shard % shares.len()].push(&partition_key, line);
                 if read.lines % SLICE as u64 == 0 {
-                    if !send(&mut slices, times, &shares) {
+                    if !send(&mut slices, times, &shares, &fresh) {
                         return Ok(read);
                     }
                     times.first = None;
                 }
             }
         }
-        send(&mut slices, times, &shares);
+        send(&mut slices, times, &shares, &fresh);
         Ok(read)
     })
 }
 
-/// Sends each share its lines of the slice, if it has any; false when a share has stopped.
+/// Sends each share its lines of the slice, if it has any, and starts the next; false when a
+/// share has stopped.
 fn send(
-    slices: &mut [Vec<(String, Vec<u8>)>],
+    slices: &mut [Slice],
     times: EventTimes,
     shares: &[mpsc::SyncSender<Slice>],
+    fresh: &impl Fn() -> Slice,
 ) -> bool {
-    for (records, share) in slices.iter_mut().zip(shares) {
-        if records.is_empty() {
+    for (slice, share) in slices.iter_mut().zip(shares) {
+        if slice.lines.is_empty() {
             continue;
         }
-        let records = std::mem::take(records);
-        if share.send(Slice { records, times }).is_err() {
+        let mut full = std::mem::replace(slice, fresh());
+        full.times = times;
+        if share.send(full).is_err() {
             return false;
         }
     }
@@ -324,21 +382,51 @@ fn event_time(time: &Pointer, line: &[u8]) -> Option<i64> {
     }
 }
 
-/// A file's lines, decompressed when it is gzip; blank lines left out.
-fn lines(path: &Path) -> Result<impl Iterator<Item = Result<Vec<u8>, CliError>>, CliError> {
-    let name = path.display().to_string();
-    let failed = move |e: std::io::Error| CliError::from(format!("{name}: {e}"));
-    let mut file = BufReader::new(File::open(path).map_err(&failed)?);
-    let gzip = file.fill_buf().map_err(&failed)?.starts_with(&[0x1f, 0x8b]);
-    let reader: Box<dyn BufRead> = if gzip {
-        Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
-    } else {
-        Box::new(file)
-    };
-    Ok(reader
-        .split(b'\n')
-        .map(move |line| line.map_err(&failed))
-        .filter(|line| !matches!(line, Ok(l) if l.iter().all(u8::is_ascii_whitespace))))
+/// A file's lines, decompressed when it is gzip; blank lines left out. Each is read into the
+/// same buffer, which the next replaces.
+struct Lines {
+    name: String,
+    reader: Box<dyn BufRead>,
+    line: Vec<u8>,
+}
+
+impl Lines {
+    fn open(path: &Path) -> Result<Self, CliError> {
+        let name = path.display().to_string();
+        let failed = |e: std::io::Error| CliError::from(format!("{name}: {e}"));
+        let mut file = BufReader::with_capacity(1 << 20, File::open(path).map_err(failed)?);
+        let gzip = file.fill_buf().map_err(failed)?.starts_with(&[0x1f, 0x8b]);
+        let reader: Box<dyn BufRead> = if gzip {
+            Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
+        } else {
+            Box::new(file)
+        };
+        Ok(Self {
+            name,
+            reader,
+            line: Vec::new(),
+        })
+    }
+
+    /// The next line that is not blank, without its line end; none at the end of the file.
+    fn next_line(&mut self) -> Result<Option<&[u8]>, CliError> {
+        loop {
+            self.line.clear();
+            let read = self
+                .reader
+                .read_until(b'\n', &mut self.line)
+                .map_err(|e| CliError::from(format!("{}: {e}", self.name)))?;
+            if read == 0 {
+                return Ok(None);
+            }
+            if self.line.last() == Some(&b'\n') {
+                self.line.pop();
+            }
+            if !self.line.iter().all(u8::is_ascii_whitespace) {
+                return Ok(Some(&self.line));
+            }
+        }
+    }
 }
 
 fn summary(finished: &Finished, read: &Read, took: Duration) -> String {

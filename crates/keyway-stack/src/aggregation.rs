@@ -162,9 +162,9 @@ impl Aggregation {
     /// until they are idle; with windows, first lets the virtual clock reach the slice's first
     /// event time, as a live stream's would have when that record came. (Not its newest: the
     /// slice's earlier records would be judged late by a clock they never saw.)
-    pub async fn put(
+    pub async fn put<K: AsRef<str>, D: AsRef<[u8]>>(
         &mut self,
-        records: &[(String, Vec<u8>)],
+        records: &[(K, D)],
         times: EventTimes,
     ) -> Result<(), LocalError> {
         if self.windows.is_some() {

@@ -2,7 +2,7 @@
 
 use std::cmp::Ordering;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -246,27 +246,74 @@ pub struct RejectedRecord {
 
 /// A record's JSON text exactly as it arrived. Kept as text, not as a parsed tree: only a dead
 /// letter ever reads it, and building a tree of every record of every batch (its base64 data a
-/// string of its own) cost more than decoding the record itself.
-#[derive(Clone, Debug)]
-pub struct RawJson(Box<serde_json::value::RawValue>);
+/// string of its own) cost more than decoding the record itself. A record handed over in memory
+/// (`sources::kinesis::KinesisBatch`) writes its text only when it is first read.
+#[derive(Clone)]
+pub struct RawJson(Raw);
+
+#[derive(Clone)]
+enum Raw {
+    Text(Box<serde_json::value::RawValue>),
+    Deferred(Arc<dyn DeferredText>),
+}
+
+/// A text written when it is first read.
+trait DeferredText: Send + Sync {
+    fn text(&self) -> &str;
+}
+
+struct Deferred<F> {
+    text: OnceLock<Box<serde_json::value::RawValue>>,
+    write: F,
+}
+
+impl<F: Fn() -> String + Send + Sync> DeferredText for Deferred<F> {
+    fn text(&self) -> &str {
+        self.text
+            .get_or_init(|| {
+                serde_json::value::RawValue::from_string((self.write)())
+                    .expect("the writer writes JSON")
+            })
+            .get()
+    }
+}
 
 impl RawJson {
     /// The text of a JSON value that was already checked to be JSON.
     pub fn new(raw: &serde_json::value::RawValue) -> Self {
-        Self(raw.to_owned())
+        Self(Raw::Text(raw.to_owned()))
     }
 
     pub fn from_value(value: &serde_json::Value) -> Self {
-        Self(serde_json::value::to_raw_value(value).expect("a JSON value serializes"))
+        Self(Raw::Text(
+            serde_json::value::to_raw_value(value).expect("a JSON value serializes"),
+        ))
+    }
+
+    /// The text `write` writes, written when it is first read; it must write JSON.
+    pub fn deferred(write: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        Self(Raw::Deferred(Arc::new(Deferred {
+            text: OnceLock::new(),
+            write,
+        })))
     }
 
     pub fn as_str(&self) -> &str {
-        self.0.get()
+        match &self.0 {
+            Raw::Text(text) => text.get(),
+            Raw::Deferred(deferred) => deferred.text(),
+        }
     }
 
     /// The text parsed, for a reader that needs to look inside.
     pub fn to_value(&self) -> serde_json::Value {
-        serde_json::from_str(self.0.get()).expect("the text was JSON when it was kept")
+        serde_json::from_str(self.as_str()).expect("the text was JSON when it was kept")
+    }
+}
+
+impl fmt::Debug for RawJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RawJson").field(&self.as_str()).finish()
     }
 }
 

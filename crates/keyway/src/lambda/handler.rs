@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::domain::InvalidInput;
 use crate::executor::{BatchReport, Executor};
 use crate::operator::KeyedOperator;
+use crate::sources::kinesis::KinesisBatch;
 use crate::sources::{dynamodb, event_source, kinesis, records_of, DecodedBatch, Envelope};
 
 /// An invocation failed: Lambda retries the batch (or bisects it).
@@ -32,6 +33,17 @@ pub struct Invocation {
 #[async_trait]
 pub trait Handler: Send + Sync {
     async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError>;
+
+    /// A Kinesis batch, from an event source mapping of the embedded runtime in this process.
+    /// By default its event's JSON text goes to `handle`, as Lambda sends it; a handler that
+    /// decodes Kinesis records itself takes them as they are (`KinesisBatch::decode`).
+    async fn handle_kinesis(
+        &self,
+        batch: &KinesisBatch,
+        invocation: &Invocation,
+    ) -> Result<Value, FunctionError> {
+        self.handle(&batch.to_event_json(), invocation).await
+    }
 }
 
 /// Runs Kinesis and DynamoDB Streams events through an executor and answers partial batch
@@ -69,7 +81,6 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
                 .map_err(|e| FunctionError(format!("the timer sweep failed: {e}")))?;
             return Ok(serde_json::to_value(sweep).expect("a sweep serializes"));
         };
-        let deadline = invocation.deadline_millis;
         let started = std::time::Instant::now();
         // The records were read once above: decoded here, not read from the text again.
         let dynamodb = from_dynamodb(&records);
@@ -77,8 +88,33 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
             true => dynamodb::decode_records(&records),
             false => kinesis::decode_records(&records),
         };
+        self.run(batch, dynamodb, invocation, started).await
+    }
+
+    async fn handle_kinesis(
+        &self,
+        batch: &KinesisBatch,
+        invocation: &Invocation,
+    ) -> Result<Value, FunctionError> {
+        let started = std::time::Instant::now();
+        self.run(batch.decode(), false, invocation, started).await
+    }
+}
+
+impl<O: KeyedOperator> StreamHandler<O> {
+    /// Runs a batch decoded since `started` and answers its partial batch response.
+    async fn run(
+        &self,
+        batch: DecodedBatch,
+        dynamodb: bool,
+        invocation: &Invocation,
+        started: std::time::Instant,
+    ) -> Result<Value, FunctionError> {
         let source = BatchSource::of(&batch, dynamodb);
-        let report = self.executor.run_until(batch, deadline).await;
+        let report = self
+            .executor
+            .run_until(batch, invocation.deadline_millis)
+            .await;
         // Logged before the verdict: an invocation that fails as a whole has its line too.
         source.log(self.executor.namespace(), &report, started.elapsed());
         let report = checked(report).map_err(|e| FunctionError(e.to_string()))?;

@@ -9,7 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::mapping::queue::QueueMapping;
-use super::mapping::{invoke, EventSourceMapping, MappingSettings, MappingSource, MappingStats};
+use super::mapping::{
+    invoke, Event, EventSourceMapping, MappingSettings, MappingSource, MappingStats,
+};
 use super::services::clock::VirtualClock;
 use super::services::dynamodb::{KeySchema, LocalDynamoDb};
 use super::services::faults::{add_counts, crash, Fault, FaultCounts, FaultPlan, Faults};
@@ -395,7 +397,7 @@ impl LocalSchedule {
         // EventBridge retries a failed asynchronous invocation; here the next period's does.
         if let Err(failed) = invoke(
             &*self.handler,
-            &event.to_string(),
+            &Event::Json(event.to_string()),
             &invocation,
             self.timeout,
         )

@@ -1,6 +1,11 @@
-//! Kinesis stream events (the Lambda event source mapping payload) to source records.
+//! Kinesis stream events (the Lambda event source mapping payload) to source records, from the
+//! event's JSON text as Lambda sends it, or from the records themselves when the embedded runtime
+//! hands a batch to a function of its own process (`KinesisBatch`): decoded to the same records,
+//! each rejected for the same reason, without writing and reading back the JSON.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::sync::Arc;
 
 use base64::Engine as _;
 use serde::Deserialize;
@@ -11,6 +16,7 @@ use super::{
     decode_all, epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem, StreamNames,
 };
 use crate::domain::hash::xxh3_128_hex;
+use crate::domain::json::push_string;
 use crate::domain::RejectedRecord;
 use crate::domain::{InvalidInput, Origin, Payload, RawJson, SequenceNumber, SourceRecord};
 
@@ -219,6 +225,179 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// A Kinesis record as a shard holds it and an event carries it, its data not yet base64.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KinesisRecord {
+    pub shard_id: String,
+    pub sequence_number: String,
+    pub partition_key: String,
+    pub data: Vec<u8>,
+    /// Epoch milliseconds.
+    pub arrival_millis: i64,
+}
+
+/// A record to write into a Kinesis event, its fields borrowed.
+#[derive(Clone, Debug)]
+pub struct KinesisEventRecord<'a> {
+    pub shard_id: &'a str,
+    pub sequence_number: &'a str,
+    pub partition_key: &'a str,
+    pub data: &'a [u8],
+    /// Epoch milliseconds.
+    pub arrival_millis: i64,
+}
+
+impl<'a> From<&'a KinesisRecord> for KinesisEventRecord<'a> {
+    fn from(r: &'a KinesisRecord) -> Self {
+        Self {
+            shard_id: &r.shard_id,
+            sequence_number: &r.sequence_number,
+            partition_key: &r.partition_key,
+            data: &r.data,
+            arrival_millis: r.arrival_millis,
+        }
+    }
+}
+
+/// The bytes of a Kinesis event record besides its data, partition key, sequence number, shard,
+/// region and stream ARN (a little more, for escapes).
+const RECORD_ENVELOPE_BYTES: usize = 400;
+
+/// A Kinesis event for records of the stream `stream_arn` as JSON text, the form Lambda hands a
+/// function (shapes from the Lambda Developer Guide, "Using Lambda with Kinesis"). Written
+/// directly: the event source mapping emulator builds one for every batch.
+pub fn kinesis_event_json<'a>(
+    stream_arn: &str,
+    records: impl IntoIterator<Item = KinesisEventRecord<'a>>,
+) -> String {
+    let records: Vec<KinesisEventRecord> = records.into_iter().collect();
+    // Sized up front: a batch's event runs to megabytes, and growing it by doubling copied it
+    // over and over into freshly faulted pages.
+    let capacity: usize = records
+        .iter()
+        .map(|r| record_json_capacity(stream_arn, r))
+        .sum();
+    let mut out = String::with_capacity(capacity + 16);
+    out.push_str("{\"Records\":[");
+    for (i, r) in records.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_record_json(&mut out, stream_arn, r);
+    }
+    out.push_str("]}");
+    out
+}
+
+/// About how long a record's JSON is, at least.
+fn record_json_capacity(stream_arn: &str, r: &KinesisEventRecord) -> usize {
+    let text = r.partition_key.len() + 2 * r.sequence_number.len() + r.shard_id.len();
+    RECORD_ENVELOPE_BYTES + 3 * stream_arn.len() + text + r.data.len().div_ceil(3) * 4
+}
+
+/// Appends one record of a Kinesis event, as Lambda writes it.
+fn push_record_json(out: &mut String, stream_arn: &str, r: &KinesisEventRecord) {
+    let region = stream_arn.split(':').nth(3).unwrap_or("us-east-1");
+    out.push_str("{\"kinesis\":{\"kinesisSchemaVersion\":\"1.0\",\"partitionKey\":");
+    push_string(out, r.partition_key);
+    out.push_str(",\"sequenceNumber\":");
+    push_string(out, r.sequence_number);
+    out.push_str(",\"data\":\"");
+    base64_simd::STANDARD.encode_append(r.data, out);
+    // Lambda sends seconds with millisecond decimals.
+    let _ = write!(
+        out,
+        "\",\"approximateArrivalTimestamp\":{}.{:03}",
+        r.arrival_millis.div_euclid(1000),
+        r.arrival_millis.rem_euclid(1000)
+    );
+    out.push_str("},\"eventSource\":\"aws:kinesis\",\"eventVersion\":\"1.0\",\"eventID\":");
+    // Shard ids and sequence numbers need no escaping.
+    out.push('"');
+    out.push_str(r.shard_id);
+    out.push(':');
+    out.push_str(r.sequence_number);
+    out.push('"');
+    out.push_str(",\"eventName\":\"aws:kinesis:record\",\"invokeIdentityArn\":\"arn:aws:iam::123456789012:role/keyway-function\",\"awsRegion\":");
+    push_string(out, region);
+    out.push_str(",\"eventSourceARN\":");
+    push_string(out, stream_arn);
+    out.push('}');
+}
+
+/// One record's JSON as its event carries it.
+fn record_json(stream_arn: &str, r: &KinesisEventRecord) -> String {
+    let mut out = String::with_capacity(record_json_capacity(stream_arn, r));
+    push_record_json(&mut out, stream_arn, r);
+    out
+}
+
+/// Whether a record reads the same from its fields as from its JSON: a shard id without the
+/// colon that ends it in the event id, and an arrival time that seconds with three decimals
+/// carry exactly.
+fn exact_as_json(r: &KinesisRecord) -> bool {
+    !r.shard_id.contains(':') && (0..1 << 50).contains(&r.arrival_millis)
+}
+
+/// A batch of a stream's records as an event source mapping hands it to a function: written as
+/// the event's JSON for a function in another process, as Lambda does, or handed over as it is
+/// to one in the embedded runtime's own.
+#[derive(Clone, Debug)]
+pub struct KinesisBatch {
+    pub stream_arn: Arc<str>,
+    pub records: Vec<Arc<KinesisRecord>>,
+}
+
+impl KinesisBatch {
+    /// The event as Lambda sends it.
+    pub fn to_event_json(&self) -> String {
+        kinesis_event_json(
+            &self.stream_arn,
+            self.records.iter().map(|r| KinesisEventRecord::from(&**r)),
+        )
+    }
+
+    /// The records the event's JSON decodes to (`decode_event`), read from the records
+    /// themselves: the data is copied, not written as base64 and read back, and a record's JSON
+    /// is written only if a dead letter asks for it. A record this cannot read as it stands is
+    /// decoded from its JSON, which says what is wrong with it exactly as the event would.
+    pub fn decode(&self) -> DecodedBatch {
+        let mut streams = StreamNames::default();
+        let stream = streams.get(stream_name(&self.stream_arn));
+        self.records
+            .iter()
+            .map(|r| match SequenceNumber::parse(&r.sequence_number) {
+                Ok(sequence) if exact_as_json(r) => {
+                    let origin = Origin(format!("{stream}/{}", r.shard_id));
+                    Ok(SourceRecord {
+                        stream: stream.clone(),
+                        input: None,
+                        lineage: lineage(&origin, &r.partition_key),
+                        origin,
+                        sequence,
+                        partition_key: r.partition_key.clone(),
+                        arrival_millis: Some(r.arrival_millis),
+                        payload: Payload::Bytes(r.data.clone()),
+                        raw: self.raw(r),
+                    })
+                }
+                _ => {
+                    let text = record_json(&self.stream_arn, &KinesisEventRecord::from(&**r));
+                    let raw = RawValue::from_string(text).expect("the writer writes JSON");
+                    decode_record(&raw, &mut streams)
+                }
+            })
+            .collect()
+    }
+
+    /// A record's JSON, written when it is first read.
+    fn raw(&self, record: &Arc<KinesisRecord>) -> RawJson {
+        let arn = self.stream_arn.clone();
+        let record = record.clone();
+        RawJson::deferred(move || record_json(&arn, &KinesisEventRecord::from(&*record)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,6 +524,51 @@ mod tests {
         let rejected = batch[0].as_ref().unwrap_err();
         assert_eq!(rejected.field, "kinesis.sequenceNumber");
         assert_eq!(rejected.sequence, None);
+    }
+
+    fn kinesis_record() -> impl proptest::strategy::Strategy<Value = KinesisRecord> {
+        use proptest::prelude::*;
+        (
+            prop_oneof!["shardId-00000000000[0-9]", "shard:[0-9]"],
+            prop_oneof!["[0-9]{1,56}", "[0-9a]{0,3}"],
+            "\\PC{0,8}|[\"\\\\\u{0}-\u{1f}a]{0,6}",
+            proptest::collection::vec(any::<u8>(), 0..40),
+            prop_oneof![0i64..2_000_000_000_000, Just(-1_500), Just(1 << 51)],
+        )
+            .prop_map(
+                |(shard_id, sequence_number, partition_key, data, arrival_millis)| KinesisRecord {
+                    shard_id,
+                    sequence_number,
+                    partition_key,
+                    data,
+                    arrival_millis,
+                },
+            )
+    }
+
+    proptest::proptest! {
+        /// The in-memory hand-over is the JSON event without the JSON: whatever the records,
+        /// even those the event's decoder rejects, they decode alike, raw text included.
+        #[test]
+        fn a_batch_handed_over_in_memory_decodes_as_its_event_json_does(
+            records in proptest::collection::vec(kinesis_record(), 0..6),
+        ) {
+            let batch = KinesisBatch {
+                stream_arn: "arn:aws:kinesis:eu-west-1:123456789012:stream/orders".into(),
+                records: records.into_iter().map(Arc::new).collect(),
+            };
+            let from_json = super::decode_event(&batch.to_event_json()).unwrap();
+            let handed_over = batch.decode();
+            proptest::prop_assert_eq!(handed_over.len(), from_json.len());
+            for (direct, json) in handed_over.iter().zip(&from_json) {
+                proptest::prop_assert_eq!(direct, json);
+                let raw = |r: &Result<SourceRecord, RejectedRecord>| match r {
+                    Ok(r) => r.raw.as_str().to_owned(),
+                    Err(r) => r.raw.as_str().to_owned(),
+                };
+                proptest::prop_assert_eq!(raw(direct), raw(json));
+            }
+        }
     }
 
     #[test]

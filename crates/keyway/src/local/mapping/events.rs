@@ -1,25 +1,13 @@
 //! Lambda event payloads as the Kinesis and DynamoDB Streams event source mappings send them
 //! (shapes from the Lambda Developer Guide, "Using Lambda with Kinesis" and "... with DynamoDB").
 
-use std::fmt::Write as _;
-
 use serde_json::{json, Value};
 
 use crate::domain::item::item_to_dynamodb_json;
-use crate::domain::json::push_string as push_json_string;
 use crate::domain::{ChangeKind, Item};
 use crate::local::StreamView;
 
-/// A record to put in a Kinesis event.
-#[derive(Clone, Debug)]
-pub struct KinesisEventRecord<'a> {
-    pub shard_id: &'a str,
-    pub sequence_number: &'a str,
-    pub partition_key: &'a str,
-    pub data: &'a [u8],
-    /// Epoch milliseconds.
-    pub arrival_millis: i64,
-}
+pub use crate::sources::kinesis::{kinesis_event_json, KinesisEventRecord};
 
 /// A Kinesis event for records of the stream `stream_arn`.
 pub fn kinesis_event<'a>(
@@ -27,64 +15,6 @@ pub fn kinesis_event<'a>(
     records: impl IntoIterator<Item = KinesisEventRecord<'a>>,
 ) -> Value {
     serde_json::from_str(&kinesis_event_json(stream_arn, records)).expect("the builder writes JSON")
-}
-
-/// The bytes of a Kinesis event record besides its data, partition key, sequence number, shard,
-/// region and stream ARN (a little more, for escapes).
-const RECORD_ENVELOPE_BYTES: usize = 400;
-
-/// The same event as JSON text, the form Lambda hands a function. Written directly: the event
-/// source mapping emulator builds one for every batch.
-pub fn kinesis_event_json<'a>(
-    stream_arn: &str,
-    records: impl IntoIterator<Item = KinesisEventRecord<'a>>,
-) -> String {
-    let region = stream_arn.split(':').nth(3).unwrap_or("us-east-1");
-    let records: Vec<KinesisEventRecord> = records.into_iter().collect();
-    // Sized up front: a batch's event runs to megabytes, and growing it by doubling copied it
-    // over and over into freshly faulted pages.
-    let envelope = RECORD_ENVELOPE_BYTES + region.len() + 2 * stream_arn.len();
-    let capacity: usize = records
-        .iter()
-        .map(|r| {
-            let text = r.partition_key.len() + 2 * r.sequence_number.len() + r.shard_id.len();
-            envelope + text + r.data.len().div_ceil(3) * 4
-        })
-        .sum();
-    let mut out = String::with_capacity(capacity + 16);
-    out.push_str("{\"Records\":[");
-    for (i, r) in records.into_iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str("{\"kinesis\":{\"kinesisSchemaVersion\":\"1.0\",\"partitionKey\":");
-        push_json_string(&mut out, r.partition_key);
-        out.push_str(",\"sequenceNumber\":");
-        push_json_string(&mut out, r.sequence_number);
-        out.push_str(",\"data\":\"");
-        base64_simd::STANDARD.encode_append(r.data, &mut out);
-        // Lambda sends seconds with millisecond decimals.
-        let _ = write!(
-            out,
-            "\",\"approximateArrivalTimestamp\":{}.{:03}",
-            r.arrival_millis.div_euclid(1000),
-            r.arrival_millis.rem_euclid(1000)
-        );
-        out.push_str("},\"eventSource\":\"aws:kinesis\",\"eventVersion\":\"1.0\",\"eventID\":");
-        // Shard ids and sequence numbers need no escaping.
-        out.push('"');
-        out.push_str(r.shard_id);
-        out.push(':');
-        out.push_str(r.sequence_number);
-        out.push('"');
-        out.push_str(",\"eventName\":\"aws:kinesis:record\",\"invokeIdentityArn\":\"arn:aws:iam::123456789012:role/keyway-function\",\"awsRegion\":");
-        push_json_string(&mut out, region);
-        out.push_str(",\"eventSourceARN\":");
-        push_json_string(&mut out, stream_arn);
-        out.push('}');
-    }
-    out.push_str("]}");
-    out
 }
 
 /// A change to put in a DynamoDB Streams event.

@@ -41,7 +41,8 @@ use crate::domain::item::item_to_dynamodb_json;
 use crate::domain::Pattern;
 use crate::lambda::{FunctionError, Handler, Invocation};
 use crate::ports::Clock;
-use events::{dynamodb_event_json, kinesis_event_json, DynamoDbEventRecord, KinesisEventRecord};
+use crate::sources::kinesis::KinesisBatch;
+use events::{dynamodb_event_json, DynamoDbEventRecord};
 
 /// A DynamoDB stream keeps a record 24 hours.
 pub const DYNAMODB_STREAM_RETENTION: Duration = Duration::from_secs(24 * 3600);
@@ -321,15 +322,28 @@ pub(crate) enum Failed {
     Crashed,
 }
 
+/// What an invocation hands a function.
+#[derive(Clone)]
+pub(crate) enum Event {
+    /// The event's JSON text, as Lambda sends it.
+    Json(String),
+    /// A Kinesis batch, handed over in memory (`Handler::handle_kinesis`).
+    Kinesis(KinesisBatch),
+}
+
 /// Invokes `handler`, as Lambda would: stopped at `timeout`, and a runtime that crashes is a
 /// failed invocation, not the end of the mapping.
 pub(crate) async fn invoke(
     handler: &dyn Handler,
-    event: &str,
+    event: &Event,
     invocation: &Invocation,
     timeout: Duration,
 ) -> Result<Value, Failed> {
-    let call = std::panic::AssertUnwindSafe(handler.handle(event, invocation)).catch_unwind();
+    let call = match event {
+        Event::Json(text) => handler.handle(text, invocation),
+        Event::Kinesis(batch) => handler.handle_kinesis(batch, invocation),
+    };
+    let call = std::panic::AssertUnwindSafe(call).catch_unwind();
     match tokio::time::timeout(timeout, call).await {
         Ok(Ok(result)) => result.map_err(|_: FunctionError| Failed::Error),
         Ok(Err(payload)) if payload.is::<Crash>() => Err(Failed::Crashed),
@@ -593,31 +607,25 @@ impl EventSourceMapping {
             .collect()
     }
 
-    fn event(&self, batch: &[Polled]) -> String {
+    fn event(&self, batch: &[Polled]) -> Event {
         match &self.source {
-            MappingSource::Kinesis { kinesis, stream } => {
-                let arn = kinesis.stream_arn(stream).unwrap_or_default();
-                kinesis_event_json(
-                    &arn,
-                    batch.iter().filter_map(|r| match r {
-                        Polled::Kinesis(r) => Some(KinesisEventRecord {
-                            shard_id: &r.shard_id,
-                            sequence_number: &r.sequence_number,
-                            partition_key: &r.partition_key,
-                            data: &r.data,
-                            arrival_millis: r.arrival_millis,
-                        }),
+            MappingSource::Kinesis { kinesis, stream } => Event::Kinesis(KinesisBatch {
+                stream_arn: kinesis.stream_arn(stream).unwrap_or_default().into(),
+                records: batch
+                    .iter()
+                    .filter_map(|r| match r {
+                        Polled::Kinesis(r) => Some(r.clone()),
                         Polled::DynamoDb(_) => None,
-                    }),
-                )
-            }
-            MappingSource::DynamoDb { table } => dynamodb_event_json(
+                    })
+                    .collect(),
+            }),
+            MappingSource::DynamoDb { table } => Event::Json(dynamodb_event_json(
                 &table.stream_arn(),
                 batch.iter().filter_map(|r| match r {
                     Polled::DynamoDb(r) => Some(event_record(r)),
                     Polled::Kinesis(_) => None,
                 }),
-            ),
+            )),
         }
     }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{invoke, Failed, MappingSettings, MappingStats, PAYLOAD_MAX_BYTES};
+use super::{invoke, Event, Failed, MappingSettings, MappingStats, PAYLOAD_MAX_BYTES};
 use crate::lambda::{Handler, Invocation};
 use crate::local::services::faults::{Fault, Faults};
 use crate::local::services::sqs::{Delivery, LocalSqs};
@@ -159,7 +159,13 @@ impl QueueMapping {
             true => std::time::Duration::from_micros(self.faults.pick(4_000)),
             false => self.settings.function_timeout,
         };
-        invoke(self.handler.as_ref(), &event, &invocation, timeout).await
+        invoke(
+            self.handler.as_ref(),
+            &Event::Json(event),
+            &invocation,
+            timeout,
+        )
+        .await
     }
 
     /// The receipt handles of the messages the invocation did not succeed for.

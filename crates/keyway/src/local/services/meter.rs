@@ -76,7 +76,13 @@ impl Meter {
     pub async fn call(&self, operation: &str, read_units: f64, write_units: f64) {
         {
             let mut inner = self.inner.lock().expect("meter lock");
-            *inner.calls.entry(operation.to_owned()).or_default() += 1;
+            // Counted without allocating the name once it has a count.
+            match inner.calls.get_mut(operation) {
+                Some(calls) => *calls += 1,
+                None => {
+                    inner.calls.insert(operation.to_owned(), 1);
+                }
+            }
             inner.read_units += read_units;
             inner.write_units += write_units;
         }
