@@ -6,8 +6,9 @@
 //! progress line while it runs.
 //!
 //! The stream's shards are split into shares, one per shard up to four per core: each share runs
-//! on an embedded runtime and a thread of its own, and the reader sends each line to the share that owns its
-//! shard. A key's lines all go to one share, so the shares' results only need putting in order.
+//! on an embedded runtime and a thread of its own, and the reader sends each line to the share
+//! that owns its shard. A key's lines all go to one share, so the shares' results only need
+//! putting in order.
 //!
 //! With windows every share's virtual clock starts at the first line's event time and keeps up
 //! with the lines' as they go in, so a recorded stream's windows close as they would have live.
@@ -183,7 +184,7 @@ struct Read {
 }
 
 /// A share's lines of a slice, each with its partition key, end to end in one text: the reader
-/// allocates nothing a line, and a share frees nothing the reader allocated.
+/// allocates nothing a line, and the texts go back to it to be filled again.
 #[derive(Default)]
 struct Slice {
     text: Vec<u8>,
@@ -411,7 +412,7 @@ impl Lines {
         })
     }
 
-    /// The next line that is not blank, without its line end; none at the end of the file.
+    /// The next line that is not blank, without its newline; none at the end of the file.
     fn next_line(&mut self) -> Result<Option<&[u8]>, CliError> {
         loop {
             self.line.clear();

@@ -29,7 +29,8 @@ pub struct Invocation {
 }
 
 /// A Lambda function as the event source mapping sees it: an event's JSON text in, a response
-/// out. Text, as Lambda hands the payload to the function's runtime, which parses it.
+/// out. Text, as Lambda hands the payload to the function's runtime, which parses it; a Kinesis
+/// batch from the embedded runtime in this process may be taken as its records instead.
 #[async_trait]
 pub trait Handler: Send + Sync {
     async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError>;

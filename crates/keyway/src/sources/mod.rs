@@ -1,6 +1,8 @@
 //! Lambda payloads to domain records (the responses back are `lambda`'s).
 //!
-//! Records are decoded one by one from the event's JSON, not through one typed event struct: a
+//! Records are decoded one by one from the event's JSON (or, for a Kinesis batch handed over in
+//! memory, from the records themselves: `kinesis::KinesisBatch`), not through one typed event
+//! struct: a
 //! single malformed record must be dead-lettered on its own, not fail the whole invocation.
 //! A well-formed record is read in one typed pass borrowing from the event's text; only a record
 //! that does not fit is parsed into a JSON tree, to name what is wrong with it. The

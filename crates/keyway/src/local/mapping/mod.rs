@@ -21,6 +21,13 @@
 //! - FilterCriteria: a record that matches none of the filter patterns is never delivered and
 //!   counts as done ("Lambda event filtering"; the patterns are `domain::pattern`'s);
 //! - function errors and timeouts fail the batch.
+//!
+//! A function reached over Lambda's Runtime API (`keyway local`) gets each batch as the event's
+//! JSON text, as Lambda sends it, and so does any handler that reads that text itself. The
+//! runtime's stream handler in this process takes a Kinesis batch as the records themselves
+//! (`Handler::handle_kinesis`), decoded to the records that JSON would have given: writing
+//! megabytes of JSON and base64 for every batch and reading them back cost more than the
+//! functions' work (`sources::kinesis::KinesisBatch` and its property test).
 
 pub mod events;
 pub mod queue;
