@@ -386,12 +386,15 @@ fn event_time(time: &Pointer, line: &[u8]) -> Option<i64> {
     }
 }
 
-/// A file's lines, decompressed when it is gzip; blank lines left out. Each is read into the
-/// same buffer, which the next replaces.
+/// A file's lines, decompressed when it is gzip; blank lines left out. A line is read where the
+/// reader's buffer holds it, and copied only when it runs past the buffer's end.
 struct Lines {
     name: String,
     reader: Box<dyn BufRead>,
+    /// A line that ran past the buffer's end.
     line: Vec<u8>,
+    /// How much of the buffer the line last handed out took.
+    used: usize,
 }
 
 impl Lines {
@@ -401,7 +404,8 @@ impl Lines {
         let mut file = BufReader::with_capacity(1 << 20, File::open(path).map_err(failed)?);
         let gzip = file.fill_buf().map_err(failed)?.starts_with(&[0x1f, 0x8b]);
         let reader: Box<dyn BufRead> = if gzip {
-            Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
+            let gunzip = flate2::bufread::MultiGzDecoder::new(file);
+            Box::new(BufReader::with_capacity(1 << 20, gunzip))
         } else {
             Box::new(file)
         };
@@ -409,28 +413,46 @@ impl Lines {
             name,
             reader,
             line: Vec::new(),
+            used: 0,
         })
     }
 
     /// The next line that is not blank, without its newline; none at the end of the file.
     fn next_line(&mut self) -> Result<Option<&[u8]>, CliError> {
         loop {
-            self.line.clear();
-            let read = self
-                .reader
-                .read_until(b'\n', &mut self.line)
-                .map_err(|e| CliError::from(format!("{}: {e}", self.name)))?;
-            if read == 0 {
+            self.reader.consume(std::mem::take(&mut self.used));
+            let name = &self.name;
+            let failed = |e: std::io::Error| CliError::from(format!("{name}: {e}"));
+            let buffer = self.reader.fill_buf().map_err(failed)?;
+            if buffer.is_empty() {
                 return Ok(None);
             }
-            if self.line.last() == Some(&b'\n') {
-                self.line.pop();
-            }
-            if !self.line.iter().all(u8::is_ascii_whitespace) {
+            let Some(end) = memchr::memchr(b'\n', buffer) else {
+                // Runs past the buffer: read whole into a line of its own.
+                self.line.clear();
+                self.reader
+                    .read_until(b'\n', &mut self.line)
+                    .map_err(failed)?;
+                if self.line.last() == Some(&b'\n') {
+                    self.line.pop();
+                }
+                if blank(&self.line) {
+                    continue;
+                }
                 return Ok(Some(&self.line));
+            };
+            self.used = end + 1;
+            if !blank(&buffer[..end]) {
+                // Handed out from the buffer, consumed at the next call.
+                let buffer = self.reader.fill_buf().map_err(failed)?;
+                return Ok(Some(&buffer[..end]));
             }
         }
     }
+}
+
+fn blank(line: &[u8]) -> bool {
+    line.iter().all(u8::is_ascii_whitespace)
 }
 
 fn summary(finished: &Finished, read: &Read, took: Duration) -> String {
@@ -448,4 +470,33 @@ fn summary(finished: &Finished, read: &Read, took: Duration) -> String {
         finished.dead_letters.len() - late + read.too_large as usize,
         late
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines_of(text: &[u8], name: &str) -> Vec<Vec<u8>> {
+        let path = std::env::temp_dir().join(format!("keyway-lines-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        let mut lines = Lines::open(&path).unwrap();
+        let mut read = Vec::new();
+        while let Some(line) = lines.next_line().unwrap() {
+            read.push(line.to_vec());
+        }
+        std::fs::remove_file(&path).unwrap();
+        read
+    }
+
+    #[test]
+    fn lines_are_read_whole_across_the_buffer_without_blank_ones_or_newlines() {
+        // A line longer than the reader's buffer, between lines that fit in it.
+        let long = vec![b'x'; (1 << 20) + 100];
+        let mut text = b"a\n\n  \nb\r\n".to_vec();
+        text.extend_from_slice(&long);
+        text.extend_from_slice(b"\nc");
+        let read = lines_of(&text, "mixed");
+        assert_eq!(read, [b"a".to_vec(), b"b\r".to_vec(), long, b"c".to_vec()]);
+        assert!(lines_of(b"\n \n", "blank").is_empty());
+    }
 }
