@@ -187,8 +187,10 @@ struct Read {
 /// allocates nothing a line, and the texts go back to it to be filled again.
 #[derive(Default)]
 struct Slice {
+    /// The lines' partition keys, end to end.
+    keys: String,
     text: Vec<u8>,
-    /// Where each line's partition key ends and the line itself does, in `text`.
+    /// Where each line's partition key ends in `keys`, and the line itself in `text`.
     lines: Vec<(usize, usize)>,
     times: EventTimes,
 }
@@ -204,23 +206,23 @@ impl Slice {
     }
 
     fn push(&mut self, partition_key: &str, line: &[u8]) {
-        self.text.extend_from_slice(partition_key.as_bytes());
-        let key_end = self.text.len();
+        self.keys.push_str(partition_key);
         self.text.extend_from_slice(line);
-        self.lines.push((key_end, self.text.len()));
+        self.lines.push((self.keys.len(), self.text.len()));
     }
 
     /// The records to put: (partition key, line).
     fn records(&self) -> Vec<(&str, &[u8])> {
-        let mut start = 0;
+        let (mut key_start, mut line_start) = (0, 0);
         self.lines
             .iter()
-            .map(|&(key_end, end)| {
-                let key = std::str::from_utf8(&self.text[start..key_end])
-                    .expect("a partition key is text");
-                let line = &self.text[key_end..end];
-                start = end;
-                (key, line)
+            .map(|&(key_end, line_end)| {
+                let record = (
+                    &self.keys[key_start..key_end],
+                    &self.text[line_start..line_end],
+                );
+                (key_start, line_start) = (key_end, line_end);
+                record
             })
             .collect()
     }

@@ -529,7 +529,11 @@ mod tests {
             prop_oneof!["shardId-00000000000[0-9]", "shard:[0-9]", "shard[\"\\\\]"],
             prop_oneof!["[0-9]{1,56}", "[0-9a\"]{0,3}"],
             "\\PC{0,8}|[\"\\\\\u{0}-\u{1f}a]{0,6}",
-            proptest::collection::vec(any::<u8>(), 0..40),
+            // Up to ten times a usual record, past every chunk the SIMD codecs work in.
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..40),
+                proptest::collection::vec(any::<u8>(), 1_000..12_000),
+            ],
             prop_oneof![0i64..1 << 50, Just(-1_500), Just(1 << 51)],
         )
             .prop_map(
