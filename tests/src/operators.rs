@@ -304,7 +304,7 @@ impl KeyedOperator for Buffer {
         let Payload::Bytes(data) = &record.payload else {
             return Err(InvalidInput::new("record", "not Kinesis"));
         };
-        String::from_utf8(data.clone()).map_err(|e| InvalidInput::new("data", e.to_string()))
+        String::from_utf8(data.to_vec()).map_err(|e| InvalidInput::new("data", e.to_string()))
     }
 
     fn key(&self, _: &String) -> String {

@@ -232,7 +232,7 @@ async fn the_stacks_aggregation_counts_plain_and_salted_keys_exactly_as_the_orac
         let body: Value = serde_json::from_slice(&record.data).unwrap();
         last.insert(
             body["key"].as_str().unwrap().to_owned(),
-            String::from_utf8(record.data).unwrap(),
+            String::from_utf8(record.data.to_vec()).unwrap(),
         );
     }
     let expected: BTreeMap<String, String> = oracle

@@ -125,7 +125,7 @@ async fn run(
         let body: Value = serde_json::from_slice(&record.data).unwrap();
         let key = body["key"].as_str().unwrap().to_owned();
         let count = body["count"].as_u64().unwrap();
-        let text = String::from_utf8(record.data).unwrap();
+        let text = String::from_utf8(record.data.to_vec()).unwrap();
         let entry = last.entry(key).or_insert((0, String::new()));
         if count >= entry.0 {
             *entry = (count, text);

@@ -103,7 +103,7 @@ fn kinesis_fixtures_survive_a_round_trip_through_the_event_builder() {
         let datas: Vec<Vec<u8>> = records
             .iter()
             .map(|r| match &r.payload {
-                Payload::Bytes(b) => b.clone(),
+                Payload::Bytes(b) => b.to_vec(),
                 other => unreachable!("{other:?}"),
             })
             .collect();
@@ -483,7 +483,7 @@ impl CdcJoin {
             .kinesis
             .trim(stream)
             .iter()
-            .map(|r| (r.partition_key.clone(), r.data.clone()))
+            .map(|r| (r.partition_key.clone(), r.data.to_vec()))
             .collect()
     }
 }
@@ -520,7 +520,7 @@ fn kinesis_records(path: &str) -> Vec<(String, Vec<u8>, String)> {
     decoded(kinesis::decode_event(&fixture(path).to_string()).unwrap())
         .into_iter()
         .map(|r| match r.payload {
-            Payload::Bytes(data) => (r.partition_key, data, r.sequence.to_string()),
+            Payload::Bytes(data) => (r.partition_key, data.to_vec(), r.sequence.to_string()),
             other => unreachable!("{other:?}"),
         })
         .collect()

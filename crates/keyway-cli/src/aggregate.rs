@@ -15,12 +15,16 @@
 //! Which lines are late can depend on where slices begin, and on the few seconds of virtual time
 //! a share takes to run its part of a slice; without windows nothing depends on either.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use keyed_aggregate::aggregate::Aggregate;
 use keyway::adapters::kinesis::RECORD_MAX_BYTES;
@@ -160,12 +164,17 @@ fn spawn_share(
     let worker = thread::spawn(move || {
         crate::bench::runtime_builder(true).block_on(async {
             let mut aggregation: Option<Aggregation> = None;
-            for slice in slices {
+            for mut slice in slices {
                 let run = deployed(&mut aggregation, &settings, slice.times.first)?;
-                run.put(&slice.records(), slice.times).await?;
+                // The stream shares the text: its records are slices of it, not copies.
+                let text = Bytes::from(std::mem::take(&mut slice.text));
+                run.put(&slice.records(&text), slice.times).await?;
                 progress.inc(slice.lines.len() as u64);
-                // The reader may have ended: then the text is only dropped.
-                let _ = spent.send(slice.text);
+                // Back to the reader to be filled again, unless a dead letter still holds a line
+                // of it; the reader may have ended, and then it is only dropped.
+                if let Ok(text) = text.try_into_mut() {
+                    let _ = spent.send(text.into());
+                }
             }
             // An empty input still deploys, and finishes with no results.
             deployed(&mut aggregation, &settings, None)?;
@@ -211,15 +220,15 @@ impl Slice {
         self.lines.push((self.keys.len(), self.text.len()));
     }
 
-    /// The records to put: (partition key, line).
-    fn records(&self) -> Vec<(&str, &[u8])> {
+    /// The records to put, their lines in `text` (the slice's, frozen): (partition key, line).
+    fn records(&self, text: &Bytes) -> Vec<(&str, Bytes)> {
         let (mut key_start, mut line_start) = (0, 0);
         self.lines
             .iter()
             .map(|&(key_end, line_end)| {
                 let record = (
                     &self.keys[key_start..key_end],
-                    &self.text[line_start..line_end],
+                    text.slice(line_start..line_end),
                 );
                 (key_start, line_start) = (key_end, line_end);
                 record
@@ -247,6 +256,7 @@ fn read_slices(
         let mut slices: Vec<Slice> = shares.iter().map(|_| fresh()).collect();
         let mut times = EventTimes::default();
         let mut read = Read::default();
+        let mut shard_of = ShardOf::new(shards);
         for file in &paths {
             let mut lines = Lines::open(file)?;
             while let Some(line) = lines.next_line()? {
@@ -267,7 +277,7 @@ fn read_slices(
                     read.too_large += 1;
                     continue;
                 }
-                let shard = kinesis_shard_index(&partition_key, shards as u32) as usize;
+                let shard = shard_of.get(&partition_key);
                 slices[shard % shares.len()].push(&partition_key, line);
                 if read.lines % SLICE as u64 == 0 {
                     if !send(&mut slices, times, &shares, &fresh) {
@@ -358,22 +368,53 @@ fn settings(options: &AggregateOptions) -> Result<Settings, CliError> {
 /// A line's partition key: its key, as the function reads it; a line without one goes under
 /// "-" and is dead-lettered by the function with the reason. A key longer than Kinesis takes
 /// (256 characters) goes under its hash: the function reads the key from the line.
-fn partition_key(key: &Pointer, line: &[u8]) -> String {
+fn partition_key<'a>(key: &Pointer, line: &'a [u8]) -> Cow<'a, str> {
     let text = key_text(key, line);
-    if text.chars().count() > PARTITION_KEY_MAX_CHARS {
-        return xxh3_128_hex(&[text.as_bytes()]);
+    if text.len() > PARTITION_KEY_MAX_CHARS && text.chars().count() > PARTITION_KEY_MAX_CHARS {
+        return Cow::Owned(xxh3_128_hex(&[text.as_bytes()]));
     }
     text
 }
 
-fn key_text(key: &Pointer, line: &[u8]) -> String {
+fn key_text<'a>(key: &Pointer, line: &'a [u8]) -> Cow<'a, str> {
     match key.find(line) {
         Ok(Some(raw)) => match string_of(raw) {
-            Some(text) if !text.is_empty() => text.into_owned(),
-            Some(_) => "-".to_owned(),
-            None => String::from_utf8_lossy(raw).into_owned(),
+            Some(text) if !text.is_empty() => text,
+            Some(_) => Cow::Borrowed("-"),
+            None => String::from_utf8_lossy(raw),
         },
-        _ => "-".to_owned(),
+        _ => Cow::Borrowed("-"),
+    }
+}
+
+/// Each partition key's shard, as Kinesis assigns it (by MD5), remembered: a stream's keys
+/// repeat, and MD5 was a fifth of the reader's time. Up to `ShardOf::MAX` keys, forgotten all at
+/// once when full.
+struct ShardOf {
+    shards: u32,
+    known: HashMap<String, usize>,
+}
+
+impl ShardOf {
+    const MAX: usize = 1 << 16;
+
+    fn new(shards: usize) -> Self {
+        Self {
+            shards: shards as u32,
+            known: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, partition_key: &str) -> usize {
+        if let Some(&shard) = self.known.get(partition_key) {
+            return shard;
+        }
+        if self.known.len() >= Self::MAX {
+            self.known.clear();
+        }
+        let shard = kinesis_shard_index(partition_key, self.shards) as usize;
+        self.known.insert(partition_key.to_owned(), shard);
+        shard
     }
 }
 

@@ -433,7 +433,7 @@ fn write_out(runtime: &LocalRuntime, services: &LocalServices, out: &Path) -> Re
                 "shardId": r.shard_id,
                 "sequenceNumber": r.sequence_number,
                 "partitionKey": r.partition_key,
-                "data": String::from_utf8(r.data.clone()).unwrap_or_else(|_| base64::engine::general_purpose::STANDARD.encode(&r.data)),
+                "data": String::from_utf8(r.data.to_vec()).unwrap_or_else(|_| base64::engine::general_purpose::STANDARD.encode(&r.data)),
             })).collect())
         } else {
             let messages = services.sqs.messages(&name);

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use keyway::adapters::dynamodb::{AdaptivePartitioner, HotKeyRegistry};
 use keyway::domain::skew::Hysteresis;
-use keyway::local::{FaultPlan, LocalError, LocalRuntime, LocalServices};
+use keyway::local::{Data, FaultPlan, LocalError, LocalRuntime, LocalServices};
 use keyway::ports::Clock;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -161,9 +161,9 @@ pub async fn run(settings: &Settings) -> Result<Outcome, LocalError> {
                 let (partition_key, hash) = producer.route(&key, now).await;
                 routed.push((partition_key, hash, format!(r#"{{"key":"{key}"}}"#)));
             }
-            let records: Vec<(&str, Option<u128>, &[u8])> = routed
+            let records: Vec<(&str, Option<u128>, Data)> = routed
                 .iter()
-                .map(|(k, h, d)| (k.as_str(), *h, d.as_bytes()))
+                .map(|(k, h, d)| (k.as_str(), *h, Data::Borrowed(d.as_bytes())))
                 .collect();
             let positions = services
                 .kinesis

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use keyed_aggregate::aggregate::Aggregate;
 use keyed_aggregate::wiring::{aggregate_handler, merge_handler};
 use keyway::adapters::dynamodb::TTL;
@@ -158,13 +159,13 @@ impl Aggregation {
         })
     }
 
-    /// Puts a slice of records (partition key, data) on the events stream and runs the functions
-    /// until they are idle; with windows, first lets the virtual clock reach the slice's first
+    /// Puts a slice of records (partition key, data) on the events stream, which shares their
+    /// data rather than copying it, and runs the functions until they are idle; with windows, first lets the virtual clock reach the slice's first
     /// event time, as a live stream's would have when that record came. (Not its newest: the
     /// slice's earlier records would be judged late by a clock they never saw.)
-    pub async fn put<K: AsRef<str>, D: AsRef<[u8]>>(
+    pub async fn put<K: AsRef<str>>(
         &mut self,
-        records: &[(K, D)],
+        records: &[(K, Bytes)],
         times: EventTimes,
     ) -> Result<(), LocalError> {
         if self.windows.is_some() {
@@ -175,7 +176,7 @@ impl Aggregation {
         }
         self.services
             .kinesis
-            .put_in_order(EVENTS, records)
+            .put_shared_in_order(EVENTS, records)
             .await
             .map_err(failed(EVENTS))?;
         self.runtime.run_until_idle(SETTLE_LIMIT).await?;

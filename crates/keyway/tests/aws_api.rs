@@ -76,7 +76,7 @@ async fn served_stream() -> SinkUnderTest {
                 records
                     .into_iter()
                     .map(|r| Received {
-                        body: String::from_utf8(r.data).expect("utf-8"),
+                        body: String::from_utf8(r.data.to_vec()).expect("utf-8"),
                         output_id: None,
                         group: Some(r.partition_key),
                     })

@@ -47,7 +47,7 @@ mod memory_kinesis_sink {
                     records
                         .into_iter()
                         .map(|r| Received {
-                            body: String::from_utf8(r.data).unwrap(),
+                            body: String::from_utf8(r.data.to_vec()).unwrap(),
                             output_id: None,
                             group: Some(r.partition_key),
                         })

@@ -240,12 +240,12 @@ fn aggregated_exactly(events: &[Event]) -> Result<bool, CliError> {
         hot,
         buckets: BUCKETS,
     });
-    let records: Vec<(String, Vec<u8>)> = events
+    let records: Vec<(String, bytes::Bytes)> = events
         .iter()
         .map(|e| {
             *oracle.entry(e.key.clone()).or_default() += 1;
             let data = format!(r#"{{"key":"{}"}}"#, e.key).into_bytes();
-            (partitioner.partition_key(&e.key), data)
+            (partitioner.partition_key(&e.key), data.into())
         })
         .collect();
     let settings = Run {

@@ -4,6 +4,7 @@ use std::cmp::Ordering;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::item::Item;
@@ -204,8 +205,8 @@ impl SourceRecord {
 /// What a record carries.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Payload {
-    /// Kinesis data: opaque bytes.
-    Bytes(Vec<u8>),
+    /// Kinesis data: opaque bytes, shared with the stream's record rather than copied.
+    Bytes(Bytes),
     /// A DynamoDB Streams change.
     Change(Change),
     /// A timer of `key` coming due at `at_millis`: made by the executor's timer sweep, never by

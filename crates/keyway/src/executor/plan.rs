@@ -153,7 +153,7 @@ mod tests {
     fn records_are_grouped_by_key_in_order_and_those_that_do_not_decode_become_dead_letters() {
         let b = bench(Summer::default(), false);
         let mut bad = record(3, "p", "x", 0).unwrap();
-        bad.payload = Payload::Bytes(b"not json".to_vec());
+        bad.payload = Payload::Bytes(b"not json".to_vec().into());
         let rejected = RejectedRecord {
             origin: None,
             sequence: None,

@@ -119,7 +119,7 @@ pub fn record(seq: u64, pk: &str, key: &str, n: i64) -> Result<SourceRecord, Rej
         sequence: SequenceNumber::parse(&seq.to_string()).unwrap(),
         partition_key: pk.into(),
         arrival_millis: Some(START),
-        payload: Payload::Bytes(json!({"key": key, "n": n}).to_string().into_bytes()),
+        payload: Payload::Bytes(json!({"key": key, "n": n}).to_string().into_bytes().into()),
         raw: crate::domain::RawJson::from_value(&json!({"seq": seq})),
     })
 }

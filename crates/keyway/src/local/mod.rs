@@ -36,6 +36,6 @@ pub use services::dynamodb::{
     KeySchema, LocalDynamoDb, LocalTable, StreamRecord, StreamView, DEFAULT_TTL_DELAY,
 };
 pub use services::faults::{Fault, FaultCounts, FaultPlan, Faults};
-pub use services::kinesis::{LocalKinesis, StoredRecord};
+pub use services::kinesis::{Data, LocalKinesis, StoredRecord};
 pub use services::meter::{thread_cpu_time, Meter, MeterSnapshot};
 pub use services::sqs::{LocalSqs, QueuedMessage};

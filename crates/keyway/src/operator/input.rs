@@ -196,7 +196,7 @@ mod tests {
             sequence: SequenceNumber::parse("1").unwrap(),
             partition_key: "p".into(),
             arrival_millis: None,
-            payload: Payload::Bytes(br#"{"user":"u1"}"#.to_vec()),
+            payload: Payload::Bytes(br#"{"user":"u1"}"#.to_vec().into()),
             raw: crate::domain::RawJson::from_value(&serde_json::Value::Null),
         }
     }

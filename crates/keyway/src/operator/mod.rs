@@ -217,9 +217,9 @@ mod tests {
 
     #[test]
     fn a_records_json_decodes_into_the_type_asked_for_or_names_the_field_and_the_type() {
-        let good = record(Payload::Bytes(br#"{"user":"u1"}"#.to_vec()));
+        let good = record(Payload::Bytes(br#"{"user":"u1"}"#.to_vec().into()));
         assert_eq!(good.json::<Click>(), Ok(Click { user: "u1".into() }));
-        let bad = record(Payload::Bytes(br#"{"name":"u1"}"#.to_vec()));
+        let bad = record(Payload::Bytes(br#"{"name":"u1"}"#.to_vec().into()));
         let err = bad.json::<Click>().unwrap_err();
         assert_eq!(err.field, "data");
         assert!(

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use base64::Engine as _;
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -97,7 +98,7 @@ fn decode_record(
             sequence,
             partition_key,
             arrival_millis,
-            payload: Payload::Bytes(data),
+            payload: Payload::Bytes(data.into()),
             raw: RawJson::new(raw),
         }),
         Err(problem) => Err(rejected(raw, problem)),
@@ -231,7 +232,7 @@ pub struct KinesisRecord {
     pub shard_id: String,
     pub sequence_number: String,
     pub partition_key: String,
-    pub data: Vec<u8>,
+    pub data: Bytes,
     /// Epoch milliseconds.
     pub arrival_millis: i64,
 }
@@ -447,7 +448,7 @@ mod tests {
             "49590338271490256608559692538361571095921575989136588898"
         );
         assert_eq!(r.partition_key, "k1");
-        assert_eq!(r.payload, Payload::Bytes(b"Hello".to_vec()));
+        assert_eq!(r.payload, Payload::Bytes(Bytes::from_static(b"Hello")));
         assert_eq!(r.arrival_millis, Some(1_545_084_650_987));
     }
 
@@ -541,7 +542,7 @@ mod tests {
                     shard_id,
                     sequence_number,
                     partition_key,
-                    data,
+                    data: data.into(),
                     arrival_millis,
                 },
             )

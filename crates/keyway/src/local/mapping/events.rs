@@ -103,7 +103,7 @@ mod tests {
         let r = batch[0].as_ref().unwrap();
         assert_eq!(r.origin.as_str(), "counts/shardId-000000000001");
         assert_eq!(r.arrival_millis, Some(1_700_000_000_123));
-        assert_eq!(r.payload, Payload::Bytes(b"{}".to_vec()));
+        assert_eq!(r.payload, Payload::Bytes(b"{}".to_vec().into()));
         // The shape aws_lambda_events' own type accepts, too.
         let typed: aws_lambda_events::event::kinesis::KinesisEvent =
             serde_json::from_value(event).unwrap();

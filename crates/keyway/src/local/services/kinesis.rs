@@ -5,11 +5,12 @@
 //! reshard (SplitShard, MergeShards, UpdateShardCount) into shards that name their parents
 //! (`shards`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use super::faults::{Fault, Faults};
 use super::meter::Meter;
@@ -34,6 +35,48 @@ pub const SHARD_BYTES_PER_SECOND: usize = 1024 * 1024;
 impl Arrived for StoredRecord {
     fn arrival_millis(&self) -> i64 {
         self.arrival_millis
+    }
+}
+
+/// A record's data as a put takes it: borrowed, and copied into the stream; or in a buffer the
+/// stream shares with the producer.
+#[derive(Clone, Copy, Debug)]
+pub enum Data<'a> {
+    Borrowed(&'a [u8]),
+    Shared(&'a Bytes),
+}
+
+impl Data<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Data::Borrowed(data) => data.len(),
+            Data::Shared(data) => data.len(),
+        }
+    }
+
+    /// The data as the stream keeps it.
+    fn stored(&self) -> Bytes {
+        match self {
+            Data::Borrowed(data) => Bytes::copy_from_slice(data),
+            Data::Shared(data) => Bytes::clone(data),
+        }
+    }
+}
+
+/// One record of a put: `PutEntry` with its data borrowed or shared.
+struct Entry<'a> {
+    partition_key: &'a str,
+    data: Data<'a>,
+    explicit_hash_key: Option<&'a str>,
+}
+
+impl<'a> From<&PutEntry<'a>> for Entry<'a> {
+    fn from(entry: &PutEntry<'a>) -> Self {
+        Entry {
+            partition_key: entry.partition_key,
+            data: Data::Borrowed(entry.data),
+            explicit_hash_key: entry.explicit_hash_key,
+        }
     }
 }
 
@@ -72,6 +115,29 @@ struct Stream {
     max_record_bytes: usize,
     /// How long the stream keeps a record (RetentionPeriodHours, 24 by default).
     retention: Duration,
+    /// Partition keys' hash keys, remembered: a stream's keys repeat, and MD5 took a tenth of a
+    /// put's time.
+    hash_keys: HashKeys,
+}
+
+/// Partition keys' MD5 hash keys, up to `HashKeys::MAX` of them, forgotten all at once when full.
+#[derive(Default)]
+struct HashKeys(HashMap<String, u128>);
+
+impl HashKeys {
+    const MAX: usize = 1 << 16;
+
+    fn of(&mut self, partition_key: &str) -> u128 {
+        if let Some(&hash) = self.0.get(partition_key) {
+            return hash;
+        }
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        let hash = kinesis_hash_key(partition_key);
+        self.0.insert(partition_key.to_owned(), hash);
+        hash
+    }
 }
 
 /// In-memory Kinesis streams.
@@ -125,6 +191,7 @@ impl LocalKinesis {
                 written: Vec::new(),
                 max_record_bytes: RECORD_MAX_BYTES,
                 retention: DEFAULT_RETENTION,
+                hash_keys: HashKeys::default(),
             },
         );
         arn
@@ -326,9 +393,23 @@ impl LocalKinesis {
         stream: &str,
         records: &[(K, D)],
     ) -> Result<Vec<(String, String)>, SinkError> {
-        let routed: Vec<(&str, Option<u128>, &[u8])> = records
+        let routed: Vec<(&str, Option<u128>, Data)> = records
             .iter()
-            .map(|(key, data)| (key.as_ref(), None, data.as_ref()))
+            .map(|(key, data)| (key.as_ref(), None, Data::Borrowed(data.as_ref())))
+            .collect();
+        self.put_routed_in_order(stream, &routed).await
+    }
+
+    /// `put_in_order` for data the stream keeps as it is, sharing the caller's buffer: a
+    /// producer that holds many records in one buffer puts them without copying each.
+    pub async fn put_shared_in_order<K: AsRef<str>>(
+        &self,
+        stream: &str,
+        records: &[(K, Bytes)],
+    ) -> Result<Vec<(String, String)>, SinkError> {
+        let routed: Vec<(&str, Option<u128>, Data)> = records
+            .iter()
+            .map(|(key, data)| (key.as_ref(), None, Data::Shared(data)))
             .collect();
         self.put_routed_in_order(stream, &routed).await
     }
@@ -338,15 +419,15 @@ impl LocalKinesis {
     pub async fn put_routed_in_order(
         &self,
         stream: &str,
-        records: &[(&str, Option<u128>, &[u8])],
+        records: &[(&str, Option<u128>, Data<'_>)],
     ) -> Result<Vec<(String, String)>, SinkError> {
         let mut positions = Vec::with_capacity(records.len());
         for (key, hash, data) in records {
             let hash = hash.map(|h| h.to_string());
             loop {
-                let entry = PutEntry {
+                let entry = Entry {
                     partition_key: key,
-                    data,
+                    data: *data,
                     explicit_hash_key: hash.as_deref(),
                 };
                 match self.put_metered(stream, std::slice::from_ref(&entry)).await {
@@ -381,16 +462,16 @@ impl LocalKinesis {
     ) -> Result<PutOutcome, SinkError> {
         let mut outcomes = self.put(
             stream,
-            &[PutEntry {
+            &[Entry {
                 partition_key,
-                data,
+                data: Data::Borrowed(data),
                 explicit_hash_key: None,
             }],
         )?;
         Ok(outcomes.remove(0))
     }
 
-    fn put(&self, stream: &str, entries: &[PutEntry<'_>]) -> Result<Vec<PutOutcome>, SinkError> {
+    fn put(&self, stream: &str, entries: &[Entry<'_>]) -> Result<Vec<PutOutcome>, SinkError> {
         let total: usize = entries
             .iter()
             .map(|e| e.data.len() + e.partition_key.len())
@@ -441,7 +522,7 @@ impl LocalKinesis {
                         "ValidationException: ExplicitHashKey {text:?} is not a 128-bit decimal"
                     ))
                 })?,
-                None => kinesis_hash_key(entry.partition_key),
+                None => target.hash_keys.of(entry.partition_key),
             };
             let shard = target.shards.route(hash);
             let shard_id = id_of(&target.shards, shard);
@@ -468,7 +549,7 @@ impl LocalKinesis {
                     shard_id: shard_id.clone(),
                     sequence_number: sequence_number.clone(),
                     partition_key: entry.partition_key.to_owned(),
-                    data: entry.data.to_vec(),
+                    data: entry.data.stored(),
                     arrival_millis: now,
                 },
             );
@@ -485,7 +566,7 @@ impl LocalKinesis {
     async fn put_metered(
         &self,
         stream: &str,
-        entries: &[PutEntry<'_>],
+        entries: &[Entry<'_>],
     ) -> Result<Vec<PutOutcome>, SinkError> {
         // Accounts the whole call, metering included (see `Meter::busy`).
         let _busy = self.meter.busy();
@@ -520,7 +601,8 @@ impl KinesisApi for LocalKinesis {
         stream: &str,
         entries: &[PutEntry<'_>],
     ) -> Result<Vec<PutOutcome>, SinkError> {
-        self.put_metered(stream, entries).await
+        let entries: Vec<Entry> = entries.iter().map(Entry::from).collect();
+        self.put_metered(stream, &entries).await
     }
 }
 
@@ -571,7 +653,7 @@ mod tests {
         kinesis.put_record("s", "k", &[3]).unwrap();
         let (read, _) = kinesis.read("s", 0, 3, 10);
         assert_eq!(read.len(), 1);
-        assert_eq!(read[0].data, [3]);
+        assert_eq!(read[0].data[..], [3]);
         assert_eq!(
             kinesis.read("s", 0, 0, 10).0.len(),
             1,
