@@ -18,7 +18,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Read as _, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
@@ -90,21 +90,13 @@ pub fn run(options: AggregateOptions) -> Result<(), CliError> {
     );
     let started = Instant::now();
     let shares = shares(settings.shards);
-    let (spent, spent_slices) = mpsc::channel();
     let (senders, workers): (Vec<_>, Vec<_>) = (0..shares)
         .map(|share| {
             let settings = share_settings(&settings, share, shares);
-            spawn_share(settings, progress.clone(), spent.clone())
+            spawn_share(settings, progress.clone())
         })
         .unzip();
-    let reader = read_slices(
-        options.paths.clone(),
-        key,
-        time,
-        senders,
-        spent_slices,
-        settings.shards,
-    );
+    let reader = read_slices(options.paths.clone(), key, time, senders, settings.shards);
     let read = reader.join().map_err(|_| stopped("reading the files"))?;
     // Every share is joined before an error is reported: the reader's error comes first (the
     // shares end with its channels, having aggregated what it read), then the first share's.
@@ -150,12 +142,10 @@ fn share_settings(settings: &Settings, share: usize, shares: usize) -> Settings 
 }
 
 /// Runs a share through the functions on a thread and an embedded runtime of its own, slice by
-/// slice as they come, and hands back its results once the slices end. Each slice's text goes
-/// back to the reader (`spent`) to be filled again.
+/// slice as they come, and hands back its results once the slices end.
 fn spawn_share(
     settings: Settings,
     progress: indicatif::ProgressBar,
-    spent: mpsc::Sender<Vec<u8>>,
 ) -> (
     mpsc::SyncSender<Slice>,
     thread::JoinHandle<Result<Finished, CliError>>,
@@ -164,17 +154,10 @@ fn spawn_share(
     let worker = thread::spawn(move || {
         crate::bench::runtime_builder(true).block_on(async {
             let mut aggregation: Option<Aggregation> = None;
-            for mut slice in slices {
+            for slice in slices {
                 let run = deployed(&mut aggregation, &settings, slice.times.first)?;
-                // The stream shares the text: its records are slices of it, not copies.
-                let text = Bytes::from(std::mem::take(&mut slice.text));
-                run.put(&slice.records(&text), slice.times).await?;
+                run.put(&slice.records(), slice.times).await?;
                 progress.inc(slice.lines.len() as u64);
-                // Back to the reader to be filled again, unless a dead letter still holds a line
-                // of it; the reader may have ended, and then it is only dropped.
-                if let Ok(text) = text.try_into_mut() {
-                    let _ = spent.send(text.into());
-                }
             }
             // An empty input still deploys, and finishes with no results.
             deployed(&mut aggregation, &settings, None)?;
@@ -192,45 +175,31 @@ struct Read {
     too_large: u64,
 }
 
-/// A share's lines of a slice, each with its partition key, end to end in one text: the reader
-/// allocates nothing a line, and the texts go back to it to be filled again.
+/// A share's lines of a slice, each with its partition key. The lines are slices of the blocks
+/// the reader read (`Lines`), which the stream's records share: no line is copied.
 #[derive(Default)]
 struct Slice {
     /// The lines' partition keys, end to end.
     keys: String,
-    text: Vec<u8>,
-    /// Where each line's partition key ends in `keys`, and the line itself in `text`.
-    lines: Vec<(usize, usize)>,
+    /// Each line, and where its partition key ends in `keys`.
+    lines: Vec<(usize, Bytes)>,
     times: EventTimes,
 }
 
 impl Slice {
-    /// A slice that fills `text`, emptied first.
-    fn reusing(mut text: Vec<u8>) -> Self {
-        text.clear();
-        Self {
-            text,
-            ..Self::default()
-        }
-    }
-
-    fn push(&mut self, partition_key: &str, line: &[u8]) {
+    fn push(&mut self, partition_key: &str, line: Bytes) {
         self.keys.push_str(partition_key);
-        self.text.extend_from_slice(line);
-        self.lines.push((self.keys.len(), self.text.len()));
+        self.lines.push((self.keys.len(), line));
     }
 
-    /// The records to put, their lines in `text` (the slice's, frozen): (partition key, line).
-    fn records(&self, text: &Bytes) -> Vec<(&str, Bytes)> {
-        let (mut key_start, mut line_start) = (0, 0);
+    /// The records to put: (partition key, line).
+    fn records(&self) -> Vec<(&str, Bytes)> {
+        let mut key_start = 0;
         self.lines
             .iter()
-            .map(|&(key_end, line_end)| {
-                let record = (
-                    &self.keys[key_start..key_end],
-                    text.slice(line_start..line_end),
-                );
-                (key_start, line_start) = (key_end, line_end);
+            .map(|(key_end, line)| {
+                let record = (&self.keys[key_start..*key_end], line.clone());
+                key_start = *key_end;
                 record
             })
             .collect()
@@ -242,18 +211,16 @@ impl Slice {
 /// Every share's lines of a slice go at once, with the slice's event times: each share's clock
 /// then follows the whole stream's, whatever the number of shares, as one clock does live. Ends
 /// with the files, on an error, or when a share stops taking slices; answers how many lines were
-/// read. The shares hand each slice's text back (`spent`), so that a long run reuses a few.
+/// read.
 fn read_slices(
     paths: Vec<PathBuf>,
     key: Pointer,
     time: Option<Pointer>,
     shares: Vec<mpsc::SyncSender<Slice>>,
-    spent: mpsc::Receiver<Vec<u8>>,
     shards: usize,
 ) -> thread::JoinHandle<Result<Read, CliError>> {
     thread::spawn(move || {
-        let fresh = || Slice::reusing(spent.try_recv().unwrap_or_default());
-        let mut slices: Vec<Slice> = shares.iter().map(|_| fresh()).collect();
+        let mut slices: Vec<Slice> = shares.iter().map(|_| Slice::default()).collect();
         let mut times = EventTimes::default();
         let mut read = Read::default();
         let mut shard_of = ShardOf::new(shards);
@@ -261,11 +228,11 @@ fn read_slices(
             let mut lines = Lines::open(file)?;
             while let Some(line) = lines.next_line()? {
                 read.lines += 1;
-                if let Some(at) = time.as_ref().and_then(|t| event_time(t, line)) {
+                if let Some(at) = time.as_ref().and_then(|t| event_time(t, &line)) {
                     times.first = times.first.or(Some(at));
                     times.newest = times.newest.max(Some(at));
                 }
-                let partition_key = partition_key(&key, line);
+                let partition_key = partition_key(&key, &line);
                 if line.len() + partition_key.len() > RECORD_MAX_BYTES {
                     // No Kinesis stream takes it: dead-lettered here, not the end of the run.
                     eprintln!(
@@ -278,33 +245,28 @@ fn read_slices(
                     continue;
                 }
                 let shard = shard_of.get(&partition_key);
-                slices[shard % shares.len()].push(&partition_key, line);
+                slices[shard % shares.len()].push(&partition_key, line.clone());
                 if read.lines % SLICE as u64 == 0 {
-                    if !send(&mut slices, times, &shares, &fresh) {
+                    if !send(&mut slices, times, &shares) {
                         return Ok(read);
                     }
                     times.first = None;
                 }
             }
         }
-        send(&mut slices, times, &shares, &fresh);
+        send(&mut slices, times, &shares);
         Ok(read)
     })
 }
 
 /// Sends each share its lines of the slice, if it has any, and starts the next; false when a
 /// share has stopped.
-fn send(
-    slices: &mut [Slice],
-    times: EventTimes,
-    shares: &[mpsc::SyncSender<Slice>],
-    fresh: &impl Fn() -> Slice,
-) -> bool {
+fn send(slices: &mut [Slice], times: EventTimes, shares: &[mpsc::SyncSender<Slice>]) -> bool {
     for (slice, share) in slices.iter_mut().zip(shares) {
         if slice.lines.is_empty() {
             continue;
         }
-        let mut full = std::mem::replace(slice, fresh());
+        let mut full = std::mem::take(slice);
         full.times = times;
         if share.send(full).is_err() {
             return false;
@@ -429,66 +391,75 @@ fn event_time(time: &Pointer, line: &[u8]) -> Option<i64> {
     }
 }
 
-/// A file's lines, decompressed when it is gzip; blank lines left out. A line is read where the
-/// reader's buffer holds it, and copied only when it runs past the buffer's end.
+/// How much a read takes at a time.
+const BLOCK: usize = 1 << 20;
+
+/// A file's lines, decompressed when it is gzip; blank lines left out. The file is read a block
+/// at a time and each line handed out is a slice of its block, so that lines go on the stream
+/// without a copy; only a line that runs past its block's end is copied, into the next block.
 struct Lines {
     name: String,
-    reader: Box<dyn BufRead>,
-    /// A line that ran past the buffer's end.
-    line: Vec<u8>,
-    /// How much of the buffer the line last handed out took.
-    used: usize,
+    reader: Box<dyn std::io::Read>,
+    block: Bytes,
+    /// Where the next line starts in `block`.
+    at: usize,
 }
 
 impl Lines {
     fn open(path: &Path) -> Result<Self, CliError> {
         let name = path.display().to_string();
         let failed = |e: std::io::Error| CliError::from(format!("{name}: {e}"));
-        let mut file = BufReader::with_capacity(1 << 20, File::open(path).map_err(failed)?);
-        let gzip = file.fill_buf().map_err(failed)?.starts_with(&[0x1f, 0x8b]);
-        let reader: Box<dyn BufRead> = if gzip {
-            let gunzip = flate2::bufread::MultiGzDecoder::new(file);
-            Box::new(BufReader::with_capacity(1 << 20, gunzip))
+        let mut file = File::open(path).map_err(failed)?;
+        // The first two bytes say gzip or not; they are read again, from here, with the rest,
+        // which a plain file's blocks take from the file directly (a pipe works too).
+        let mut magic = Vec::with_capacity(2);
+        (&mut file)
+            .take(2)
+            .read_to_end(&mut magic)
+            .map_err(failed)?;
+        let gzip = magic == [0x1f, 0x8b];
+        let whole = std::io::Cursor::new(magic).chain(file);
+        let reader: Box<dyn std::io::Read> = if gzip {
+            let compressed = BufReader::with_capacity(BLOCK, whole);
+            Box::new(flate2::bufread::MultiGzDecoder::new(compressed))
         } else {
-            Box::new(file)
+            Box::new(whole)
         };
         Ok(Self {
             name,
             reader,
-            line: Vec::new(),
-            used: 0,
+            block: Bytes::new(),
+            at: 0,
         })
     }
 
     /// The next line that is not blank, without its newline; none at the end of the file.
-    fn next_line(&mut self) -> Result<Option<&[u8]>, CliError> {
+    fn next_line(&mut self) -> Result<Option<Bytes>, CliError> {
         loop {
-            self.reader.consume(std::mem::take(&mut self.used));
-            let name = &self.name;
-            let failed = |e: std::io::Error| CliError::from(format!("{name}: {e}"));
-            let buffer = self.reader.fill_buf().map_err(failed)?;
-            if buffer.is_empty() {
-                return Ok(None);
-            }
-            let Some(end) = memchr::memchr(b'\n', buffer) else {
-                // Runs past the buffer: read whole into a line of its own.
-                self.line.clear();
-                self.reader
-                    .read_until(b'\n', &mut self.line)
-                    .map_err(failed)?;
-                if self.line.last() == Some(&b'\n') {
-                    self.line.pop();
-                }
-                if blank(&self.line) {
+            if let Some(end) = memchr::memchr(b'\n', &self.block[self.at..]) {
+                let line = self.block.slice(self.at..self.at + end);
+                self.at += end + 1;
+                if blank(&line) {
                     continue;
                 }
-                return Ok(Some(&self.line));
-            };
-            self.used = end + 1;
-            if !blank(&buffer[..end]) {
-                // Handed out from the buffer, consumed at the next call.
-                let buffer = self.reader.fill_buf().map_err(failed)?;
-                return Ok(Some(&buffer[..end]));
+                return Ok(Some(line));
+            }
+            // The block's rest begins a line: it begins the next block, which holds at least
+            // twice as much, so that a line longer than a block is read whole.
+            let rest = &self.block[self.at..];
+            let mut next = Vec::with_capacity(BLOCK.max(2 * rest.len()));
+            next.extend_from_slice(rest);
+            let room = (next.capacity() - next.len()) as u64;
+            let read = (&mut self.reader)
+                .take(room)
+                .read_to_end(&mut next)
+                .map_err(|e| CliError::from(format!("{}: {e}", self.name)))?;
+            self.block = Bytes::from(next);
+            self.at = 0;
+            if read == 0 {
+                // The end of the file: what is left is its last line, without a newline.
+                let line = std::mem::take(&mut self.block);
+                return Ok((!blank(&line)).then_some(line));
             }
         }
     }
@@ -532,14 +503,22 @@ mod tests {
     }
 
     #[test]
-    fn lines_are_read_whole_across_the_buffer_without_blank_ones_or_newlines() {
-        // A line longer than the reader's buffer, between lines that fit in it.
-        let long = vec![b'x'; (1 << 20) + 100];
+    fn lines_are_read_whole_across_blocks_without_blank_ones_or_newlines() {
+        // Lines longer than a block and than two, between lines that fit in one.
+        let long = vec![b'x'; BLOCK + 100];
+        let longer = vec![b'y'; 2 * BLOCK + 7];
         let mut text = b"a\n\n  \nb\r\n".to_vec();
         text.extend_from_slice(&long);
+        text.extend_from_slice(b"\n");
+        text.extend_from_slice(&longer);
         text.extend_from_slice(b"\nc");
-        let read = lines_of(&text, "mixed");
-        assert_eq!(read, [b"a".to_vec(), b"b\r".to_vec(), long, b"c".to_vec()]);
+        let expected = [b"a".to_vec(), b"b\r".to_vec(), long, longer, b"c".to_vec()];
+        assert_eq!(lines_of(&text, "mixed"), expected);
         assert!(lines_of(b"\n \n", "blank").is_empty());
+        assert!(lines_of(b"", "empty").is_empty());
+
+        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gzip.write_all(&text).unwrap();
+        assert_eq!(lines_of(&gzip.finish().unwrap(), "gzip"), expected);
     }
 }
