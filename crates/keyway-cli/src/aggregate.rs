@@ -403,6 +403,8 @@ struct Lines {
     block: Bytes,
     /// Where the next line starts in `block`.
     at: usize,
+    /// Whether `block` is the file's last.
+    ended: bool,
 }
 
 impl Lines {
@@ -430,6 +432,7 @@ impl Lines {
             reader,
             block: Bytes::new(),
             at: 0,
+            ended: false,
         })
     }
 
@@ -444,24 +447,37 @@ impl Lines {
                 }
                 return Ok(Some(line));
             }
-            // The block's rest begins a line: it begins the next block, which holds at least
-            // twice as much, so that a line longer than a block is read whole.
-            let rest = &self.block[self.at..];
-            let mut next = Vec::with_capacity(BLOCK.max(2 * rest.len()));
-            next.extend_from_slice(rest);
-            let room = (next.capacity() - next.len()) as u64;
-            let read = (&mut self.reader)
-                .take(room)
-                .read_to_end(&mut next)
-                .map_err(|e| CliError::from(format!("{}: {e}", self.name)))?;
-            self.block = Bytes::from(next);
-            self.at = 0;
-            if read == 0 {
-                // The end of the file: what is left is its last line, without a newline.
-                let line = std::mem::take(&mut self.block);
+            if self.ended {
+                // What is left is the file's last line, without a newline.
+                let line = self.block.slice(self.at..);
+                self.at = self.block.len();
                 return Ok((!blank(&line)).then_some(line));
             }
+            self.read_block()?;
         }
+    }
+
+    /// Reads the next block. The current one's rest begins a line, so it begins the next block,
+    /// which holds at least twice as much: a line longer than a block is read whole. A block
+    /// is read whole unless the file ends in it (a pipe's reader waits for it), and the file's
+    /// last block is cut to its size, so that a small file's lines do not hold a whole block.
+    fn read_block(&mut self) -> Result<(), CliError> {
+        let rest = &self.block[self.at..];
+        let mut next = Vec::with_capacity(BLOCK.max(2 * rest.len()));
+        next.extend_from_slice(rest);
+        let room = (next.capacity() - next.len()) as u64;
+        let read = (&mut self.reader)
+            .take(room)
+            .read_to_end(&mut next)
+            .map_err(|e| CliError::from(format!("{}: {e}", self.name)))?;
+        // `read_to_end` stops short of the room only at the end of the file.
+        self.ended = (read as u64) < room;
+        if self.ended {
+            next.shrink_to_fit();
+        }
+        self.block = Bytes::from(next);
+        self.at = 0;
+        Ok(())
     }
 }
 
@@ -516,9 +532,48 @@ mod tests {
         assert_eq!(lines_of(&text, "mixed"), expected);
         assert!(lines_of(b"\n \n", "blank").is_empty());
         assert!(lines_of(b"", "empty").is_empty());
+        assert_eq!(lines_of(b"z", "one byte"), [b"z".to_vec()]);
+        // Line ends at a block's last byte and at the next block's first.
+        let mut edges = vec![b'p'; BLOCK - 1];
+        edges.extend_from_slice(b"\nq\n");
+        edges.extend(vec![b'r'; BLOCK - 3]);
+        edges.extend_from_slice(b"\r\ns");
+        let expected_edges = [
+            vec![b'p'; BLOCK - 1],
+            b"q".to_vec(),
+            {
+                let mut r = vec![b'r'; BLOCK - 3];
+                r.push(b'\r');
+                r
+            },
+            b"s".to_vec(),
+        ];
+        assert_eq!(lines_of(&edges, "edges"), expected_edges);
 
-        let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gzip.write_all(&text).unwrap();
-        assert_eq!(lines_of(&gzip.finish().unwrap(), "gzip"), expected);
+        // Two gzip members, one after the other, as `cat a.gz b.gz` makes them.
+        let gzip = |text: &[u8]| {
+            let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            gzip.write_all(text).unwrap();
+            gzip.finish().unwrap()
+        };
+        let mut members = gzip(&text[..3]);
+        members.extend(gzip(&text[3..]));
+        assert_eq!(lines_of(&members, "gzip"), expected);
+    }
+
+    #[test]
+    fn a_remembered_shard_is_the_one_kinesis_assigns_also_after_the_memory_fills() {
+        let mut shard_of = ShardOf::new(7);
+        for round in 0..2 {
+            for n in 0..ShardOf::MAX + 10 {
+                let key = format!("key-{n}");
+                assert_eq!(
+                    shard_of.get(&key),
+                    kinesis_shard_index(&key, 7) as usize,
+                    "{key}, round {round}"
+                );
+            }
+        }
+        assert!(shard_of.known.len() <= ShardOf::MAX);
     }
 }

@@ -160,9 +160,10 @@ impl Aggregation {
     }
 
     /// Puts a slice of records (partition key, data) on the events stream, which shares their
-    /// data rather than copying it, and runs the functions until they are idle; with windows, first lets the virtual clock reach the slice's first
-    /// event time, as a live stream's would have when that record came. (Not its newest: the
-    /// slice's earlier records would be judged late by a clock they never saw.)
+    /// data rather than copying it, and runs the functions until they are idle; with windows,
+    /// first lets the virtual clock reach the slice's first event time, as a live stream's
+    /// would have when that record came. (Not its newest: the slice's earlier records would be
+    /// judged late by a clock they never saw.)
     pub async fn put<K: AsRef<str>>(
         &mut self,
         records: &[(K, Bytes)],

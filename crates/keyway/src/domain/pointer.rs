@@ -428,6 +428,12 @@ mod tests {
             assert_eq!(error.problem, problem, "{doc}");
         }
         assert_eq!(pointer.find(b"{\"key\": \"\xff\"}").unwrap_err().offset, 9);
+        // Past the first 64 bytes too, where the check works a block at a time.
+        let mut long = format!("{{\"key\": \"{}", "a".repeat(200)).into_bytes();
+        let bad_at = long.len();
+        long.extend_from_slice(b"\xe2\x82\"}");
+        let error = pointer.find(&long).unwrap_err();
+        assert_eq!((error.offset, error.problem), (bad_at, "not UTF-8"));
     }
 
     #[test]

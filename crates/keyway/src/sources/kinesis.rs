@@ -356,9 +356,10 @@ impl KinesisBatch {
     }
 
     /// The records the event's JSON decodes to (`decode_event`), read from the records
-    /// themselves: the data is copied, not written as base64 and read back, and a record's JSON
-    /// is written only if a dead letter asks for it. A record this cannot read as it stands is
-    /// decoded from its JSON, which says what is wrong with it exactly as the event would.
+    /// themselves: the data is shared (`Bytes`), not written as base64 and read back, and a
+    /// record's JSON is written only if a dead letter asks for it. A record this cannot read as
+    /// it stands is decoded from its JSON, which says what is wrong with it exactly as the event
+    /// would.
     pub fn decode(&self) -> DecodedBatch {
         let mut streams = StreamNames::default();
         let stream = streams.get(stream_name(&self.stream_arn));

@@ -42,7 +42,9 @@ impl Arrived for StoredRecord {
 /// stream shares with the producer.
 #[derive(Clone, Copy, Debug)]
 pub enum Data<'a> {
+    /// Copied into the stream's record.
     Borrowed(&'a [u8]),
+    /// Kept by the stream's record as it is: the producer's buffer, shared.
     Shared(&'a Bytes),
 }
 
@@ -471,7 +473,9 @@ impl LocalKinesis {
         Ok(outcomes.remove(0))
     }
 
-    fn put(&self, stream: &str, entries: &[Entry<'_>]) -> Result<Vec<PutOutcome>, SinkError> {
+    /// Refuses a call the service would: too many records or bytes, or a record whose key or
+    /// size the stream does not take.
+    fn check_call(&self, stream: &str, entries: &[Entry<'_>]) -> Result<(), SinkError> {
         let total: usize = entries
             .iter()
             .map(|e| e.data.len() + e.partition_key.len())
@@ -501,6 +505,11 @@ impl LocalKinesis {
                 bad.data.len()
             )));
         }
+        Ok(())
+    }
+
+    fn put(&self, stream: &str, entries: &[Entry<'_>]) -> Result<Vec<PutOutcome>, SinkError> {
+        self.check_call(stream, entries)?;
         if self.faults.draw(Fault::Throttle) {
             return Err(SinkError::Throttled(
                 "LimitExceededException: Rate exceeded for stream".into(),
@@ -616,6 +625,37 @@ mod tests {
         for n in [0, 7, 1_234_567_890, u128::from(u64::MAX)] {
             assert_eq!(sequence_number(n), format!("49{n:054}"));
         }
+    }
+
+    #[test]
+    fn a_remembered_hash_key_is_the_md5_one_also_after_the_memory_fills() {
+        let mut hash_keys = HashKeys::default();
+        for round in 0..2 {
+            for n in 0..HashKeys::MAX + 10 {
+                let key = format!("key-{n}");
+                assert_eq!(hash_keys.of(&key), kinesis_hash_key(&key), "{key}, {round}");
+            }
+        }
+        assert!(hash_keys.0.len() <= HashKeys::MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shared_put_keeps_the_producers_buffer_and_a_borrowed_one_copies_it() {
+        let kinesis = LocalKinesis::new(VirtualClock::starting_at(0), Faults::none());
+        kinesis.create_stream("s", 1);
+        let buffer = Bytes::from_static(b"onetwo");
+        let shared = [("k", buffer.slice(0..3)), ("k", buffer.slice(3..6))];
+        kinesis.put_shared_in_order("s", &shared).await.unwrap();
+        kinesis
+            .put_in_order("s", &[("k", &buffer[..3])])
+            .await
+            .unwrap();
+        let (read, _) = kinesis.read("s", 0, 0, 10);
+        let data: Vec<&[u8]> = read.iter().map(|r| &r.data[..]).collect();
+        assert_eq!(data, [&b"one"[..], b"two", b"one"]);
+        assert_eq!(read[0].data.as_ptr(), buffer.as_ptr());
+        assert_eq!(read[1].data.as_ptr(), buffer[3..].as_ptr());
+        assert_ne!(read[2].data.as_ptr(), buffer.as_ptr());
     }
 
     /// "Handle large records" (Kinesis Data Streams Developer Guide): every stream takes records
