@@ -83,13 +83,9 @@ impl Pointer {
     /// The raw text of the value the pointer names in `doc` (none when it names nothing), once
     /// the whole of `doc` is found to be JSON.
     pub fn find<'a>(&self, doc: &'a [u8]) -> Result<Option<&'a [u8]>, SyntaxError> {
-        // The SIMD check only says whether; std's says where, for the error.
-        if simdutf8::basic::from_utf8(doc).is_err() {
-            let offset = std::str::from_utf8(doc)
-                .err()
-                .map_or(0, |e| e.valid_up_to());
+        if let Err(e) = simdutf8::compat::from_utf8(doc) {
             return Err(SyntaxError {
-                offset,
+                offset: e.valid_up_to(),
                 problem: "not UTF-8",
             });
         }
