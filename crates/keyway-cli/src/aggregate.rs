@@ -16,7 +16,6 @@
 //! a share takes to run its part of a slice; without windows nothing depends on either.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Read as _, Write};
 use std::path::{Path, PathBuf};
@@ -28,7 +27,7 @@ use bytes::Bytes;
 
 use keyed_aggregate::aggregate::Aggregate;
 use keyway::adapters::kinesis::RECORD_MAX_BYTES;
-use keyway::domain::hash::{kinesis_shard_index, xxh3_128_hex};
+use keyway::domain::hash::{shard_for_hash, xxh3_128_hex, HashKeys};
 use keyway::domain::pointer::{string_of, Pointer};
 use keyway::local::FaultPlan;
 use keyway_stack::aggregation::{Aggregation, EventTimes, Finished, Settings, Windowing};
@@ -223,7 +222,7 @@ fn read_slices(
         let mut slices: Vec<Slice> = shares.iter().map(|_| Slice::default()).collect();
         let mut times = EventTimes::default();
         let mut read = Read::default();
-        let mut shard_of = ShardOf::new(shards);
+        let mut hash_keys = HashKeys::default();
         for file in &paths {
             let mut lines = Lines::open(file)?;
             while let Some(line) = lines.next_line()? {
@@ -244,7 +243,8 @@ fn read_slices(
                     read.too_large += 1;
                     continue;
                 }
-                let shard = shard_of.get(&partition_key);
+                let hash_key = hash_keys.of(&partition_key);
+                let shard = shard_for_hash(hash_key, shards as u32) as usize;
                 slices[shard % shares.len()].push(&partition_key, line.clone());
                 if read.lines % SLICE as u64 == 0 {
                     if !send(&mut slices, times, &shares) {
@@ -346,37 +346,6 @@ fn key_text<'a>(key: &Pointer, line: &'a [u8]) -> Cow<'a, str> {
             None => String::from_utf8_lossy(raw),
         },
         _ => Cow::Borrowed("-"),
-    }
-}
-
-/// Each partition key's shard, as Kinesis assigns it (by MD5), remembered: a stream's keys
-/// repeat, and MD5 was a fifth of the reader's time. Up to `ShardOf::MAX` keys, forgotten all at
-/// once when full.
-struct ShardOf {
-    shards: u32,
-    known: HashMap<String, usize>,
-}
-
-impl ShardOf {
-    const MAX: usize = 1 << 16;
-
-    fn new(shards: usize) -> Self {
-        Self {
-            shards: shards as u32,
-            known: HashMap::new(),
-        }
-    }
-
-    fn get(&mut self, partition_key: &str) -> usize {
-        if let Some(&shard) = self.known.get(partition_key) {
-            return shard;
-        }
-        if self.known.len() >= Self::MAX {
-            self.known.clear();
-        }
-        let shard = kinesis_shard_index(partition_key, self.shards) as usize;
-        self.known.insert(partition_key.to_owned(), shard);
-        shard
     }
 }
 
@@ -559,21 +528,5 @@ mod tests {
         let mut members = gzip(&text[..3]);
         members.extend(gzip(&text[3..]));
         assert_eq!(lines_of(&members, "gzip"), expected);
-    }
-
-    #[test]
-    fn a_remembered_shard_is_the_one_kinesis_assigns_also_after_the_memory_fills() {
-        let mut shard_of = ShardOf::new(7);
-        for round in 0..2 {
-            for n in 0..ShardOf::MAX + 10 {
-                let key = format!("key-{n}");
-                assert_eq!(
-                    shard_of.get(&key),
-                    kinesis_shard_index(&key, 7) as usize,
-                    "{key}, round {round}"
-                );
-            }
-        }
-        assert!(shard_of.known.len() <= ShardOf::MAX);
     }
 }

@@ -6,6 +6,8 @@
 //! SHA-256 would cost more than the rest of emitting; its inputs (stream positions) are not chosen
 //! by anyone who could aim for a collision.
 
+use std::collections::HashMap;
+
 use md5::{Digest as _, Md5};
 use sha2::Sha256;
 
@@ -72,6 +74,29 @@ pub fn kinesis_hash_key(partition_key: &str) -> u128 {
     u128::from_be_bytes(digest.into())
 }
 
+/// Partition keys' MD5 hash keys, remembered: a stream's keys repeat, and MD5 is the most of a
+/// record's hashing. Up to `HashKeys::MAX` keys, forgotten all at once when full. It keeps hash
+/// keys, not shards, so that it stays right when a stream reshards.
+#[derive(Default)]
+pub struct HashKeys(HashMap<String, u128>);
+
+impl HashKeys {
+    pub const MAX: usize = 1 << 16;
+
+    /// `kinesis_hash_key(partition_key)`.
+    pub fn of(&mut self, partition_key: &str) -> u128 {
+        if let Some(&hash) = self.0.get(partition_key) {
+            return hash;
+        }
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        let hash = kinesis_hash_key(partition_key);
+        self.0.insert(partition_key.to_owned(), hash);
+        hash
+    }
+}
+
 /// The shard, among `shards` shards that split the hash key space evenly (as CreateStream does),
 /// that owns `partition_key`.
 pub fn kinesis_shard_index(partition_key: &str, shards: u32) -> u32 {
@@ -94,6 +119,18 @@ pub fn shard_for_hash(hash: u128, shards: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remembered_hash_key_is_the_md5_one_also_after_the_memory_fills() {
+        let mut hash_keys = HashKeys::default();
+        for round in 0..2 {
+            for n in 0..HashKeys::MAX + 10 {
+                let key = format!("key-{n}");
+                assert_eq!(hash_keys.of(&key), kinesis_hash_key(&key), "{key}, {round}");
+            }
+        }
+        assert!(hash_keys.0.len() <= HashKeys::MAX);
+    }
 
     #[test]
     fn parts_hashed_at_once_give_the_digest_of_the_stream_of_them() {

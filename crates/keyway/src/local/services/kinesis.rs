@@ -5,7 +5,7 @@
 //! reshard (SplitShard, MergeShards, UpdateShardCount) into shards that name their parents
 //! (`shards`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use super::shards::{Arrived, ReshardError, ShardInfo, Shards};
 use crate::adapters::kinesis::{
     KinesisApi, PutEntry, PutOutcome, PUT_RECORDS_MAX, PUT_RECORDS_MAX_BYTES, RECORD_MAX_BYTES,
 };
-use crate::domain::hash::kinesis_hash_key;
+use crate::domain::hash::HashKeys;
 use crate::ports::{Clock, SinkError};
 
 /// A record as a shard stores it: as a Kinesis event carries it, so that a batch goes to a
@@ -120,26 +120,6 @@ struct Stream {
     /// Partition keys' hash keys, remembered: a stream's keys repeat, and MD5 took a tenth of a
     /// put's time.
     hash_keys: HashKeys,
-}
-
-/// Partition keys' MD5 hash keys, up to `HashKeys::MAX` of them, forgotten all at once when full.
-#[derive(Default)]
-struct HashKeys(HashMap<String, u128>);
-
-impl HashKeys {
-    const MAX: usize = 1 << 16;
-
-    fn of(&mut self, partition_key: &str) -> u128 {
-        if let Some(&hash) = self.0.get(partition_key) {
-            return hash;
-        }
-        if self.0.len() >= Self::MAX {
-            self.0.clear();
-        }
-        let hash = kinesis_hash_key(partition_key);
-        self.0.insert(partition_key.to_owned(), hash);
-        hash
-    }
 }
 
 /// In-memory Kinesis streams.
@@ -395,11 +375,8 @@ impl LocalKinesis {
         stream: &str,
         records: &[(K, D)],
     ) -> Result<Vec<(String, String)>, SinkError> {
-        let routed: Vec<(&str, Option<u128>, Data)> = records
-            .iter()
-            .map(|(key, data)| (key.as_ref(), None, Data::Borrowed(data.as_ref())))
-            .collect();
-        self.put_routed_in_order(stream, &routed).await
+        self.put_each_in_order(stream, records, |data| Data::Borrowed(data.as_ref()))
+            .await
     }
 
     /// `put_in_order` for data the stream keeps as it is, sharing the caller's buffer: a
@@ -409,9 +386,18 @@ impl LocalKinesis {
         stream: &str,
         records: &[(K, Bytes)],
     ) -> Result<Vec<(String, String)>, SinkError> {
+        self.put_each_in_order(stream, records, Data::Shared).await
+    }
+
+    async fn put_each_in_order<'a, K: AsRef<str>, D>(
+        &self,
+        stream: &str,
+        records: &'a [(K, D)],
+        data: impl Fn(&'a D) -> Data<'a>,
+    ) -> Result<Vec<(String, String)>, SinkError> {
         let routed: Vec<(&str, Option<u128>, Data)> = records
             .iter()
-            .map(|(key, data)| (key.as_ref(), None, Data::Shared(data)))
+            .map(|(key, d)| (key.as_ref(), None, data(d)))
             .collect();
         self.put_routed_in_order(stream, &routed).await
     }
@@ -627,16 +613,32 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_remembered_hash_key_is_the_md5_one_also_after_the_memory_fills() {
-        let mut hash_keys = HashKeys::default();
-        for round in 0..2 {
-            for n in 0..HashKeys::MAX + 10 {
-                let key = format!("key-{n}");
-                assert_eq!(hash_keys.of(&key), kinesis_hash_key(&key), "{key}, {round}");
-            }
-        }
-        assert!(hash_keys.0.len() <= HashKeys::MAX);
+    /// The stream remembers keys' hash keys, not their shards: a key put before a split goes
+    /// after it to the child whose range holds its hash key, as on AWS.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_put_before_a_split_goes_after_it_to_the_child_owning_its_hash_key() {
+        use crate::domain::hash::kinesis_hash_key;
+        let kinesis = LocalKinesis::new(VirtualClock::starting_at(0), Faults::none());
+        kinesis.create_stream("s", 1);
+        let high = "k";
+        let low = (0..)
+            .map(|n| format!("j{n}"))
+            .find(|key| kinesis_hash_key(key) < kinesis_hash_key(high))
+            .unwrap();
+        let before = kinesis
+            .put_in_order("s", &[(high, "1"), (low.as_str(), "1")])
+            .await
+            .unwrap();
+        assert!(before.iter().all(|(shard, _)| shard == "shardId-000000000000"));
+        let (low_child, high_child) = kinesis
+            .split_shard("s", "shardId-000000000000", kinesis_hash_key(high))
+            .unwrap();
+        let after = kinesis
+            .put_in_order("s", &[(high, "2"), (low.as_str(), "2")])
+            .await
+            .unwrap();
+        assert_eq!(after[0].0, high_child);
+        assert_eq!(after[1].0, low_child);
     }
 
     #[tokio::test(start_paused = true)]
