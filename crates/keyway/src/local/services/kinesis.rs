@@ -629,7 +629,9 @@ mod tests {
             .put_in_order("s", &[(high, "1"), (low.as_str(), "1")])
             .await
             .unwrap();
-        assert!(before.iter().all(|(shard, _)| shard == "shardId-000000000000"));
+        assert!(before
+            .iter()
+            .all(|(shard, _)| shard == "shardId-000000000000"));
         let (low_child, high_child) = kinesis
             .split_shard("s", "shardId-000000000000", kinesis_hash_key(high))
             .unwrap();
