@@ -135,6 +135,46 @@ async fn salted_and_plain_records_merge_into_exactly_what_adding_them_up_one_by_
 }
 
 #[tokio::test]
+async fn a_key_named_like_a_bucket_of_another_key_keeps_a_count_of_its_own() {
+    let world = World::new(&["partials", "results"]);
+    let spec = Spec::new(
+        "/key",
+        None,
+        vec![Aggregate::Count],
+        None,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let phase1 = world.executor(KeyedAggregate::new(Arc::new(spec)));
+    let merge = world.executor(AggregateMerge {
+        aggregates: vec![Aggregate::Count],
+        keep: Duration::from_secs(3600),
+    });
+    // `hot` salted into its bucket 3; `hot#3`, a key of its own under its own partition key and
+    // salted into its own bucket 0; `~3~hot`, the text of a bucket's state key.
+    let mut shard = Shard::new("events", 0);
+    let event = shard.batch(&[
+        ("hot#3", line("hot", "1", 0)),
+        ("hot#3", line("hot#3", "1", 0)),
+        ("hot#3", line("hot", "1", 0)),
+        ("hot#3#0", line("hot#3", "1", 0)),
+        ("~3~hot", line("~3~hot", "1", 0)),
+        ("hot#3", line("hot#3", "1", 0)),
+    ]);
+    run_to_completion(&phase1, &event, 3).await;
+    world.clock.advance(61_000);
+    phase1.fire_timers(None).await.unwrap();
+    let results = merged(&world, &merge).await;
+    let count = |key: &str| {
+        let line = &results[&format!("{key}@null")];
+        serde_json::from_str::<Value>(line).unwrap()["count"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!((count("hot"), count("hot#3"), count("~3~hot")), (2, 3, 1));
+}
+
+#[tokio::test]
 async fn a_record_for_a_window_already_closed_is_dead_lettered_as_late_and_counted_nowhere() {
     let world = World::new(&["partials", "results"]);
     let now = keyway::ports::Clock::now_millis(world.clock.as_ref());

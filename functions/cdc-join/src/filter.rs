@@ -16,6 +16,7 @@
 use std::cmp::Ordering;
 
 use keyway::domain::debezium::Row;
+use keyway::domain::number::Number;
 use serde_json::Value;
 
 /// How a condition compares.
@@ -200,10 +201,10 @@ fn literal(text: &str) -> Result<Value, String> {
     }
 }
 
-/// JSON equality, numbers by value (`1` equals `1.0`).
+/// JSON equality, numbers exactly by value (`1` equals `1.0`; `keyway::domain::number`).
 fn same(a: &Value, b: &Value) -> bool {
-    match (a.as_f64(), b.as_f64()) {
-        (Some(x), Some(y)) => x == y,
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => Number::of(x).equals(Number::of(y)),
         _ => a == b,
     }
 }
@@ -211,7 +212,7 @@ fn same(a: &Value, b: &Value) -> bool {
 /// The order of two numbers or two strings; none for anything else.
 fn order(a: &Value, b: &Value) -> Option<Ordering> {
     match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64()?.partial_cmp(&y.as_f64()?),
+        (Value::Number(x), Value::Number(y)) => Number::of(x).compare(Number::of(y)),
         (Value::String(x), Value::String(y)) => Some(x.cmp(y)),
         _ => None,
     }
@@ -265,6 +266,20 @@ mod tests {
         assert!(Filter::parse("t.n = 1")
             .unwrap()
             .matches("t", &row(json!({"n": 1.0}))));
+    }
+
+    #[test]
+    fn ids_that_only_64_bit_integers_tell_apart_are_neither_equal_nor_unordered() {
+        let id = Filter::parse("t.tenant = 1600000000000000001").unwrap();
+        assert!(id.matches("t", &row(json!({"tenant": 1_600_000_000_000_000_001u64}))));
+        assert!(!id.matches("t", &row(json!({"tenant": 1_600_000_000_000_000_000u64}))));
+        let above = Filter::parse("t.tenant > 1600000000000000000").unwrap();
+        assert!(above.matches("t", &row(json!({"tenant": 1_600_000_000_000_000_001u64}))));
+        assert!(!above.matches("t", &row(json!({"tenant": 1_600_000_000_000_000_000u64}))));
+        let max = Filter::parse(&format!("t.n = {}", u64::MAX)).unwrap();
+        assert!(!max.matches("t", &row(json!({"n": u64::MAX - 1}))));
+        let min = Filter::parse(&format!("t.n < {}", i64::MIN + 1)).unwrap();
+        assert!(min.matches("t", &row(json!({"n": i64::MIN}))));
     }
 
     #[test]

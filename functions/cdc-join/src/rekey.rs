@@ -24,6 +24,7 @@ use keyway::domain::debezium::{
     decode_key, decode_record, DebeziumEvent, Op, Position, Row, RowEvent,
 };
 use keyway::domain::item::item_to_plain_json;
+use keyway::domain::number::Number;
 use keyway::domain::{Change, Payload, RowChange, SourceRecord};
 use keyway::operator::{BroadcastState, SinkDescriptor, StateDescriptor, BROADCAST_KEY};
 use keyway::{Ctx, InvalidInput, KeyedOperator, ProcessError, Sink, ValueState};
@@ -313,9 +314,11 @@ pub fn group_of(spec: &JoinSpec, side: Side, pk: &str, row: &Row) -> String {
     }
 }
 
-/// A primary key as text: the value of a one-column key as JSON, or the whole key as JSON.
+/// A primary key as text: the value of a one-column key as JSON (a number in the text equal
+/// numbers share, `keyway::domain::number`), or the whole key as JSON.
 pub fn primary_key(key: &Row) -> String {
     match key.values().next() {
+        Some(Value::Number(n)) if key.len() == 1 => Number::of(n).canonical(),
         Some(value) if key.len() == 1 => value.to_string(),
         _ => Value::Object(key.clone()).to_string(),
     }

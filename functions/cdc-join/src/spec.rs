@@ -2,6 +2,7 @@
 //! inner or left outer, of the rows a filter lets through (`filter`).
 
 use keyway::domain::debezium::Row;
+use keyway::domain::number::Number;
 use serde_json::Value;
 
 use crate::filter::Filter;
@@ -34,7 +35,9 @@ pub enum Side {
 /// What a row joins on: the join column's value, or nothing (SQL's NULL joins no row).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum JoinKey {
-    /// The value as canonical JSON: `7`, `"abc"`.
+    /// The value as canonical JSON: `"abc"`, and a number in the one text equal numbers share
+    /// (`keyway::domain::number`): `7` for 7 and 7.0 alike, while 1600000000000000001 and
+    /// 1600000000000000000 stay apart.
     Value(String),
     Null,
 }
@@ -164,6 +167,7 @@ impl JoinSpec {
         };
         match row.get(column) {
             None | Some(Value::Null) => JoinKey::Null,
+            Some(Value::Number(n)) => JoinKey::Value(Number::of(n).canonical()),
             Some(value) => JoinKey::Value(value.to_string()),
         }
     }
@@ -193,6 +197,27 @@ mod tests {
             .unwrap()
             .clone();
         assert_eq!(spec.join_key(Side::Left, &null), JoinKey::Null);
+    }
+
+    #[test]
+    fn seven_joins_seven_point_zero_and_64_bit_ids_join_only_their_own() {
+        let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+        let row = |text: &str| serde_json::from_str::<Row>(text).unwrap();
+        let key = |text: &str| spec.join_key(Side::Left, &row(text));
+        assert_eq!(key(r#"{"user_id": 7}"#), key(r#"{"user_id": 7.0}"#));
+        assert_eq!(
+            spec.join_key(Side::Right, &row(r#"{"id": 7}"#)),
+            key(r#"{"user_id": 7e0}"#)
+        );
+        assert_ne!(key(r#"{"user_id": 7}"#), key(r#"{"user_id": "7"}"#));
+        assert_ne!(
+            key(r#"{"user_id": 1600000000000000001}"#),
+            key(r#"{"user_id": 1600000000000000000}"#)
+        );
+        assert_ne!(
+            key(r#"{"user_id": 18446744073709551615}"#),
+            key(r#"{"user_id": 18446744073709551614}"#)
+        );
     }
 
     #[test]

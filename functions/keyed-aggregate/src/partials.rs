@@ -1,6 +1,6 @@
 //! The first phase: each key's records aggregated into a partial per window, under the key's own
-//! state, or under one bucket's state when a producer salted the key (`key#3`,
-//! `keyway::domain::salt`). A batch touches a key's state once however many of its records it
+//! state, or under one bucket's state when a producer salted the key (partition key `key#3`,
+//! state key `~3~key`: a namespace no key's own state reaches, `keyway::domain::salt`). A batch touches a key's state once however many of its records it
 //! holds (the executor loads, runs and commits per key): the mini-batch pre-aggregation that
 //! keeps a hot key's writes to one a batch.
 //!
@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use keyway::domain::salt::unsalt;
+use keyway::domain::salt::{state_key, unsalt};
 use keyway::domain::{Payload, SourceRecord};
 use keyway::operator::{timers, Delivery, SinkDescriptor, StateDescriptor};
 use keyway::{Ctx, InvalidInput, KeyedOperator, MapState, ProcessError, Sink};
@@ -73,7 +73,9 @@ pub struct PartialUpdate {
 #[derive(Clone, Debug)]
 pub struct Input {
     pub reading: Reading,
-    /// The key, or the bucket of it the record's partition key names.
+    /// The bucket of its key the record's partition key names, if any.
+    pub bucket: Option<u32>,
+    /// The state it aggregates under: the key's own, or its bucket's (`salt::state_key`).
     pub state_key: String,
 }
 
@@ -135,11 +137,13 @@ impl KeyedOperator for KeyedAggregate {
         let reading = self.spec.read(data)?;
         // A partition key that is a bucket of the record's own key keeps the bucket's state;
         // any other aggregates under the key.
-        let state_key = match unsalt(&record.partition_key, &reading.key) {
-            Some(_) => record.partition_key.clone(),
-            None => reading.key.clone(),
-        };
-        Ok(Input { reading, state_key })
+        let bucket = unsalt(&record.partition_key, &reading.key);
+        let state_key = state_key(&reading.key, bucket);
+        Ok(Input {
+            reading,
+            bucket,
+            state_key,
+        })
     }
 
     fn key(&self, input: &Input) -> String {
@@ -148,7 +152,7 @@ impl KeyedOperator for KeyedAggregate {
 
     /// A bucket's records count for their own key, the one the producer salts.
     fn hot_key(&self, input: &Input) -> Option<String> {
-        (input.state_key != input.reading.key).then(|| input.reading.key.clone())
+        input.bucket.map(|_| input.reading.key.clone())
     }
 
     fn process(&self, ctx: &mut Ctx<'_>, input: Input) -> Result<(), ProcessError> {

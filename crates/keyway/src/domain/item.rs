@@ -150,8 +150,10 @@ impl AttrValue {
         let b64 = |b: &Vec<u8>| Value::String(base64::engine::general_purpose::STANDARD.encode(b));
         let number = |n: &String| {
             n.parse::<serde_json::Number>()
+                .ok()
+                .filter(|_| holds_exactly(n))
                 .map(Value::Number)
-                .unwrap_or_else(|_| Value::String(n.clone()))
+                .unwrap_or_else(|| Value::String(n.clone()))
         };
         match self {
             AttrValue::S(s) => Value::String(s.clone()),
@@ -166,6 +168,18 @@ impl AttrValue {
             AttrValue::Bs(items) => items.iter().map(b64).collect(),
         }
     }
+}
+
+/// Whether a JSON number keeps every digit of DynamoDB's number `n` (which has up to 38): an
+/// integer within 64 bits, or any number of at most 15 significant digits, which a double holds.
+fn holds_exactly(n: &str) -> bool {
+    let unsigned = n.strip_prefix('-').unwrap_or(n);
+    if unsigned.bytes().all(|b| b.is_ascii_digit()) {
+        return n.parse::<i64>().is_ok() || n.parse::<u64>().is_ok();
+    }
+    let mantissa = unsigned.split(['e', 'E']).next().unwrap_or_default();
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    digits.trim_start_matches('0').trim_end_matches('0').len() <= 15
 }
 
 /// An item as a plain JSON object (see `AttrValue::to_plain_json`).
@@ -239,6 +253,21 @@ mod tests {
                 "none": null, "tags": ["x"], "ns": [1, 2], "m": {"l": [3, "c"]}
             })
         );
+    }
+
+    #[test]
+    fn a_dynamodb_number_that_json_would_round_stays_text_with_every_digit() {
+        let plain = |n: &str| AttrValue::N(n.into()).to_plain_json();
+        assert_eq!(plain("18446744073709551615"), json!(u64::MAX));
+        assert_eq!(plain("-9223372036854775808"), json!(i64::MIN));
+        assert_eq!(plain("0.000123456789012345"), json!(0.000123456789012345));
+        for digits in [
+            "18446744073709551616",
+            "12345678901234567890123456789012345678",
+            "1.600000000000000001",
+        ] {
+            assert_eq!(plain(digits), json!(digits), "{digits}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod invalid;
 pub mod item;
 pub mod json;
 pub mod metrics;
+pub mod number;
 pub mod output;
 pub mod pattern;
 pub mod plan;

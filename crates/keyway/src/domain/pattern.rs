@@ -7,8 +7,9 @@
 //! - every key of a pattern must match (AND), any value listed for a key may (OR); `$or` at any
 //!   level of the pattern takes a list of alternative patterns, one of which must match;
 //! - a nested object in the pattern matches the event's object at that key;
-//! - exact values: strings (case-sensitive), numbers compared as numbers (5 equals 5.0), `true`,
-//!   `false`, `null`;
+//! - exact values: strings (case-sensitive), numbers compared exactly as numbers
+//!   (`domain::number`: 5 equals 5.0, and integers that only 64 bits tell apart are not equal),
+//!   `true`, `false`, `null`;
 //! - `prefix` and `suffix` (optionally `{"equals-ignore-case": ...}`), `equals-ignore-case`,
 //!   `anything-but` (a value, a list of strings or of numbers, or `{"prefix"|"suffix"|
 //!   "equals-ignore-case": ...}`), `numeric` (=, <, <=, >, >= and a range of a lower and an upper
@@ -22,9 +23,12 @@
 //! added). EventBridge, whose patterns Lambda's FilterCriteria use, compares numbers as written
 //! (300 is not 300.0) and has neither limit. Both keep `numeric` between -1e9 and 1e9.
 
+use std::cmp::Ordering;
 use std::fmt;
 
 use serde_json::{Map, Value};
+
+use super::number::{Number, EXACT_DOUBLE_LIMIT};
 
 /// Most value combinations an SNS filter policy may have (SNS filter policy constraints).
 pub const MAX_COMBINATIONS: u64 = 150;
@@ -97,8 +101,12 @@ enum AnythingBut {
 #[derive(Clone, Debug, PartialEq)]
 enum Scalar {
     String(String),
-    /// A number, and in the EventBridge dialect whether it was written as an integer.
-    Number(f64, Option<bool>),
+    /// A number; `as_written` in the EventBridge dialect, where an integer never equals a
+    /// number written with a fraction or exponent.
+    Number {
+        value: Number,
+        as_written: bool,
+    },
     Bool(bool),
     Null,
 }
@@ -299,10 +307,22 @@ fn matcher(value: &Value, path: &mut Path) -> Result<Matcher, PatternError> {
 fn scalar(value: &Value, path: &mut Path) -> Result<Scalar, PatternError> {
     Ok(match value {
         Value::String(s) => Scalar::String(s.clone()),
-        Value::Number(n) => Scalar::Number(
-            number(n, path)?,
-            (path.dialect == Dialect::EventBridge).then(|| !n.is_f64()),
-        ),
+        Value::Number(n) => {
+            let value = Number::of(n);
+            if let Number::Double(d) = value {
+                if !d.is_finite() || d.abs() >= EXACT_DOUBLE_LIMIT {
+                    return path.error(format!(
+                        "{n} cannot be matched exactly: beyond ±2^53 a number written with a \
+                         fraction or exponent (or an integer beyond 64 bits) stands for many \
+                         integers; write it as an integer within 64 bits"
+                    ));
+                }
+            }
+            Scalar::Number {
+                value,
+                as_written: path.dialect == Dialect::EventBridge,
+            }
+        }
         Value::Bool(b) => Scalar::Bool(*b),
         Value::Null => Scalar::Null,
         Value::Array(_) => return path.error("a list inside a list of values"),
@@ -548,17 +568,24 @@ impl Matcher {
                 leaf.as_str().is_some_and(|s| s.to_lowercase() == *text)
             }
             Matcher::AnythingBut(but) => but.matches_leaf(leaf),
-            Matcher::Numeric(conditions) => leaf.as_f64().is_some_and(|n| {
-                conditions
-                    .iter()
-                    .all(|(comparison, bound)| match comparison {
-                        Comparison::Eq => n == *bound,
-                        Comparison::Lt => n < *bound,
-                        Comparison::Le => n <= *bound,
-                        Comparison::Gt => n > *bound,
-                        Comparison::Ge => n >= *bound,
+            Matcher::Numeric(conditions) => match leaf {
+                Value::Number(n) => {
+                    let n = Number::of(n);
+                    conditions.iter().all(|(comparison, bound)| {
+                        let Some(order) = n.compare(Number::Double(*bound)) else {
+                            return false;
+                        };
+                        match comparison {
+                            Comparison::Eq => order == Ordering::Equal,
+                            Comparison::Lt => order == Ordering::Less,
+                            Comparison::Le => order != Ordering::Greater,
+                            Comparison::Gt => order == Ordering::Greater,
+                            Comparison::Ge => order != Ordering::Less,
+                        }
                     })
-            }),
+                }
+                _ => false,
+            },
             Matcher::Exists(_) => unreachable!("exists is judged on the key, not a value"),
         }
     }
@@ -585,8 +612,9 @@ impl Scalar {
     fn equals(&self, leaf: &Value) -> bool {
         match (self, leaf) {
             (Scalar::String(a), Value::String(b)) => a == b,
-            (Scalar::Number(a, integer), Value::Number(b)) => {
-                b.as_f64() == Some(*a) && integer.is_none_or(|integer| integer != b.is_f64())
+            (Scalar::Number { value, as_written }, Value::Number(b)) => {
+                let b = Number::of(b);
+                (!as_written || value.is_integer() == b.is_integer()) && value.equals(b)
             }
             (Scalar::Bool(a), Value::Bool(b)) => a == b,
             (Scalar::Null, Value::Null) => true,
@@ -618,6 +646,58 @@ mod tests {
         let written = Pattern::parse_in(&json!({"size": [5]}), Dialect::EventBridge).unwrap();
         assert!(!written.matches(&json!({"size": 5.0})));
         assert!(written.matches(&json!({"size": 5})));
+    }
+
+    #[test]
+    fn ids_that_only_64_bit_integers_tell_apart_never_match_each_other() {
+        let a = 1_600_000_000_000_000_001u64;
+        let b = 1_600_000_000_000_000_000u64;
+        for dialect in [Dialect::Sns, Dialect::EventBridge] {
+            let exact = Pattern::parse_in(&json!({ "tenant": [a] }), dialect).unwrap();
+            assert!(exact.matches(&json!({ "tenant": a })));
+            assert!(!exact.matches(&json!({ "tenant": b })), "{dialect:?}");
+            let but =
+                Pattern::parse_in(&json!({"tenant": [{"anything-but": [a]}]}), dialect).unwrap();
+            assert!(but.matches(&json!({ "tenant": b })), "{dialect:?}");
+            assert!(!but.matches(&json!({ "tenant": a })), "{dialect:?}");
+        }
+        for (x, y) in [
+            (json!(u64::MAX), json!(u64::MAX - 1)),
+            (json!(i64::MIN), json!(i64::MIN + 1)),
+            (json!(i64::MAX), json!(i64::MAX as u64 + 1)),
+        ] {
+            let p = sns(json!({ "id": [x.clone()] }));
+            assert!(p.matches(&json!({ "id": x })));
+            assert!(!p.matches(&json!({ "id": y })));
+        }
+    }
+
+    #[test]
+    fn numeric_ranges_place_integers_at_the_64_bit_edges_exactly() {
+        let p = sns(json!({"n": [{"numeric": [">=", -1e9, "<", 1e9]}]}));
+        for (n, inside) in [
+            (json!(i64::MIN), false),
+            (json!(u64::MAX), false),
+            (json!(999_999_999), true),
+            (json!(1_000_000_000), false),
+            (json!(-1_000_000_000), true),
+            (json!(-1_000_000_001), false),
+        ] {
+            assert_eq!(p.matches(&json!({ "n": n })), inside, "{n}");
+        }
+        let eq = sns(json!({"n": [{"numeric": ["=", 7]}]}));
+        assert!(eq.matches(&json!({"n": 7})) && eq.matches(&json!({"n": 7.0})));
+        assert!(!eq.matches(&json!({"n": 7.000001})));
+    }
+
+    #[test]
+    fn an_exact_number_a_double_cannot_hold_is_refused_in_a_pattern() {
+        for text in [r#"{"id": [1.6e18]}"#, r#"{"id": [18446744073709551616]}"#] {
+            let pattern: Value = serde_json::from_str(text).unwrap();
+            let e = Pattern::parse(&pattern).unwrap_err();
+            assert_eq!(e.path, "/id/0", "{text}");
+            assert!(e.problem.contains("cannot be matched exactly"), "{e}");
+        }
     }
 
     #[test]

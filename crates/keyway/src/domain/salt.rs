@@ -21,6 +21,12 @@
 //! `unsalt` is the consumer's side: a partition key that is `key#i` for the record's own key and
 //! a bucket `i` below the most buckets any key may have is that bucket; anything else is the key
 //! itself. So a key whose name ends in `#3` of its own is not mistaken for a bucket of another.
+//!
+//! State. A bucket's state must not share a key with any key's own state: the partition key
+//! `hot#3` names bucket 3 of `hot` and is also a key a user may have. `StateKey` keeps them
+//! apart without reading anything out of user text: a bucket's state key starts with `~` and its
+//! number (`~3~hot`), and a key's own is the key itself, with a `~` before it if it starts with
+//! one (`~~x` for `~x`), so no key's own state key starts with `~` and a digit.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -130,6 +136,19 @@ pub fn bucket_hash_key(key: &str, bucket: u32, buckets: u32) -> u128 {
     slice * width + width / 2
 }
 
+/// The state key of a key's own records (`bucket` none) or of one of its buckets, each in a
+/// namespace of its own (see the module's notes).
+pub fn state_key(key: &str, bucket: Option<u32>) -> String {
+    match bucket {
+        Some(bucket) => format!("{BUCKET_MARK}{bucket}{BUCKET_MARK}{key}"),
+        None if key.starts_with(BUCKET_MARK) => format!("{BUCKET_MARK}{key}"),
+        None => key.to_owned(),
+    }
+}
+
+/// What starts a bucket's state key, and is doubled at the start of a key's own.
+const BUCKET_MARK: char = '~';
+
 /// The bucket of `key` that `partition_key` names, if it names one (see the module's notes).
 pub fn unsalt(partition_key: &str, key: &str) -> Option<u32> {
     let suffix = partition_key.strip_prefix(key)?.strip_prefix('#')?;
@@ -185,6 +204,29 @@ mod tests {
         assert_eq!(unsalt("other#1", "hot"), None);
         // A key that ends in `#3` of its own is its own key, not a bucket of `k`.
         assert_eq!(unsalt("k#3", "k#3"), None);
+    }
+
+    #[test]
+    fn no_key_of_a_user_shares_its_state_key_with_a_bucket_of_another() {
+        let keys = [
+            "hot", "hot#3", "~3~hot", "~~3~hot", "~", "~~", "", "3", "~3",
+        ];
+        let mut seen = std::collections::BTreeMap::new();
+        for key in keys {
+            for bucket in [None, Some(0), Some(3), Some(MAX_BUCKETS - 1)] {
+                let state = state_key(key, bucket);
+                if let Some(before) = seen.insert(state.clone(), (key, bucket)) {
+                    panic!("{state:?} is both {before:?} and {:?}", (key, bucket));
+                }
+            }
+        }
+        assert_eq!(
+            state_key("hot", None),
+            "hot",
+            "a plain key's state stays where it was"
+        );
+        assert_eq!(state_key("hot", Some(3)), "~3~hot");
+        assert_eq!(state_key("~x", None), "~~x");
     }
 
     #[test]
