@@ -576,9 +576,12 @@ def check_filter(endpoint, stack, outputs, consumer, keyway):
     policy sync dead-letters."""
     sqs = client("sqs", endpoint)
     kinesis = client("kinesis", endpoint)
-    # Named with the stack's ConsumerQueuePrefix, as the dynamic filter's role requires.
-    queue = f"keyway-live-{uuid.uuid4().hex[:8]}"
+    # Named with the stack's ConsumerQueuePrefix, the consumer's id and an underscore: the queues
+    # a consumer owns, and the only ones the dynamic filter's role may send to.
+    queue = f"keyway-live_{uuid.uuid4().hex[:8]}"
     url = sqs.create_queue(QueueName=queue)["QueueUrl"]
+    team_queue = f"keyway-team_{uuid.uuid4().hex[:8]}"
+    team_url = sqs.create_queue(QueueName=team_queue)["QueueUrl"]
     env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
 
     def subscriptions(*args, table=consumer["PolicyTableName"], who="live"):
@@ -592,22 +595,22 @@ def check_filter(endpoint, stack, outputs, consumer, keyway):
         event = {"id": event_id, "key": key, "op": op, "sent": time.time()}
         kinesis.put_record(StreamName=outputs["FilterEventsStreamName"], PartitionKey=key, Data=json.dumps(event).encode())
 
-    def received():
-        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+    def received(at=url):
+        messages = sqs.receive_message(QueueUrl=at, MaxNumberOfMessages=10).get("Messages", [])
         for m in messages:
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+            sqs.delete_message(QueueUrl=at, ReceiptHandle=m["ReceiptHandle"])
         return [json.loads(m["Body"]) for m in messages]
 
-    def first_arrival(key, written, prefix):
-        """Sends events of `key` every 50 ms until one arrives; returns the seconds from `written`
-        to the sending of the first that arrived."""
+    def first_arrival(key, written, prefix, at=url):
+        """Sends events of `key` every 50 ms until one arrives at `at`; returns the seconds from
+        `written` to the sending of the first that arrived."""
         deadline = written + 60
         n = 0
         while time.time() < deadline:
             send(key, f"{prefix}-{n}")
             n += 1
             time.sleep(0.05)
-            arrived = [e for e in received() if e["key"] == key]
+            arrived = [e for e in received(at) if e["key"] == key]
             if arrived:
                 return min(e["sent"] for e in arrived) - written
         sys.exit(f"e2e: no event of {key} arrived within a minute of its subscription")
@@ -648,26 +651,53 @@ def check_filter(endpoint, stack, outputs, consumer, keyway):
     p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
 
     shared_key = f"shared-{uuid.uuid4().hex[:6]}"
-    subscriptions("subscribe", "--key", shared_key, "--queue", queue, table=outputs["PolicyTableName"], who="team")
-    first_arrival(shared_key, time.time(), "shared")
-    subscriptions("unsubscribe", "--key", shared_key, table=outputs["PolicyTableName"], who="team")
+    shared_table = outputs["PolicyTableName"]
+    subscriptions("subscribe", "--key", shared_key, "--queue", team_queue, table=shared_table, who="team")
+    first_arrival(shared_key, time.time(), "shared", at=team_url)
+    subscriptions("unsubscribe", "--key", shared_key, table=shared_table, who="team")
 
     dead = outputs["DeadLetterQueueUrl"]
+    dead_name = dead.rstrip("/").rsplit("/", 1)[-1]
     subscriptions("subscribe", "--key", "sheet-9", "--queue", queue, who="intruder")
+    # A hostile consumer writing the shared table by hand (the client would refuse it): live's
+    # queue, and the stack's dead-letter queue.
+    dynamodb = client("dynamodb", endpoint)
+    for n, target in enumerate([queue, dead_name]):
+        item = {
+            "consumer": {"S": "mallory"},
+            "subscription": {"S": f"key#loot-{n}"},
+            "filterKey": {"S": f"loot-{n}"},
+            "queue": {"S": target},
+        }
+        dynamodb.put_item(TableName=shared_table, Item=item)
     letters = []
 
     def refused():
         for m in sqs.receive_message(QueueUrl=dead, MaxNumberOfMessages=10).get("Messages", []):
             sqs.delete_message(QueueUrl=dead, ReceiptHandle=m["ReceiptHandle"])
             letters.append(json.loads(m["Body"]))
-        return any(
+        intruder = any(
             letter.get("field") == "consumer" and 'of consumer "live"' in letter.get("problem", "") for letter in letters
         )
+        stolen = [
+            letter for letter in letters
+            if letter.get("field") == "queue" and 'not a queue of consumer "mallory"' in letter.get("problem", "")
+        ]
+        return intruder and len(stolen) == 2
 
-    wait("the dead letter of a subscription naming another consumer in live's table", refused, timeout=60)
+    wait("the dead letters of another consumer's subscription in live's table and of mallory's two", refused, timeout=60)
+    for n in range(2):
+        send(f"loot-{n}", f"loot-{n}")
+    time.sleep(3)
+    stray = [e["id"] for e in received() if e["id"].startswith("loot")]
+    refused()
+    events_in_dead = [letter for letter in letters if "field" not in letter]
+    if stray or events_in_dead:
+        sys.exit(f"e2e: mallory's subscriptions delivered: to live {stray}, to the dead-letter queue {events_in_dead}")
     print(
         f"e2e: {stack}: subscribed, filtered and unsubscribed through keyway subscriptions in the "
-        "consumer's own table and in the shared one, another consumer's subscription in it refused: ok; "
+        "consumer's own table and in the shared one, another consumer's subscription in it refused, "
+        "a hostile consumer's subscriptions to live's queue and to the dead-letter queue refused: ok; "
         f"propagation over {len(latencies)} changes: p50 {latencies[len(latencies) // 2] * 1000:.0f} ms, "
         f"p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
     )

@@ -144,12 +144,12 @@ class Stack:
         for stream in self.streams.values():
             self.kinesis.create_stream(StreamName=stream, ShardCount=1)
         # The consumers' queues the policy payloads subscribe to, and the stack's own.
-        names = ["live-events", "live-edits", "audit-trail", f"{PREFIX}-counts", f"{PREFIX}-dead-letters"]
+        names = ["keyway-live_events", "keyway-live_edits", "keyway-audit_trail", f"{PREFIX}-counts", f"{PREFIX}-dead-letters"]
         self.queues = {name: self.sqs.create_queue(QueueName=name)["QueueUrl"] for name in names}
         self.dead_letters = self.queues[f"{PREFIX}-dead-letters"]
 
     def environment(self, endpoint):
-        url_prefix = self.queues["live-events"].rsplit("/", 1)[0] + "/"
+        url_prefix = self.queues["keyway-live_events"].rsplit("/", 1)[0] + "/"
         state = self.tables["state"]
         return {
             "AWS_ENDPOINT_URL": endpoint,
@@ -163,7 +163,7 @@ class Stack:
             "FEEDBACK_STREAM": self.streams["feedback"],
             "ENRICHED_SINK": f"kinesis:{self.streams['enriched']}",
             "FILTER_STATE_TABLE": self.tables["filter-state"],
-            "CONSUMER_QUEUES": json.dumps({"live": ["live-events", "live-edits"], "audit": ["audit-trail"]}),
+            "CONSUMER_QUEUES": json.dumps({"live": ["keyway-live_events", "keyway-live_edits"], "audit": ["keyway-audit_trail"]}),
             "POLICY_TABLE_PREFIX": "keyway-policies-",
             "QUEUE_URL_PREFIX": url_prefix,
             "JOIN": "domains.user_id=users.id",

@@ -26,11 +26,13 @@ export class ConsumerStack extends Stack {
 
     const consumer = new CfnParameter(this, 'Consumer', {
       type: 'String',
-      allowedPattern: '[A-Za-z0-9_.-]+',
-      maxLength: 128,
+      allowedPattern: '[A-Za-z0-9-]+',
+      maxLength: 40,
       description:
-        "The consumer's id, which its subscriptions name and its policy table's name ends with. " +
-        'The policy sync refuses a subscription in this table that names another consumer.',
+        "The consumer's id (letters, digits and hyphens), which its subscriptions name, its policy " +
+        "table's name ends with and its queues' names hold (the keyway stack's ConsumerQueuePrefix, " +
+        'the id, an underscore and a name). The policy sync refuses a subscription in this table ' +
+        "that names another consumer or a queue not named as this one's.",
     });
     const prefix = new CfnParameter(this, 'PolicyTablePrefix', {
       type: 'String',

@@ -303,6 +303,16 @@ export class KeywayStack extends Stack {
         "How long a CloudTrail record waits for the resolution of its caller's access key before " +
         'the identity enricher sends it out unresolved.',
     });
+    const maxChainDepth = new CfnParameter(this, 'MaxChainDepth', {
+      type: 'Number',
+      default: 10,
+      minValue: 1,
+      maxValue: 100,
+      description:
+        'The most roles the identity enricher follows a role chain through. The records of a key ' +
+        'issued deeper go out at once, unresolved, saying the limit was reached, with the original ' +
+        'actor and the chain up to its first role past the limit.',
+    });
     const recordMaxAge = new CfnParameter(this, 'RecordMaxAgeSeconds', {
       type: 'Number',
       default: 86400,
@@ -379,6 +389,7 @@ export class KeywayStack extends Stack {
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
         CUSTOMER_MAP: customerMap.valueAsString,
         BUFFER_TTL_SECONDS: bufferTtl.valueAsString,
+        MAX_CHAIN_DEPTH: maxChainDepth.valueAsString,
         KEYWAY_REDELIVERY_WINDOW_SECONDS: recordMaxAge.valueAsString,
       },
     );
@@ -446,18 +457,20 @@ export class KeywayStack extends Stack {
       type: 'String',
       default: '',
       description:
-        'The queues each consumer may deliver to: a JSON object of consumer id to a list of queue ' +
-        'names. Empty accepts any queue (the dynamic filter reaches those named with ConsumerQueuePrefix).',
+        'Narrows the queues each consumer may deliver to: a JSON object of consumer id to a list of ' +
+        'its queue names (each named as ConsumerQueuePrefix says). Empty leaves each consumer every ' +
+        'queue named as its own.',
     });
 
-    new CfnParameter(this, 'ConsumerQueuePrefix', {
+    const consumerQueuePrefix = new CfnParameter(this, 'ConsumerQueuePrefix', {
       type: 'String',
       default: 'keyway-',
       minLength: 1,
       allowedPattern: '[A-Za-z0-9_-]+',
       description:
-        "What every consumer's queue name starts with: the dynamic filter's role may send to those " +
-        'queues only.',
+        'A consumer owns the queues named with this prefix, its id and an underscore ' +
+        '(keyway-live_events for consumer live): the filter delivers to no other, and its role may ' +
+        'send to those queues only. No queue of the stack has an underscore in its name.',
     });
 
     // The dynamic filter's state: every subscription as of its last change, and the journal of
@@ -481,6 +494,7 @@ export class KeywayStack extends Stack {
         STATE_TABLE: stateTable.tableName,
         FILTER_STATE_TABLE: filterState.tableName,
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
+        CONSUMER_QUEUE_PREFIX: consumerQueuePrefix.valueAsString,
         CONSUMER_QUEUES: consumerQueues.valueAsString,
         // Consumers' own policy tables are named by this prefix and the consumer's id.
         POLICY_TABLE_PREFIX: policyTablePrefix,
@@ -511,16 +525,18 @@ export class KeywayStack extends Stack {
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
         QUEUE_URL_PREFIX: `https://sqs.${this.region}.amazonaws.com/${this.account}/`,
         FILTER_KEY_POINTER: keyPointer.valueAsString,
+        CONSUMER_QUEUE_PREFIX: consumerQueuePrefix.valueAsString,
+        CONSUMER_QUEUES: consumerQueues.valueAsString,
       },
     );
     grant(filter, TABLE_READ, filterState.tableArn);
     grant(filter, SQS_SINK, deadLetters.queueArn);
-    // Consumers' queues are named by their subscriptions, which the policy sync checks against
-    // ConsumerQueues.
+    // Consumers' queues, named with the prefix, the consumer's id and an underscore: no queue
+    // CloudFormation names for the stack has one, so this reaches none of them.
     grant(
       filter,
       SQS_SINK,
-      Fn.sub('arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${ConsumerQueuePrefix}*'),
+      Fn.sub('arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${ConsumerQueuePrefix}*_*'),
     );
     // Events go out as they come: a consumer of live collaboration waits for none.
     addTrigger(filter, 'DynamicFilterFunction', 'Events', streamTrigger(events, failedBatches, 0));

@@ -66,7 +66,10 @@ struct Generated {
 }
 
 fn queues_of(consumer: usize) -> [String; 2] {
-    [format!("c{consumer}-a"), format!("c{consumer}-b")]
+    [
+        format!("keyway-c{consumer}_a"),
+        format!("keyway-c{consumer}_b"),
+    ]
 }
 
 fn registry() -> String {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dynamic_filter::client::{ClientError, SubscriptionClient};
-use dynamic_filter::subscription::QueueRegistry;
+use dynamic_filter::subscription::QueueOwnership;
 use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
 use serde_json::{json, Value};
 
@@ -24,7 +24,7 @@ impl Stack {
             ("FilterShards".to_owned(), "2".to_owned()),
         ]);
         let services = LocalServices::new(EPOCH, FaultPlan::default());
-        for queue in ["live-1", "live-2", "audit"] {
+        for queue in ["keyway-live_1", "keyway-live_2", AUDIT] {
             services.sqs.create_queue(queue);
         }
         let runtime = LocalRuntime::from_template_with(
@@ -38,15 +38,19 @@ impl Stack {
     }
 
     fn client(&self, consumer: &str, registry: &str) -> SubscriptionClient {
-        self.client_with(consumer, QueueRegistry::from_json(registry).unwrap())
+        self.client_with(
+            consumer,
+            QueueOwnership::default().with_registry(registry).unwrap(),
+        )
     }
 
-    /// A client that accepts any queue, as a stack without a registry does.
+    /// A client that accepts any queue named as the consumer's, as a stack without a registry
+    /// does.
     fn client_open(&self, consumer: &str) -> SubscriptionClient {
-        self.client_with(consumer, QueueRegistry::open())
+        self.client_with(consumer, QueueOwnership::default())
     }
 
-    fn client_with(&self, consumer: &str, registry: QueueRegistry) -> SubscriptionClient {
+    fn client_with(&self, consumer: &str, registry: QueueOwnership) -> SubscriptionClient {
         self.client_in(
             &self.runtime.resource("PolicyTable").unwrap(),
             consumer,
@@ -59,7 +63,7 @@ impl Stack {
         &self,
         table: &str,
         consumer: &str,
-        registry: QueueRegistry,
+        registry: QueueOwnership,
     ) -> SubscriptionClient {
         let services = &self.runtime.services;
         let table = services.dynamodb.table(table).unwrap();
@@ -108,7 +112,9 @@ impl Stack {
     }
 }
 
-const REGISTRY: &str = r#"{"live": ["live-1", "live-2"], "audit": ["audit"]}"#;
+const AUDIT: &str = "keyway-audit_trail";
+const REGISTRY: &str =
+    r#"{"live": ["keyway-live_1", "keyway-live_2"], "audit": ["keyway-audit_trail"]}"#;
 
 fn event(id: &str, key: &str, op: &str) -> Value {
     json!({"id": id, "key": key, "op": op})
@@ -119,12 +125,14 @@ async fn each_consumer_receives_the_events_its_subscriptions_match_once_and_noth
     let mut stack = Stack::new(REGISTRY);
     let live = stack.client("live", REGISTRY);
     let audit = stack.client("audit", REGISTRY);
-    live.subscribe("sheet-1", "live-1", None).await.unwrap();
-    live.listen_to_all_events("live-2", Some(json!({"op": ["delete"]})))
+    live.subscribe("sheet-1", "keyway-live_1", None)
+        .await
+        .unwrap();
+    live.listen_to_all_events("keyway-live_2", Some(json!({"op": ["delete"]})))
         .await
         .unwrap();
     audit
-        .subscribe("sheet-2", "audit", Some(json!({"op": [{"prefix": "up"}]})))
+        .subscribe("sheet-2", AUDIT, Some(json!({"op": [{"prefix": "up"}]})))
         .await
         .unwrap();
     stack.run().await;
@@ -137,9 +145,9 @@ async fn each_consumer_receives_the_events_its_subscriptions_match_once_and_noth
     ]);
     stack.run().await;
     // "b" matches both of live's subscriptions: it arrives once, on the first one's queue.
-    assert_eq!(stack.received("live-1"), ["a", "b"]);
-    assert_eq!(stack.received("live-2"), ["d"]);
-    assert_eq!(stack.received("audit"), ["c"]);
+    assert_eq!(stack.received("keyway-live_1"), ["a", "b"]);
+    assert_eq!(stack.received("keyway-live_2"), ["d"]);
+    assert_eq!(stack.received(AUDIT), ["c"]);
 
     live.unsubscribe("sheet-1").await.unwrap();
     live.stop_listening_to_all().await.unwrap();
@@ -149,9 +157,9 @@ async fn each_consumer_receives_the_events_its_subscriptions_match_once_and_noth
         event("g", "sheet-2", "upsert"),
     ]);
     stack.run().await;
-    assert!(stack.received("live-1").is_empty());
-    assert!(stack.received("live-2").is_empty());
-    assert_eq!(stack.received("audit"), ["g"]);
+    assert!(stack.received("keyway-live_1").is_empty());
+    assert!(stack.received("keyway-live_2").is_empty());
+    assert_eq!(stack.received(AUDIT), ["g"]);
     assert_eq!(live.list().await.unwrap(), []);
     assert_eq!(audit.list().await.unwrap().len(), 1);
 }
@@ -163,7 +171,7 @@ async fn a_bad_subscription_is_refused_by_the_client_saying_what_is_wrong_and_wh
     let refused = live
         .subscribe(
             "sheet-1",
-            "live-1",
+            "keyway-live_1",
             Some(json!({"op": [{"numeric": [">", "5"]}]})),
         )
         .await
@@ -173,11 +181,21 @@ async fn a_bad_subscription_is_refused_by_the_client_saying_what_is_wrong_and_wh
         "{refused}"
     );
     assert!(!refused.is_retryable());
-    let refused = live.subscribe("sheet-1", "audit", None).await.unwrap_err();
+    let refused = live.subscribe("sheet-1", AUDIT, None).await.unwrap_err();
     assert!(
         refused
             .to_string()
-            .contains("\"audit\" is not registered to consumer \"live\""),
+            .contains("\"keyway-audit_trail\" is not a queue of consumer \"live\""),
+        "{refused}"
+    );
+    let refused = live
+        .subscribe("sheet-1", "keyway-live_3", None)
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("\"keyway-live_3\" is not registered to consumer \"live\""),
         "{refused}"
     );
     assert_eq!(live.list().await.unwrap(), [], "nothing was written");
@@ -188,8 +206,12 @@ async fn bad_events_and_deliveries_to_a_missing_queue_reach_the_dead_letter_queu
 {
     let mut stack = Stack::new("");
     let live = stack.client_open("live");
-    live.subscribe("sheet-1", "nowhere", None).await.unwrap();
-    live.subscribe("sheet-2", "live-1", None).await.unwrap();
+    live.subscribe("sheet-1", "keyway-live_nowhere", None)
+        .await
+        .unwrap();
+    live.subscribe("sheet-2", "keyway-live_1", None)
+        .await
+        .unwrap();
     stack.run().await;
     stack.send_raw("sheet-1", b"not json");
     stack.send_raw("sheet-1", br#"{"id": "no-key"}"#);
@@ -198,7 +220,7 @@ async fn bad_events_and_deliveries_to_a_missing_queue_reach_the_dead_letter_queu
         event("b", "sheet-2", "update"),
     ]);
     stack.run().await;
-    assert_eq!(stack.received("live-1"), ["b"]);
+    assert_eq!(stack.received("keyway-live_1"), ["b"]);
     let reasons = stack.dead_letters();
     assert_eq!(reasons.len(), 3, "{reasons:?}");
     assert!(reasons[0].starts_with("data/key: missing"), "{reasons:?}");
@@ -212,20 +234,22 @@ async fn bad_events_and_deliveries_to_a_missing_queue_reach_the_dead_letter_queu
 #[tokio::test(start_paused = true)]
 async fn a_consumer_with_a_table_of_its_own_subscribes_there_and_for_no_one_else() {
     let mut stack = Stack::new(REGISTRY);
-    let registry = || QueueRegistry::from_json(REGISTRY).unwrap();
+    let registry = || QueueOwnership::default().with_registry(REGISTRY).unwrap();
     let live_table = keyway_stack::deploy_consumer(&mut stack.runtime, "live").unwrap();
     let audit_table = keyway_stack::deploy_consumer(&mut stack.runtime, "audit").unwrap();
     assert_eq!(live_table, "keyway-local-policies-live");
     let live = stack.client_in(&live_table, "live", registry());
     let audit = stack.client_in(&audit_table, "audit", registry());
-    live.subscribe("sheet-1", "live-1", None).await.unwrap();
-    audit.subscribe("sheet-1", "audit", None).await.unwrap();
+    live.subscribe("sheet-1", "keyway-live_1", None)
+        .await
+        .unwrap();
+    audit.subscribe("sheet-1", AUDIT, None).await.unwrap();
     stack.run().await;
 
     // Writing in live's table as audit: made and removed, neither reaches the filter.
     let intruder = stack.client_in(&live_table, "audit", registry());
     intruder
-        .subscribe("sheet-1", "audit", Some(json!({"op": ["never"]})))
+        .subscribe("sheet-1", AUDIT, Some(json!({"op": ["never"]})))
         .await
         .unwrap();
     stack.run().await;
@@ -236,9 +260,9 @@ async fn a_consumer_with_a_table_of_its_own_subscribes_there_and_for_no_one_else
         event("b", "sheet-2", "update"),
     ]);
     stack.run().await;
-    assert_eq!(stack.received("live-1"), ["a"]);
+    assert_eq!(stack.received("keyway-live_1"), ["a"]);
     assert_eq!(
-        stack.received("audit"),
+        stack.received(AUDIT),
         ["a"],
         "audit's own subscription stands, unchanged"
     );
@@ -290,7 +314,12 @@ async fn a_consumer_moving_from_the_shared_table_to_its_own_keeps_its_newest_sub
     // afresh, from 1: its changes are newer all the same.
     let mut stack = Stack::new(REGISTRY);
     let shared = stack.client("live", REGISTRY);
-    for queue in ["live-1", "live-2", "live-1", "live-2"] {
+    for queue in [
+        "keyway-live_1",
+        "keyway-live_2",
+        "keyway-live_1",
+        "keyway-live_2",
+    ] {
         shared.subscribe("sheet-1", queue, None).await.unwrap();
         stack.run().await;
     }
@@ -298,12 +327,14 @@ async fn a_consumer_moving_from_the_shared_table_to_its_own_keeps_its_newest_sub
     stack.run().await;
     stack.runtime.run_for(Duration::from_secs(2)).await;
     let own = keyway_stack::deploy_consumer(&mut stack.runtime, "live").unwrap();
-    let registry = QueueRegistry::from_json(REGISTRY).unwrap();
+    let registry = QueueOwnership::default().with_registry(REGISTRY).unwrap();
     let live = stack.client_in(&own, "live", registry);
-    live.subscribe("sheet-1", "live-1", None).await.unwrap();
+    live.subscribe("sheet-1", "keyway-live_1", None)
+        .await
+        .unwrap();
     stack.run().await;
     stack.send(&[event("a", "sheet-1", "update")]);
     stack.run().await;
-    assert_eq!(stack.received("live-1"), ["a"]);
+    assert_eq!(stack.received("keyway-live_1"), ["a"]);
     assert!(stack.dead_letters().is_empty());
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use dynamic_filter::index::SubscriptionIndex;
 use dynamic_filter::store::FilterState;
 use dynamic_filter::subscription::{
-    Identity, QueueRegistry, Subscription, Target, CONSUMER, PATTERN, SUBSCRIPTION,
+    Identity, QueueOwnership, Subscription, Target, CONSUMER, PATTERN, SUBSCRIPTION,
 };
 use keyway::adapters::dynamodb::TTL;
 use keyway::domain::{AttrValue, Item};
@@ -110,7 +110,7 @@ impl Setup {
     /// The index a filter builds from the filter state now.
     async fn index(&self) -> SubscriptionIndex {
         let (version, rows) = self.filter_state.snapshot().await.unwrap();
-        let mut index = SubscriptionIndex::from_snapshot(version, rows);
+        let mut index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), version, rows);
         let journal = self.filter_state.since(0, usize::MAX).await.unwrap();
         let mut replayed = SubscriptionIndex::default();
         replayed.catch_up(&journal).unwrap();
@@ -124,7 +124,7 @@ impl Setup {
     }
 
     /// The valid subscriptions the policy table holds.
-    fn held(&self, registry: &QueueRegistry) -> Vec<Subscription> {
+    fn held(&self, registry: &QueueOwnership) -> Vec<Subscription> {
         let mut held: Vec<Subscription> = self
             .policies
             .items()
@@ -153,21 +153,25 @@ fn keyed(consumer: &str, key: &str, queue: &str) -> Subscription {
     }
 }
 
-const REGISTRY: &str = r#"{"live": ["live-1", "live-2"], "audit": ["audit"]}"#;
+const LIVE_1: &str = "keyway-live_1";
+const LIVE_2: &str = "keyway-live_2";
+const AUDIT: &str = "keyway-audit_trail";
+const REGISTRY: &str =
+    r#"{"live": ["keyway-live_1", "keyway-live_2"], "audit": ["keyway-audit_trail"]}"#;
 
 #[tokio::test(start_paused = true)]
 async fn a_subscription_moved_changed_and_removed_leaves_the_index_as_the_table_is() {
     let mut s = setup(FaultPlan::default(), REGISTRY);
-    let sheet = keyed("live", "sheet-1", "live-1");
+    let sheet = keyed("live", "sheet-1", LIVE_1);
     s.subscribe(&sheet);
-    s.subscribe(&keyed("audit", "sheet-1", "audit"));
+    s.subscribe(&keyed("audit", "sheet-1", AUDIT));
     let all = Subscription {
         identity: Identity {
             consumer: "audit".into(),
             id: "all".into(),
         },
         target: Target::All,
-        queue: "audit".into(),
+        queue: AUDIT.into(),
         pattern: Some(json!({"op": ["delete"]})),
     };
     s.subscribe(&all);
@@ -175,12 +179,12 @@ async fn a_subscription_moved_changed_and_removed_leaves_the_index_as_the_table_
     // The same item moved to another sheet and another queue, as a writer of its own may do.
     let mut moved = sheet.clone();
     moved.target = Target::Key("sheet-2".into());
-    moved.queue = "live-2".into();
+    moved.queue = LIVE_2.into();
     s.subscribe(&moved);
-    s.unsubscribe(&keyed("audit", "sheet-1", "audit").identity);
+    s.unsubscribe(&keyed("audit", "sheet-1", AUDIT).identity);
     s.run().await;
     let index = s.index().await;
-    let held = s.held(&QueueRegistry::from_json(REGISTRY).unwrap());
+    let held = s.held(&QueueOwnership::default().with_registry(REGISTRY).unwrap());
     assert_eq!(held.len(), 2);
     assert_eq!(index.subscriptions(), held.iter().collect::<Vec<_>>());
     let delivered = |key: &str, op: &str| -> Vec<String> {
@@ -194,14 +198,14 @@ async fn a_subscription_moved_changed_and_removed_leaves_the_index_as_the_table_
         delivered("sheet-1", "update").is_empty(),
         "nothing left at the old sheet"
     );
-    assert_eq!(delivered("sheet-2", "update"), ["live-2"]);
-    assert_eq!(delivered("sheet-1", "delete"), ["audit"]);
+    assert_eq!(delivered("sheet-2", "update"), [LIVE_2]);
+    assert_eq!(delivered("sheet-1", "delete"), [AUDIT]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_invalid_subscription_is_dead_lettered_with_its_reason_and_changes_nothing() {
     let mut s = setup(FaultPlan::default(), REGISTRY);
-    let good = keyed("live", "sheet-1", "live-1");
+    let good = keyed("live", "sheet-1", LIVE_1);
     s.subscribe(&good);
     s.run().await;
     // A malformed pattern written over the good subscription, and a queue of another consumer.
@@ -211,7 +215,7 @@ async fn an_invalid_subscription_is_dead_lettered_with_its_reason_and_changes_no
         AttrValue::S(r#"{"op": [{"prefx": "d"}]}"#.into()),
     );
     s.policies.put_item(broken).unwrap();
-    s.subscribe(&keyed("live", "sheet-2", "audit"));
+    s.subscribe(&keyed("live", "sheet-2", "keyway-live_3"));
     s.run().await;
     let reasons = s.dead_letters();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
@@ -224,7 +228,7 @@ async fn an_invalid_subscription_is_dead_lettered_with_its_reason_and_changes_no
     assert!(
         reasons
             .iter()
-            .any(|r| r.contains("\"audit\" is not registered to consumer \"live\"")),
+            .any(|r| r.contains("\"keyway-live_3\" is not registered to consumer \"live\"")),
         "{reasons:?}"
     );
     let index = s.index().await;
@@ -237,14 +241,19 @@ async fn an_invalid_subscription_is_dead_lettered_with_its_reason_and_changes_no
 
 #[tokio::test(start_paused = true)]
 async fn under_every_fault_the_index_ends_as_the_valid_subscriptions_the_table_holds() {
-    let registry = r#"{"c0": ["q0", "q1"], "c1": ["q0", "q1"], "c2": ["q0", "q1"]}"#;
+    // Each consumer's two queues; one subscription in ten names another consumer's queue.
+    let registry = r#"{"c0": ["keyway-c0_q0", "keyway-c0_q1"], "c1": ["keyway-c1_q0", "keyway-c1_q1"], "c2": ["keyway-c2_q0", "keyway-c2_q1"]}"#;
     let mut s = setup(FaultPlan::all(0.05, 11), registry);
     let mut rng = StdRng::seed_from_u64(7);
     for round in 0..40 {
         for _ in 0..25 {
             let consumer = format!("c{}", rng.random_range(0..3));
             let key = format!("sheet-{}", rng.random_range(0..6));
-            let queue = format!("q{}", rng.random_range(0..2));
+            let owner = match rng.random_range(0..10) {
+                0 => format!("c{}", rng.random_range(0..3)),
+                _ => consumer.clone(),
+            };
+            let queue = format!("keyway-{owner}_q{}", rng.random_range(0..2));
             let subscription = keyed(&consumer, &key, &queue);
             match rng.random_range(0..4) {
                 0 => s.unsubscribe(&subscription.identity),
@@ -257,7 +266,7 @@ async fn under_every_fault_the_index_ends_as_the_valid_subscriptions_the_table_h
     }
     s.run().await;
     let index = s.index().await;
-    let registry = QueueRegistry::from_json(registry).unwrap();
+    let registry = QueueOwnership::default().with_registry(registry).unwrap();
     let held = s.held(&registry);
     assert!(
         held.len() > 5,

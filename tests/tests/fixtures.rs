@@ -334,7 +334,11 @@ impl Filtering {
                 .dynamodb
                 .create_table(table, schema, Some(TTL.into()), None);
         }
-        for queue in ["live-events", "live-edits", "audit-trail"] {
+        for queue in [
+            "keyway-live_events",
+            "keyway-live_edits",
+            "keyway-audit_trail",
+        ] {
             services.sqs.create_queue(queue);
         }
         let dead = services.sqs.create_queue("dead-letters");
@@ -344,7 +348,7 @@ impl Filtering {
             ("DEAD_LETTER_SINK", format!("sqs:{dead}")),
             (
                 "CONSUMER_QUEUES",
-                r#"{"live": ["live-events", "live-edits"], "audit": ["audit-trail"]}"#.to_owned(),
+                r#"{"live": ["keyway-live_events", "keyway-live_edits"], "audit": ["keyway-audit_trail"]}"#.to_owned(),
             ),
             (
                 "QUEUE_URL_PREFIX",
@@ -384,11 +388,11 @@ async fn the_policy_changes_and_the_events_batch_deliver_what_the_subscriptions_
     let filter = dynamic_filter::handler(f.services.as_ref(), &f.env).unwrap();
     let response = invoke_with(&filter, "dynamic-filter/events-batch.json").await;
     assert_eq!(response, fixture("dynamic-filter/batch.response.json"));
-    // live's sheet-1 subscription moved to live-edits, for updates and deletes; audit hears every
+    // live's sheet-1 subscription moved to keyway-live_edits, for updates and deletes; audit hears every
     // delete; live's sheet-3 subscription is gone, its sheet-2 one refused.
-    assert_eq!(f.received("live-edits"), ["e1", "e3"]);
-    assert_eq!(f.received("audit-trail"), ["e3", "e4"]);
-    assert!(f.received("live-events").is_empty());
+    assert_eq!(f.received("keyway-live_edits"), ["e1", "e3"]);
+    assert_eq!(f.received("keyway-audit_trail"), ["e3", "e4"]);
+    assert!(f.received("keyway-live_events").is_empty());
     let reasons = keyway_tests::dead_letter_reasons(&f.services.sqs, &f.dead_letters);
     assert_eq!(reasons.len(), 3, "{reasons:?}");
     assert!(reasons[0].starts_with("data/key: missing"), "{reasons:?}");
@@ -410,9 +414,9 @@ async fn a_consumers_own_table_subscribes_that_consumer_and_dead_letters_an_item
     let filter = dynamic_filter::handler(f.services.as_ref(), &f.env).unwrap();
     let response = invoke_with(&filter, "dynamic-filter/events-batch.json").await;
     assert_eq!(response, fixture("dynamic-filter/batch.response.json"));
-    assert_eq!(f.received("live-events"), ["e4", "e5"]);
+    assert_eq!(f.received("keyway-live_events"), ["e4", "e5"]);
     assert!(
-        f.received("audit-trail").is_empty(),
+        f.received("keyway-audit_trail").is_empty(),
         "audit's item was refused"
     );
     let reasons = keyway_tests::dead_letter_reasons(&f.services.sqs, &f.dead_letters);
@@ -827,8 +831,8 @@ async fn the_aggregation_batch_aggregates_plain_and_salted_records_and_dead_lett
         [
             ("page-2".to_owned(), 1),
             ("page-7".to_owned(), 1),
-            ("page-7#3".to_owned(), 1),
-            ("page-7#4".to_owned(), 1)
+            ("~3~page-7".to_owned(), 1),
+            ("~4~page-7".to_owned(), 1)
         ]
     );
 }

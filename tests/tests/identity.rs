@@ -32,8 +32,16 @@ fn enricher(world: &World, config: EnricherConfig) -> Executor<IdentityEnricher>
 /// Runs `records` one batch each, in order, looping every resolution published back through
 /// the feedback stream until none is left; returns the enriched records by event id.
 async fn run(records: &[Value]) -> std::collections::BTreeMap<String, Value> {
+    run_with(EnricherConfig::default(), records).await
+}
+
+/// `run` with the enricher configured so.
+async fn run_with(
+    config: EnricherConfig,
+    records: &[Value],
+) -> std::collections::BTreeMap<String, Value> {
     let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
-    let executor = enricher(&world, EnricherConfig::default());
+    let executor = enricher(&world, config);
     let mut events = Shard::new("cloudtrail", 0);
     let mut feedback = Shard::new("feedback", 0);
     let mut looped = 0;
@@ -364,4 +372,61 @@ async fn an_identity_is_kept_through_its_credentials_and_the_lateness_then_the_k
 /// The buffer TTL of `config`, in milliseconds.
 fn config_ttl(config: &EnricherConfig) -> i64 {
     config.buffer_ttl.as_millis() as i64
+}
+
+#[tokio::test]
+async fn a_role_chain_deeper_than_the_limit_goes_out_at_once_saying_the_limit_was_reached() {
+    // Alice, then role-1 to role-4 each assuming the next, an action with every key; at most two
+    // roles are followed.
+    let mut records = vec![record(
+        "0-alice-assumes-role-1",
+        alice(),
+        "AssumeRole",
+        Some(("role-1", "ASIA1")),
+    )];
+    for level in 1..=4 {
+        let (key, role) = (format!("ASIA{level}"), format!("role-{level}"));
+        records.push(record(
+            &format!("{level}-action-with-{key}"),
+            session(&key, &role),
+            "ListBuckets",
+            None,
+        ));
+        if level < 4 {
+            let next = (format!("role-{}", level + 1), format!("ASIA{}", level + 1));
+            records.push(record(
+                &format!("{level}-{role}-assumes-{}", next.0),
+                session(&key, &role),
+                "AssumeRole",
+                Some((next.0.as_str(), next.1.as_str())),
+            ));
+        }
+    }
+    let config = EnricherConfig {
+        max_chain_depth: 2,
+        ..EnricherConfig::default()
+    };
+    // Every record out at once, none left waiting for a timer.
+    let enriched = run_with(config, &records).await;
+    assert_eq!(enriched.len(), records.len(), "{enriched:#?}");
+    for level in 1..=4 {
+        let e = &enriched[&format!("{level}-action-with-ASIA{level}")]["enrichment"];
+        assert_eq!(
+            e["originalActor"]["userName"], "alice",
+            "level {level}: {e}"
+        );
+        if level <= 2 {
+            assert_eq!(e["status"], "resolved", "level {level}: {e}");
+            assert_eq!(e["roleChain"].as_array().unwrap().len(), level);
+        } else {
+            assert_eq!(e["status"], "unresolved", "level {level}: {e}");
+            assert_eq!(e["reason"], reason::DEPTH_LIMIT, "level {level}");
+            assert_eq!(e["depthLimit"], 2);
+            assert_eq!(
+                e["roleChain"].as_array().unwrap().len(),
+                3,
+                "the chain up to the first role past the limit"
+            );
+        }
+    }
 }

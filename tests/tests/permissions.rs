@@ -27,10 +27,10 @@ use serde_json::Value;
 
 const EPOCH: i64 = 1_767_225_600_000;
 
-/// Consumers' queues, which the dynamic filter's sink maker sends to: named by the operator's
-/// ConsumerQueuePrefix.
+/// Consumers' queues, which the dynamic filter's sink maker sends to: named with the stack's
+/// ConsumerQueuePrefix, the consumer's id and an underscore (`QueueOwnership`).
 const CONSUMER_QUEUES: &str =
-    "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${ConsumerQueuePrefix}*";
+    "arn:${AWS::Partition}:sqs:${AWS::Region}:${AWS::AccountId}:${ConsumerQueuePrefix}*_*";
 /// The streams of consumers' policy tables, which consumers' stacks (consumer.yaml) map to the
 /// function the FilterPolicySyncFunctionArn output names: their tables are named by the
 /// PolicyTablePrefix output.
@@ -343,5 +343,51 @@ fn a_role_granting_an_action_more_or_one_less_or_a_wildcard_fails_the_check() {
             .expect_err(&format!("a role granting {what} passed the check"));
         let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(message.contains(said), "{what}: {message}");
+    }
+}
+
+/// Whether `name` matches an IAM resource pattern in which `*` stands for any run of characters.
+fn iam_matches(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, rest)) => {
+            let Some(name) = name.strip_prefix(head) else {
+                return false;
+            };
+            (0..=name.len())
+                .filter(|&i| name.is_char_boundary(i))
+                .any(|i| iam_matches(rest, &name[i..]))
+        }
+    }
+}
+
+#[test]
+fn the_filters_grant_on_consumers_queues_reaches_no_queue_cloudformation_names_for_the_stack() {
+    // CloudFormation names a queue without a QueueName `<stack>-<logical id>-<12 random
+    // letters and digits>`, and a stack's name is letters, digits and hyphens: none holds an
+    // underscore, which the grant asks of every name after the prefix.
+    let template = template_yaml();
+    let lines: Vec<&str> = template.lines().collect();
+    let queues: Vec<String> = lines
+        .windows(2)
+        .filter(|pair| pair[1].trim() == "Type: AWS::SQS::Queue")
+        .map(|pair| pair[0].trim().trim_end_matches(':').to_owned())
+        .collect();
+    assert!(queues.contains(&"DeadLetterQueue".to_owned()), "{queues:?}");
+    for (stack, prefix) in [
+        ("keyway", "keyway-"),
+        ("keyway-prod", "keyway-"),
+        ("k", "k"),
+    ] {
+        let grant = CONSUMER_QUEUES
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .replace("${ConsumerQueuePrefix}", prefix);
+        for queue in &queues {
+            let name = format!("{stack}-{queue}-1A2B3C4D5E6F");
+            assert!(!iam_matches(&grant, &name), "{grant} reaches {name}");
+        }
+        assert!(iam_matches(&grant, &format!("{prefix}live_events")));
     }
 }

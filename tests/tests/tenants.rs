@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use dynamic_filter::index::SubscriptionIndex;
 use dynamic_filter::store::FilterState;
-use dynamic_filter::subscription::{Identity, Subscription, Target, CONSUMER, QUEUE, SUBSCRIPTION};
+use dynamic_filter::subscription::{
+    Identity, QueueOwnership, Subscription, Target, CONSUMER, QUEUE, SUBSCRIPTION,
+};
 use keyway::domain::{AttrValue, Item};
 use keyway::local::{FaultPlan, LocalRuntime, LocalServices, LocalTable};
 use rand::rngs::StdRng;
@@ -105,7 +107,7 @@ impl Stack {
     /// The index a filter builds from the filter state now.
     async fn index(&self) -> SubscriptionIndex {
         let (version, rows) = self.filter_state().snapshot().await.unwrap();
-        SubscriptionIndex::from_snapshot(version, rows)
+        SubscriptionIndex::from_snapshot(QueueOwnership::default(), version, rows)
     }
 }
 
@@ -224,6 +226,7 @@ async fn the_filter_delivers_to_no_queue_its_consumer_does_not_own_whatever_its_
     let mut stack = Stack::new();
     let state = stack.filter_state();
     let hostile = dynamic_filter::index::Revised {
+        table: "keyway-local-PolicyTable".into(),
         identity: Identity {
             consumer: "mallory".into(),
             id: "key#sheet-1".into(),

@@ -180,9 +180,14 @@ fn subscription(consumer: usize, target: Target, pattern: Option<Value>) -> Subs
             id: target.subscription_id(),
         },
         target,
-        queue: format!("queue-{consumer}"),
+        queue: queue_of(consumer),
         pattern,
     }
+}
+
+/// Consumer `consumer`'s queue, named as its own (`QueueOwnership`).
+fn queue_of(consumer: usize) -> String {
+    format!("keyway-consumer-{consumer}_events")
 }
 
 /// The Kinesis event of `events`, as a batch of one shard.
@@ -214,7 +219,7 @@ fn batch_json(events: &[Value], first_sequence: usize) -> String {
 fn services() -> Arc<LocalServices> {
     let services = LocalServices::new(EPOCH, FaultPlan::default());
     for consumer in 0..CONSUMERS {
-        services.sqs.create_queue(&format!("queue-{consumer}"));
+        services.sqs.create_queue(&queue_of(consumer));
     }
     services.sqs.create_queue("dead-letters");
     services
@@ -287,7 +292,10 @@ fn delivered(services: &LocalServices) -> (u64, u64) {
     let mut events = std::collections::HashSet::new();
     let mut messages = 0;
     for c in 0..CONSUMERS {
-        for message in services.sqs.messages(&format!("{QUEUE_PREFIX}queue-{c}")) {
+        for message in services
+            .sqs
+            .messages(&format!("{QUEUE_PREFIX}{}", queue_of(c)))
+        {
             messages += 1;
             let event: Value = serde_json::from_str(&message.body).unwrap_or_default();
             events.insert(event["id"].as_u64().unwrap_or(u64::MAX));
@@ -311,6 +319,7 @@ async fn run_filter(generated: &Generated) -> Result<(Design, ColdStart, (u64, u
     );
     for (n, subscription) in generated.subscriptions.iter().enumerate() {
         let change = Revised {
+            table: "policies".into(),
             identity: subscription.identity.clone(),
             revision: revision(&(n + 1).to_string()),
             subscription: Some(subscription.clone()),

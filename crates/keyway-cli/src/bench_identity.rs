@@ -212,6 +212,7 @@ async fn run_enricher(
         shards: SHARDS as usize,
         customer_map,
         buffer_ttl: Duration::from_secs(900),
+        max_chain_depth: 10,
         lateness: crate::enrich::LATENESS,
         start_millis: TrafficConfig::default().start_millis,
     };

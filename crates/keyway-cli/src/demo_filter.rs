@@ -20,6 +20,11 @@ const START: i64 = 1_767_225_600_000;
 const CONSUMERS: usize = 20;
 const KEYS: usize = 2_000;
 
+/// Consumer `team-{c}`'s queue, named as its own (`QueueOwnership`).
+fn queue_of(c: usize) -> String {
+    format!("keyway-team-{c}_q")
+}
+
 /// Changes every second, events in between; a few subscriptions name a queue of another consumer.
 fn workload(events: usize, seed: u64) -> (Vec<Change>, Vec<TimedEvent>) {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -33,9 +38,9 @@ fn workload(events: usize, seed: u64) -> (Vec<Change>, Vec<TimedEvent>) {
             let consumer = format!("team-{c}");
             let key = format!("sheet-{}", rng.random_range(0..KEYS / 4));
             let queue = if rng.random_range(0..100) == 0 {
-                format!("team-{}-q", (c + 1) % CONSUMERS)
+                queue_of((c + 1) % CONSUMERS)
             } else {
-                format!("team-{c}-q")
+                queue_of(c)
             };
             let pattern = match rng.random_range(0..3) {
                 0 => None,
@@ -164,7 +169,7 @@ pub async fn run(events: usize, faults: f64, seed: u64) -> Result<(), CliError> 
     );
     println!("  under the same faults; 1% of subscriptions name a queue of another consumer");
     let registry: BTreeMap<String, [String; 1]> = (0..CONSUMERS)
-        .map(|c| (format!("team-{c}"), [format!("team-{c}-q")]))
+        .map(|c| (format!("team-{c}"), [queue_of(c)]))
         .collect();
     let settings = Settings {
         shards: 4,

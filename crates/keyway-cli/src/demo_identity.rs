@@ -24,6 +24,7 @@ pub async fn run(records: usize, seed: u64) -> Result<(), CliError> {
         shards: 4,
         customer_map: Traffic::customer_map_json(&config),
         buffer_ttl: Duration::from_secs(900),
+        max_chain_depth: 10,
         lateness: crate::enrich::LATENESS,
         start_millis: config.start_millis,
     };

@@ -41,6 +41,8 @@ pub struct Settings {
     /// The customer map, a JSON object of account id to customer id.
     pub customer_map: String,
     pub buffer_ttl: Duration,
+    /// The most roles a chain is followed through (the template's MaxChainDepth).
+    pub max_chain_depth: usize,
     /// How late a record may come after its time (the template's RecordMaxAgeSeconds).
     pub lateness: Duration,
     /// When the virtual clock starts (epoch milliseconds): the trail's first record's time.
@@ -163,6 +165,7 @@ impl Run {
                 "BufferTtlSeconds",
                 settings.buffer_ttl.as_secs().to_string(),
             ),
+            ("MaxChainDepth", settings.max_chain_depth.to_string()),
             (
                 "RecordMaxAgeSeconds",
                 settings.lateness.as_secs().to_string(),
@@ -429,6 +432,7 @@ pub struct EnrichOptions {
     pub shards: usize,
     pub shuffle: Option<u64>,
     pub buffer_ttl: Duration,
+    pub max_chain_depth: usize,
     pub lateness: Duration,
     pub paths: Vec<std::path::PathBuf>,
 }
@@ -461,6 +465,7 @@ pub fn run(options: EnrichOptions) -> Result<(), CliError> {
         shards: options.shards,
         customer_map,
         buffer_ttl: options.buffer_ttl,
+        max_chain_depth: options.max_chain_depth,
         lateness: options.lateness,
         start_millis,
     };
@@ -590,6 +595,7 @@ mod tests {
             shards: 3,
             customer_map: Traffic::customer_map_json(&config),
             buffer_ttl: Duration::from_secs(300),
+            max_chain_depth: 10,
             lateness: LATENESS,
             start_millis: EPOCH,
         };

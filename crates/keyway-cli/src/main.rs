@@ -108,6 +108,10 @@ enum Command {
         /// Seconds a record waits for its caller's identity before it goes out unresolved.
         #[arg(long, default_value_t = 900)]
         buffer_ttl: u64,
+        /// The most roles a role chain is followed through: the records of a key issued deeper
+        /// go out unresolved, saying the limit was reached.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100))]
+        max_chain_depth: u64,
         /// Seconds a record may come after its time (the trail's disorder): the enricher keeps
         /// an identity that long past its credentials' expiration, and an unused key that long.
         #[arg(long, default_value_t = 3600)]
@@ -177,8 +181,12 @@ enum Command {
         table: String,
         #[arg(long)]
         consumer: String,
+        /// The stack's ConsumerQueuePrefix: a queue not named as the consumer's (this prefix,
+        /// its id, '_' and a name) is refused here, before anything is written.
+        #[arg(long, default_value = dynamic_filter::subscription::DEFAULT_QUEUE_PREFIX)]
+        queue_prefix: String,
         /// The stack's ConsumerQueues as a file: a queue not registered to the consumer is then
-        /// refused here, before anything is written.
+        /// refused here too.
         #[arg(long)]
         queues: Option<std::path::PathBuf>,
         #[command(subcommand)]
@@ -442,6 +450,7 @@ fn main() -> std::process::ExitCode {
             shards,
             shuffle,
             buffer_ttl,
+            max_chain_depth,
             lateness,
             paths,
         } => enrich::run(enrich::EnrichOptions {
@@ -449,6 +458,7 @@ fn main() -> std::process::ExitCode {
             shards,
             shuffle,
             buffer_ttl: std::time::Duration::from_secs(buffer_ttl),
+            max_chain_depth: max_chain_depth as usize,
             lateness: std::time::Duration::from_secs(lateness),
             paths,
         }),
@@ -475,11 +485,13 @@ fn main() -> std::process::ExitCode {
         Command::Subscriptions {
             table,
             consumer,
+            queue_prefix,
             queues,
             action,
         } => subscriptions::run(subscriptions::SubscriptionsOptions {
             table,
             consumer,
+            queue_prefix,
             queues,
             action: action.into(),
         }),

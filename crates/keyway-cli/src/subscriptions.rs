@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use dynamic_filter::client::{SdkPolicyTable, SubscriptionClient};
-use dynamic_filter::subscription::{QueueRegistry, Subscription};
+use dynamic_filter::subscription::{QueueOwnership, Subscription};
 use keyway::lambda::AwsClients;
 use keyway::ports::SystemClock;
 use serde_json::Value;
@@ -33,23 +33,23 @@ pub enum Action {
 pub struct SubscriptionsOptions {
     pub table: String,
     pub consumer: String,
+    /// The stack's ConsumerQueuePrefix, to refuse a queue not named as the consumer's.
+    pub queue_prefix: String,
     /// The stack's ConsumerQueues, to refuse an unregistered queue before writing.
     pub queues: Option<std::path::PathBuf>,
     pub action: Action,
 }
 
 pub fn run(options: SubscriptionsOptions) -> Result<(), CliError> {
+    let ownership = QueueOwnership::new(&options.queue_prefix);
     let registry = match &options.queues {
-        None => QueueRegistry::open(),
+        None => ownership,
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            QueueRegistry::from_json(&text).map_err(|e| {
-                format!(
-                    "{}: expected a JSON object of consumer id to queue names: {e}",
-                    path.display()
-                )
-            })?
+            ownership
+                .with_registry(&text)
+                .map_err(|e| format!("{}: {e}", path.display()))?
         }
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -5,10 +5,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const SUBSCRIPTIONS: &str = r#"{"at": 1767225600000, "op": "subscribe", "consumer": "live", "key": "sheet-1", "queue": "live-q"}
-{"at": 1767225600000, "op": "subscribe_all", "consumer": "audit", "queue": "audit-q", "pattern": {"op": ["delete"]}}
-{"at": 1767225605000, "op": "subscribe", "consumer": "live", "key": "sheet-2", "queue": "live-q", "pattern": {"op": [{"prefix": "up"}]}}
-{"at": 1767225606000, "op": "subscribe", "consumer": "live", "key": "sheet-3", "queue": "other-q"}
+const SUBSCRIPTIONS: &str = r#"{"at": 1767225600000, "op": "subscribe", "consumer": "live", "key": "sheet-1", "queue": "keyway-live_q"}
+{"at": 1767225600000, "op": "subscribe_all", "consumer": "audit", "queue": "keyway-audit_q", "pattern": {"op": ["delete"]}}
+{"at": 1767225605000, "op": "subscribe", "consumer": "live", "key": "sheet-2", "queue": "keyway-live_q", "pattern": {"op": [{"prefix": "up"}]}}
+{"at": 1767225606000, "op": "subscribe", "consumer": "live", "key": "sheet-3", "queue": "keyway-live_other"}
 {"at": 1767225607000, "op": "unsubscribe", "consumer": "live", "key": "sheet-1"}
 not json
 "#;
@@ -47,7 +47,7 @@ fn filters_the_files(mode: Option<&str>) {
     let events = write("events.jsonl", EVENTS);
     let queues = write(
         "queues.json",
-        r#"{"live": ["live-q"], "audit": ["audit-q"]}"#,
+        r#"{"live": ["keyway-live_q"], "audit": ["keyway-audit_q"]}"#,
     );
     let out = Command::new(env!("CARGO_BIN_EXE_keyway"))
         .arg("filter")
@@ -78,10 +78,10 @@ fn filters_the_files(mode: Option<&str>) {
     deliveries.sort();
     // Event 2 came before live subscribed to sheet-2; event 6 at the time of the unsubscription.
     let expected = [
-        ("audit", "audit-q", 3),
-        ("live", "live-q", 1),
-        ("live", "live-q", 4),
-        ("live", "live-q", 5),
+        ("audit", "keyway-audit_q", 3),
+        ("live", "keyway-live_q", 1),
+        ("live", "keyway-live_q", 4),
+        ("live", "keyway-live_q", 5),
     ];
     let expected: Vec<(String, String, u64)> = expected
         .iter()
@@ -93,7 +93,7 @@ fn filters_the_files(mode: Option<&str>) {
         "{stderr}"
     );
     assert!(
-        stderr.contains("line 4: subscription refused: queue: \"other-q\" is not registered to consumer \"live\""),
+        stderr.contains("line 4: subscription refused: queue: \"keyway-live_other\" is not registered to consumer \"live\""),
         "{stderr}"
     );
     assert!(stderr.contains("events 7  delivered 4"), "{stderr}");

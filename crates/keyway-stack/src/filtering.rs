@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use dynamic_filter::client::SubscriptionClient;
 use dynamic_filter::store::FilterState;
-use dynamic_filter::subscription::QueueRegistry;
+use dynamic_filter::subscription::QueueOwnership;
 use dynamic_filter::{FilterHandler, Refreshes};
 use keyway::adapters::kinesis::PutOutcome;
 use keyway::lambda::Handler;
@@ -113,7 +113,8 @@ pub struct Settings {
     pub shards: usize,
     /// Where an event holds its filter key.
     pub key_pointer: String,
-    /// The consumers' queues as a JSON object; `None` accepts any queue.
+    /// The queues each consumer may deliver to, as a JSON object; `None` leaves each consumer
+    /// every queue named as its own (`QueueOwnership`).
     pub registry: Option<String>,
     pub faults: FaultPlan,
     /// How long every call to the embedded services takes (virtual time); none by default.
@@ -171,7 +172,7 @@ pub struct Outcome {
 pub struct FilterStack {
     pub runtime: LocalRuntime,
     filter: Arc<Mutex<Option<Arc<FilterHandler>>>>,
-    registry: QueueRegistry,
+    registry: QueueOwnership,
     shared_table: bool,
     /// Each consumer's own policy table, once its stack is deployed.
     consumer_tables: BTreeMap<String, String>,
@@ -190,12 +191,12 @@ impl FilterStack {
             parameters.insert("ConsumerQueues".to_owned(), registry.clone());
         }
         let registry = match &settings.registry {
-            Some(text) => QueueRegistry::from_json(text).map_err(|e| {
+            Some(text) => QueueOwnership::default().with_registry(text).map_err(|e| {
                 LocalError::Template(keyway::local::template::TemplateError(format!(
                     "ConsumerQueues: {e}"
                 )))
             })?,
-            None => QueueRegistry::open(),
+            None => QueueOwnership::default(),
         };
         let services = LocalServices::new(epoch_millis, settings.faults.clone());
         let filter: Arc<Mutex<Option<Arc<FilterHandler>>>> = Arc::default();

@@ -25,13 +25,10 @@ pub const CONSUMER_TEMPLATE: &str = include_str!("../../../consumer.yaml");
 /// stack's outputs as its owner would; returns the consumer's policy table.
 pub fn deploy_consumer(runtime: &mut LocalRuntime, consumer: &str) -> Result<String, LocalError> {
     // consumer.yaml's AllowedPattern and MaxLength, which CloudFormation checks.
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
-    if consumer.is_empty() || consumer.len() > 128 || !consumer.chars().all(allowed) {
+    if let Err(e) = dynamic_filter::subscription::check_consumer(consumer) {
         return Err(LocalError::Function {
             path: "Parameters/Consumer".into(),
-            problem: "the consumer's policy table is named by its id, which takes 1 to 128 \
-                      letters, digits, '_', '.' or '-'"
-                .into(),
+            problem: e.problem,
         });
     }
     let output = |name: &str| {

@@ -1,7 +1,7 @@
 //! The subscription client: what a consumer calls to start and stop receiving events, a thin
 //! layer over its policy table. A subscription is checked before it is written, by the same code
-//! filter-policy-sync checks it with: a malformed pattern or a queue not registered to the
-//! consumer is refused here, saying what is wrong and where, and never reaches the filter.
+//! filter-policy-sync checks it with: a malformed pattern or a queue the consumer does not own
+//! is refused here, saying what is wrong and where, and never reaches the filter.
 //!
 //! `PolicyTable` is the narrow port: DynamoDB through the SDK (`SdkPolicyTable`), or the
 //! embedded runtime's table.
@@ -15,7 +15,7 @@ use keyway::domain::{AttrValue, InvalidInput, Item};
 use keyway::ports::{Clock, StoreError};
 use serde_json::Value;
 
-use crate::subscription::{Identity, QueueRegistry, Subscription, Target, CONSUMER, SUBSCRIPTION};
+use crate::subscription::{Identity, QueueOwnership, Subscription, Target, CONSUMER, SUBSCRIPTION};
 
 /// Why a call failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -46,7 +46,7 @@ pub trait PolicyTable: Send + Sync {
 pub struct SubscriptionClient {
     table: Arc<dyn PolicyTable>,
     consumer: String,
-    queues: QueueRegistry,
+    queues: QueueOwnership,
     clock: Arc<dyn Clock>,
 }
 
@@ -54,7 +54,7 @@ impl SubscriptionClient {
     pub fn new(
         table: Arc<dyn PolicyTable>,
         consumer: impl Into<String>,
-        queues: QueueRegistry,
+        queues: QueueOwnership,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
@@ -104,7 +104,7 @@ impl SubscriptionClient {
         let items = self.table.items_of(&self.consumer).await?;
         let mut subscriptions: Vec<Subscription> = items
             .iter()
-            .filter_map(|item| Subscription::from_item(item, &QueueRegistry::open()).ok())
+            .filter_map(|item| Subscription::from_item(item, &self.queues).ok())
             .collect();
         subscriptions.sort_by(|a, b| a.identity.cmp(&b.identity));
         Ok(subscriptions)

@@ -2,10 +2,21 @@
 //! subscriptions to all events, each with its pattern compiled. Built from a snapshot of the
 //! filter state and kept exact by applying the journal of later changes in order.
 //!
-//! Every change carries the revision of the policy change it comes from. A change older than what
-//! the index holds for its subscription is ignored, so a change replayed or read twice (from the
-//! snapshot and from the journal) never undoes a newer one; removed subscriptions keep their
-//! revision as a tombstone for the same reason.
+//! A subscription is a policy item: its table and its key there (`PolicyItem`). One consumer's
+//! subscriptions to the same key in two tables (the shared table and its own, while it moves from
+//! one to the other) are two subscriptions, each made and removed by its own table's changes, so
+//! the delete of the old one never takes the new one with it, whatever the order and the speed
+//! of the two; an event reaches the consumer once all the same.
+//!
+//! Every change carries the revision of the policy change it comes from, which orders the
+//! changes of one policy item: its table's stream label (a table made again streams anew), then
+//! the change's sequence number. A change older than what the index holds for its subscription
+//! is ignored, so a change replayed or read twice (from the snapshot and from the journal) never
+//! undoes a newer one; removed subscriptions keep their revision as a tombstone for the same
+//! reason.
+//!
+//! The index holds no subscription whose consumer does not own its queue (`QueueOwnership`): the
+//! policy sync refuses those, and the filter checks again what its state holds.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -14,11 +25,21 @@ use keyway::domain::pattern::Pattern;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::subscription::{Identity, Subscription, Target};
+use crate::subscription::{Identity, QueueOwnership, Subscription, Target};
+
+/// Which policy item a subscription is: its table and its key there.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyItem {
+    pub table: String,
+    pub identity: Identity,
+}
 
 /// A subscription as one change of its policy item left it: `None` once removed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Revised {
+    /// The policy table the item is in (empty in changes written before tables were told apart).
+    #[serde(default)]
+    pub table: String,
     pub identity: Identity,
     /// Orders the changes of one subscription: the policy change's stream sequence number,
     /// zero-padded so that strings compare as the numbers do.
@@ -43,16 +64,14 @@ pub fn revision(sequence: &str) -> String {
     format!("{sequence:0>REVISION_DIGITS$}")
 }
 
-/// The revision of a change a policy table's stream made at `created_millis`, with sequence
-/// number `sequence`: ordered by when the change was made, then by sequence number. Sequence
-/// numbers alone order the changes of one stream only, and a subscription may move between
-/// tables (from the shared one to its consumer's own, or to a table made again) whose streams
-/// number afresh. Two changes of one subscription in two tables within the same stream time
-/// (a second, as DynamoDB Streams stamps them by default) are ordered by sequence number, which
-/// may not be the order they were made in. The leading `t` sorts every such revision after the
-/// sequence-number-only ones (`revision`) that rows written before may still hold.
-pub fn timed_revision(created_millis: i64, sequence: &str) -> String {
-    format!("t{created_millis:015}{}", revision(sequence))
+/// The revision of a change of a policy table's stream labelled `label` (the stream ARN's last
+/// part, the time the stream was made: labels of one table order as its streams were made) with
+/// sequence number `sequence`. A table deleted and made again, or whose stream was turned off and
+/// on, numbers its changes afresh in a stream of a later label, and they are newer all the same.
+/// The leading `u` sorts every such revision after the older forms (`revision`,
+/// `timed_revision`) that rows written before may hold.
+pub fn stream_revision(label: &str, sequence: &str) -> String {
+    format!("u{label}/{}", revision(sequence))
 }
 
 /// Where a subscription delivers an event: its consumer's queue.
@@ -92,20 +111,34 @@ pub struct Gap {
 #[derive(Default)]
 pub struct SubscriptionIndex {
     version: u64,
-    entries: HashMap<Identity, Entry>,
+    ownership: QueueOwnership,
+    entries: HashMap<PolicyItem, Entry>,
     by_key: HashMap<String, Bucket>,
     all: Bucket,
 }
 
-/// The subscriptions of one filter key (or to all events), in identity order.
-type Bucket = BTreeMap<Identity, Arc<Compiled>>;
+/// The subscriptions of one filter key (or to all events), in policy item order.
+type Bucket = BTreeMap<PolicyItem, Arc<Compiled>>;
 
 impl SubscriptionIndex {
-    /// An index of a snapshot taken at journal version `version`.
-    pub fn from_snapshot(version: u64, rows: impl IntoIterator<Item = Revised>) -> Self {
+    /// An empty index that holds subscriptions to the queues `ownership` gives their consumers.
+    pub fn new(ownership: QueueOwnership) -> Self {
+        Self {
+            ownership,
+            ..Self::default()
+        }
+    }
+
+    /// An index of a snapshot taken at journal version `version`, of the subscriptions to the
+    /// queues `ownership` gives their consumers.
+    pub fn from_snapshot(
+        ownership: QueueOwnership,
+        version: u64,
+        rows: impl IntoIterator<Item = Revised>,
+    ) -> Self {
         let mut index = Self {
             version,
-            ..Self::default()
+            ..Self::new(ownership)
         };
         for row in rows {
             index.apply(&row);
@@ -143,27 +176,33 @@ impl SubscriptionIndex {
     /// Applies one change unless the index holds a newer revision of its subscription; says
     /// whether it did.
     pub fn apply(&mut self, change: &Revised) -> bool {
-        if let Some(entry) = self.entries.get(&change.identity) {
+        let item = PolicyItem {
+            table: change.table.clone(),
+            identity: change.identity.clone(),
+        };
+        if let Some(entry) = self.entries.get(&item) {
             if entry.revision > change.revision {
                 return false;
             }
             if let Some(old) = entry.live.clone() {
-                self.remove(&old.subscription.target, &change.identity);
+                self.remove(&old.subscription.target, &item);
             }
         }
-        // A subscription whose pattern does not compile (state written by other means) matches
-        // nothing: it is kept out of the buckets.
+        // A subscription whose pattern does not compile, or whose consumer does not own its
+        // queue (state written by other means), matches nothing: it is kept out of the buckets.
         let live = change.subscription.as_ref().and_then(|subscription| {
+            let consumer = &subscription.identity.consumer;
+            self.ownership.check(consumer, &subscription.queue).ok()?;
             let compiled = Arc::new(Compiled {
                 pattern: subscription.compiled_pattern().ok()?,
                 subscription: subscription.clone(),
             });
             self.bucket(&subscription.target)
-                .insert(change.identity.clone(), compiled.clone());
+                .insert(item.clone(), compiled.clone());
             Some(compiled)
         });
         self.entries.insert(
-            change.identity.clone(),
+            item,
             Entry {
                 revision: change.revision.clone(),
                 live,
@@ -172,19 +211,19 @@ impl SubscriptionIndex {
         true
     }
 
-    /// Takes `identity`'s subscription out of `target`'s bucket, and the bucket out once empty.
-    fn remove(&mut self, target: &Target, identity: &Identity) {
+    /// Takes `item`'s subscription out of `target`'s bucket, and the bucket out once empty.
+    fn remove(&mut self, target: &Target, item: &PolicyItem) {
         match target {
             Target::Key(key) => {
                 if let Some(bucket) = self.by_key.get_mut(key) {
-                    bucket.remove(identity);
+                    bucket.remove(item);
                     if bucket.is_empty() {
                         self.by_key.remove(key);
                     }
                 }
             }
             Target::All => {
-                self.all.remove(identity);
+                self.all.remove(item);
             }
         }
     }
@@ -198,7 +237,7 @@ impl SubscriptionIndex {
 
     /// Where the event of filter key `key` goes: one delivery per consumer with a subscription
     /// that matches, to the queue of its first such subscription (those to the key before those
-    /// to all events, each in identity order).
+    /// to all events, each in policy item order: table, consumer, id).
     pub fn deliveries(&self, key: &str, event: &Value) -> Vec<Delivery<'_>> {
         self.route(key, event).deliveries
     }
@@ -241,15 +280,15 @@ impl SubscriptionIndex {
         )
     }
 
-    /// The live subscriptions, in identity order.
+    /// The live subscriptions, in policy item order.
     pub fn subscriptions(&self) -> Vec<&Subscription> {
-        let mut live: Vec<&Subscription> = self
+        let mut live: Vec<(&PolicyItem, &Subscription)> = self
             .entries
-            .values()
-            .filter_map(|e| e.live.as_ref().map(|c| &c.subscription))
+            .iter()
+            .filter_map(|(item, e)| e.live.as_ref().map(|c| (item, &c.subscription)))
             .collect();
-        live.sort_by(|a, b| a.identity.cmp(&b.identity));
-        live
+        live.sort_by(|a, b| a.0.cmp(b.0));
+        live.into_iter().map(|(_, s)| s).collect()
     }
 }
 
@@ -259,6 +298,7 @@ mod tests {
 
     use super::*;
 
+    /// `consumer`'s subscription to `target`, delivered to its queue named `queue`.
     fn sub(consumer: &str, target: Target, queue: &str, pattern: Option<Value>) -> Subscription {
         Subscription {
             identity: Identity {
@@ -266,13 +306,14 @@ mod tests {
                 id: target.subscription_id(),
             },
             target,
-            queue: queue.into(),
+            queue: format!("keyway-{consumer}_{queue}"),
             pattern,
         }
     }
 
     fn put(revision: u64, subscription: Subscription) -> Revised {
         Revised {
+            table: "policies".into(),
             identity: subscription.identity.clone(),
             revision: super::revision(&revision.to_string()),
             subscription: Some(subscription),
@@ -281,6 +322,7 @@ mod tests {
 
     fn removal(revision: u64, identity: &Identity) -> Revised {
         Revised {
+            table: "policies".into(),
             identity: identity.clone(),
             revision: super::revision(&revision.to_string()),
             subscription: None,
@@ -295,7 +337,10 @@ mod tests {
         index
             .deliveries(k, &event)
             .iter()
-            .map(|d| format!("{}>{}", d.consumer, d.queue))
+            .map(|d| {
+                let queue = d.queue.strip_prefix(&format!("keyway-{}_", d.consumer));
+                format!("{}>{}", d.consumer, queue.unwrap_or(d.queue))
+            })
             .collect()
     }
 
@@ -310,7 +355,7 @@ mod tests {
                 sub("bots", key("s1"), "bots-q", Some(json!({"op": ["delete"]}))),
             ),
         ];
-        let index = SubscriptionIndex::from_snapshot(4, rows);
+        let index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), 4, rows);
         assert_eq!(
             consumers(&index, "s1", json!({"op": "update"})),
             ["live>live-q", "audit>audit-q"]
@@ -365,7 +410,7 @@ mod tests {
 
     #[test]
     fn the_journal_is_applied_in_order_and_a_gap_asks_for_a_snapshot() {
-        let mut index = SubscriptionIndex::from_snapshot(10, []);
+        let mut index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), 10, []);
         let s = sub("live", key("s1"), "q", None);
         let at = |version: u64, change: Revised| Journaled {
             version,
@@ -391,15 +436,44 @@ mod tests {
     }
 
     #[test]
-    fn timed_revisions_order_by_time_then_sequence_and_follow_every_untimed_one() {
-        let early_big = super::timed_revision(1_000, "900000000000000000099");
-        let late_small = super::timed_revision(2_000, "1");
+    fn stream_revisions_order_by_stream_then_sequence_and_follow_every_older_form() {
+        let old_stream_big = super::stream_revision("2026-01-01T00:00:00.000", &"9".repeat(40));
+        let new_stream_small = super::stream_revision("2026-01-01T00:00:00.001", "1");
         assert!(
-            early_big < late_small,
-            "another table's stream numbers afresh"
+            old_stream_big < new_stream_small,
+            "a table made again streams anew"
         );
-        assert!(super::timed_revision(1_000, "8") < super::timed_revision(1_000, "9"));
-        assert!(super::revision("9".repeat(40).as_str()) < super::timed_revision(0, "1"));
+        let same = |n: &str| super::stream_revision("2026-01-01T00:00:00.000", n);
+        assert!(same("8") < same("9") && same("9") < same("10"));
+        assert!(super::revision(&"9".repeat(40)) < super::stream_revision("", "1"));
+        assert!(*"t999999999999999" < *super::stream_revision("", "1"));
+    }
+
+    #[test]
+    fn one_consumers_subscriptions_to_a_key_in_two_tables_are_two_and_an_event_arrives_once() {
+        let mut index = SubscriptionIndex::default();
+        let s = sub("live", key("s1"), "q", None);
+        let in_table = |table: &str, change: Revised| Revised {
+            table: table.into(),
+            ..change
+        };
+        assert!(index.apply(&in_table("shared", put(900, s.clone()))));
+        assert!(index.apply(&in_table("own", put(1, s.clone()))));
+        assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);
+        // The delete in the shared table, whatever its revision, leaves the own table's.
+        assert!(index.apply(&in_table("shared", removal(901, &s.identity))));
+        assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);
+        assert_eq!(index.counts(), (1, 0));
+    }
+
+    #[test]
+    fn a_subscription_to_a_queue_its_consumer_does_not_own_is_kept_out() {
+        let mut index = SubscriptionIndex::default();
+        let mut stolen = sub("mallory", key("s1"), "q", None);
+        stolen.queue = "keyway-live_q".into();
+        assert!(index.apply(&put(1, stolen)));
+        assert!(consumers(&index, "s1", json!({})).is_empty());
+        assert_eq!(index.counts(), (0, 0));
     }
 
     #[test]
@@ -409,7 +483,7 @@ mod tests {
             s.identity.id = format!("key#hot#{}", c % 3);
             put(c, s)
         });
-        let mut index = SubscriptionIndex::from_snapshot(1, rows);
+        let mut index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), 1, rows);
         let routing = index.route("hot", &json!({}));
         assert_eq!(routing.deliveries.len(), 100_000);
         assert_eq!(routing.deliveries[0].consumer, "c000000");

@@ -13,8 +13,9 @@
 //! Environment: `FILTER_STATE_TABLE`, `DEAD_LETTER_SINK` (`kinesis:<stream>` or
 //! `sqs:<queue URL>`), `QUEUE_URL_PREFIX` (what a queue name is appended to for its URL, e.g.
 //! `https://sqs.eu-west-1.amazonaws.com/123456789012/`); optionally `FILTER_KEY_POINTER` (where
-//! an event holds its filter key, a JSON pointer, `/key` by default), and the executor's
-//! variables (see `keyway::lambda::executor_config`).
+//! an event holds its filter key, a JSON pointer, `/key` by default), `CONSUMER_QUEUE_PREFIX`
+//! and `CONSUMER_QUEUES` (which queues each consumer owns: `subscription::QueueOwnership`), and
+//! the executor's variables (see `keyway::lambda::executor_config`).
 
 pub mod client;
 pub mod filter;
@@ -30,8 +31,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use async_trait::async_trait;
 use keyway::domain::metrics::Emf;
 use keyway::lambda::{
-    executor_config, observed, read_table_from, required, sink_from, Env, FunctionError, Handler,
-    Invocation, Platform, SetupError, StreamHandler,
+    executor_config, observed, read_table_from, required, sink_from, ConfigError, Env,
+    FunctionError, Handler, Invocation, Platform, SetupError, StreamHandler,
 };
 use keyway::ports::{Clock, MetricLog, StoreError};
 use keyway::{Executor, Sinks};
@@ -41,6 +42,7 @@ use filter::{DynamicFilter, DEFAULT_KEY_POINTER, DELIVERIES};
 use index::SubscriptionIndex;
 use router::QueueRouter;
 use store::FilterState;
+use subscription::QueueOwnership;
 
 /// Journal changes read a request while catching up.
 const JOURNAL_PAGE: usize = 1_000;
@@ -61,6 +63,7 @@ pub struct Refreshes {
 pub struct FilterHandler {
     inner: StreamHandler<DynamicFilter>,
     index: Arc<RwLock<SubscriptionIndex>>,
+    ownership: QueueOwnership,
     state: FilterState,
     loaded: tokio::sync::Mutex<bool>,
     refreshes: Mutex<Refreshes>,
@@ -103,7 +106,8 @@ impl FilterHandler {
 
     async fn reload(&self) -> Result<(), StoreError> {
         let (version, rows) = self.state.snapshot().await?;
-        *self.index.write().expect("index lock") = SubscriptionIndex::from_snapshot(version, rows);
+        let index = SubscriptionIndex::from_snapshot(self.ownership.clone(), version, rows);
+        *self.index.write().expect("index lock") = index;
         self.refreshes.lock().expect("refreshes lock").snapshots += 1;
         Ok(())
     }
@@ -149,7 +153,8 @@ pub fn handler(platform: &dyn Platform, env: &Env) -> Result<FilterHandler, Setu
     let queues = queue_sinks(platform, prefix);
     let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
         .with(&DELIVERIES, Arc::new(QueueRouter::new(queues)));
-    let index = Arc::new(RwLock::new(SubscriptionIndex::default()));
+    let ownership = queue_ownership(env)?;
+    let index = Arc::new(RwLock::new(SubscriptionIndex::new(ownership.clone())));
     let pointer = env
         .get("FILTER_KEY_POINTER")
         .map_or(DEFAULT_KEY_POINTER, String::as_str);
@@ -160,12 +165,29 @@ pub fn handler(platform: &dyn Platform, env: &Env) -> Result<FilterHandler, Setu
             observed(executor, platform, env).with_config(executor_config(env)?),
         ),
         index,
+        ownership,
         state,
         loaded: tokio::sync::Mutex::new(false),
         refreshes: Mutex::default(),
         metrics: platform.metrics(),
         clock: platform.clock(),
     })
+}
+
+/// Which queues each consumer owns, from `CONSUMER_QUEUE_PREFIX` (`keyway-` if unset) and
+/// `CONSUMER_QUEUES` (none narrows them if unset or empty): what the policy sync checks
+/// subscriptions against, and the filter again.
+pub fn queue_ownership(env: &Env) -> Result<QueueOwnership, ConfigError> {
+    let set = |name: &str| env.get(name).filter(|t| !t.trim().is_empty());
+    let prefix = set("CONSUMER_QUEUE_PREFIX").map_or(subscription::DEFAULT_QUEUE_PREFIX, |p| p);
+    let ownership = QueueOwnership::new(prefix);
+    match set("CONSUMER_QUEUES") {
+        None => Ok(ownership),
+        Some(text) => ownership.with_registry(text).map_err(|e| ConfigError {
+            name: "CONSUMER_QUEUES".into(),
+            problem: e.to_string(),
+        }),
+    }
 }
 
 /// Queue sinks by name: the platform's SQS sink of the queue's URL.

@@ -5,8 +5,9 @@
 //! embedded runtime's table.
 //!
 //! Layout (`pk`, `sk`):
-//! - `subscriptions`, the subscription's identity: the latest `Revised` of it, with its
-//!   `revision`; a removal stays as a tombstone (with a TTL past any redelivery of the change);
+//! - `subscriptions`, the subscription's policy item (`row_key`: its table and identity): the
+//!   latest `Revised` of it, with its `revision`; a removal stays as a tombstone (with a TTL past
+//!   any redelivery of the change);
 //! - `journal`, the version zero-padded: one `Revised` each, versions 1, 2, 3 ... without gaps,
 //!   kept for a day;
 //! - `journal-head`, `head`: the last version appended, kept for good. When a quiet day has let
@@ -85,7 +86,7 @@ impl FilterState {
     pub async fn apply(&self, change: &Revised) -> Result<Applied, StoreError> {
         let key = ItemKey {
             pk: ROWS.to_owned(),
-            sk: change.identity.key(),
+            sk: row_key(change),
         };
         let mut row = self.item(&key, change)?;
         row.insert(REVISION.to_owned(), AttrValue::S(change.revision.clone()));
@@ -272,6 +273,16 @@ impl Sink for FilterState {
     }
 }
 
+/// The sort key of a subscription's row: its table and identity, unambiguously whatever they
+/// hold (a table's name has no ':'). Rows of changes that named no table keep the identity's
+/// own key, which starts with a digit.
+fn row_key(change: &Revised) -> String {
+    match change.table.as_str() {
+        "" => change.identity.key(),
+        table => format!("t{table}:{}", change.identity.key()),
+    }
+}
+
 fn journal_sk(version: u64) -> String {
     format!("{version:020}")
 }
@@ -307,7 +318,7 @@ mod tests {
 
     use super::*;
     use crate::index::{revision, SubscriptionIndex};
-    use crate::subscription::{Identity, Subscription, Target};
+    use crate::subscription::{Identity, QueueOwnership, Subscription, Target};
 
     fn state() -> FilterState {
         deployed().2
@@ -333,12 +344,13 @@ mod tests {
             id: "sub-1".into(),
         };
         Revised {
+            table: "policies".into(),
             identity: identity.clone(),
             revision: revision(&rev.to_string()),
             subscription: live.then(|| Subscription {
                 identity,
                 target,
-                queue: format!("{consumer}-q"),
+                queue: format!("keyway-{consumer}_q"),
                 pattern: None,
             }),
         }
@@ -382,7 +394,7 @@ mod tests {
         state.apply(&change("a", "k1", 1, true)).await.unwrap();
         state.apply(&change("b", "k1", 2, true)).await.unwrap();
         let (version, rows) = state.snapshot().await.unwrap();
-        let mut index = SubscriptionIndex::from_snapshot(version, rows);
+        let mut index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), version, rows);
         // A quiet day, and the days DynamoDB takes to delete what expired: every journal entry
         // is gone.
         let ttl_delay = keyway::local::DEFAULT_TTL_DELAY.as_millis() as i64;
@@ -429,7 +441,8 @@ mod tests {
         state.apply(&change("a", "k1", 1, true)).await.unwrap();
         state.apply(&change("b", "k1", 2, true)).await.unwrap();
         let (version, rows) = state.snapshot().await.unwrap();
-        let mut from_snapshot = SubscriptionIndex::from_snapshot(version, rows);
+        let mut from_snapshot =
+            SubscriptionIndex::from_snapshot(QueueOwnership::default(), version, rows);
         state.apply(&change("a", "k1", 3, false)).await.unwrap();
         state.apply(&change("c", "k2", 4, true)).await.unwrap();
         from_snapshot

@@ -77,9 +77,9 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    /// The subscription a policy item holds, checked: its pattern compiles and its queue is
-    /// registered to its consumer. What is wrong is named by attribute.
-    pub fn from_item(item: &Item, queues: &QueueRegistry) -> Result<Self, InvalidInput> {
+    /// The subscription a policy item holds, checked: its pattern compiles and its consumer owns
+    /// its queue. What is wrong is named by attribute.
+    pub fn from_item(item: &Item, queues: &QueueOwnership) -> Result<Self, InvalidInput> {
         let text = |name: &str| -> Result<Option<&str>, InvalidInput> {
             match item.get(name) {
                 None => Ok(None),
@@ -141,7 +141,7 @@ impl Subscription {
             queue,
             pattern,
         };
-        queues.check(&subscription)?;
+        queues.check(&subscription.identity.consumer, &subscription.queue)?;
         Ok(subscription)
     }
 
@@ -172,33 +172,88 @@ impl Subscription {
     }
 }
 
-/// The queues each consumer may deliver to. Without a registry any queue is accepted.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueueRegistry(Option<BTreeMap<String, BTreeSet<String>>>);
+/// Which queues a consumer may deliver to, checked for every subscription by the client, by
+/// filter-policy-sync and again by the filter: a consumer owns the queues named with the stack's
+/// `ConsumerQueuePrefix`, its id and an underscore (`keyway-live_events`, `keyway-live_alerts.fifo`
+/// for consumer `live`), and only those of them the stack's `ConsumerQueues` lists for it where
+/// that registry is given.
+///
+/// Consumer ids are letters, digits and hyphens, so the underscore ends the id unambiguously: no
+/// consumer can claim another's queue (`live` cannot name `keyway-live-x_events`, which is
+/// `live-x`'s). And no queue CloudFormation names for a stack ever holds an underscore (stack
+/// names, logical ids and its random suffixes have none): the stack's dead-letter and
+/// failed-batches queues are no consumer's, and the filter's role, which grants
+/// `ConsumerQueuePrefix*_*`, cannot reach them through a consumer's subscription either.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueOwnership {
+    prefix: String,
+    registry: Option<BTreeMap<String, BTreeSet<String>>>,
+}
 
-impl QueueRegistry {
-    /// Any queue for any consumer.
-    pub fn open() -> Self {
-        Self(None)
+/// The stack's `ConsumerQueuePrefix` by default.
+pub const DEFAULT_QUEUE_PREFIX: &str = "keyway-";
+/// The longest consumer id: with the prefix, the underscore and a name, a queue name still fits
+/// SQS's 80 characters.
+pub const MAX_CONSUMER_LEN: usize = 40;
+/// SQS's longest queue name.
+const MAX_QUEUE_LEN: usize = 80;
+
+impl Default for QueueOwnership {
+    fn default() -> Self {
+        Self::new(DEFAULT_QUEUE_PREFIX)
+    }
+}
+
+/// A registry that names a queue its consumer cannot own.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OwnershipError {
+    #[error("expected a JSON object of consumer id to a list of queue names: {0}")]
+    NotARegistry(String),
+    #[error("{0}")]
+    NotOwned(InvalidInput),
+}
+
+impl QueueOwnership {
+    /// Queues named `prefix`, the consumer's id, `_` and a name.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            registry: None,
+        }
     }
 
-    /// A JSON object of consumer id to the list of queue names it owns.
-    pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
-        serde_json::from_str(text).map(|map| Self(Some(map)))
+    /// Narrowed to the queues a JSON object of consumer id to queue names lists, each of which
+    /// must be named as its consumer's.
+    pub fn with_registry(mut self, json: &str) -> Result<Self, OwnershipError> {
+        let registry: BTreeMap<String, BTreeSet<String>> =
+            serde_json::from_str(json).map_err(|e| OwnershipError::NotARegistry(e.to_string()))?;
+        for (consumer, queues) in &registry {
+            for queue in queues {
+                self.named_for(consumer, queue)
+                    .map_err(OwnershipError::NotOwned)?;
+            }
+        }
+        self.registry = Some(registry);
+        Ok(self)
     }
 
-    pub fn check(&self, subscription: &Subscription) -> Result<(), InvalidInput> {
-        let Some(registry) = &self.0 else {
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether `consumer` may deliver to `queue`, or why not.
+    pub fn check(&self, consumer: &str, queue: &str) -> Result<(), InvalidInput> {
+        check_consumer(consumer)?;
+        self.named_for(consumer, queue)?;
+        let Some(registry) = &self.registry else {
             return Ok(());
         };
-        let consumer = &subscription.identity.consumer;
         match registry.get(consumer) {
-            Some(queues) if queues.contains(&subscription.queue) => Ok(()),
+            Some(queues) if queues.contains(queue) => Ok(()),
             Some(queues) => Err(InvalidInput::new(
                 QUEUE,
                 format!(
-                    "{:?} is not registered to consumer {consumer:?} (its queues: {})",
-                    subscription.queue,
+                    "{queue:?} is not registered to consumer {consumer:?} (its queues: {})",
                     queues.iter().cloned().collect::<Vec<_>>().join(", ")
                 ),
             )),
@@ -207,6 +262,52 @@ impl QueueRegistry {
                 format!("{consumer:?} has no queues registered"),
             )),
         }
+    }
+
+    /// Whether `queue` is named as one of `consumer`'s.
+    fn named_for(&self, consumer: &str, queue: &str) -> Result<(), InvalidInput> {
+        let name = queue
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|rest| rest.strip_prefix(consumer))
+            .and_then(|rest| rest.strip_prefix('_'))
+            .map(|rest| rest.strip_suffix(".fifo").unwrap_or(rest));
+        let valid = |name: &str| {
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        match name {
+            Some(name) if valid(name) && queue.len() <= MAX_QUEUE_LEN => Ok(()),
+            _ => Err(InvalidInput::new(
+                QUEUE,
+                format!(
+                    "{queue:?} is not a queue of consumer {consumer:?}: its queues are named \
+                     \"{}{consumer}_<name>\" (letters, digits, '-' and '_', optionally .fifo; \
+                     {MAX_QUEUE_LEN} characters in all)",
+                    self.prefix
+                ),
+            )),
+        }
+    }
+}
+
+/// A consumer id: 1 to `MAX_CONSUMER_LEN` letters, digits and hyphens (see `QueueOwnership`).
+pub fn check_consumer(consumer: &str) -> Result<(), InvalidInput> {
+    let valid = !consumer.is_empty()
+        && consumer.len() <= MAX_CONSUMER_LEN
+        && consumer
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(InvalidInput::new(
+            CONSUMER,
+            format!(
+                "{consumer:?}: a consumer id is 1 to {MAX_CONSUMER_LEN} letters, digits and hyphens"
+            ),
+        ))
     }
 }
 
@@ -223,14 +324,14 @@ mod tests {
                 id: "key#sheet-1".into(),
             },
             target: Target::Key("sheet-1".into()),
-            queue: "live-events".into(),
+            queue: "keyway-live_events".into(),
             pattern,
         }
     }
 
     #[test]
     fn a_subscription_reads_back_from_the_item_it_writes() {
-        let open = QueueRegistry::open();
+        let open = QueueOwnership::default();
         for subscription in [
             keyed(None),
             keyed(Some(json!({"type": [{"prefix": "row."}]}))),
@@ -251,48 +352,97 @@ mod tests {
             PATTERN.into(),
             AttrValue::S(r#"{"type": [{"prefx": "row."}]}"#.into()),
         );
-        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        let e = Subscription::from_item(&item, &QueueOwnership::default()).unwrap_err();
         assert_eq!(e.field, PATTERN);
         assert!(e.problem.contains("/type/0/prefx"), "{e}");
         item.insert(PATTERN.into(), AttrValue::S("{".into()));
-        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        let e = Subscription::from_item(&item, &QueueOwnership::default()).unwrap_err();
         assert!(e.problem.starts_with("not JSON"), "{e}");
         // Ten times a large policy: refused before it could outgrow an item.
         let huge = json!({"op": ["x".repeat(MAX_PATTERN_BYTES)]}).to_string();
         item.insert(PATTERN.into(), AttrValue::S(huge));
-        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        let e = Subscription::from_item(&item, &QueueOwnership::default()).unwrap_err();
         assert!(e.problem.contains("at most 262144"), "{e}");
     }
 
     #[test]
-    fn a_queue_not_registered_to_the_consumer_is_refused() {
-        let registry =
-            QueueRegistry::from_json(r#"{"live": ["live-events"], "audit": ["audit"]}"#).unwrap();
+    fn a_queue_not_named_as_the_consumers_or_not_in_its_registry_is_refused() {
+        let default = QueueOwnership::default();
         let item = keyed(None).to_item(1);
+        assert!(Subscription::from_item(&item, &default).is_ok());
+        let refused = |consumer: &str, queue: &str, queues: &QueueOwnership| {
+            let mut other = keyed(None);
+            other.identity.consumer = consumer.into();
+            other.queue = queue.into();
+            Subscription::from_item(&other.to_item(1), queues).unwrap_err()
+        };
+        for queue in [
+            "keyway-audit_trail",
+            "keyway-live-x_events",
+            "keyway-live",
+            "keyway-live_",
+            "keyway-DeadLetterQueue-1X2Y3Z4W5V6U",
+            "live_events",
+            "keyway-live_a.b",
+            &format!("keyway-live_{}", "x".repeat(80)),
+        ] {
+            let e = refused("live", queue, &default);
+            assert_eq!(e.field, QUEUE, "{queue}");
+            assert!(
+                e.problem
+                    .contains("its queues are named \"keyway-live_<name>\""),
+                "{e}"
+            );
+        }
+        for queue in ["keyway-live_events.fifo", "keyway-live_a-b_c"] {
+            let mut mine = keyed(None);
+            mine.queue = queue.into();
+            assert!(
+                Subscription::from_item(&mine.to_item(1), &default).is_ok(),
+                "{queue}"
+            );
+        }
+        for consumer in ["live_x", "a.b", "", &"x".repeat(MAX_CONSUMER_LEN + 1)] {
+            let e = refused(consumer, "keyway-live_events", &default);
+            assert_eq!(e.field, CONSUMER, "{consumer:?}");
+        }
+
+        let registry = QueueOwnership::default()
+            .with_registry(r#"{"live": ["keyway-live_events"], "audit": ["keyway-audit_trail"]}"#)
+            .unwrap();
         assert!(Subscription::from_item(&item, &registry).is_ok());
-        let mut other = keyed(None);
-        other.queue = "audit".into();
-        let e = Subscription::from_item(&other.to_item(1), &registry).unwrap_err();
-        assert_eq!(e.field, QUEUE);
+        let e = refused("live", "keyway-live_other", &registry);
         assert!(
             e.problem
-                .contains("\"audit\" is not registered to consumer \"live\""),
+                .contains("\"keyway-live_other\" is not registered to consumer \"live\""),
             "{e}"
         );
-        other.identity.consumer = "stranger".into();
-        let e = Subscription::from_item(&other.to_item(1), &registry).unwrap_err();
+        let e = refused("stranger", "keyway-stranger_q", &registry);
         assert_eq!(e.field, CONSUMER);
+    }
+
+    #[test]
+    fn a_registry_that_gives_a_consumer_a_queue_named_as_anothers_is_refused() {
+        let e = QueueOwnership::default()
+            .with_registry(r#"{"live": ["keyway-audit_trail"]}"#)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("not a queue of consumer \"live\""),
+            "{e}"
+        );
+        let e = QueueOwnership::default().with_registry("[1]").unwrap_err();
+        assert!(matches!(e, OwnershipError::NotARegistry(_)), "{e}");
     }
 
     #[test]
     fn an_item_without_a_target_or_with_two_is_refused() {
         let mut item = keyed(None).to_item(1);
         item.remove(FILTER_KEY);
-        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        let e = Subscription::from_item(&item, &QueueOwnership::default()).unwrap_err();
         assert_eq!(e.field, FILTER_KEY);
         item.insert(FILTER_KEY.into(), AttrValue::S("sheet-1".into()));
         item.insert(ALL_EVENTS.into(), AttrValue::Bool(true));
-        let e = Subscription::from_item(&item, &QueueRegistry::open()).unwrap_err();
+        let e = Subscription::from_item(&item, &QueueOwnership::default()).unwrap_err();
         assert!(e.problem.contains("no filter key"), "{e}");
     }
 

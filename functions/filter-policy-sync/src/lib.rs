@@ -10,24 +10,29 @@
 //! of two different subscriptions (a table whose items changed which subscription they hold)
 //! are written apart, the removal first.
 //!
-//! Keyed by policy item, so one item's changes apply in stream order and exactly once (the
-//! runtime's watermarks); the filter state refuses a change older than the one it holds, so
-//! nothing a retry repeats goes backwards either. A policy item that is not a valid subscription
-//! (malformed pattern, a queue not registered to its consumer, a consumer other than its table's)
-//! is dead-lettered with the reason and changes nothing.
+//! Keyed by policy item (its table and its key there), so one item's changes apply in stream
+//! order and exactly once (the runtime's watermarks); the filter state refuses a change older
+//! than the one it holds, so nothing a retry repeats goes backwards either. The filter state
+//! keeps each table's subscriptions apart (`dynamic_filter::index`): a consumer moving its
+//! subscriptions from one table to another at any speed loses none. A policy item that is not a
+//! valid subscription (malformed pattern, a queue its consumer does not own, a consumer other
+//! than its table's) is dead-lettered with the reason and changes nothing.
 //!
 //! A consumer's own policy table (consumer.yaml) is named `POLICY_TABLE_PREFIX` and the consumer's
 //! id: its items may only name that consumer, so a consumer given its table alone can subscribe
 //! for no one else. A table named otherwise (the shared one) may hold any consumer's items.
 //!
 //! Environment: `STATE_TABLE` (the runtime's state), `FILTER_STATE_TABLE`, `DEAD_LETTER_SINK`;
-//! optionally `CONSUMER_QUEUES` (a JSON object of consumer id to the queue names it owns: without
-//! it any queue is accepted), `POLICY_TABLE_PREFIX`, and the executor's variables (see
-//! `keyway::lambda::executor_config`).
+//! optionally `CONSUMER_QUEUE_PREFIX` and `CONSUMER_QUEUES` (which queues each consumer owns:
+//! `dynamic_filter::subscription::QueueOwnership`), `POLICY_TABLE_PREFIX`, and the executor's
+//! variables (see `keyway::lambda::executor_config`).
 
-use dynamic_filter::index::{revision, timed_revision, Revised};
+use dynamic_filter::index::{stream_revision, Revised};
+use dynamic_filter::queue_ownership;
 use dynamic_filter::store::FilterState;
-use dynamic_filter::subscription::{Identity, QueueRegistry, Subscription, CONSUMER, SUBSCRIPTION};
+use dynamic_filter::subscription::{
+    Identity, QueueOwnership, Subscription, CONSUMER, SUBSCRIPTION,
+};
 use keyway::domain::changelog::dynamodb_changes;
 use keyway::domain::item::item_to_dynamodb_json;
 use keyway::domain::{AttrValue, Item, Payload, RowChange, SourceRecord};
@@ -36,6 +41,7 @@ use keyway::lambda::{
     SetupError, StreamHandler,
 };
 use keyway::operator::{SinkDescriptor, StateDescriptor};
+use keyway::sources::dynamodb::stream_label_of;
 use keyway::{Ctx, Executor, InvalidInput, KeyedOperator, ProcessError, Sink, Sinks};
 
 /// Where the subscription changes go: the filter state.
@@ -48,14 +54,14 @@ pub struct PolicyChange {
     pub table: Option<String>,
     /// The item's key attributes.
     pub keys: Item,
-    /// When the change was made and its stream sequence number (`index::timed_revision`).
+    /// Its stream's label and its sequence number (`index::stream_revision`).
     pub revision: String,
     pub steps: Vec<RowChange<Item>>,
 }
 
 #[derive(Clone, Debug, Default)]
 pub struct PolicySync {
-    pub queues: QueueRegistry,
+    pub queues: QueueOwnership,
     /// What the names of consumers' own policy tables start with; the rest is the consumer.
     pub table_prefix: Option<String>,
 }
@@ -85,12 +91,11 @@ impl KeyedOperator for PolicySync {
         Ok(PolicyChange {
             table: change.table.clone(),
             keys: change.keys.clone(),
-            // Ordered by time first: the same subscription may come from another table's
-            // stream, numbered afresh (a consumer moving to a table of its own).
-            revision: match record.arrival_millis {
-                Some(created) => timed_revision(created, record.sequence.as_str()),
-                None => revision(record.sequence.as_str()),
-            },
+            // Ordered by the table's stream first: a table made again streams anew.
+            revision: stream_revision(
+                stream_label_of(&record.origin).unwrap_or_default(),
+                record.sequence.as_str(),
+            ),
             // The old image a stream did not carry is not needed: a removal names only the
             // subscription, which the item's keys give.
             steps: dynamodb_changes(change, None)?,
@@ -115,7 +120,9 @@ impl PolicySync {
     /// What a change comes to in the filter state: the subscription its item now holds, and the
     /// removal of the one it held before if that was another.
     pub fn resolve(&self, change: &PolicyChange) -> Result<Vec<Revised>, InvalidInput> {
+        let table = change.table.clone().unwrap_or_default();
         let removal = |identity: Identity| Revised {
+            table: table.clone(),
             identity,
             revision: change.revision.clone(),
             subscription: None,
@@ -147,6 +154,7 @@ impl PolicySync {
             .into_iter()
             .collect();
         out.push(Revised {
+            table,
             identity: subscription.identity.clone(),
             revision: change.revision.clone(),
             subscription: Some(subscription),
@@ -213,20 +221,16 @@ pub fn handler(
 
 /// The operator's settings from the environment.
 pub fn sync_config(env: &Env) -> Result<PolicySync, ConfigError> {
-    let json = |name: &str| env.get(name).filter(|t| !t.trim().is_empty());
-    let mut sync = PolicySync::default();
-    if let Some(text) = json("CONSUMER_QUEUES") {
-        sync.queues = QueueRegistry::from_json(text).map_err(|e| ConfigError {
-            name: "CONSUMER_QUEUES".into(),
-            problem: format!("expected a JSON object of consumer id to a list of queue names: {e}"),
-        })?;
-    }
-    sync.table_prefix = json("POLICY_TABLE_PREFIX").cloned();
-    Ok(sync)
+    let set = |name: &str| env.get(name).filter(|t| !t.trim().is_empty());
+    Ok(PolicySync {
+        queues: queue_ownership(env)?,
+        table_prefix: set("POLICY_TABLE_PREFIX").cloned(),
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use dynamic_filter::index::revision;
     use dynamic_filter::subscription::Target;
     use keyway::domain::{Change, ChangeKind};
 
@@ -239,7 +243,7 @@ mod tests {
                 id: format!("key#{filter_key}"),
             },
             target: Target::Key(filter_key.into()),
-            queue: queue.into(),
+            queue: format!("keyway-{consumer}_{queue}"),
             pattern: None,
         }
     }
@@ -278,7 +282,13 @@ mod tests {
 
     fn live(out: &[Revised]) -> Vec<Option<String>> {
         out.iter()
-            .map(|r| r.subscription.as_ref().map(|s| s.queue.clone()))
+            .map(|r| {
+                let queue = |s: &Subscription| {
+                    let prefix = format!("keyway-{}_", s.identity.consumer);
+                    s.queue.strip_prefix(&prefix).unwrap_or(&s.queue).to_owned()
+                };
+                r.subscription.as_ref().map(queue)
+            })
             .collect()
     }
 
@@ -286,7 +296,7 @@ mod tests {
     fn a_modification_of_one_subscription_is_written_as_the_subscription_it_now_is() {
         let old = subscription("live", "s1", "q1");
         let mut new = old.clone();
-        new.queue = "q2".into();
+        new.queue = "keyway-live_q2".into();
         new.target = Target::Key("s2".into());
         let out = PolicySync::default()
             .resolve(&change(ChangeKind::Modify, Some(&old), Some(&new)))

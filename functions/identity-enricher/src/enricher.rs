@@ -113,8 +113,10 @@ pub struct EnricherConfig {
     pub buffer_ttl: Duration,
     /// How long an identity outlives its credentials' expiration: records are delivered late.
     pub grace: Duration,
-    /// The longest role chain followed: a key issued beyond it gets no resolution, and its records
-    /// go out unresolved after the buffer TTL.
+    /// The most roles a chain is followed through. A key issued past it is resolved to the chain
+    /// cut at its first role beyond the limit, and its records (and those of every key issued
+    /// further down) go out at once, unresolved, saying so (`reason::DEPTH_LIMIT`), with the
+    /// original actor and that chain: a key's state stays bounded however deep a chain goes.
     pub max_chain_depth: usize,
     /// The most records a key keeps waiting: a key whose resolution never comes must not grow
     /// its state (and the release that would follow) without bound. Records beyond it go out
@@ -156,6 +158,8 @@ pub mod reason {
         "no resolution of the caller's access key arrived within the buffer TTL";
     pub const BUFFER_FULL: &str =
         "the caller's access key already has the most records a key keeps waiting";
+    pub const DEPTH_LIMIT: &str =
+        "the role chain is deeper than the most roles followed (MAX_CHAIN_DEPTH, depthLimit)";
 }
 
 pub struct IdentityEnricher {
@@ -180,13 +184,28 @@ impl IdentityEnricher {
         if let Some(issued) = &record.issued {
             self.publish(ctx, &record, at, identity, issued, decided)?;
         }
-        self.emit(ctx, at, record.record, enrichment(identity), decided)
+        let enrichment = if self.beyond_limit(identity) {
+            let mut beyond = enrichment(identity);
+            beyond["status"] = "unresolved".into();
+            beyond["reason"] = reason::DEPTH_LIMIT.into();
+            beyond["depthLimit"] = self.config.max_chain_depth.into();
+            beyond
+        } else {
+            enrichment(identity)
+        };
+        self.emit(ctx, at, record.record, enrichment, decided)
     }
 
-    /// The resolution of a key `record` issued, unless it would close a cycle, make the chain
-    /// longer than the maximum depth, or the record is the other account's copy of a
-    /// cross-account call (its caller's account publishes it). The records of a key left without
-    /// a resolution go out unresolved after the buffer TTL.
+    /// Whether `identity`'s chain went past the depth limit: it then holds one role more than
+    /// the limit, the first beyond it.
+    fn beyond_limit(&self, identity: &Identity) -> bool {
+        identity.role_chain.len() > self.config.max_chain_depth
+    }
+
+    /// The resolution of a key `record` issued, unless it would close a cycle or the record is
+    /// the other account's copy of a cross-account call (its caller's account publishes it). The
+    /// records of a key left without a resolution go out unresolved after the buffer TTL. Past
+    /// the depth limit the chain grows no longer (see `EnricherConfig::max_chain_depth`).
     fn publish(
         &self,
         ctx: &mut Ctx<'_>,
@@ -200,11 +219,14 @@ impl IdentityEnricher {
         let caller_key = record.record["userIdentity"]["accessKeyId"].as_str();
         let cycle = identity.holds_key(&issued.access_key_id)
             || caller_key == Some(issued.access_key_id.as_str());
-        let too_deep = identity.role_chain.len() >= self.config.max_chain_depth;
-        if copy || cycle || too_deep {
+        if copy || cycle {
             return Ok(());
         }
-        let next = identity.extended(issued.link.clone());
+        let next = if self.beyond_limit(identity) {
+            identity.clone()
+        } else {
+            identity.extended(issued.link.clone())
+        };
         // The issued key is used in the account of the role it belongs to.
         let account = issued
             .link

@@ -32,6 +32,13 @@ pub fn stream_label(arn: &str) -> Option<&str> {
     arn.split_once("/stream/").map(|(_, label)| label)
 }
 
+/// The stream label a DynamoDB Streams record's origin names (`table@label/item`), if its event
+/// named its stream: what orders the changes of one item across the streams its table had.
+pub fn stream_label_of(origin: &Origin) -> Option<&str> {
+    let (stream, _item) = origin.as_str().split_once('/')?;
+    stream.split_once('@').map(|(_table, label)| label)
+}
+
 // A batch holds records and rejections side by side, both about as large: boxing the rejection
 // would only add an allocation.
 #[allow(clippy::result_large_err)]
@@ -236,6 +243,18 @@ mod tests {
             batch[0].as_ref().unwrap().lineage,
             batch[1].as_ref().unwrap().lineage
         );
+    }
+
+    #[test]
+    fn a_records_origin_gives_back_its_streams_label() {
+        let batch = decode_event(json!({"Records": [record("INSERT", "1")]})).unwrap();
+        let origin = &batch[0].as_ref().unwrap().origin;
+        assert_eq!(stream_label_of(origin), Some("2015-06-27T00:48:05.899"));
+        let mut bare = record("INSERT", "1");
+        bare["eventSourceARN"] = json!("arn:aws:dynamodb:eu-west-1:123456789012:table/policies");
+        let batch = decode_event(json!({ "Records": [bare] })).unwrap();
+        let origin = &batch[0].as_ref().unwrap().origin;
+        assert_eq!(stream_label_of(origin), None);
     }
 
     #[test]
