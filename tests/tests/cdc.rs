@@ -769,6 +769,59 @@ async fn a_truncate_removes_the_rows_changed_before_it_and_keeps_those_changed_a
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_change_in_a_truncates_own_millisecond_is_kept_in_every_arrival_order() {
+    use keyway_stack::cdc::{interleave, replay, Settings};
+    // A connector that says only when the database made each change (ts_ms): a change in the
+    // truncate's own millisecond cannot be told before or after it, and is taken as after it.
+    let domain = |id: u32, ts: i64| SourceEvent {
+        topic: "app.public.domains".into(),
+        key: json!({ "id": id }),
+        value: Some(json!({
+            "before": null, "after": {"id": id, "user_id": 1}, "op": "c",
+            "source": {"connector": "informix", "table": "domains", "ts_ms": ts},
+        })),
+    };
+    let truncate = SourceEvent {
+        topic: "app.public.domains".into(),
+        key: json!("default"),
+        value: Some(json!({"op": "t", "before": null, "after": null,
+                           "source": {"connector": "informix", "table": "domains", "ts_ms": 1_000}})),
+    };
+    let user = SourceEvent {
+        topic: "app.public.users".into(),
+        key: json!({"id": 1}),
+        value: Some(json!({"before": null, "after": {"id": 1}, "op": "c",
+                           "source": {"connector": "informix", "table": "users", "ts_ms": 1}})),
+    };
+    let events = vec![
+        user,
+        domain(1, 999),
+        domain(2, 1_000),
+        truncate,
+        domain(3, 1_000),
+        domain(4, 1_001),
+    ];
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+    for order in 0..6 {
+        let settings = Settings {
+            shards: 1 + order as usize % 3,
+            batch_size: [1, 7, 100][order as usize % 3],
+            ..Settings::new(spec.clone())
+        };
+        let outcome = replay(&settings, &interleave(events.clone(), order))
+            .await
+            .unwrap();
+        assert_eq!(outcome.failed_sweeps, 0, "order {order}");
+        let mut kept: Vec<String> = folded(&outcome.joined)
+            .into_keys()
+            .map(|(left, _)| left)
+            .collect();
+        kept.sort();
+        assert_eq!(kept, ["2", "3", "4"], "order {order}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_truncate_that_says_nothing_of_where_it_stands_is_dead_lettered_with_its_reason() {
     use keyway_stack::cdc::{replay, Settings};
     let events = vec![

@@ -430,3 +430,44 @@ async fn a_role_chain_deeper_than_the_limit_goes_out_at_once_saying_the_limit_wa
         }
     }
 }
+
+#[tokio::test]
+async fn a_customer_map_changed_while_a_resolution_is_in_flight_still_resolves_the_keys_records() {
+    // Alice's AssumeRole is enriched under the old map, which publishes ASIA1's resolution; the
+    // enricher is deployed again with the account moved to another customer before the
+    // resolution is read back, and then ASIA1 is used.
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let with_map = |customer: &str| EnricherConfig {
+        customers: identity_enricher::identity::CustomerMap::from_json(&format!(
+            r#"{{"{ACCOUNT}": "{customer}"}}"#
+        ))
+        .unwrap(),
+        ..EnricherConfig::default()
+    };
+    let before = enricher(&world, with_map("acme"));
+    let after = enricher(&world, with_map("acme-holdings"));
+    let records = article();
+    let mut events = Shard::new("cloudtrail", 0);
+    let assume = events.batch(&[("acme#AKIAALICE", serde_json::to_vec(&records[0]).unwrap())]);
+    before.run(decode_event(&assume.to_string()).unwrap()).await;
+    let resolution = world.outputs(RESOLUTIONS.name)[0].body.clone();
+    let mut feedback = Shard::new("feedback", 0);
+    let batch = feedback.batch(&[("acme#ASIA1", resolution.into_bytes())]);
+    let report = after.run(decode_event(&batch.to_string()).unwrap()).await;
+    assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
+    let action = events.batch(&[(
+        "acme-holdings#ASIA1",
+        serde_json::to_vec(&records[1]).unwrap(),
+    )]);
+    after.run(decode_event(&action.to_string()).unwrap()).await;
+    let enriched: Vec<Value> = world
+        .outputs(ENRICHED.name)
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    let action = enriched
+        .iter()
+        .find(|e| e["eventID"] == "2-action-with-asia1")
+        .expect("the action with ASIA1 went out at once");
+    assert_eq!(action["enrichment"]["status"], "resolved", "{action}");
+}

@@ -197,7 +197,7 @@ impl Rekey {
             InvalidInput::new(
                 "source",
                 format!(
-                    "a truncate of {table:?} says nothing of where it stands (lsn, file and pos, \
+                    "a truncate of {table:?} says nothing of where it stands (lsn, scn, file and pos, \
                      or ts_ms): the rows it removes cannot be told from those changed after it"
                 ),
             )

@@ -236,6 +236,7 @@ impl IdentityEnricher {
             .unwrap_or(&record.account);
         let resolution = Resolution {
             customer: self.config.customers.customer_of(account).to_owned(),
+            account: Some(account.to_owned()),
             access_key_id: issued.access_key_id.clone(),
             original_actor: next.original_actor,
             role_chain: next.role_chain,
@@ -388,7 +389,7 @@ impl KeyedOperator for IdentityEnricher {
     fn key(&self, input: &Enrich) -> String {
         match input {
             Enrich::Event(record) => record.partition_key(&self.config.customers),
-            Enrich::Resolved(resolution) => resolution.partition_key(),
+            Enrich::Resolved(resolution) => resolution.key(&self.config.customers),
         }
     }
 

@@ -75,7 +75,13 @@ impl Identity {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Resolution {
+    /// The account's customer when it was published: where the feedback stream routes it.
     pub customer: String,
+    /// The account the issued key is used in, which the reader maps to its customer again with
+    /// the map it has: a customer map changed while the resolution was on its way keys it where
+    /// the key's records now go. Absent in resolutions published before it was carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
     pub access_key_id: String,
     pub original_actor: Actor,
     pub role_chain: Vec<ChainLink>,
@@ -95,6 +101,15 @@ impl Resolution {
     /// The partition key of the feedback stream for this resolution.
     pub fn partition_key(&self) -> String {
         partition_key(&self.customer, &self.access_key_id)
+    }
+
+    /// The key whose state this resolution goes to: its account's customer by `customers` (the
+    /// map the reader has), and the issued key.
+    pub fn key(&self, customers: &CustomerMap) -> String {
+        match &self.account {
+            Some(account) => partition_key(customers.customer_of(account), &self.access_key_id),
+            None => self.partition_key(),
+        }
     }
 }
 
@@ -162,6 +177,7 @@ mod tests {
     fn a_resolution_is_routed_by_its_customer_and_issued_key_and_reads_back_as_written() {
         let resolution = Resolution {
             customer: "acme".into(),
+            account: Some("111111111111".into()),
             access_key_id: "ASIA2".into(),
             original_actor: Actor {
                 kind: "IAMUser".into(),

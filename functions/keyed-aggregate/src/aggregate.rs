@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::exact::{Exact, ExactError};
+use crate::exact::{Exact, ExactError, Sum};
 
 /// The aggregates a result reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,8 +52,9 @@ impl Aggregate {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Partial {
     pub count: u64,
-    /// The sum of the values; none when counting records without values.
-    pub sum: Option<Exact>,
+    /// The sum of the values, exactly however large it grows; none when counting records without
+    /// values.
+    pub sum: Option<Sum>,
     pub min: Option<Exact>,
     pub max: Option<Exact>,
 }
@@ -63,7 +64,7 @@ impl Partial {
     pub fn of(value: Option<Exact>) -> Self {
         Partial {
             count: 1,
-            sum: value,
+            sum: value.map(Sum::from),
             min: value,
             max: value,
         }
@@ -126,7 +127,7 @@ mod tests {
         partial.merge(&Partial::of(Some(value(-2, 0)))).unwrap();
         partial.merge(&Partial::of(Some(value(3, 0)))).unwrap();
         assert_eq!(partial.count, 3);
-        assert_eq!(partial.sum, Some(value(15, 1)));
+        assert_eq!(partial.sum, Some(value(15, 1).into()));
         assert_eq!(partial.min, Some(value(-2, 0)));
         assert_eq!(partial.max, Some(value(3, 0)));
         assert_eq!(partial.mean(), Some(0.5));
@@ -135,6 +136,49 @@ mod tests {
         assert_eq!(
             (counted.count, counted.sum, counted.mean()),
             (2, None, None)
+        );
+    }
+
+    #[test]
+    fn sums_that_pass_38_digits_on_the_way_merge_alike_in_any_order_and_grouping() {
+        let exact = |text: &str| Exact::parse(text).unwrap();
+        let big = exact("99999999999999999999999999999999999999");
+        let negative = exact("-99999999999999999999999999999999999999");
+        let tiny = exact("0.000000000000000001");
+        let fold = |values: &[Exact]| {
+            let mut partial = Partial::of(Some(values[0]));
+            for v in &values[1..] {
+                partial.merge(&Partial::of(Some(*v))).unwrap();
+            }
+            partial
+        };
+        let orders = [
+            [big, big, negative, tiny],
+            [big, negative, big, tiny],
+            [tiny, negative, big, big],
+            [tiny, big, big, negative],
+        ];
+        let sums: Vec<String> = orders
+            .iter()
+            .map(|o| fold(o).sum.unwrap().to_string())
+            .collect();
+        for sum in &sums {
+            assert_eq!(
+                sum,
+                "99999999999999999999999999999999999999.000000000000000001"
+            );
+        }
+        // Grouped: two partials of two values each, merged either way round.
+        let mut left = fold(&[big, big]);
+        let right = fold(&[negative, tiny]);
+        let mut other = right.clone();
+        left.merge(&right).unwrap();
+        other.merge(&fold(&[big, big])).unwrap();
+        assert_eq!(left, other);
+        assert_eq!(left, fold(&orders[0]));
+        assert_eq!(
+            left.mean(),
+            Some(99999999999999999999999999999999999999.0 / 4.0)
         );
     }
 

@@ -2,7 +2,13 @@
 //! changes the order (partials of one key are summed in buckets, then merged): aggregates that
 //! must equal an unsalted computation to the last digit cannot be doubles. `Exact` is a decimal
 //! of up to 38 significant digits and 18 decimal places, read from a JSON number's text without
-//! rounding; sums, minimums and maximums of it are the same in any order.
+//! rounding; minimums and maximums of it are the same in any order.
+//!
+//! A sum is a `Sum`, wider than any value: a running total that passes 38 digits on the way (two
+//! large values before a negative one, or a large value and a tiny fraction) would otherwise
+//! fail in one order or grouping of the same values and not in another. A `Sum` holds 74 digits
+//! and 18 places, enough for 10^18 values of the largest magnitude, so no order or grouping of
+//! any realistic stream overflows it.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -180,6 +186,127 @@ impl fmt::Display for Exact {
     }
 }
 
+/// An exact sum of `Exact` values (see the module's notes): `hi × 10^36 + lo` units of
+/// 10^-18, `|lo| < 10^36`, `hi` and `lo` never of opposite signs, so each value has one form.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Sum {
+    hi: i128,
+    lo: i128,
+}
+
+/// 10^36: the base of a `Sum`'s low half.
+const HALF: i128 = 10i128.pow(36);
+
+impl Sum {
+    pub const ZERO: Sum = Sum { hi: 0, lo: 0 };
+
+    pub fn checked_add(self, other: Sum) -> Result<Sum, ExactError> {
+        let lo = self.lo + other.lo;
+        let hi = self
+            .hi
+            .checked_add(other.hi)
+            .and_then(|hi| hi.checked_add(lo / HALF))
+            .ok_or(ExactError::Overflow)?;
+        Ok(Sum { hi, lo: lo % HALF }.normalized())
+    }
+
+    /// `hi` and `lo` of one sign.
+    fn normalized(mut self) -> Self {
+        if self.hi > 0 && self.lo < 0 {
+            self.hi -= 1;
+            self.lo += HALF;
+        } else if self.hi < 0 && self.lo > 0 {
+            self.hi += 1;
+            self.lo -= HALF;
+        }
+        self
+    }
+
+    /// The nearest double: for a mean.
+    pub fn to_f64(self) -> f64 {
+        self.to_string()
+            .parse()
+            .expect("a decimal parses as a double")
+    }
+
+    /// A decimal's text without exponent, of up to 74 digits and 18 places, as `Display` writes
+    /// it; or any text `Exact` reads.
+    pub fn parse(text: &str) -> Result<Self, ExactError> {
+        if let Ok(value) = Exact::parse(text) {
+            return Ok(value.into());
+        }
+        let not_a_number = || ExactError::NotANumber(text.to_owned());
+        let (negative, rest) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let (whole, fraction) = rest.split_once('.').unwrap_or((rest, ""));
+        let digits_ok = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+        if whole.is_empty() || !digits_ok(whole) || !digits_ok(fraction) {
+            return Err(not_a_number());
+        }
+        let whole = whole.trim_start_matches('0');
+        if fraction.len() > MAX_SCALE as usize || whole.len() > 74 - MAX_SCALE as usize {
+            return Err(ExactError::OutOfRange(text.to_owned()));
+        }
+        let units = format!("{whole}{fraction:0<width$}", width = MAX_SCALE as usize);
+        let split = units.len().saturating_sub(36);
+        let part = |digits: &str| digits.parse::<i128>().unwrap_or(0);
+        let sign = if negative { -1 } else { 1 };
+        Ok(Sum {
+            hi: sign * part(&units[..split]),
+            lo: sign * part(&units[split..]),
+        })
+    }
+}
+
+impl From<Exact> for Sum {
+    fn from(value: Exact) -> Self {
+        // value × 10^18 = units × 10^f, split at 10^36: units = hi × 10^(36-f) + rest.
+        let f = MAX_SCALE - value.scale;
+        let base = pow10(36 - f).expect("36 - f ≤ 36");
+        Sum {
+            hi: value.units / base,
+            lo: (value.units % base) * pow10(f).expect("f ≤ 18"),
+        }
+    }
+}
+
+impl fmt::Display for Sum {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.hi < 0 || self.lo < 0 { "-" } else { "" };
+        let digits = if self.hi == 0 {
+            self.lo.unsigned_abs().to_string()
+        } else {
+            format!("{}{:036}", self.hi.unsigned_abs(), self.lo.unsigned_abs())
+        };
+        let scale = MAX_SCALE as usize;
+        let padded = format!("{digits:0>width$}", width = scale + 1);
+        let (whole, fraction) = padded.split_at(padded.len() - scale);
+        let fraction = fraction.trim_end_matches('0');
+        if fraction.is_empty() {
+            write!(f, "{sign}{whole}")
+        } else {
+            write!(f, "{sign}{whole}.{fraction}")
+        }
+    }
+}
+
+/// Stored as its decimal text, as `Exact` is: the text of a sum within 38 digits is the text of
+/// the `Exact` of that value, so a stored partial reads back whichever of the two wrote it.
+impl Serialize for Sum {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Sum {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Sum::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Stored as its decimal text: a JSON number would go through a double on the way back.
 impl Serialize for Exact {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -264,6 +391,31 @@ mod tests {
         assert_eq!(serde_json::from_str::<Exact>(&json).unwrap(), value);
     }
 
+    #[test]
+    fn a_sum_holds_what_no_exact_can_and_writes_it_back_in_full() {
+        let max = Sum::from(exact("99999999999999999999999999999999999999"));
+        let tiny = Sum::from(exact("0.000000000000000001"));
+        let sum = max.checked_add(max).unwrap().checked_add(tiny).unwrap();
+        let text = "199999999999999999999999999999999999998.000000000000000001";
+        assert_eq!(sum.to_string(), text);
+        assert_eq!(Sum::parse(text).unwrap(), sum);
+        let negative = Sum::ZERO.checked_add(Sum::from(exact("-1.5"))).unwrap();
+        assert_eq!(negative.to_string(), "-1.5");
+        let back = sum
+            .checked_add(Sum::parse(&format!("-{text}")).unwrap())
+            .unwrap();
+        assert_eq!(back, Sum::ZERO);
+        assert_eq!(back.to_string(), "0");
+        for value in ["0", "-0.000000000000000001", "12.5", "-2e3", "1e37"] {
+            let sum = Sum::from(exact(value));
+            assert_eq!(sum.to_string(), exact(value).to_string(), "{value}");
+            assert_eq!(
+                serde_json::to_string(&sum).unwrap(),
+                serde_json::to_string(&exact(value)).unwrap()
+            );
+        }
+    }
+
     fn decimal() -> impl Strategy<Value = String> {
         (any::<i64>(), 0u32..8).prop_map(|(units, places)| {
             let value = Exact {
@@ -284,6 +436,17 @@ mod tests {
             shuffled.sort_by_key(|v| (v.units as u64).wrapping_mul(seed | 1));
             let backward = shuffled.iter().try_fold(Exact::ZERO, |s, v| s.checked_add(*v)).unwrap();
             prop_assert_eq!(forward, backward);
+        }
+
+        #[test]
+        fn a_sum_of_exact_values_is_their_exact_sum_with_either_sign(a in decimal(), b in decimal()) {
+            let (x, y) = (exact(&a), exact(&b));
+            if let Ok(exact_sum) = x.checked_add(y) {
+                let sum = Sum::from(x).checked_add(Sum::from(y)).unwrap();
+                prop_assert_eq!(sum, Sum::from(exact_sum));
+                prop_assert_eq!(sum.to_string(), exact_sum.to_string());
+                prop_assert_eq!(Sum::parse(&sum.to_string()).unwrap(), sum);
+            }
         }
 
         #[test]

@@ -191,7 +191,7 @@ mod tests {
         assert!(sources.take(&update("k#0", 11, &["1", "2", "3.5"])));
         let total = sources.total().unwrap();
         assert_eq!(total.count, 4);
-        assert_eq!(total.sum, Some(Exact::parse("11.5").unwrap()));
+        assert_eq!(total.sum, Some(Exact::parse("11.5").unwrap().into()));
         assert_eq!(total.min, Some(Exact::parse("1").unwrap()));
     }
 

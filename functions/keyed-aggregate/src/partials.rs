@@ -38,7 +38,9 @@ pub const ALL: &str = "all";
 pub const OPEN: MapState<String, Open> = MapState::with_shape(
     "open",
     // Written out: an `Exact` is stored as its decimal text, which the tracer of state
-    // structures cannot sample. It must change whenever the stored form does.
+    // structures cannot sample. It must change whenever the stored form does. The sum, a `Sum`
+    // since sums outgrew 38 digits, is stored as the same decimal text (longer only past 38
+    // digits), so what was stored before reads back unchanged and the signature stands.
     "Open { key: String, partial: Partial { count: u64, sum: Option<Exact>, min: Option<Exact>, \
      max: Option<Exact> }, flush_at: Option<i64> }, Exact as decimal text",
 );

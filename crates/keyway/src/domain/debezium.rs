@@ -82,10 +82,12 @@ pub struct Source {
 }
 
 /// Where a change stands in its database's log: what orders a truncate against the changes of
-/// rows, which travel apart from it. PostgreSQL's `lsn`; MySQL's binlog `file`, `pos` and
-/// `row`; for other connectors, the time the database made the change (`ts_ms`), which orders
-/// changes a millisecond apart only. Positions of one connector compare; a snapshot's reads share
-/// the position the snapshot started at.
+/// rows, which travel apart from it. PostgreSQL's `lsn`; Oracle's `scn` (a log position too);
+/// MySQL's binlog `file`, `pos` and `row`; for other connectors, the time the database made the
+/// change (`ts_ms`), which orders changes a millisecond apart only: a change in a truncate's own
+/// millisecond cannot be told before or after it, and is taken as after it (`Stored::truncated_by`
+/// keeps it). Positions of one connector compare; a snapshot's reads share the position the
+/// snapshot started at.
 #[derive(
     Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
 )]
@@ -102,6 +104,14 @@ impl Position {
         let number = |name: &str| source.get(name).and_then(Value::as_u64);
         if let Some(lsn) = number("lsn") {
             return Some(Self::Lsn(lsn));
+        }
+        // Oracle writes its system change number as text.
+        let scn = source.get("scn").and_then(|scn| match scn {
+            Value::String(text) => text.parse().ok(),
+            other => other.as_u64(),
+        });
+        if let Some(scn) = scn {
+            return Some(Self::Lsn(scn));
         }
         let file = source
             .get("file")
@@ -346,6 +356,10 @@ mod tests {
             Some(Position::Millis(1486500577691))
         );
         assert_eq!(at(json!({"connector": "mysql"})), None);
+        assert_eq!(
+            at(json!({"connector": "oracle", "scn": "1513734", "ts_ms": 5})),
+            Some(Position::Lsn(1513734))
+        );
     }
 
     #[test]
