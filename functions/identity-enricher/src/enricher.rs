@@ -102,7 +102,7 @@ impl Position {
 /// What the enricher takes in.
 pub enum Enrich {
     Event(Box<CloudTrailRecord>),
-    Resolved(Resolution),
+    Resolved(Box<Resolution>),
 }
 
 /// Settings of the enricher.
@@ -382,7 +382,7 @@ impl KeyedOperator for IdentityEnricher {
         record
             .route()
             .input(&EVENTS, |r| Enrich::Event(Box::new(r)))
-            .input(&FEEDBACK, Enrich::Resolved)
+            .input(&FEEDBACK, |r| Enrich::Resolved(Box::new(r)))
             .done()
     }
 
@@ -396,7 +396,7 @@ impl KeyedOperator for IdentityEnricher {
     fn process(&self, ctx: &mut Ctx<'_>, input: Enrich) -> Result<(), ProcessError> {
         match input {
             Enrich::Event(record) => self.event(ctx, *record),
-            Enrich::Resolved(resolution) => self.resolution(ctx, resolution),
+            Enrich::Resolved(resolution) => self.resolution(ctx, *resolution),
         }
     }
 
