@@ -6,6 +6,7 @@ mod bench_cdc;
 mod bench_filter;
 mod bench_identity;
 mod cdc;
+mod chaos;
 mod demo;
 mod demo_cdc;
 mod demo_filter;
@@ -211,6 +212,10 @@ enum Command {
         #[command(subcommand)]
         what: GenerateCommand,
     },
+    /// Runs applications of the stack under every injected fault, each against a run without
+    /// faults and an oracle of its own, and prints what was lost, applied twice or extra; fails
+    /// unless every run is clean. The same seed replays the same input and the same faults.
+    Chaos(chaos::ChaosArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -529,6 +534,7 @@ fn main() -> std::process::ExitCode {
             },
             &mut std::io::BufWriter::new(std::io::stdout().lock()),
         ),
+        Command::Chaos(args) => chaos::run(args),
         Command::Bench { which } => bench(which),
     };
     match result {

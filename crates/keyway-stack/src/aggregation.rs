@@ -126,7 +126,7 @@ impl Aggregation {
         let dead_letters = services.sqs.create_queue("aggregate-dead-letters");
         let env = environment(settings, &dead_letters);
         let mut runtime = LocalRuntime::new(services.clone());
-        let mapping = stack_mapping(settings.batch_size);
+        let mapping = stack_mapping(settings.batch_size, 2);
         let source = |stream: &str| MappingSource::Kinesis {
             kinesis: services.kinesis.clone(),
             stream: stream.to_owned(),

@@ -60,6 +60,8 @@ pub struct Settings {
     pub spec: JoinSpec,
     /// Shards of every topic's stream and of the changelog.
     pub shards: usize,
+    /// Lanes each shard is read in (the mappings' ParallelizationFactor; the stack's is 2).
+    pub lanes: u32,
     pub batch_size: usize,
     pub faults: FaultPlan,
     /// Events put on their streams only once every truncate was swept twice: a shard far
@@ -72,6 +74,7 @@ impl Settings {
         Self {
             spec,
             shards: 2,
+            lanes: 2,
             batch_size: 100,
             faults: FaultPlan::default(),
             late: Vec::new(),
@@ -99,6 +102,8 @@ pub struct Outcome {
     pub faults_fired: BTreeMap<&'static str, FaultCounts>,
     /// Kinds of fault the plan names that never fired.
     pub faults_missing: Vec<Fault>,
+    /// The faults, dead letters (their bodies) and batches given up, as a chaos run reads them.
+    pub ending: crate::chaos::Ending,
 }
 
 /// `events` in an order that keeps each row's changes (one topic's record key) in order and
@@ -201,7 +206,7 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     let dead_letters = services.sqs.create_queue("cdc-dead-letters");
     let env = environment(&settings.spec, &dead_letters);
     let mut runtime = LocalRuntime::new(services.clone());
-    let mapping = stack_mapping(settings.batch_size);
+    let mapping = stack_mapping(settings.batch_size, settings.lanes);
     let source = |stream: &str| MappingSource::Kinesis {
         kinesis: services.kinesis.clone(),
         stream: stream.to_owned(),
@@ -298,6 +303,7 @@ fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, Loca
         faults_fired: services.faults_fired(),
         faults_missing: services.faults_missing(),
         failed_sweeps: 0,
+        ending: crate::chaos::Ending::read(services, dead_letters, None),
     })
 }
 

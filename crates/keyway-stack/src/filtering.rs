@@ -111,6 +111,9 @@ pub struct TimedEvent {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub shards: usize,
+    /// Lanes each shard of the events stream is read in (the filter's ParallelizationFactor;
+    /// the stack's is 2).
+    pub lanes: u32,
     /// Where an event holds its filter key.
     pub key_pointer: String,
     /// The queues each consumer may deliver to, as a JSON object; `None` leaves each consumer
@@ -127,6 +130,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             shards: 4,
+            lanes: 2,
             key_pointer: "/key".into(),
             registry: None,
             faults: FaultPlan::default(),
@@ -166,6 +170,8 @@ pub struct Outcome {
     pub refreshes: Refreshes,
     /// What each event source mapping did.
     pub mappings: Vec<(String, MappingStats)>,
+    /// The faults, dead letters (their bodies) and batches given up, as a chaos run reads them.
+    pub ending: crate::chaos::Ending,
 }
 
 /// The stack of template.yaml, and the filter function's handler for its counters.
@@ -208,12 +214,9 @@ impl FilterStack {
             Ok(handler as Arc<dyn Handler>)
         });
         functions.insert("DynamicFilterFunction".into(), factory);
-        let runtime = LocalRuntime::from_template_with(
-            crate::TEMPLATE,
-            &parameters,
-            services.clone(),
-            &functions,
-        )?;
+        let template = crate::template_with(&[], &[("DynamicFilterFunction", settings.lanes)]);
+        let runtime =
+            LocalRuntime::from_template_with(&template, &parameters, services.clone(), &functions)?;
         // After the template made the tables: the latency is each table's.
         services.set_latency(settings.latency);
         Ok(Self {
@@ -491,6 +494,7 @@ pub async fn replay(
         .runtime
         .resource("DeadLetterQueue")
         .expect("dead letters");
+    outcome.ending = crate::chaos::Ending::of(&stack.runtime);
     outcome.dead_letters = dead_letter_reasons(&stack.runtime.services.sqs, &dead);
     Ok(outcome)
 }

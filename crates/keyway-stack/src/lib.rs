@@ -5,6 +5,7 @@ pub mod adaptive;
 pub mod aggregation;
 pub mod cdc;
 pub mod cdc_changes;
+pub mod chaos;
 pub mod filtering;
 
 use std::collections::BTreeMap;
@@ -61,15 +62,60 @@ pub fn deploy_consumer(runtime: &mut LocalRuntime, consumer: &str) -> Result<Str
 }
 
 /// The settings of the stack's stream mappings (template.yaml's), with `batch_size` records a
-/// batch: for runs that wire the functions themselves.
-pub(crate) fn stack_mapping(batch_size: usize) -> keyway::local::MappingSettings {
+/// batch and each shard read in `lanes` lanes (template.yaml's ParallelizationFactor is 2): for
+/// runs that wire the functions themselves.
+pub(crate) fn stack_mapping(batch_size: usize, lanes: u32) -> keyway::local::MappingSettings {
     keyway::local::MappingSettings {
         batch_size,
         report_batch_item_failures: true,
         bisect_batch_on_function_error: true,
-        parallelization_factor: 2,
+        parallelization_factor: lanes,
         ..Default::default()
     }
+}
+
+/// template.yaml with `shards` shards for the streams named and `lanes` lanes (the
+/// ParallelizationFactor) for each stream mapping of the functions named.
+pub fn template_with(shards: &[(&str, usize)], lanes: &[(&str, u32)]) -> String {
+    let mut template = TEMPLATE.to_owned();
+    for (stream, n) in shards {
+        template = edit_resource(&template, stream, |block| {
+            replace_setting(block, "ShardCount", &n.to_string())
+        });
+    }
+    for (function, n) in lanes {
+        template = edit_resource(&template, function, |block| {
+            replace_setting(block, "ParallelizationFactor", &n.to_string())
+        });
+    }
+    template
+}
+
+/// `template` with the block of resource `id` (from its line to the next resource's) rewritten.
+fn edit_resource(template: &str, id: &str, edit: impl Fn(&str) -> String) -> String {
+    let Some(at) = template.find(&format!("\n  {id}:\n")) else {
+        return template.to_owned();
+    };
+    let (head, rest) = template.split_at(at + 1);
+    // The next line indented by two spaces and a capital letter starts the next resource.
+    let end = rest
+        .match_indices("\n  ")
+        .map(|(i, _)| i + 1)
+        .find(|&i| rest[i + 2..].starts_with(|c: char| c.is_ascii_uppercase()))
+        .unwrap_or(rest.len());
+    let (block, tail) = rest.split_at(end);
+    format!("{head}{}{tail}", edit(block))
+}
+
+/// `block` with every `name: ...` line's value replaced by `value`.
+fn replace_setting(block: &str, name: &str, value: &str) -> String {
+    block
+        .split_inclusive('\n')
+        .map(|line| match line.split_once(&format!("{name}: ")) {
+            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}{name}: {value}\n"),
+            _ => line.to_owned(),
+        })
+        .collect()
 }
 
 /// An error of `what`, as the embedded runtime reports a function's.
@@ -170,4 +216,25 @@ pub fn operators() -> Vec<(String, Vec<StateDescriptor>)> {
         (aggregate.name().to_owned(), aggregate.states()),
         (merge.name().to_owned(), merge.states()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resources_settings_are_rewritten_within_its_block_only() {
+        let template = "Resources:\n  A:\n    Properties:\n      ShardCount: 2\n  B:\n    Properties:\n      ShardCount: 2\n";
+        let edited = edit_resource(template, "A", |b| replace_setting(b, "ShardCount", "16"));
+        assert_eq!(
+            edited,
+            "Resources:\n  A:\n    Properties:\n      ShardCount: 16\n  B:\n    Properties:\n      ShardCount: 2\n"
+        );
+        let edited = edit_resource(template, "B", |b| replace_setting(b, "ShardCount", "3"));
+        assert!(edited.ends_with("ShardCount: 3\n") && edited.contains("ShardCount: 2\n  B"));
+        let stack = template_with(&[("ClicksStream", 7)], &[("KeyedCounterFunction", 9)]);
+        assert!(stack.contains("  ClicksStream:\n    Type: AWS::Kinesis::Stream\n    Properties:\n      ShardCount: 7\n"));
+        assert_eq!(stack.matches("ParallelizationFactor: 9").count(), 1);
+        assert_eq!(stack.matches("ShardCount: 7").count(), 1);
+    }
 }

@@ -1,0 +1,81 @@
+//! `keyway chaos APP`: an application of the stack under every injected fault, against a run
+//! without faults and an oracle (`keyway_stack::chaos`). Prints what was lost, applied twice or
+//! extra (JSON with `--json`), and fails unless the run is clean; the seed replays a failure.
+
+use keyway_stack::chaos::{run as run_app, App, Settings};
+
+use crate::error::CliError;
+
+/// The arguments of `keyway chaos`.
+#[derive(clap::Args)]
+pub struct ChaosArgs {
+    /// counter, identity, filter, cdc, aggregate, or all.
+    app: String,
+    /// Input records of each run.
+    #[arg(long, default_value_t = 200_000)]
+    events: usize,
+    /// The probability of each kind of fault.
+    #[arg(long, default_value_t = 0.03)]
+    fault_rate: f64,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Shards of the application's input streams (1-16).
+    #[arg(long, default_value_t = 4)]
+    shards: usize,
+    /// Lanes each shard is read in: the mappings' ParallelizationFactor (1-10).
+    #[arg(long, default_value_t = 2)]
+    lanes: u32,
+    /// A JSON line a run instead of the text report.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The applications `name` names.
+fn apps(name: &str) -> Result<Vec<App>, CliError> {
+    if name == "all" {
+        return Ok(App::ALL.to_vec());
+    }
+    App::parse(name).map(|app| vec![app]).ok_or_else(|| {
+        format!("no application {name:?}: counter, identity, filter, cdc, aggregate or all").into()
+    })
+}
+
+pub fn run(args: ChaosArgs) -> Result<(), CliError> {
+    let settings = Settings {
+        events: args.events,
+        fault_rate: args.fault_rate,
+        seed: args.seed,
+        shards: args.shards,
+        lanes: args.lanes,
+    };
+    if !(1..=16).contains(&settings.shards) {
+        return Err("--shards must be 1 to 16".into());
+    }
+    if !(1..=10).contains(&settings.lanes) {
+        return Err("--lanes must be 1 to 10 (Lambda's ParallelizationFactor)".into());
+    }
+    if !(0.0..=0.5).contains(&settings.fault_rate) {
+        return Err("--fault-rate must be a probability of at most 0.5".into());
+    }
+    crate::keep_freed_memory();
+    // Virtual time: retries, backoffs and the timer sweeps pass instantly.
+    let runtime = crate::bench::runtime_builder(true);
+    let mut dirty = Vec::new();
+    for app in apps(&args.app)? {
+        let report = runtime.block_on(run_app(app, &settings))?;
+        if args.json {
+            let line = serde_json::to_string(&report).map_err(|e| e.to_string())?;
+            println!("{line}");
+        } else {
+            println!("{report}");
+        }
+        if !report.clean() {
+            dirty.push(app.name());
+        }
+    }
+    if dirty.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("not clean: {} (seed {})", dirty.join(", "), settings.seed).into())
+    }
+}

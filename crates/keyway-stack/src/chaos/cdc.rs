@@ -1,0 +1,109 @@
+//! The CDC join under chaos: Debezium changes of `domains` and `users` (inserts, updates that
+//! move join keys and primary keys, deletes, events sent twice, a large customer whose join key
+//! holds a quarter of the domains, a truncate of each table), interleaved as streams sharded by
+//! record key deliver them, every thousandth change followed by a record that is no change event, through the re-key and the
+//! join. The oracle applies the changes in the order the database made them and joins the final
+//! tables: the view must equal that join row for row; the joined changelog, folded by joined
+//! row, must equal the fault-free run's; and the re-key must hold exactly the live rows.
+
+use std::collections::BTreeMap;
+
+use cdc_join::join::{Joined, JoinedId};
+use cdc_join::spec::{JoinKind, JoinSpec};
+use cdc_join::view::View;
+use keyway::local::{FaultPlan, LocalError};
+
+use super::{against_fault_free, against_oracle, Report, Sent, Settings};
+use crate::cdc::{final_tables, interleave, replay, Outcome, Settings as CdcSettings, SourceEvent};
+use crate::cdc_changes::{generate, Workload, JOIN};
+
+/// The joined changelog folded as a consumer folds it (`View`): each joined row as it ends.
+fn folded(outcome: &Outcome) -> Sent {
+    let mut view = View::default();
+    for stamped in &outcome.joined {
+        view.apply(stamped.clone());
+    }
+    view.rows()
+        .map(|row| (format!("{:?}", row.id()), vec![format!("{row:?}")]))
+        .collect()
+}
+
+/// The rows the re-key keeps in the state table's heads: what it holds of the source tables.
+fn rekey_rows(outcome: &Outcome) -> usize {
+    outcome
+        .state_items
+        .iter()
+        .filter(|item| {
+            item.get("sk").and_then(|v| v.as_s()) == Some("head")
+                && item
+                    .get("pk")
+                    .and_then(|v| v.as_s())
+                    .is_some_and(|pk| pk.starts_with("cdc-rekey#"))
+        })
+        .map(|item| {
+            let doc = item.get("doc").and_then(|v| v.as_s()).unwrap_or_default();
+            let doc: serde_json::Value = serde_json::from_str(doc).unwrap_or_default();
+            doc["slots"]["row"]["e"].as_array().map_or(0, Vec::len)
+        })
+        .sum()
+}
+
+pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
+    let workload = Workload {
+        changes: settings.events,
+        hot_user: 0.25,
+        truncates: 2,
+        seed: settings.seed,
+        ..Workload::default()
+    };
+    let made = generate(&workload);
+    let tables = final_tables(&made);
+    let mut events = interleave(made, settings.seed);
+    let bad = add_bad_records(&mut events);
+    let spec = JoinSpec::parse(JOIN, JoinKind::LeftOuter).expect("the join");
+    let expected: BTreeMap<JoinedId, Joined> = tables.join(&spec);
+    let cdc = |faults: FaultPlan| CdcSettings {
+        shards: settings.shards,
+        lanes: settings.lanes,
+        faults,
+        ..CdcSettings::new(spec.clone())
+    };
+    let clean = replay(&cdc(FaultPlan::default()), &events).await?;
+    let faulty = replay(&cdc(settings.faults()), &events).await?;
+    let mut report = Report {
+        unit: "rows of the view",
+        bad_records: bad,
+        ..Report::default()
+    };
+    against_oracle(&mut report, &faulty.view, &expected, |_, _| false);
+    against_fault_free(&mut report, &folded(&faulty), &folded(&clean));
+    report.repeats = faulty.joined.len().saturating_sub(clean.joined.len()) as u64;
+    let (held, live) = (rekey_rows(&faulty), tables.len());
+    if held != live {
+        report.oracle.extra += held.saturating_sub(live) as u64;
+        report.oracle.lost += live.saturating_sub(held) as u64;
+        report.example(format!("the re-key holds {held} rows, the tables {live}"));
+    }
+    report.take_ending(&faulty.ending);
+    Ok(report)
+}
+
+/// Adds, after every thousandth change, a record of its topic that is no change event (a JSON
+/// array); returns how many.
+fn add_bad_records(events: &mut Vec<SourceEvent>) -> u64 {
+    let mut bad = 0;
+    let mut out = Vec::with_capacity(events.len() + events.len() / 1000);
+    for (i, event) in events.drain(..).enumerate() {
+        if i % 1000 == 999 {
+            bad += 1;
+            out.push(SourceEvent {
+                topic: event.topic.clone(),
+                key: event.key.clone(),
+                value: Some(serde_json::json!(["no", "change", "event"])),
+            });
+        }
+        out.push(event);
+    }
+    *events = out;
+    bad
+}

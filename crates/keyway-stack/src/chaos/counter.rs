@@ -1,0 +1,142 @@
+//! The keyed counter under chaos: clicks of a thousand users (a few of them far busier than the
+//! rest), amounts of 1 to 3, every thousandth record cut off mid-JSON, through the stack's
+//! KeyedCounterFunction. The oracle adds each user's amounts up; each user's stored count must
+//! equal it (less is lost, more is applied twice), and the counts queue must hold the same output
+//! ids with the same bodies as without faults.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use keyway::local::{Fault, FaultPlan, LocalError, LocalRuntime};
+use keyway::ports::Namespace;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{against_fault_free, against_oracle, deploy, Ending, Report, Sent, Settings};
+
+const USERS: u64 = 1_000;
+
+struct Workload {
+    records: Vec<(String, Vec<u8>)>,
+    counts: BTreeMap<String, u64>,
+    bad: u64,
+}
+
+fn workload(settings: &Settings) -> Workload {
+    let mut rng = StdRng::seed_from_u64(settings.seed);
+    let mut counts = BTreeMap::new();
+    let mut records = Vec::with_capacity(settings.events);
+    let mut bad = 0;
+    for i in 0..settings.events {
+        // The square of a uniform draw: the first users are far busier than the last.
+        let x: f64 = rng.random();
+        let user = format!("user-{}", (x * x * USERS as f64) as u64);
+        if i % 1000 == 999 {
+            bad += 1;
+            records.push((user, br#"{"key": "cut"#.to_vec()));
+            continue;
+        }
+        let amount: u64 = rng.random_range(1..=3);
+        *counts.entry(user.clone()).or_default() += amount;
+        let data = format!(r#"{{"key":"{user}","amount":{amount}}}"#).into_bytes();
+        records.push((user, data));
+    }
+    Workload {
+        records,
+        counts,
+        bad,
+    }
+}
+
+/// What one run left: the counts queue by output id, the stored counts, the runtime.
+struct Run {
+    sent: Sent,
+    counts: BTreeMap<String, u64>,
+    runtime: LocalRuntime,
+}
+
+async fn run_once(
+    settings: &Settings,
+    workload: &Workload,
+    faults: FaultPlan,
+) -> Result<Run, LocalError> {
+    let mut runtime = deploy(
+        &[("ClicksStream", settings.shards)],
+        &[("KeyedCounterFunction", settings.lanes)],
+        &BTreeMap::new(),
+        faults,
+    )?;
+    let stream = runtime.resource("ClicksStream").expect("the clicks stream");
+    runtime
+        .services
+        .kinesis
+        .put_in_order(&stream, &workload.records)
+        .await
+        .map_err(crate::failed("the clicks stream"))?;
+    runtime
+        .run_until_idle(Duration::from_secs(24 * 3600))
+        .await?;
+    let queue = runtime.resource("CountsQueue").expect("the counts queue");
+    let mut sent = Sent::new();
+    for message in runtime.services.sqs.messages(&queue) {
+        let id = message.output_id.clone().unwrap_or_default();
+        sent.entry(id).or_default().push(message.body.clone());
+    }
+    let counts = stored_counts(&runtime, workload.counts.keys().cloned().collect()).await?;
+    Ok(Run {
+        sent,
+        counts,
+        runtime,
+    })
+}
+
+/// The counts the state table holds for `keys`.
+async fn stored_counts(
+    runtime: &LocalRuntime,
+    keys: Vec<String>,
+) -> Result<BTreeMap<String, u64>, LocalError> {
+    let table = runtime.resource("StateTable").expect("the state table");
+    let store = keyway::lambda::Platform::state_store(runtime.services.as_ref(), &table)
+        .map_err(crate::failed("the state table"))?;
+    let namespace = Namespace {
+        operator: "keyed-counter".into(),
+        signature: keyway::operator::state_signature(&keyway::KeyedOperator::states(
+            &keyed_counter::KeyedCounter,
+        )),
+    };
+    let loaded = store
+        .load(&namespace, &keys)
+        .await
+        .map_err(crate::failed("the state table"))?;
+    Ok(keys
+        .iter()
+        .filter_map(|k| {
+            let count = loaded.get(k)?.slots.get("count")?.entries.first()?;
+            Some((k.clone(), count.get().parse().ok()?))
+        })
+        .collect())
+}
+
+pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
+    let workload = workload(settings);
+    let clean = run_once(settings, &workload, FaultPlan::default()).await?;
+    let faulty = run_once(settings, &workload, settings.faults()).await?;
+    let mut report = Report {
+        unit: "users' counts",
+        bad_records: workload.bad,
+        ..Report::default()
+    };
+    against_oracle(
+        &mut report,
+        &faulty.counts,
+        &workload.counts,
+        |got, want| got > want,
+    );
+    against_fault_free(&mut report, &faulty.sent, &clean.sent);
+    report.take_ending(&Ending::of(&faulty.runtime));
+    report.not_applicable(
+        Fault::CrashInCommit,
+        "a key's state is one item: no commit writes several",
+    );
+    Ok(report)
+}

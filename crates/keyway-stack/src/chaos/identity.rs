@@ -1,0 +1,175 @@
+//! Identity enrichment under chaos: generated CloudTrail traffic of thirty customers (role chains
+//! of up to six sessions across each customer's accounts, interleaved, one chain in twenty
+//! missing its first AssumeRole), every thousandth record cut off mid-JSON, through the stack's
+//! IdentityEnricherFunction and its feedback stream. The oracle traces each record's caller back
+//! through the issuing calls of the trail itself: each record must come out once, resolved to
+//! that actor and chain, or unresolved where the trail lacks a link, and under the output id and
+//! body it has without faults.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use identity_enricher::cloudtrail::CloudTrailRecord;
+use identity_enricher::identity::CustomerMap;
+use identity_enricher::traffic::{Traffic, TrafficConfig};
+use keyway::local::{FaultPlan, LocalError, LocalRuntime};
+use serde_json::Value;
+
+use super::{against_fault_free, against_oracle, deploy, Ending, Report, Sent, Settings};
+
+/// The template's buffer TTL: every record still waiting is out once it and the sweeps passed.
+const BUFFER_TTL: Duration = Duration::from_secs(900);
+
+/// What the enricher must make of a record: its original actor's ARN and its chain's keys, or
+/// `None` where the trail lacks a link.
+type Traced = Option<(String, Vec<String>)>;
+
+/// The oracle: for each event id, its caller traced back through the trail's issuing calls.
+fn oracle(records: &[Value]) -> BTreeMap<String, Traced> {
+    let mut issuer: HashMap<&str, &Value> = HashMap::new();
+    for r in records {
+        if let Some(key) = r["responseElements"]["credentials"]["accessKeyId"].as_str() {
+            issuer.insert(key, &r["userIdentity"]);
+        }
+    }
+    let resolve = |caller: &Value| -> Traced {
+        let mut chain = Vec::new();
+        let mut caller = caller;
+        while caller["type"] == "AssumedRole" {
+            let key = caller["accessKeyId"].as_str()?;
+            chain.push(key.to_owned());
+            caller = issuer.get(key)?;
+        }
+        chain.reverse();
+        Some((caller["arn"].as_str()?.to_owned(), chain))
+    };
+    records
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r["eventID"].as_str()?.to_owned(),
+                resolve(&r["userIdentity"]),
+            ))
+        })
+        .collect()
+}
+
+/// What the enricher made of a record, in the oracle's terms.
+fn traced(body: &Value) -> Traced {
+    let e = &body["enrichment"];
+    if e["status"] != "resolved" {
+        return None;
+    }
+    let chain = e["roleChain"]
+        .as_array()?
+        .iter()
+        .filter_map(|l| Some(l["accessKeyId"].as_str()?.to_owned()))
+        .collect();
+    Some((e["originalActor"]["arn"].as_str()?.to_owned(), chain))
+}
+
+/// The generated trail, and what goes on the stream.
+struct Workload {
+    records: Vec<Value>,
+    /// (partition key, data): every record, and after every thousandth one a copy cut off
+    /// mid-JSON.
+    entries: Vec<(String, Vec<u8>)>,
+    /// The customer map the stack is deployed with, as JSON.
+    map: String,
+}
+
+fn workload(settings: &Settings) -> Workload {
+    let config = TrafficConfig {
+        customers: 30,
+        orphan_share: 0.05,
+        seed: settings.seed,
+        ..TrafficConfig::default()
+    };
+    let map = Traffic::customer_map_json(&config);
+    let customers = CustomerMap::from_json(&map).unwrap_or_default();
+    let records: Vec<Value> = Traffic::new(config, settings.events)
+        .map(Iterator::collect)
+        .unwrap_or_default();
+    let mut entries = Vec::with_capacity(records.len() + records.len() / 1000);
+    for (i, r) in records.iter().enumerate() {
+        let key = CloudTrailRecord::parse(r.clone())
+            .map(|parsed| parsed.partition_key(&customers))
+            .unwrap_or_default();
+        let data = serde_json::to_vec(r).unwrap_or_default();
+        if i % 1000 == 999 {
+            entries.push((key.clone(), data[..data.len() / 2].to_vec()));
+        }
+        entries.push((key, data));
+    }
+    Workload {
+        records,
+        entries,
+        map,
+    }
+}
+
+/// One run: the enriched stream by output id, and the runtime.
+async fn run_once(
+    settings: &Settings,
+    entries: &[(String, Vec<u8>)],
+    map: &str,
+    faults: FaultPlan,
+) -> Result<(Sent, LocalRuntime), LocalError> {
+    let parameters = BTreeMap::from([
+        ("CloudTrailShards".to_owned(), settings.shards.to_string()),
+        ("FeedbackShards".to_owned(), settings.shards.to_string()),
+        ("CustomerMap".to_owned(), map.to_owned()),
+    ]);
+    let lanes = [("IdentityEnricherFunction", settings.lanes)];
+    let mut runtime = deploy(&[], &lanes, &parameters, faults)?;
+    let stream = runtime.resource("CloudTrailStream").expect("the stream");
+    runtime
+        .services
+        .kinesis
+        .put_in_order(&stream, entries)
+        .await
+        .map_err(crate::failed("the CloudTrail stream"))?;
+    runtime.run_until_idle(Duration::from_secs(3_600)).await?;
+    // Under faults a sweep can fail and leave its timers to the next: ten minutes of sweeps
+    // more than the TTL.
+    runtime.run_for(BUFFER_TTL + Duration::from_secs(600)).await;
+    let enriched = runtime.resource("EnrichedStream").expect("the stream");
+    let mut sent = Sent::new();
+    for record in runtime.services.kinesis.records(&enriched) {
+        let body: Value = serde_json::from_slice(&record.data).unwrap_or_default();
+        let id = body["enrichment"]["outputId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        sent.entry(id)
+            .or_default()
+            .push(String::from_utf8_lossy(&record.data).into_owned());
+    }
+    Ok((sent, runtime))
+}
+
+pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
+    let Workload {
+        records,
+        entries,
+        map,
+    } = workload(settings);
+    let (clean, _) = run_once(settings, &entries, &map, FaultPlan::default()).await?;
+    let (faulty, runtime) = run_once(settings, &entries, &map, settings.faults()).await?;
+    let mut report = Report {
+        unit: "records enriched",
+        bad_records: (entries.len() - records.len()) as u64,
+        ..Report::default()
+    };
+    let got: BTreeMap<String, Traced> = faulty
+        .values()
+        .filter_map(|bodies| {
+            let body: Value = serde_json::from_str(&bodies[0]).ok()?;
+            Some((body["eventID"].as_str()?.to_owned(), traced(&body)))
+        })
+        .collect();
+    against_oracle(&mut report, &got, &oracle(&records), |_, _| false);
+    against_fault_free(&mut report, &faulty, &clean);
+    report.take_ending(&Ending::of(&runtime));
+    Ok(report)
+}

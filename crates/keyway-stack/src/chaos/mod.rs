@@ -1,0 +1,483 @@
+//! Chaos runs: each application of the stack driven with generated input (bad records among it)
+//! on the embedded runtime twice, once without faults and once with every fault the runtime can
+//! inject, and held to an oracle written apart from the application: what `keyway chaos` runs and
+//! the chaos tests assert on.
+//!
+//! Every run ends in a `Report` that counts each record end to end: the outputs the oracle
+//! expects (one per unit of the application's result: a key's count, a delivery, an enriched
+//! record, a joined row, a key's aggregate), the bad records it expects dead-lettered, and
+//! against both the oracle and the fault-free run what is `lost` (expected and missing),
+//! `applied_twice` (a state effect counted again, or an output id sent with two bodies) and
+//! `extra` (neither expected nor in the fault-free run). A run is clean when all three are zero,
+//! every fault kind the plan names fired, and no batch was given up. The seed makes a run
+//! repeatable: the same seed gives the same input and the same faults.
+
+mod aggregate;
+mod cdc;
+mod counter;
+mod filter;
+mod identity;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use keyway::domain::DeadLetter;
+use keyway::local::{Fault, FaultCounts, FaultPlan, LocalError, LocalRuntime, LocalServices};
+use serde::Serialize;
+
+/// The applications a chaos run drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum App {
+    /// The keyed counter: clicks counted per user.
+    Counter,
+    /// Identity enrichment: generated CloudTrail role chains of thirty customers.
+    Identity,
+    /// Dynamic filtering, its consumers changing their subscriptions while events stream.
+    Filter,
+    /// The CDC join of two tables' Debezium changes.
+    Cdc,
+    /// Keyed aggregation, a key turning hot and salted halfway.
+    Aggregate,
+}
+
+impl App {
+    pub const ALL: [App; 5] = [
+        App::Counter,
+        App::Identity,
+        App::Filter,
+        App::Cdc,
+        App::Aggregate,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            App::Counter => "counter",
+            App::Identity => "identity",
+            App::Filter => "filter",
+            App::Cdc => "cdc",
+            App::Aggregate => "aggregate",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|app| app.name() == text)
+    }
+}
+
+/// How a run is made.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Input records (events, changes, CloudTrail records).
+    pub events: usize,
+    /// The probability of each fault kind.
+    pub fault_rate: f64,
+    pub seed: u64,
+    /// Shards of the application's input streams (1-16).
+    pub shards: usize,
+    /// Lanes each shard is read in (the mappings' ParallelizationFactor, 1-10).
+    pub lanes: u32,
+}
+
+impl Settings {
+    /// The fault plan of the faulty run.
+    pub fn faults(&self) -> FaultPlan {
+        FaultPlan::all(self.fault_rate, self.seed)
+    }
+}
+
+/// One comparison of a run's result: units expected (keys, deliveries, output ids...), and
+/// those lost (expected, missing or short), applied twice (a state effect counted again, or an
+/// output id sent with another body) and extra (not expected at all).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Tally {
+    pub expected: u64,
+    pub lost: u64,
+    pub applied_twice: u64,
+    pub extra: u64,
+}
+
+/// What a run found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub app: Option<App>,
+    pub events: usize,
+    pub seed: u64,
+    pub fault_rate: f64,
+    pub shards: usize,
+    pub lanes: u32,
+    /// Faults injected in the faulty run, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Fault kinds the plan names that never fired.
+    pub faults_missing: Vec<String>,
+    /// Fault kinds the application gives nothing to meet, with why (not counted as missing).
+    pub faults_not_applicable: Vec<String>,
+    /// What the oracle's units are ("keys' counts", "deliveries"...).
+    pub unit: &'static str,
+    /// The faulty run's result against the oracle's.
+    pub oracle: Tally,
+    /// The faulty run's outputs against the fault-free run's, by output id.
+    pub fault_free: Tally,
+    /// Outputs sent again under an id already sent, with the same body (at-least-once).
+    pub repeats: u64,
+    /// Bad records put in, which must each be dead-lettered with a reason.
+    pub bad_records: u64,
+    /// Dead letters the faulty run sent, and the distinct records among them (a dead letter
+    /// sent again after a retry names the same record).
+    pub dead_letters: u64,
+    pub dead_lettered_records: u64,
+    /// Batches the mappings gave up on (described on the failed-batches queue).
+    pub failed_batches: u64,
+    /// A few of the differences, to start the search from.
+    pub examples: Vec<String>,
+}
+
+impl Report {
+    pub fn lost(&self) -> u64 {
+        self.oracle.lost + self.fault_free.lost
+    }
+
+    pub fn applied_twice(&self) -> u64 {
+        self.oracle.applied_twice + self.fault_free.applied_twice
+    }
+
+    pub fn extra(&self) -> u64 {
+        self.oracle.extra + self.fault_free.extra
+    }
+
+    /// Nothing lost, nothing applied twice, nothing extra, every bad record dead-lettered,
+    /// every configured fault fired and no batch given up.
+    pub fn clean(&self) -> bool {
+        self.lost() == 0
+            && self.applied_twice() == 0
+            && self.extra() == 0
+            && self.dead_lettered_records == self.bad_records
+            && self.faults_missing.is_empty()
+            && self.failed_batches == 0
+    }
+
+    /// Takes `fault`, if it never fired, off the missing kinds: the application gives it
+    /// nothing to meet, for `why`.
+    fn not_applicable(&mut self, fault: Fault, why: &str) {
+        if self.faults_missing.iter().any(|f| f == fault.name()) {
+            self.faults_missing.retain(|f| f != fault.name());
+            self.faults_not_applicable
+                .push(format!("{} ({why})", fault.name()));
+        }
+    }
+
+    fn example(&mut self, text: impl Into<String>) {
+        if self.examples.len() < 5 {
+            self.examples.push(text.into());
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let app = self.app.map_or("?", App::name);
+        writeln!(
+            f,
+            "{app}: {} records ({} bad) on {} shards of {} lanes, every fault at {} (seed {})",
+            self.events, self.bad_records, self.shards, self.lanes, self.fault_rate, self.seed
+        )?;
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect();
+        writeln!(f, "  faults injected: {}", faults.join(", "))?;
+        if !self.faults_missing.is_empty() {
+            writeln!(
+                f,
+                "  faults never fired: {}",
+                self.faults_missing.join(", ")
+            )?;
+        }
+        if !self.faults_not_applicable.is_empty() {
+            let kinds = self.faults_not_applicable.join(", ");
+            writeln!(f, "  faults with nothing to meet: {kinds}")?;
+        }
+        let tally = |t: &Tally| {
+            format!(
+                "lost {}, applied twice {}, extra {}",
+                t.lost, t.applied_twice, t.extra
+            )
+        };
+        writeln!(
+            f,
+            "  against the oracle, {} {}: {}",
+            self.oracle.expected,
+            self.unit,
+            tally(&self.oracle)
+        )?;
+        writeln!(
+            f,
+            "  against the fault-free run, {} output ids ({} sent again under their id): {}",
+            self.fault_free.expected,
+            self.repeats,
+            tally(&self.fault_free)
+        )?;
+        writeln!(
+            f,
+            "  dead letters: {} of {} bad records ({} sent); batches given up: {}",
+            self.dead_lettered_records, self.bad_records, self.dead_letters, self.failed_batches
+        )?;
+        for example in &self.examples {
+            writeln!(f, "  e.g. {example}")?;
+        }
+        write!(
+            f,
+            "  lost {}, applied twice {}, extra {}: {}",
+            self.lost(),
+            self.applied_twice(),
+            self.extra(),
+            if self.clean() {
+                "clean"
+            } else {
+                "NOT CLEAN (the same --seed replays it)"
+            }
+        )
+    }
+}
+
+/// Runs `app` with `settings`: its fault-free run, its faulty run, both held to its oracle.
+pub async fn run(app: App, settings: &Settings) -> Result<Report, LocalError> {
+    let mut report = match app {
+        App::Counter => counter::run(settings).await?,
+        App::Identity => identity::run(settings).await?,
+        App::Filter => filter::run(settings).await?,
+        App::Cdc => cdc::run(settings).await?,
+        App::Aggregate => aggregate::run(settings).await?,
+    };
+    report.app = Some(app);
+    report.events = settings.events;
+    report.seed = settings.seed;
+    report.fault_rate = settings.fault_rate;
+    report.shards = settings.shards;
+    report.lanes = settings.lanes;
+    Ok(report)
+}
+
+/// Outputs as sent: each output id with every body sent under it.
+pub(crate) type Sent = BTreeMap<String, Vec<String>>;
+
+/// Compares the outputs of the faulty run with those of the fault-free one, by id: an id missing
+/// is lost, an id the fault-free run never sent is extra, an id sent with another body applied
+/// twice; the same body again is a repeat.
+pub(crate) fn against_fault_free(report: &mut Report, faulty: &Sent, clean: &Sent) {
+    report.fault_free.expected = clean.len() as u64;
+    for (id, bodies) in faulty {
+        report.repeats += bodies.len() as u64 - 1;
+        match clean.get(id) {
+            None => {
+                report.fault_free.extra += 1;
+                report.example(format!(
+                    "output {id} not sent without faults: {}",
+                    bodies[0]
+                ));
+            }
+            Some(want) if bodies.iter().any(|b| b != &want[0]) => {
+                report.fault_free.applied_twice += 1;
+                report.example(format!("output {id}: {bodies:?} against {}", want[0]));
+            }
+            Some(_) => {}
+        }
+    }
+    for (id, bodies) in clean {
+        if !faulty.contains_key(id) {
+            report.fault_free.lost += 1;
+            report.example(format!("output {id} lost: {}", bodies[0]));
+        }
+    }
+}
+
+/// Compares a result with the oracle's, unit by unit (a key's count, a delivery, a joined row):
+/// a unit missing is lost, one not expected extra, and one with another value applied twice
+/// where `more` says it went past the expected value (a count counted twice), else lost.
+pub(crate) fn against_oracle<K: Ord + fmt::Debug, V: PartialEq + fmt::Debug>(
+    report: &mut Report,
+    got: &BTreeMap<K, V>,
+    want: &BTreeMap<K, V>,
+    more: impl Fn(&V, &V) -> bool,
+) {
+    report.oracle.expected = want.len() as u64;
+    for (unit, value) in want {
+        match got.get(unit) {
+            None => {
+                report.oracle.lost += 1;
+                report.example(format!("{unit:?} missing, expected {value:?}"));
+            }
+            Some(v) if v != value => {
+                if more(v, value) {
+                    report.oracle.applied_twice += 1;
+                } else {
+                    report.oracle.lost += 1;
+                }
+                report.example(format!("{unit:?}: {v:?}, expected {value:?}"));
+            }
+            Some(_) => {}
+        }
+    }
+    for (unit, value) in got {
+        if !want.contains_key(unit) {
+            report.oracle.extra += 1;
+            report.example(format!("{unit:?} not expected: {value:?}"));
+        }
+    }
+}
+
+/// What a run leaves besides its outputs: the faults it injected (and the kinds its plan names
+/// that never fired), its dead letters' bodies, and the batches its mappings gave up on.
+#[derive(Clone, Debug, Default)]
+pub struct Ending {
+    pub faults_fired: BTreeMap<&'static str, FaultCounts>,
+    pub faults_missing: Vec<Fault>,
+    pub dead_letters: Vec<String>,
+    pub failed_batches: usize,
+}
+
+impl Ending {
+    /// What `runtime`, running template.yaml, has left: its `DeadLetterQueue` and
+    /// `FailedBatchesQueue` read without taking their messages.
+    pub fn of(runtime: &LocalRuntime) -> Self {
+        let url = |id: &str| runtime.resource(id).unwrap_or_default();
+        Self::read(
+            &runtime.services,
+            &url("DeadLetterQueue"),
+            Some(&url("FailedBatchesQueue")),
+        )
+    }
+
+    /// What `services` have left, with the dead-letter queue at `dead_letters` and the
+    /// failed-batches queue, if any, at `failed_batches`.
+    pub fn read(
+        services: &LocalServices,
+        dead_letters: &str,
+        failed_batches: Option<&str>,
+    ) -> Self {
+        Self {
+            faults_fired: services.faults_fired(),
+            faults_missing: services.faults_missing(),
+            dead_letters: services
+                .sqs
+                .messages(dead_letters)
+                .into_iter()
+                .map(|m| m.body)
+                .collect(),
+            failed_batches: failed_batches.map_or(0, |url| services.sqs.messages(url).len()),
+        }
+    }
+}
+
+impl Report {
+    /// Takes in what the faulty run left: its faults, its dead letters (and the distinct
+    /// records they name) and the batches given up.
+    fn take_ending(&mut self, ending: &Ending) {
+        for counts in ending.faults_fired.values() {
+            for (kind, n) in counts {
+                *self.faults.entry(kind.name().to_owned()).or_default() += n;
+            }
+        }
+        self.faults_missing = ending
+            .faults_missing
+            .iter()
+            .map(|f| f.name().to_owned())
+            .collect();
+        let mut records = BTreeSet::new();
+        for body in &ending.dead_letters {
+            self.dead_letters += 1;
+            if let Ok(letter) = serde_json::from_str::<DeadLetter>(body) {
+                records.insert((letter.origin, letter.sequence_number));
+            }
+        }
+        self.dead_lettered_records = records.len() as u64;
+        self.failed_batches = ending.failed_batches as u64;
+    }
+}
+
+/// template.yaml on a fresh embedded runtime, with `shards` shards for the streams named and
+/// `lanes` lanes for the functions named (`crate::template_with`), its `parameters`, and
+/// `faults`.
+pub(crate) fn deploy(
+    shards: &[(&str, usize)],
+    lanes: &[(&str, u32)],
+    parameters: &BTreeMap<String, String>,
+    faults: FaultPlan,
+) -> Result<LocalRuntime, LocalError> {
+    let template = crate::template_with(shards, lanes);
+    let services = LocalServices::new(EPOCH, faults);
+    LocalRuntime::from_template_with(&template, parameters, services, &crate::functions())
+}
+
+/// When every chaos run's clock starts: 2026-01-01.
+pub(crate) const EPOCH: i64 = 1_767_225_600_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(entries: &[(&str, &[&str])]) -> Sent {
+        entries
+            .iter()
+            .map(|(id, bodies)| {
+                (
+                    id.to_string(),
+                    bodies.iter().map(|b| b.to_string()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_output_missing_sent_with_another_body_or_unknown_is_lost_applied_twice_or_extra() {
+        let clean = sent(&[("a", &["1"]), ("b", &["2"]), ("c", &["3"])]);
+        let faulty = sent(&[("a", &["1", "1"]), ("b", &["2", "9"]), ("d", &["4"])]);
+        let mut report = Report::default();
+        against_fault_free(&mut report, &faulty, &clean);
+        let t = &report.fault_free;
+        assert_eq!((t.expected, t.lost, t.applied_twice, t.extra), (3, 1, 1, 1));
+        assert_eq!(report.repeats, 2);
+        assert!(!report.clean());
+        let mut same = Report::default();
+        against_fault_free(&mut same, &clean, &clean);
+        assert!(same.clean() && same.examples.is_empty());
+    }
+
+    #[test]
+    fn a_count_short_of_the_oracles_is_lost_and_one_past_it_applied_twice() {
+        let want = BTreeMap::from([("a", 3), ("b", 5), ("c", 1)]);
+        let got = BTreeMap::from([("a", 3), ("b", 6), ("c", 0), ("d", 2)]);
+        let mut report = Report::default();
+        against_oracle(&mut report, &got, &want, |got, want| got > want);
+        let t = &report.oracle;
+        assert_eq!((t.expected, t.lost, t.applied_twice, t.extra), (3, 1, 1, 1));
+        assert_eq!(report.examples.len(), 3);
+    }
+
+    #[test]
+    fn a_bad_record_not_dead_lettered_or_a_batch_given_up_is_not_clean() {
+        let letter = |sequence: &str| {
+            serde_json::json!({"operator": "op", "origin": "s/0", "sequenceNumber": sequence,
+                               "field": "data", "problem": "not JSON", "payload": "",
+                               "payloadTruncated": false, "payloadBytes": 0, "payloadSha256": ""})
+            .to_string()
+        };
+        let mut report = Report {
+            bad_records: 2,
+            ..Report::default()
+        };
+        let ending = Ending {
+            dead_letters: vec![letter("1"), letter("1"), letter("2")],
+            ..Ending::default()
+        };
+        report.take_ending(&ending);
+        assert_eq!((report.dead_letters, report.dead_lettered_records), (3, 2));
+        assert!(report.clean());
+        report.bad_records = 3;
+        assert!(!report.clean(), "a bad record went nowhere");
+        report.bad_records = 2;
+        report.failed_batches = 1;
+        assert!(!report.clean());
+    }
+}
