@@ -273,6 +273,10 @@ function keyedTable(
     sortKey: { name: 'sk', type: dynamodb.AttributeType.STRING },
     timeToLiveAttribute: 'ttl',
     removalPolicy,
+    // Encrypted at rest under the account's AWS managed key, restorable to any second of the
+    // last 35 days.
+    encryption: dynamodb.TableEncryption.AWS_MANAGED,
+    pointInTimeRecoverySpecification: { pointInTimeRecoveryEnabled: true },
   });
   logicalId(made, id);
   return made;
@@ -592,6 +596,8 @@ export class KeywayStack extends Stack {
       partitionKey: { name: 'id', type: dynamodb.AttributeType.NUMBER },
       stream: dynamodb.StreamViewType.NEW_AND_OLD_IMAGES,
       removalPolicy: RemovalPolicy.RETAIN,
+      encryption: dynamodb.TableEncryption.AWS_MANAGED,
+      pointInTimeRecoverySpecification: { pointInTimeRecoveryEnabled: true },
     });
     logicalId(users, 'CdcUsersTable');
     // The source rows' changes as deletes and inserts, partitioned by join key; the joined changelog.

@@ -1296,3 +1296,56 @@ async fn the_stacks_functions_write_a_skew_line_per_batch_that_names_the_hot_key
         "{hot_lines} of {with_hot}"
     );
 }
+
+/// Every DynamoDB table of `template` (YAML or JSON), by logical id, with what it lacks of
+/// encryption at rest under a KMS key and point-in-time recovery.
+fn unprotected_tables(template: &str) -> Vec<String> {
+    use keyway::local::template::{parse_with, resources_of_type};
+    // A consumer's stack takes parameters without defaults; the tables do not depend on them.
+    let parameters = BTreeMap::from(
+        [
+            ("Consumer", "live"),
+            ("PolicyTablePrefix", "keyway-policies-"),
+            ("PolicySyncFunctionArn", "arn:aws:lambda:us-east-1:000000000000:function:sync"),
+            ("FailedBatchesQueueArn", "arn:aws:sqs:us-east-1:000000000000:failed"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    let consumer = template.contains("SubscriberPolicy");
+    let none = BTreeMap::new();
+    let (_, template) = parse_with(template, if consumer { &parameters } else { &none }).unwrap();
+    let tables = resources_of_type(&template, "AWS::DynamoDB::Table");
+    assert!(!tables.is_empty(), "the template makes tables");
+    tables
+        .iter()
+        .flat_map(|(id, table)| {
+            let props = &table["Properties"];
+            let mut lacks = Vec::new();
+            if props["SSESpecification"]["SSEEnabled"] != serde_json::json!(true) {
+                lacks.push(format!("{id}: SSESpecification.SSEEnabled"));
+            }
+            let recovery = &props["PointInTimeRecoverySpecification"];
+            if recovery["PointInTimeRecoveryEnabled"] != serde_json::json!(true) {
+                lacks.push(format!("{id}: PointInTimeRecoverySpecification"));
+            }
+            lacks
+        })
+        .collect()
+}
+
+#[test]
+fn every_table_of_both_templates_and_the_cdk_app_is_encrypted_and_recoverable_to_a_point_in_time()
+{
+    let mut templates = vec![
+        ("template.yaml", keyway_stack::TEMPLATE.to_owned()),
+        ("consumer.yaml", keyway_stack::CONSUMER_TEMPLATE.to_owned()),
+    ];
+    for stack in ["keyway", "keyway-consumer"] {
+        if let Some(text) = cdk_template(stack) {
+            templates.push((stack, text));
+        }
+    }
+    for (name, text) in templates {
+        assert_eq!(unprotected_tables(&text), Vec::<String>::new(), "{name}");
+    }
+}
