@@ -1306,8 +1306,14 @@ fn unprotected_tables(template: &str) -> Vec<String> {
         [
             ("Consumer", "live"),
             ("PolicyTablePrefix", "keyway-policies-"),
-            ("PolicySyncFunctionArn", "arn:aws:lambda:us-east-1:000000000000:function:sync"),
-            ("FailedBatchesQueueArn", "arn:aws:sqs:us-east-1:000000000000:failed"),
+            (
+                "PolicySyncFunctionArn",
+                "arn:aws:lambda:us-east-1:000000000000:function:sync",
+            ),
+            (
+                "FailedBatchesQueueArn",
+                "arn:aws:sqs:us-east-1:000000000000:failed",
+            ),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned())),
     );
@@ -1334,8 +1340,7 @@ fn unprotected_tables(template: &str) -> Vec<String> {
 }
 
 #[test]
-fn every_table_of_both_templates_and_the_cdk_app_is_encrypted_and_recoverable_to_a_point_in_time()
-{
+fn every_table_of_both_templates_and_the_cdk_app_is_encrypted_and_recoverable_to_a_point_in_time() {
     let mut templates = vec![
         ("template.yaml", keyway_stack::TEMPLATE.to_owned()),
         ("consumer.yaml", keyway_stack::CONSUMER_TEMPLATE.to_owned()),

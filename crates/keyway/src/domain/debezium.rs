@@ -192,7 +192,13 @@ pub fn decode(value: &Value) -> Result<DebeziumEvent, InvalidInput> {
         .and_then(Value::as_str)
         .and_then(Op::parse)
         .ok_or_else(|| {
-            InvalidInput::new(field("op"), "missing, or not one of c, r, u, d, t and m")
+            let found = payload
+                .get("op")
+                .map_or("missing".to_owned(), |op| format!("{op}"));
+            InvalidInput::new(
+                field("op"),
+                format!("{found}: not one of c, r, u, d, t and m"),
+            )
         })?;
     let row = |name: &str| match payload.get(name) {
         None | Some(Value::Null) => Ok(None),

@@ -43,14 +43,17 @@ use crate::domain::{Payload, SourceRecord};
 
 impl SourceRecord {
     /// The record's Kinesis data as JSON of `T`: the decode most operators start with. Data that
-    /// is not a `T` is invalid input naming `data`; a DynamoDB change, `record`.
+    /// is not a `T` is invalid input naming `data` and saying whether it is no JSON at all or
+    /// JSON of another shape (serde's words name the field and what it expected); a DynamoDB
+    /// change, `record`.
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, InvalidInput> {
         match &self.payload {
             Payload::Bytes(data) => serde_json::from_slice(data).map_err(|e| {
-                InvalidInput::new(
-                    "data",
-                    format!("expected JSON of {}: {e}", std::any::type_name::<T>()),
-                )
+                let what = match e.classify() {
+                    serde_json::error::Category::Data => "JSON of another shape",
+                    _ => "not JSON",
+                };
+                InvalidInput::new("data", format!("{what}: {e}"))
             }),
             Payload::Change(_) => Err(InvalidInput::new(
                 "record",
@@ -216,16 +219,20 @@ mod tests {
     }
 
     #[test]
-    fn a_records_json_decodes_into_the_type_asked_for_or_names_the_field_and_the_type() {
+    fn a_records_json_decodes_into_the_type_asked_for_or_says_it_is_no_json_or_another_shape() {
         let good = record(Payload::Bytes(br#"{"user":"u1"}"#.to_vec().into()));
         assert_eq!(good.json::<Click>(), Ok(Click { user: "u1".into() }));
         let bad = record(Payload::Bytes(br#"{"name":"u1"}"#.to_vec().into()));
         let err = bad.json::<Click>().unwrap_err();
         assert_eq!(err.field, "data");
         assert!(
-            err.problem.contains("Click") && err.problem.contains("missing field `user`"),
+            err.problem
+                .starts_with("JSON of another shape: missing field `user`"),
             "{err}"
         );
+        let cut = record(Payload::Bytes(br#"{"user":"u"#.to_vec().into()));
+        let err = cut.json::<Click>().unwrap_err();
+        assert!(err.problem.starts_with("not JSON: EOF"), "{err}");
         let change = record(Payload::Change(Change {
             kind: ChangeKind::Insert,
             table: None,

@@ -4,7 +4,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::{
-    decode_all, epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem, StreamNames,
+    decode_all, epoch_seconds_to_millis, records_of, rejected, unreadable, DecodedBatch, Problem,
+    StreamNames,
 };
 use crate::domain::hash::xxh3_128_hex;
 use crate::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
@@ -46,8 +47,12 @@ fn decode_record(
     raw: &RawValue,
     streams: &mut StreamNames,
 ) -> Result<SourceRecord, RejectedRecord> {
-    // A change's images are read as trees whatever their shape: the tree is the item.
-    let tree: Value = serde_json::from_str(raw.get()).expect("an event's records are JSON");
+    // A change's images are read as trees whatever their shape: the tree is the item (a record
+    // nested past serde_json's depth cannot even be read as one).
+    let tree: Value = match serde_json::from_str(raw.get()) {
+        Ok(tree) => tree,
+        Err(e) => return Err(rejected(raw, unreadable(e))),
+    };
     match parse(&tree) {
         Ok((origin, sequence, arrival_millis, change)) => Ok(SourceRecord {
             stream: streams.get(change.table.as_deref().unwrap_or("")),

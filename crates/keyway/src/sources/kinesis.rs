@@ -14,7 +14,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::{
-    decode_all, epoch_seconds_to_millis, records_of, rejected, DecodedBatch, Problem, StreamNames,
+    decode_all, epoch_seconds_to_millis, records_of, rejected, unreadable, DecodedBatch, Problem,
+    StreamNames,
 };
 use crate::domain::hash::xxh3_128_hex;
 use crate::domain::json::push_string;
@@ -78,16 +79,19 @@ fn decode_record(
             };
             fields.parse().map(|parsed| (parsed, streams.get(stream)))
         }
-        // Not the shape of a Kinesis record: read it as a tree to say what is wrong.
-        Err(_) => {
-            let tree: Value = serde_json::from_str(raw.get()).expect("an event's records are JSON");
-            let stream = tree
-                .get("eventSourceARN")
-                .and_then(Value::as_str)
-                .map_or("", stream_name);
-            let parsed = Fields::of(&tree, stream).parse();
-            parsed.map(|parsed| (parsed, streams.get(stream)))
-        }
+        // Not the shape of a Kinesis record: read it as a tree to say what is wrong (a record
+        // nested past serde_json's depth cannot even be read as one).
+        Err(_) => match serde_json::from_str::<Value>(raw.get()) {
+            Ok(tree) => {
+                let stream = tree
+                    .get("eventSourceARN")
+                    .and_then(Value::as_str)
+                    .map_or("", stream_name);
+                let parsed = Fields::of(&tree, stream).parse();
+                parsed.map(|parsed| (parsed, streams.get(stream)))
+            }
+            Err(e) => Err(unreadable(e)),
+        },
     };
     match parsed {
         Ok(((origin, sequence, partition_key, arrival_millis, data), stream)) => Ok(SourceRecord {

@@ -115,6 +115,16 @@ pub(crate) fn epoch_seconds_to_millis(value: &Value, field: &str) -> Result<i64,
     Ok((seconds * 1000.0).round() as i64)
 }
 
+/// The problem of a record that cannot be read as a JSON tree at all: nested past serde_json's
+/// depth limit (its raw text was taken from the event without building it).
+pub(crate) fn unreadable(e: serde_json::Error) -> Problem {
+    Problem {
+        origin: None,
+        sequence: None,
+        invalid: InvalidInput::new("record", format!("cannot be read: {e}")),
+    }
+}
+
 pub(crate) fn rejected(raw: &RawValue, problem: Problem) -> RejectedRecord {
     RejectedRecord {
         origin: problem.origin.map(|o| o.0),
