@@ -80,24 +80,45 @@ fn counted_dead_letters(runtime: &LocalRuntime, operator: &str) -> u64 {
         .sum()
 }
 
-/// Puts each bad record between two good ones on `stream` under `partition_key`, runs the stack,
-/// and checks each bad one's dead letter, the metric, that no batch was given up, and (with
-/// `applied`) that the good records after it were applied.
-async fn each_dead_lettered(
-    stream_id: &str,
-    operator: &str,
-    partition_key: &str,
-    good: &dyn Fn(usize) -> Vec<u8>,
-    cases: &[Bad],
-    applied: &dyn Fn(&LocalRuntime, usize) -> bool,
-) {
+/// Where bad records go: a stream of the stack and the operator that reads it, what the stack
+/// needs before (a subscription for the filter), and the good records around each bad one.
+struct Stream<'a> {
+    stream: &'a str,
+    operator: &'a str,
+    partition_key: &'a str,
+    prepare: &'a dyn Fn(&LocalRuntime),
+    good: &'a dyn Fn(usize) -> Vec<u8>,
+    /// Whether the good record `n` was applied.
+    applied: &'a dyn Fn(&LocalRuntime, usize) -> bool,
+}
+
+/// Nothing to prepare.
+fn nothing(_: &LocalRuntime) {}
+
+/// Puts each bad record between two good ones on the target's stream under its partition key,
+/// runs the stack, and checks each bad one's dead letter, the metric, that no batch was given up
+/// and that the good record after it was applied.
+async fn each_dead_lettered(target: &Stream<'_>, cases: &[Bad]) {
+    let Stream {
+        stream,
+        operator,
+        partition_key,
+        good,
+        applied,
+        ..
+    } = target;
     for (n, case) in cases.iter().enumerate() {
         let mut runtime = stack();
-        let stream = runtime.resource(stream_id).unwrap();
+        (target.prepare)(&runtime);
+        runtime
+            .run_until_idle(Duration::from_secs(600))
+            .await
+            .unwrap();
+        let stream = runtime.resource(stream).unwrap();
         let records = [
-            (partition_key.to_owned(), good(0)),
-            (partition_key.to_owned(), case.data.clone()),
-            (partition_key.to_owned(), good(1)),
+            (partition_key.to_string(), good(0)),
+            (partition_key.to_string(), case.data.clone()),
+            (partition_key.to_string(), good(1)),
         ];
         runtime
             .services
@@ -121,7 +142,7 @@ async fn each_dead_lettered(
             letter.problem,
             case.problem
         );
-        assert_eq!(letter.operator, operator, "{}", case.what);
+        assert_eq!(letter.operator, *operator, "{}", case.what);
         assert_eq!(
             counted_dead_letters(&runtime, operator),
             1,
@@ -213,15 +234,15 @@ async fn the_keyed_counter_dead_letters_each_bad_click_and_counts_the_rest() {
         let counts = runtime.services.sqs.messages(&queue);
         counts.iter().any(|m| m.body.contains(r#""count":2"#))
     };
-    each_dead_lettered(
-        "ClicksStream",
-        "keyed-counter",
-        "user-1",
-        &click,
-        &cases,
-        &counted,
-    )
-    .await;
+    let target = Stream {
+        stream: "ClicksStream",
+        operator: "keyed-counter",
+        partition_key: "user-1",
+        prepare: &nothing,
+        good: &click,
+        applied: &counted,
+    };
+    each_dead_lettered(&target, &cases).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -297,15 +318,15 @@ async fn the_identity_enricher_dead_letters_each_bad_cloudtrail_record_and_enric
             serde_json::from_slice::<Value>(&r.data).unwrap()["eventID"] == format!("good-{n}")
         })
     };
-    each_dead_lettered(
-        "CloudTrailStream",
-        "identity-enricher",
-        "111111111111#AKIAALICE",
-        &good,
-        &cases,
-        &enriched,
-    )
-    .await;
+    let target = Stream {
+        stream: "CloudTrailStream",
+        operator: "identity-enricher",
+        partition_key: "111111111111#AKIAALICE",
+        prepare: &nothing,
+        good: &good,
+        applied: &enriched,
+    };
+    each_dead_lettered(&target, &cases).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -347,9 +368,8 @@ async fn the_dynamic_filter_dead_letters_each_bad_event_and_delivers_the_rest() 
         keyway_tests::received_ids(&runtime.services.sqs, "keyway-live_events")
             .contains(&format!("good-{n}"))
     };
-    // Every case on a stack of its own, live subscribed to sheet-1 first.
-    for case in cases {
-        let mut runtime = stack();
+    // live subscribed to sheet-1 first.
+    let subscribe = |runtime: &LocalRuntime| {
         runtime.services.sqs.create_queue("keyway-live_events");
         let table = runtime.resource("PolicyTable").unwrap();
         let subscription = Subscription {
@@ -363,48 +383,16 @@ async fn the_dynamic_filter_dead_letters_each_bad_event_and_delivers_the_rest() 
         };
         let policies = runtime.services.dynamodb.table(&table).unwrap();
         policies.put_item(subscription.to_item(EPOCH)).unwrap();
-        runtime
-            .run_until_idle(Duration::from_secs(600))
-            .await
-            .unwrap();
-        dead_letters(&runtime);
-        runtime.services.metrics.take();
-        let stream = runtime.resource("FilterEventsStream").unwrap();
-        let records = [
-            ("sheet-1".to_owned(), good(0)),
-            ("sheet-1".to_owned(), case.data.clone()),
-            ("sheet-1".to_owned(), good(1)),
-        ];
-        runtime
-            .services
-            .kinesis
-            .put_in_order(&stream, &records)
-            .await
-            .unwrap();
-        runtime
-            .run_until_idle(Duration::from_secs(600))
-            .await
-            .unwrap();
-        let letters = dead_letters(&runtime);
-        assert_eq!(letters.len(), 1, "{}: {letters:?}", case.what);
-        assert_eq!(letters[0].field, case.field, "{}: {letters:?}", case.what);
-        assert!(
-            letters[0].problem.contains(case.problem),
-            "{}: {letters:?}",
-            case.what
-        );
-        assert_eq!(
-            counted_dead_letters(&runtime, "dynamic-filter"),
-            1,
-            "{}",
-            case.what
-        );
-        assert!(
-            delivered(&runtime, 1),
-            "{}: the event after it delivered",
-            case.what
-        );
-    }
+    };
+    let target = Stream {
+        stream: "FilterEventsStream",
+        operator: "dynamic-filter",
+        partition_key: "sheet-1",
+        prepare: &subscribe,
+        good: &good,
+        applied: &delivered,
+    };
+    each_dead_lettered(&target, &cases).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -456,15 +444,15 @@ async fn the_cdc_rekey_dead_letters_each_bad_change_and_rekeys_the_rest() {
         let stream = runtime.resource("CdcChangelogStream").unwrap();
         runtime.services.kinesis.records(&stream).len() >= 2
     };
-    each_dead_lettered(
-        "CdcChangesStream",
-        "cdc-rekey",
-        "{\"id\":1}",
-        &good,
-        &cases,
-        &rekeyed,
-    )
-    .await;
+    let target = Stream {
+        stream: "CdcChangesStream",
+        operator: "cdc-rekey",
+        partition_key: "{\"id\":1}",
+        prepare: &nothing,
+        good: &good,
+        applied: &rekeyed,
+    };
+    each_dead_lettered(&target, &cases).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -490,15 +478,15 @@ async fn the_keyed_aggregation_dead_letters_each_bad_value_and_aggregates_the_re
             .iter()
             .any(|r| String::from_utf8_lossy(&r.data).contains(r#""count":2"#))
     };
-    each_dead_lettered(
-        "AggregateEventsStream",
-        "keyed-aggregate",
-        "k",
-        &good,
-        &cases,
-        &counted,
-    )
-    .await;
+    let target = Stream {
+        stream: "AggregateEventsStream",
+        operator: "keyed-aggregate",
+        partition_key: "k",
+        prepare: &nothing,
+        good: &good,
+        applied: &counted,
+    };
+    each_dead_lettered(&target, &cases).await;
 }
 
 #[tokio::test(start_paused = true)]
