@@ -130,6 +130,8 @@ pub struct Report {
     pub failed_batches: u64,
     /// A few of the differences, to start the search from.
     pub examples: Vec<String>,
+    /// What else the application measured (how late its timers came, under faults).
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -223,6 +225,9 @@ impl fmt::Display for Report {
             "  dead letters: {} of {} bad records ({} sent); batches given up: {}",
             self.dead_lettered_records, self.bad_records, self.dead_letters, self.failed_batches
         )?;
+        for note in &self.notes {
+            writeln!(f, "  {note}")?;
+        }
         for example in &self.examples {
             writeln!(f, "  e.g. {example}")?;
         }
