@@ -185,7 +185,7 @@ impl Watermarks {
 }
 
 fn recreated(watermark: &Watermark, arrival_millis: Option<i64>) -> bool {
-    arrival_millis.is_some_and(|a| a > watermark.at_millis + RECREATED_AFTER_MILLIS)
+    arrival_millis.is_some_and(|a| a > watermark.at_millis.saturating_add(RECREATED_AFTER_MILLIS))
 }
 
 /// What a store remembers of a key it loaded (where its entries live, what its stored item held),

@@ -69,7 +69,10 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
     async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
         let failed = |e: InvalidInput| FunctionError(SourceError::Event(e).to_string());
         let Some(records) = Envelope::parse(event).map_err(failed)? else {
-            let event: Value = serde_json::from_str(event).expect("parsed as JSON above");
+            // JSON, as the envelope read it; but a member the envelope skipped may nest past
+            // what a tree can be built of.
+            let event: Value = serde_json::from_str(event)
+                .map_err(|e| failed(InvalidInput::new("event", format!("cannot be read: {e}"))))?;
             if !is_scheduled(&event) {
                 let no_records = InvalidInput::new("Records", "the event has no Records array");
                 return Err(failed(no_records));

@@ -336,9 +336,9 @@ fn record_json(stream_arn: &str, r: &KinesisEventRecord) -> String {
 
 /// Whether a record reads the same from its fields as from its JSON: a shard id without the
 /// colon that ends it in the event id, and an arrival time that seconds with three decimals
-/// carry exactly.
+/// carry exactly and a record may say (up to the year 9999).
 fn exact_as_json(r: &KinesisRecord) -> bool {
-    !r.shard_id.contains(':') && (0..1 << 50).contains(&r.arrival_millis)
+    !r.shard_id.contains(':') && (0..=super::LATEST_ARRIVAL_MILLIS).contains(&r.arrival_millis)
 }
 
 /// A batch of a stream's records as an event source mapping hands it to a function: written as

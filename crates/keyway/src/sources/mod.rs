@@ -102,6 +102,12 @@ pub(crate) struct Problem {
     pub invalid: InvalidInput,
 }
 
+/// The latest time a record can say it arrived, in epoch seconds: the end of the year 9999.
+/// Arrival times are compared and added to, and one past any clock is no time at all.
+const LATEST_EPOCH_SECONDS: f64 = 253_402_300_799.0;
+/// The same, in epoch milliseconds.
+pub(crate) const LATEST_ARRIVAL_MILLIS: i64 = 253_402_300_799_000;
+
 /// Reads a timestamp in epoch seconds given as a number or a numeric string, with any number of
 /// decimals, to milliseconds.
 pub(crate) fn epoch_seconds_to_millis(value: &Value, field: &str) -> Result<i64, InvalidInput> {
@@ -110,8 +116,13 @@ pub(crate) fn epoch_seconds_to_millis(value: &Value, field: &str) -> Result<i64,
         Value::String(s) => s.trim().parse::<f64>().ok(),
         _ => None,
     }
-    .filter(|s| s.is_finite() && *s >= 0.0)
-    .ok_or_else(|| InvalidInput::new(field, format!("expected epoch seconds, got {value}")))?;
+    .filter(|s| s.is_finite() && (0.0..=LATEST_EPOCH_SECONDS).contains(s))
+    .ok_or_else(|| {
+        InvalidInput::new(
+            field,
+            format!("expected epoch seconds up to the year 9999, got {value}"),
+        )
+    })?;
     Ok((seconds * 1000.0).round() as i64)
 }
 
@@ -149,6 +160,11 @@ mod tests {
             epoch_seconds_to_millis(&Value::String("1545084650".into()), "t").unwrap(),
             1_545_084_650_000
         );
+        for past_any_clock in ["1e300", "253402300800", "-1"] {
+            let v: Value = serde_json::from_str(past_any_clock).unwrap();
+            let err = epoch_seconds_to_millis(&v, "t").unwrap_err();
+            assert!(err.problem.contains("up to the year 9999"), "{err}");
+        }
         let err = epoch_seconds_to_millis(&Value::Bool(true), "t").unwrap_err();
         assert_eq!(err.field, "t");
     }
