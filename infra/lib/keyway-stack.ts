@@ -98,7 +98,9 @@ interface Trigger {
 
 /** The settings of every stream trigger, as template.yaml gives them: partial batch responses
  * checkpoint at the lowest unapplied record, bisection isolates a record that fails the whole
- * function, and what still fails after its retries is described on the failed-batches queue. */
+ * function, and a failing batch is retried until its records are a day old (no retry limit:
+ * keyway dead-letters what no retry can fix, so only an outage fails a batch), then described on
+ * the failed-batches queue. */
 function streamTrigger(
   stream: kinesis.IStream,
   failedBatches: sqs.IQueue,
@@ -110,7 +112,6 @@ function streamTrigger(
     maxBatchingWindow: Duration.seconds(batchingWindowSeconds),
     reportBatchItemFailures: true,
     bisectBatchOnError: true,
-    retryAttempts: 10,
     maxRecordAge: Duration.seconds(86400),
     parallelizationFactor: 2,
     onFailure: new SqsDlq(failedBatches),
@@ -133,7 +134,6 @@ function tableTrigger(table: dynamodb.ITable, failedBatches: sqs.IQueue): Trigge
     maxBatchingWindow: Duration.seconds(0),
     reportBatchItemFailures: true,
     bisectBatchOnError: true,
-    retryAttempts: 10,
     maxRecordAge: Duration.seconds(86400),
     onFailure: new SqsDlq(failedBatches),
   });

@@ -35,6 +35,9 @@ pub struct FaultPlan {
     /// would leave the service down most of the time.
     pub outage: f64,
     pub outage_millis: i64,
+    /// SQS down for a stretch of virtual time (epoch milliseconds, start to end), whatever the
+    /// probabilities say: a sink down for an hour.
+    pub outage_window: Option<(i64, i64)>,
     pub seed: u64,
 }
 
@@ -191,6 +194,13 @@ impl Faults {
         let mut until = self.outage_until.lock().expect("faults lock");
         if now < *until {
             return true;
+        }
+        if let Some((start, end)) = self.plan.outage_window {
+            if (start..end).contains(&now) {
+                *until = end;
+                self.fired[Fault::Outage as usize].fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
         }
         if self.draw(Fault::Outage) {
             *until = now + self.plan.outage_millis;
