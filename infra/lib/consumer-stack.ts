@@ -67,7 +67,6 @@ export class ConsumerStack extends Stack {
       maximumBatchingWindowInSeconds: 0,
       functionResponseTypes: ['ReportBatchItemFailures'],
       bisectBatchOnFunctionError: true,
-      maximumRetryAttempts: 10,
       maximumRecordAgeInSeconds: Duration.days(1).toSeconds(),
       destinationConfig: { onFailure: { destination: failedBatchesArn.valueAsString } },
     });

@@ -489,112 +489,106 @@ async fn the_keyed_aggregation_dead_letters_each_bad_value_and_aggregates_the_re
     each_dead_lettered(&target, &cases).await;
 }
 
+/// A policy item of `consumer`'s subscription to sheet-1 delivered to `queue`, its pattern as
+/// written.
+fn policy_item(consumer: &str, queue: &str, pattern: Option<String>) -> keyway::domain::Item {
+    let mut item = Subscription {
+        identity: Identity {
+            consumer: consumer.into(),
+            id: "key#sheet-1".into(),
+        },
+        target: Target::Key("sheet-1".into()),
+        queue: queue.into(),
+        pattern: None,
+    }
+    .to_item(EPOCH);
+    if let Some(pattern) = pattern {
+        item.insert("pattern".into(), AttrValue::S(pattern));
+    }
+    item
+}
+
+/// Writes `hostile`, then a good subscription of live, in the shared policy table of a fresh
+/// stack: the hostile one is dead-lettered saying `field` and `problem`, counted, and only live's
+/// reaches the filter state.
+async fn refused_by_the_policy_sync(
+    what: &str,
+    hostile: keyway::domain::Item,
+    field: &str,
+    problem: &str,
+) {
+    let mut runtime = stack();
+    let table = runtime.resource("PolicyTable").unwrap();
+    let policies = runtime.services.dynamodb.table(&table).unwrap();
+    policies.put_item(hostile).unwrap();
+    let mut good = policy_item("live", "keyway-live_events", None);
+    good.insert("subscription".into(), AttrValue::S("key#sheet-2".into()));
+    good.insert("filterKey".into(), AttrValue::S("sheet-2".into()));
+    policies.put_item(good).unwrap();
+    runtime
+        .run_until_idle(Duration::from_secs(600))
+        .await
+        .unwrap();
+    let letters = dead_letters(&runtime);
+    assert_eq!(letters.len(), 1, "{what}: {letters:?}");
+    assert_eq!(letters[0].field, field, "{what}: {letters:?}");
+    assert!(letters[0].problem.contains(problem), "{what}: {letters:?}");
+    let counted = counted_dead_letters(&runtime, "filter-policy-sync");
+    assert_eq!(counted, 1, "{what}");
+    let state = runtime.resource("FilterStateTable").unwrap();
+    let state = dynamic_filter::store::FilterState::new(
+        runtime.services.dynamodb.table(&state).unwrap(),
+        runtime.services.clock.clone(),
+    );
+    let (_, rows) = state.snapshot().await.unwrap();
+    assert_eq!(rows.len(), 1, "{what}: only live's subscription applied");
+    assert_eq!(rows[0].identity.consumer, "live", "{what}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_policy_sync_dead_letters_each_hostile_subscription_and_applies_the_rest() {
+    let mallory = |pattern: String| policy_item("mallory", "keyway-mallory_q", Some(pattern));
     let deep = format!("{}[1]{}", r#"{"a":"#.repeat(200), "}".repeat(200));
     let many_keys: BTreeMap<String, Value> =
         (0..6).map(|i| (format!("k{i}"), json!([i]))).collect();
     let combinations = json!({"a": (0..20).collect::<Vec<_>>(), "b": (0..20).collect::<Vec<_>>()});
-    let cases: Vec<(&str, Option<String>, &str, &str, &str)> = vec![
-        (
-            "not JSON",
-            Some("{".into()),
-            "keyway-mallory_q",
-            "pattern",
-            "not JSON",
-        ),
-        (
-            "nested 200 deep",
-            Some(deep),
-            "keyway-mallory_q",
-            "pattern",
-            "",
-        ),
+    let huge = json!({"a": ["x".repeat(300_000)]});
+    let cases = [
+        ("not JSON", mallory("{".into()), "pattern", "not JSON"),
+        ("nested 200 deep", mallory(deep), "pattern", ""),
         (
             "a regex-like operator",
-            Some(r#"{"a": [{"wildcard": "*.*"}]}"#.into()),
-            "keyway-mallory_q",
+            mallory(r#"{"a": [{"wildcard": "*.*"}]}"#.into()),
             "pattern",
             "unknown operator",
         ),
         (
             "six keys",
-            Some(serde_json::to_string(&many_keys).unwrap()),
-            "keyway-mallory_q",
+            mallory(serde_json::to_string(&many_keys).unwrap()),
             "pattern",
             "at most 5",
         ),
         (
             "400 combinations",
-            Some(combinations.to_string()),
-            "keyway-mallory_q",
+            mallory(combinations.to_string()),
             "pattern",
             "150",
         ),
         (
             "300 KB",
-            Some(json!({"a": ["x".repeat(300_000)]}).to_string()),
-            "keyway-mallory_q",
+            mallory(huge.to_string()),
             "pattern",
             "at most 262144",
         ),
         (
             "a queue of another consumer",
-            None,
-            "keyway-live_events",
+            policy_item("mallory", "keyway-live_events", None),
             "queue",
             "not a queue of consumer",
         ),
     ];
-    for (what, pattern, queue, field, problem) in cases {
-        let mut runtime = stack();
-        let table = runtime.resource("PolicyTable").unwrap();
-        let policies = runtime.services.dynamodb.table(&table).unwrap();
-        let mut item = Subscription {
-            identity: Identity {
-                consumer: "mallory".into(),
-                id: "key#sheet-1".into(),
-            },
-            target: Target::Key("sheet-1".into()),
-            queue: queue.into(),
-            pattern: None,
-        }
-        .to_item(EPOCH);
-        if let Some(pattern) = pattern {
-            item.insert("pattern".into(), AttrValue::S(pattern));
-        }
-        policies.put_item(item).unwrap();
-        let good = Subscription {
-            identity: Identity {
-                consumer: "live".into(),
-                id: "key#sheet-2".into(),
-            },
-            target: Target::Key("sheet-2".into()),
-            queue: "keyway-live_events".into(),
-            pattern: None,
-        };
-        policies.put_item(good.to_item(EPOCH)).unwrap();
-        runtime
-            .run_until_idle(Duration::from_secs(600))
-            .await
-            .unwrap();
-        let letters = dead_letters(&runtime);
-        assert_eq!(letters.len(), 1, "{what}: {letters:?}");
-        assert_eq!(letters[0].field, field, "{what}: {letters:?}");
-        assert!(letters[0].problem.contains(problem), "{what}: {letters:?}");
-        assert_eq!(
-            counted_dead_letters(&runtime, "filter-policy-sync"),
-            1,
-            "{what}"
-        );
-        let state = runtime.resource("FilterStateTable").unwrap();
-        let state = dynamic_filter::store::FilterState::new(
-            runtime.services.dynamodb.table(&state).unwrap(),
-            runtime.services.clock.clone(),
-        );
-        let (_, rows) = state.snapshot().await.unwrap();
-        assert_eq!(rows.len(), 1, "{what}: only live's subscription applied");
-        assert_eq!(rows[0].identity.consumer, "live", "{what}");
+    for (what, hostile, field, problem) in cases {
+        refused_by_the_policy_sync(what, hostile, field, problem).await;
     }
 }
 

@@ -359,7 +359,8 @@ async fn the_template_wires_the_keyed_counter_to_its_stream_queues_and_settings(
             s.maximum_record_age,
             s.parallelization_factor
         ),
-        (Some(10), Some(Duration::from_secs(86_400)), 2)
+        (None, Some(Duration::from_secs(86_400)), 2),
+        "no retry limit: a batch retried until its records are a day old"
     );
     assert_eq!(s.function_timeout, Duration::from_secs(30));
     assert_eq!(s.on_failure, runtime.resource("FailedBatchesQueue"));

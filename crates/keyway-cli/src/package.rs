@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use keyway::lambda::{Env, Handler as _, Invocation};
 use keyway::local::{external, AwsApi, Bootstrap, ExternalFunction, Factory, FaultPlan};
 use keyway::local::{LocalRuntime, LocalServices};
+use keyway::sources::kinesis::KinesisEventRecord;
 use serde::Serialize;
 
 use crate::error::CliError;
@@ -23,6 +24,13 @@ use crate::error::CliError;
 const TARGET_ZIP_BYTES: u64 = 4 * 1024 * 1024;
 /// The cold start a function should stay under: process start to its first response.
 const TARGET_COLD_START_MS: f64 = 50.0;
+/// The memory the keyed counter should run the largest batch Lambda hands it within: Lambda's
+/// smallest memory setting.
+const TARGET_PEAK_MEMORY_BYTES: u64 = 128 * 1024 * 1024;
+/// The largest batch: 10,000 records (Lambda's largest batch size) in an event just under 6 MB
+/// (Lambda's largest synchronous payload, 6,291,456 bytes).
+const LARGEST_BATCH_RECORDS: usize = 10_000;
+const LARGEST_BATCH_BYTES: usize = 6_291_456;
 /// Where the virtual clock starts: 2026-01-01T00:00:00Z.
 const EPOCH: i64 = 1_767_225_600_000;
 
@@ -77,9 +85,13 @@ struct PackageBench {
     packages: Vec<Package>,
     target_zip_bytes: u64,
     target_cold_start_ms: f64,
+    target_peak_memory_bytes: u64,
     largest_zip_bytes: u64,
     /// The slowest median cold start of the builds this machine runs.
     slowest_cold_start_ms: Option<f64>,
+    /// The most memory the keyed counter's process held for the largest batch, on the builds
+    /// this machine runs.
+    largest_batch_peak_bytes: Option<u64>,
     targets_met: bool,
 }
 
@@ -101,6 +113,9 @@ struct Package {
     cold_start_ms: Option<f64>,
     /// Median of the same process's second response, the baseline.
     warm_response_ms: Option<f64>,
+    /// For the keyed counter: the most memory its process held running a batch of 10,000
+    /// records just under 6 MB, from its start.
+    largest_batch_peak_bytes: Option<u64>,
 }
 
 /// A function of the template: its logical id, its binary and the crate folder it builds from.
@@ -150,7 +165,15 @@ pub fn run(options: PackageOptions) -> Result<(), CliError> {
         let (cold, warm) = runtime.block_on(cold_starts(&text, package, options.starts))?;
         package.cold_start_ms = Some(cold);
         package.warm_response_ms = Some(warm);
+        if package.binary == "keyed-counter" {
+            let peak = runtime.block_on(largest_batch_peak(&text, package))?;
+            package.largest_batch_peak_bytes = Some(peak);
+        }
     }
+    let largest_batch_peak_bytes = packages
+        .iter()
+        .filter_map(|p| p.largest_batch_peak_bytes)
+        .max();
     let largest_zip_bytes = packages.iter().map(|p| p.zip_bytes).max().unwrap_or(0);
     let slowest_cold_start_ms = packages
         .iter()
@@ -160,12 +183,15 @@ pub fn run(options: PackageOptions) -> Result<(), CliError> {
         template: options.template,
         targets_met: largest_zip_bytes <= TARGET_ZIP_BYTES
             && slowest_cold_start_ms.is_some_and(|ms| ms <= TARGET_COLD_START_MS)
+            && largest_batch_peak_bytes.is_some_and(|b| b <= TARGET_PEAK_MEMORY_BYTES)
             && packages.iter().all(|p| p.embedded_runtime_left_out),
         packages,
         target_zip_bytes: TARGET_ZIP_BYTES,
         target_cold_start_ms: TARGET_COLD_START_MS,
+        target_peak_memory_bytes: TARGET_PEAK_MEMORY_BYTES,
         largest_zip_bytes,
         slowest_cold_start_ms,
+        largest_batch_peak_bytes,
     };
     crate::bench::report(&result, options.json, print_table);
     Ok(())
@@ -196,6 +222,13 @@ fn print_table(r: &PackageBench) {
     println!(
         "embedded runtime left out of every function: {}",
         r.packages.iter().all(|p| p.embedded_runtime_left_out)
+    );
+    let peak = r
+        .largest_batch_peak_bytes
+        .map_or("-".to_owned(), |b| format!("{:.1}", mb(b)));
+    println!(
+        "the keyed counter ran 10,000 records in 6 MB within {peak} MiB (target: at most {:.0})",
+        mb(r.target_peak_memory_bytes)
     );
     println!(
         "largest zip {:.2} MiB (target: at most {:.1}); slowest cold start {} ms (target: at most {:.0}): {}",
@@ -272,6 +305,7 @@ fn package(build: &Path, function: &Function) -> Result<Package, CliError> {
         zip_bytes: zip_bootstrap(&binary)?.len() as u64,
         cold_start_ms: None,
         warm_response_ms: None,
+        largest_batch_peak_bytes: None,
     })
 }
 
@@ -327,6 +361,84 @@ fn architecture_name(arch: &str) -> &str {
 /// records arrived on 2026-01-01.) Every answer must be clean: no record of the batch failed.
 async fn cold_starts(text: &str, package: &Package, starts: usize) -> Result<(f64, f64), CliError> {
     let payload = payload(&package.binary)?;
+    let mut cold = Vec::with_capacity(starts);
+    let mut warm = Vec::with_capacity(starts);
+    for start in 0..starts {
+        let launched = launch(text, package).await?;
+        for (which, times) in [("cold", &mut cold), ("warm", &mut warm)] {
+            let began = Instant::now();
+            launched
+                .answer_cleanly(&payload, &format!("bench-package-{start}-{which}"), package)
+                .await?;
+            times.push(began.elapsed());
+        }
+    }
+    Ok((median_ms(&mut cold), median_ms(&mut warm)))
+}
+
+/// The most memory `package`'s process held, from its start, running a batch of 10,000 records
+/// just under 6 MB: the largest Lambda hands a function (the keyed counter's clicks, a thousand
+/// users' keys padded to fill it).
+async fn largest_batch_peak(text: &str, package: &Package) -> Result<u64, CliError> {
+    let launched = launch(text, package).await?;
+    // The data of each record sized so that the event comes just under 6 MB: a first event
+    // tells how much the records' JSON and base64 add.
+    let first = 40;
+    let per_record = largest_batch(first).len() / LARGEST_BATCH_RECORDS;
+    let overhead = per_record - first.div_ceil(3) * 4;
+    let room = (LARGEST_BATCH_BYTES - 4096) / LARGEST_BATCH_RECORDS;
+    let event = largest_batch(room.saturating_sub(overhead) * 3 / 4);
+    if !(LARGEST_BATCH_BYTES * 9 / 10..=LARGEST_BATCH_BYTES).contains(&event.len()) {
+        let size = event.len();
+        return Err(format!("the largest batch came to {size} bytes, not just under 6 MB").into());
+    }
+    launched
+        .answer_cleanly(&event, "bench-package-largest-batch", package)
+        .await?;
+    launched.function.peak_memory_bytes().await.ok_or_else(|| {
+        format!(
+            "{}: its process's peak memory cannot be read",
+            package.function
+        )
+        .into()
+    })
+}
+
+/// The keyed counter's clicks of a thousand users, 10,000 records of about `data_bytes` each
+/// (the keys padded), as one event of a shard.
+fn largest_batch(data_bytes: usize) -> String {
+    let datas: Vec<(String, Vec<u8>, String)> = (0..LARGEST_BATCH_RECORDS)
+        .map(|i| {
+            let key = format!("user-{:04}-", i % 1000);
+            let pad = "x".repeat(data_bytes.saturating_sub(key.len() + 24));
+            let data = format!(r#"{{"key":"{key}{pad}","amount":1}}"#).into_bytes();
+            (key, data, format!("{:056}", i + 1))
+        })
+        .collect();
+    keyway::local::mapping::events::kinesis_event_json(
+        "arn:aws:kinesis:us-east-1:000000000000:stream/clicks",
+        datas
+            .iter()
+            .map(|(key, data, sequence)| KinesisEventRecord {
+                shard_id: "shardId-000000000000",
+                sequence_number: sequence,
+                partition_key: key,
+                data,
+                arrival_millis: EPOCH,
+            }),
+    )
+}
+
+/// A package's bootstrap started as the template deploys it, on embedded services served over
+/// their AWS APIs (kept running as long as this is).
+struct Launched {
+    function: ExternalFunction,
+    _api: AwsApi,
+    log: PathBuf,
+}
+
+/// Starts `package`'s bootstrap afresh, as the template deploys its function.
+async fn launch(text: &str, package: &Package) -> Result<Launched, CliError> {
     // Absolute: the process starts in its own folder, as Lambda's does.
     let bootstrap = std::fs::canonicalize(&package.bootstrap)
         .map_err(|e| format!("{}: {e}", package.bootstrap.display()))?;
@@ -334,52 +446,59 @@ async fn cold_starts(text: &str, package: &Package, starts: usize) -> Result<(f6
     let logs = workspace_root()?.join("target/bench-package");
     std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
     let log = logs.join(format!("{}-{}.log", package.function, package.architecture));
-    let mut cold = Vec::with_capacity(starts);
-    let mut warm = Vec::with_capacity(starts);
-    for start in 0..starts {
-        let services = LocalServices::new(EPOCH, FaultPlan::default());
-        let api = AwsApi::start(services.clone())
-            .await
-            .map_err(|e| format!("cannot serve the AWS APIs: {e}"))?;
-        let env = deployed_env(text, &services, &package.function, &bootstrap, &api)?;
-        let function = ExternalFunction::new(
-            env.get("AWS_LAMBDA_FUNCTION_NAME")
-                .map_or("function", String::as_str),
-            Bootstrap {
-                path: bootstrap.clone(),
-                env: env.clone(),
-                aws_endpoint: api.endpoint.clone(),
-                log: Some(log.clone()),
-            },
-            services.clock.clone(),
-        );
-        for (which, times) in [("cold", &mut cold), ("warm", &mut warm)] {
-            let invocation = Invocation {
-                request_id: format!("bench-package-{start}-{which}"),
-                deadline_millis: None,
-            };
-            let began = Instant::now();
-            let answer = function.handle(&payload, &invocation).await;
-            times.push(began.elapsed());
-            let failed = match &answer {
-                Ok(answer) => answer["batchItemFailures"]
-                    .as_array()
-                    .filter(|failures| !failures.is_empty())
-                    .map(|failures| format!("batchItemFailures {failures:?}")),
-                Err(e) => Some(e.to_string()),
-            };
-            if let Some(failed) = failed {
-                return Err(format!(
-                    "{} ({}), {which} start: {failed} (its output: {})",
-                    package.function,
-                    package.bootstrap.display(),
-                    log.display()
-                )
-                .into());
-            }
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let api = AwsApi::start(services.clone())
+        .await
+        .map_err(|e| format!("cannot serve the AWS APIs: {e}"))?;
+    let env = deployed_env(text, &services, &package.function, &bootstrap, &api)?;
+    let function = ExternalFunction::new(
+        env.get("AWS_LAMBDA_FUNCTION_NAME")
+            .map_or("function", String::as_str),
+        Bootstrap {
+            path: bootstrap,
+            env: env.clone(),
+            aws_endpoint: api.endpoint.clone(),
+            log: Some(log.clone()),
+        },
+        services.clock.clone(),
+    );
+    Ok(Launched {
+        function,
+        _api: api,
+        log,
+    })
+}
+
+impl Launched {
+    /// Invokes the function with `event`; an error unless it answers with no record failed.
+    async fn answer_cleanly(
+        &self,
+        event: &str,
+        request_id: &str,
+        package: &Package,
+    ) -> Result<(), CliError> {
+        let invocation = Invocation {
+            request_id: request_id.to_owned(),
+            deadline_millis: None,
+        };
+        let failed = match &self.function.handle(event, &invocation).await {
+            Ok(answer) => answer["batchItemFailures"]
+                .as_array()
+                .filter(|failures| !failures.is_empty())
+                .map(|failures| format!("batchItemFailures {failures:?}")),
+            Err(e) => Some(e.to_string()),
+        };
+        match failed {
+            None => Ok(()),
+            Some(failed) => Err(format!(
+                "{} ({}), {request_id}: {failed} (its output: {})",
+                package.function,
+                package.bootstrap.display(),
+                self.log.display()
+            )
+            .into()),
         }
     }
-    Ok((median_ms(&mut cold), median_ms(&mut warm)))
 }
 
 /// The environment the template gives `function` once deployed on `services`: the template is

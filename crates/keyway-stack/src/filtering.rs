@@ -214,7 +214,7 @@ impl FilterStack {
             Ok(handler as Arc<dyn Handler>)
         });
         functions.insert("DynamicFilterFunction".into(), factory);
-        let template = crate::template_with(&[], &[("DynamicFilterFunction", settings.lanes)]);
+        let template = crate::template_with(&[], &[("DynamicFilterFunction", settings.lanes)])?;
         let runtime =
             LocalRuntime::from_template_with(&template, &parameters, services.clone(), &functions)?;
         // After the template made the tables: the latency is each table's.

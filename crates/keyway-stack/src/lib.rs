@@ -75,26 +75,37 @@ pub(crate) fn stack_mapping(batch_size: usize, lanes: u32) -> keyway::local::Map
 }
 
 /// template.yaml with `shards` shards for the streams named and `lanes` lanes (the
-/// ParallelizationFactor) for each stream mapping of the functions named.
-pub fn template_with(shards: &[(&str, usize)], lanes: &[(&str, u32)]) -> String {
+/// ParallelizationFactor) for each stream mapping of the functions named; an error names a
+/// resource the template does not have.
+pub fn template_with(
+    shards: &[(&str, usize)],
+    lanes: &[(&str, u32)],
+) -> Result<String, LocalError> {
     let mut template = TEMPLATE.to_owned();
     for (stream, n) in shards {
         template = edit_resource(&template, stream, |block| {
             replace_setting(block, "ShardCount", &n.to_string())
-        });
+        })?;
     }
     for (function, n) in lanes {
         template = edit_resource(&template, function, |block| {
             replace_setting(block, "ParallelizationFactor", &n.to_string())
-        });
+        })?;
     }
-    template
+    Ok(template)
 }
 
 /// `template` with the block of resource `id` (from its line to the next resource's) rewritten.
-fn edit_resource(template: &str, id: &str, edit: impl Fn(&str) -> String) -> String {
+fn edit_resource(
+    template: &str,
+    id: &str,
+    edit: impl Fn(&str) -> String,
+) -> Result<String, LocalError> {
     let Some(at) = template.find(&format!("\n  {id}:\n")) else {
-        return template.to_owned();
+        return Err(LocalError::Function {
+            path: format!("Resources/{id}"),
+            problem: "no such resource in template.yaml".into(),
+        });
     };
     let (head, rest) = template.split_at(at + 1);
     // The next line indented by two spaces and a capital letter starts the next resource.
@@ -104,7 +115,7 @@ fn edit_resource(template: &str, id: &str, edit: impl Fn(&str) -> String) -> Str
         .find(|&i| rest[i + 2..].starts_with(|c: char| c.is_ascii_uppercase()))
         .unwrap_or(rest.len());
     let (block, tail) = rest.split_at(end);
-    format!("{head}{}{tail}", edit(block))
+    Ok(format!("{head}{}{tail}", edit(block)))
 }
 
 /// `block` with every `name: ...` line's value replaced by `value`.
@@ -224,16 +235,26 @@ mod tests {
 
     #[test]
     fn a_resources_settings_are_rewritten_within_its_block_only() {
-        let template = "Resources:\n  A:\n    Properties:\n      ShardCount: 2\n  B:\n    Properties:\n      ShardCount: 2\n";
-        let edited = edit_resource(template, "A", |b| replace_setting(b, "ShardCount", "16"));
+        let template = concat!(
+            "Resources:\n  A:\n    Properties:\n      ShardCount: 2\n",
+            "  B:\n    Properties:\n      ShardCount: 2\n"
+        );
+        let edited =
+            edit_resource(template, "A", |b| replace_setting(b, "ShardCount", "16")).unwrap();
         assert_eq!(
             edited,
-            "Resources:\n  A:\n    Properties:\n      ShardCount: 16\n  B:\n    Properties:\n      ShardCount: 2\n"
+            concat!(
+                "Resources:\n  A:\n    Properties:\n      ShardCount: 16\n",
+                "  B:\n    Properties:\n      ShardCount: 2\n"
+            )
         );
-        let edited = edit_resource(template, "B", |b| replace_setting(b, "ShardCount", "3"));
+        let edited =
+            edit_resource(template, "B", |b| replace_setting(b, "ShardCount", "3")).unwrap();
         assert!(edited.ends_with("ShardCount: 3\n") && edited.contains("ShardCount: 2\n  B"));
-        let stack = template_with(&[("ClicksStream", 7)], &[("KeyedCounterFunction", 9)]);
-        assert!(stack.contains("  ClicksStream:\n    Type: AWS::Kinesis::Stream\n    Properties:\n      ShardCount: 7\n"));
+        let stack = template_with(&[("ClicksStream", 7)], &[("KeyedCounterFunction", 9)]).unwrap();
+        assert!(template_with(&[("NoSuchStream", 7)], &[]).is_err());
+        let clicks = "  ClicksStream:\n    Type: AWS::Kinesis::Stream\n    Properties:\n";
+        assert!(stack.contains(&format!("{clicks}      ShardCount: 7\n")));
         assert_eq!(stack.matches("ParallelizationFactor: 9").count(), 1);
         assert_eq!(stack.matches("ShardCount: 7").count(), 1);
     }

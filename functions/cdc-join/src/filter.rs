@@ -193,6 +193,10 @@ fn literal(text: &str) -> Result<Value, String> {
         Ok(Value::Array(_) | Value::Object(_)) => {
             Err("a value is a number, a string, true, false or null".into())
         }
+        Ok(Value::Number(n)) if Number::of(&n).inexact().is_some() => {
+            let why = Number::of(&n).inexact().unwrap_or_default();
+            Err(format!("{text} {why}"))
+        }
         Ok(value) => Ok(value),
         Err(_) if text.is_empty() => Err("the value is missing".into()),
         Err(_) => Err(format!(
@@ -278,6 +282,8 @@ mod tests {
         assert!(!above.matches("t", &row(json!({"tenant": 1_600_000_000_000_000_000u64}))));
         let max = Filter::parse(&format!("t.n = {}", u64::MAX)).unwrap();
         assert!(!max.matches("t", &row(json!({"n": u64::MAX - 1}))));
+        let e = Filter::parse("t.id = 1e18").unwrap_err();
+        assert!(e.problem.contains("cannot be matched exactly"), "{e}");
         let min = Filter::parse(&format!("t.n < {}", i64::MIN + 1)).unwrap();
         assert!(min.matches("t", &row(json!({"n": i64::MIN}))));
     }

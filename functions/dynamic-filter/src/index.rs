@@ -112,6 +112,10 @@ pub struct Gap {
 pub struct SubscriptionIndex {
     version: u64,
     ownership: QueueOwnership,
+    /// Subscriptions held back because their consumer does not own their queue.
+    refused: HashMap<PolicyItem, String>,
+    /// The subscriptions some change of which named its table.
+    named: HashSet<Identity>,
     entries: HashMap<PolicyItem, Entry>,
     by_key: HashMap<String, Bucket>,
     all: Bucket,
@@ -180,6 +184,23 @@ impl SubscriptionIndex {
             table: change.table.clone(),
             identity: change.identity.clone(),
         };
+        // A row written before tables were told apart (no table) stands for the subscription
+        // until a change of it names its table: then the table's row is the subscription.
+        let legacy = PolicyItem {
+            table: String::new(),
+            identity: change.identity.clone(),
+        };
+        if item.table.is_empty() {
+            if self.named.contains(&item.identity) {
+                return false;
+            }
+        } else {
+            self.named.insert(item.identity.clone());
+            if let Some(old) = self.entries.remove(&legacy).and_then(|e| e.live) {
+                self.remove(&old.subscription.target, &legacy);
+            }
+            self.refused.remove(&legacy);
+        }
         if let Some(entry) = self.entries.get(&item) {
             if entry.revision > change.revision {
                 return false;
@@ -190,9 +211,13 @@ impl SubscriptionIndex {
         }
         // A subscription whose pattern does not compile, or whose consumer does not own its
         // queue (state written by other means), matches nothing: it is kept out of the buckets.
+        self.refused.remove(&item);
         let live = change.subscription.as_ref().and_then(|subscription| {
             let consumer = &subscription.identity.consumer;
-            self.ownership.check(consumer, &subscription.queue).ok()?;
+            if let Err(e) = self.ownership.check(consumer, &subscription.queue) {
+                self.refused.insert(item.clone(), e.to_string());
+                return None;
+            }
             let compiled = Arc::new(Compiled {
                 pattern: subscription.compiled_pattern().ok()?,
                 subscription: subscription.clone(),
@@ -270,6 +295,18 @@ impl SubscriptionIndex {
             .filter(|c| !delivered.contains(c) && dropped.insert(*c))
             .collect();
         routing
+    }
+
+    /// The subscriptions held back because their consumer does not own their queue (state
+    /// written by other means, or before the ownership rule), with why.
+    pub fn refused(&self) -> Vec<(&PolicyItem, &str)> {
+        let mut refused: Vec<(&PolicyItem, &str)> = self
+            .refused
+            .iter()
+            .map(|(i, why)| (i, why.as_str()))
+            .collect();
+        refused.sort();
+        refused
     }
 
     /// Live subscriptions: to filter keys, and to all events.
@@ -467,13 +504,48 @@ mod tests {
     }
 
     #[test]
-    fn a_subscription_to_a_queue_its_consumer_does_not_own_is_kept_out() {
+    fn a_subscription_to_a_queue_its_consumer_does_not_own_is_kept_out_and_said_so() {
         let mut index = SubscriptionIndex::default();
         let mut stolen = sub("mallory", key("s1"), "q", None);
         stolen.queue = "keyway-live_q".into();
-        assert!(index.apply(&put(1, stolen)));
+        assert!(index.apply(&put(1, stolen.clone())));
         assert!(consumers(&index, "s1", json!({})).is_empty());
         assert_eq!(index.counts(), (0, 0));
+        let refused = index.refused();
+        assert_eq!(refused.len(), 1);
+        assert!(
+            refused[0].1.contains("not a queue of consumer \"mallory\""),
+            "{refused:?}"
+        );
+        assert!(index.apply(&removal(2, &stolen.identity)));
+        assert!(
+            index.refused().is_empty(),
+            "a removal takes it off the list"
+        );
+    }
+
+    #[test]
+    fn a_row_written_before_tables_were_told_apart_gives_way_to_its_tables_row() {
+        let mut index = SubscriptionIndex::default();
+        let s = sub("live", key("s1"), "old", None);
+        let untabled = Revised {
+            table: String::new(),
+            ..put(5, s.clone())
+        };
+        assert!(index.apply(&untabled));
+        assert_eq!(consumers(&index, "s1", json!({})), ["live>old"]);
+        // The consumer unsubscribes in its table: the old row goes with it.
+        assert!(index.apply(&removal(6, &s.identity)));
+        assert!(consumers(&index, "s1", json!({})).is_empty());
+        assert_eq!(index.counts(), (0, 0));
+        // Read again from a snapshot, in either order, the old row stays out.
+        for rows in [
+            vec![untabled.clone(), removal(6, &s.identity)],
+            vec![removal(6, &s.identity), untabled.clone()],
+        ] {
+            let index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), 1, rows);
+            assert!(consumers(&index, "s1", json!({})).is_empty());
+        }
     }
 
     #[test]

@@ -107,6 +107,16 @@ impl FilterHandler {
     async fn reload(&self) -> Result<(), StoreError> {
         let (version, rows) = self.state.snapshot().await?;
         let index = SubscriptionIndex::from_snapshot(self.ownership.clone(), version, rows);
+        // Said once an environment: subscriptions written by other means, or before queues were
+        // owned, that the filter holds back.
+        for (item, why) in index.refused() {
+            tracing::warn!(
+                consumer = %item.identity.consumer,
+                subscription = %item.identity.id,
+                table = %item.table,
+                "a subscription held back: {why}"
+            );
+        }
         *self.index.write().expect("index lock") = index;
         self.refreshes.lock().expect("refreshes lock").snapshots += 1;
         Ok(())

@@ -180,7 +180,9 @@ impl Subscription {
 ///
 /// Consumer ids are letters, digits and hyphens, so the underscore ends the id unambiguously: no
 /// consumer can claim another's queue (`live` cannot name `keyway-live-x_events`, which is
-/// `live-x`'s). And no queue CloudFormation names for a stack ever holds an underscore (stack
+/// `live-x`'s). Who the consumer is, the policy table says: a consumer's own table proves it;
+/// the shared table holds its writers' word, and only writers trusted with every consumer should
+/// have it. And no queue CloudFormation names for a stack ever holds an underscore (stack
 /// names, logical ids and its random suffixes have none): the stack's dead-letter and
 /// failed-batches queues are no consumer's, and the filter's role, which grants
 /// `ConsumerQueuePrefix*_*`, cannot reach them through a consumer's subscription either.
@@ -228,6 +230,7 @@ impl QueueOwnership {
         let registry: BTreeMap<String, BTreeSet<String>> =
             serde_json::from_str(json).map_err(|e| OwnershipError::NotARegistry(e.to_string()))?;
         for (consumer, queues) in &registry {
+            check_consumer(consumer).map_err(OwnershipError::NotOwned)?;
             for queue in queues {
                 self.named_for(consumer, queue)
                     .map_err(OwnershipError::NotOwned)?;
@@ -430,6 +433,10 @@ mod tests {
             e.to_string().contains("not a queue of consumer \"live\""),
             "{e}"
         );
+        let e = QueueOwnership::default()
+            .with_registry(r#"{"live_x": ["keyway-live_x_q"]}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("a consumer id is"), "{e}");
         let e = QueueOwnership::default().with_registry("[1]").unwrap_err();
         assert!(matches!(e, OwnershipError::NotARegistry(_)), "{e}");
     }

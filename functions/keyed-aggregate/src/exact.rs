@@ -7,8 +7,8 @@
 //! A sum is a `Sum`, wider than any value: a running total that passes 38 digits on the way (two
 //! large values before a negative one, or a large value and a tiny fraction) would otherwise
 //! fail in one order or grouping of the same values and not in another. A `Sum` holds 74 digits
-//! and 18 places, enough for 10^18 values of the largest magnitude, so no order or grouping of
-//! any realistic stream overflows it.
+//! (56 whole, 18 places), enough for 10^18 values of the largest magnitude, so no order or
+//! grouping of any realistic stream overflows it.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -33,7 +33,7 @@ pub enum ExactError {
     NotANumber(String),
     #[error("{0} has more than 38 significant digits or more than 18 decimal places")]
     OutOfRange(String),
-    #[error("the sum overflows 38 significant digits")]
+    #[error("the sum overflows what it can hold (38 digits a value, 74 a sum)")]
     Overflow,
 }
 
@@ -89,7 +89,10 @@ impl Exact {
         if negative {
             units = -units;
         }
-        let scale = fraction.len() as i64 - exponent;
+        // An exponent near i64's ends (`1e-9223372036854775808`) is out of range, not a panic.
+        let scale = (fraction.len() as i64)
+            .checked_sub(exponent)
+            .ok_or_else(out_of_range)?;
         let value = if scale <= 0 {
             let factor = pow10(u32::try_from(-scale).map_err(|_| out_of_range())?)
                 .ok_or_else(out_of_range)?;
@@ -202,10 +205,12 @@ impl Sum {
 
     pub fn checked_add(self, other: Sum) -> Result<Sum, ExactError> {
         let lo = self.lo + other.lo;
+        // Past 38 digits of the high half a sum could not be read back (`parse`, 74 digits).
         let hi = self
             .hi
             .checked_add(other.hi)
             .and_then(|hi| hi.checked_add(lo / HALF))
+            .filter(|hi| hi.unsigned_abs() < LIMIT)
             .ok_or(ExactError::Overflow)?;
         Ok(Sum { hi, lo: lo % HALF }.normalized())
     }
@@ -242,7 +247,8 @@ impl Sum {
         };
         let (whole, fraction) = rest.split_once('.').unwrap_or((rest, ""));
         let digits_ok = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
-        if whole.is_empty() || !digits_ok(whole) || !digits_ok(fraction) {
+        let cut = rest.contains('.') && fraction.is_empty();
+        if whole.is_empty() || cut || !digits_ok(whole) || !digits_ok(fraction) {
             return Err(not_a_number());
         }
         let whole = whole.trim_start_matches('0');
@@ -406,6 +412,21 @@ mod tests {
             .unwrap();
         assert_eq!(back, Sum::ZERO);
         assert_eq!(back.to_string(), "0");
+        assert!(Sum::parse("1.").is_err() && Sum::parse(&format!("1{}.", "0".repeat(50))).is_err());
+        let most = Sum::parse(&format!("{}.5", "9".repeat(56))).unwrap();
+        assert_eq!(
+            most.checked_add(most),
+            Err(ExactError::Overflow),
+            "past what parse reads"
+        );
+        assert!(matches!(
+            Exact::parse("1e-9223372036854775808"),
+            Err(ExactError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            Exact::parse("1.5e-9223372036854775807"),
+            Err(ExactError::OutOfRange(_))
+        ));
         for value in ["0", "-0.000000000000000001", "12.5", "-2e3", "1e37"] {
             let sum = Sum::from(exact(value));
             assert_eq!(sum.to_string(), exact(value).to_string(), "{value}");

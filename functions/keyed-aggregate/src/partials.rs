@@ -1,8 +1,8 @@
 //! The first phase: each key's records aggregated into a partial per window, under the key's own
 //! state, or under one bucket's state when a producer salted the key (partition key `key#3`,
-//! state key `~3~key`: a namespace no key's own state reaches, `keyway::domain::salt`). A batch touches a key's state once however many of its records it
-//! holds (the executor loads, runs and commits per key): the mini-batch pre-aggregation that
-//! keeps a hot key's writes to one a batch.
+//! state key `~3~key`: a namespace no key's own state reaches, `keyway::domain::salt`). A batch
+//! touches a key's state once however many of its records it holds (the executor loads, runs and
+//! commits per key): the mini-batch pre-aggregation that keeps a hot key's writes to one a batch.
 //!
 //! Partials go to the merge (`merge`) only on the key's timers: a window's when it closes (its
 //! end plus the allowed lateness, on the runtime's clock), a running total's a `flush` after its

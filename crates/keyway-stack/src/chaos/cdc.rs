@@ -1,10 +1,11 @@
 //! The CDC join under chaos: Debezium changes of `domains` and `users` (inserts, updates that
 //! move join keys and primary keys, deletes, events sent twice, a large customer whose join key
 //! holds a quarter of the domains, a truncate of each table), interleaved as streams sharded by
-//! record key deliver them, every thousandth change followed by a record that is no change event, through the re-key and the
-//! join. The oracle applies the changes in the order the database made them and joins the final
-//! tables: the view must equal that join row for row; the joined changelog, folded by joined
-//! row, must equal the fault-free run's; and the re-key must hold exactly the live rows.
+//! record key deliver them, every thousandth change followed by a record that is no change
+//! event, through the re-key and the join. The oracle applies the changes in the order the
+//! database made them and joins the final tables: the view must equal that join row for row;
+//! the joined changelog, folded by joined row, must equal the fault-free run's; and the re-key
+//! must hold exactly the live rows.
 
 use std::collections::BTreeMap;
 

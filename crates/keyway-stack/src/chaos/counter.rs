@@ -12,7 +12,7 @@ use keyway::ports::Namespace;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{against_fault_free, against_oracle, deploy, Ending, Report, Sent, Settings};
+use super::{against_fault_free, against_oracle, deploy, sent, Ending, Report, Sent, Settings};
 
 const USERS: u64 = 1_000;
 
@@ -77,12 +77,13 @@ async fn run_once(
         .run_until_idle(Duration::from_secs(24 * 3600))
         .await?;
     let queue = runtime.resource("CountsQueue").expect("the counts queue");
-    let mut sent = Sent::new();
-    for message in runtime.services.sqs.messages(&queue) {
-        let id = message.output_id.clone().unwrap_or_default();
-        sent.entry(id).or_default().push(message.body.clone());
-    }
-    let counts = stored_counts(&runtime, workload.counts.keys().cloned().collect()).await?;
+    let messages = runtime.services.sqs.messages(&queue);
+    let sent = sent(
+        messages
+            .into_iter()
+            .map(|m| (m.output_id.unwrap_or_default(), m.body)),
+    );
+    let counts = stored_counts(&runtime).await?;
     Ok(Run {
         sent,
         counts,
@@ -90,11 +91,8 @@ async fn run_once(
     })
 }
 
-/// The counts the state table holds for `keys`.
-async fn stored_counts(
-    runtime: &LocalRuntime,
-    keys: Vec<String>,
-) -> Result<BTreeMap<String, u64>, LocalError> {
+/// The count of every key the state table holds for the counter, whichever keys they are.
+async fn stored_counts(runtime: &LocalRuntime) -> Result<BTreeMap<String, u64>, LocalError> {
     let table = runtime.resource("StateTable").expect("the state table");
     let store = keyway::lambda::Platform::state_store(runtime.services.as_ref(), &table)
         .map_err(crate::failed("the state table"))?;
@@ -104,6 +102,19 @@ async fn stored_counts(
             &keyed_counter::KeyedCounter,
         )),
     };
+    let mut keys = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store
+            .list_keys(&namespace, "", cursor.as_deref())
+            .await
+            .map_err(crate::failed("the state table"))?;
+        keys.extend(page.keys);
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
     let loaded = store
         .load(&namespace, &keys)
         .await

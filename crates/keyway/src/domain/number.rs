@@ -4,8 +4,8 @@
 //! equal 1600000000000000000: ids that are tenant keys would reach the wrong tenant.
 //!
 //! What equals what:
-//! - two integers (written without fraction or exponent, within ±2^64) are equal when they are
-//!   the same integer;
+//! - two integers (written without fraction or exponent, from -2^63 to 2^64) are equal when they
+//!   are the same integer;
 //! - an integer and a number written with a fraction or exponent are equal when the latter is
 //!   that integer exactly and lies within ±2^53, where a double holds every integer: 7 equals
 //!   7.0 and 7e0, but a double beyond 2^53 stands for several integers and equals none of them;
@@ -47,6 +47,20 @@ impl Number {
         matches!(self, Number::Int(_))
     }
 
+    /// Why a number cannot be compared exactly, if it cannot: a double at or beyond 2^53 (or an
+    /// integer past 64 bits, which is one) stands for many integers. Patterns and filters refuse
+    /// such numbers where they are written; in data they equal and order against no integer.
+    pub fn inexact(self) -> Option<&'static str> {
+        match self {
+            Number::Double(d) if !d.is_finite() || d.abs() >= EXACT_DOUBLE_LIMIT => Some(
+                "cannot be matched exactly: beyond ±2^53 a number written with a fraction or \
+                 exponent (or an integer beyond 64 bits) stands for many integers; write it as an \
+                 integer within 64 bits",
+            ),
+            _ => None,
+        }
+    }
+
     /// The integer a double is exactly, within ±2^53.
     fn exact_integer(d: f64) -> Option<i128> {
         (d.fract() == 0.0 && d.abs() < EXACT_DOUBLE_LIMIT).then_some(d as i128)
@@ -63,7 +77,9 @@ impl Number {
         }
     }
 
-    /// The order of two numbers; none where a double is not a number.
+    /// The order of two numbers; none where a double is not a number, or where an integer meets
+    /// a double it cannot be told apart from (a whole double at or beyond 2^53 that it rounds
+    /// to), so that `compare` says Equal exactly when `equals` holds.
     pub fn compare(self, other: Number) -> Option<Ordering> {
         match (self, other) {
             (Number::Int(a), Number::Int(b)) => Some(a.cmp(&b)),
@@ -71,6 +87,7 @@ impl Number {
             (Number::Double(d), Number::Int(i)) => compare_int_double(i, d).map(Ordering::reverse),
             (Number::Double(a), Number::Double(b)) => a.partial_cmp(&b),
         }
+        .filter(|order| *order != Ordering::Equal || self.equals(other))
     }
 
     /// The text equal numbers share: an integer's digits (a double that is exactly an integer
@@ -86,13 +103,15 @@ impl Number {
     }
 }
 
-/// The order of integer `i` against double `d`, exactly: a double compares by its value, so one
-/// beyond every 64-bit integer (or within and not whole) is placed by its integral part.
+/// The order of integer `i` (from 64 bits) against double `d`, exactly: a double compares by its
+/// value, so one beyond every 64-bit integer (or within and not whole) is placed by its integral
+/// part.
 fn compare_int_double(i: i128, d: f64) -> Option<Ordering> {
     if d.is_nan() {
         return None;
     }
-    // Beyond ±2^127 the double is past every i128; within, its floor is an exact i128.
+    // Past 1.7e38 (below i128's bounds) the double is past every 64-bit integer; within, its
+    // floor is an exact i128.
     if d >= 1.7e38 {
         return Some(Ordering::Less);
     }
@@ -174,6 +193,14 @@ mod tests {
             Some(Ordering::Less)
         );
         assert_eq!(n(json!(5)).compare(n(json!(5.0))), Some(Ordering::Equal));
+        // A whole double beyond 2^53 stands for many integers: neither equal nor ordered.
+        let e18: serde_json::Value = serde_json::from_str("1e18").unwrap();
+        assert_eq!(
+            n(json!(1_000_000_000_000_000_000u64)).compare(n(e18.clone())),
+            None
+        );
+        assert!(n(e18).inexact().is_some());
+        assert!(n(json!(7.5)).inexact().is_none() && n(json!(u64::MAX)).inexact().is_none());
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-use super::number::{Number, EXACT_DOUBLE_LIMIT};
+use super::number::Number;
 
 /// Most value combinations an SNS filter policy may have (SNS filter policy constraints).
 pub const MAX_COMBINATIONS: u64 = 150;
@@ -309,14 +309,8 @@ fn scalar(value: &Value, path: &mut Path) -> Result<Scalar, PatternError> {
         Value::String(s) => Scalar::String(s.clone()),
         Value::Number(n) => {
             let value = Number::of(n);
-            if let Number::Double(d) = value {
-                if !d.is_finite() || d.abs() >= EXACT_DOUBLE_LIMIT {
-                    return path.error(format!(
-                        "{n} cannot be matched exactly: beyond ±2^53 a number written with a \
-                         fraction or exponent (or an integer beyond 64 bits) stands for many \
-                         integers; write it as an integer within 64 bits"
-                    ));
-                }
+            if let Some(why) = value.inexact() {
+                return path.error(format!("{n} {why}"));
             }
             Scalar::Number {
                 value,

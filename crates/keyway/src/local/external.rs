@@ -105,6 +105,20 @@ impl ExternalFunction {
         }
     }
 
+    /// The most memory the running bootstrap process has held so far, in bytes: its resident
+    /// set's high-water mark (`VmHWM` in /proc/PID/status, on Linux), what Lambda holds against
+    /// the function's memory setting. None when no process runs or the system does not say.
+    pub async fn peak_memory_bytes(&self) -> Option<u64> {
+        let environment = self.environment.lock().await;
+        let pid = environment.as_ref()?.child.id()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let kib = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))?;
+        let kib: u64 = kib.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib * 1024)
+    }
+
     /// Starts the bootstrap with its runtime API on a port of its own.
     async fn start(&self) -> Result<Environment, FunctionError> {
         let failed = |e: std::io::Error| {
