@@ -58,11 +58,9 @@ pub fn run(args: ChaosArgs) -> Result<(), CliError> {
         return Err("--fault-rate must be a probability of at most 0.5".into());
     }
     crate::keep_freed_memory();
-    // Virtual time: retries, backoffs and the timer sweeps pass instantly.
-    let runtime = crate::bench::runtime_builder(true);
     let mut dirty = Vec::new();
     for app in apps(&args.app)? {
-        let report = runtime.block_on(run_app(app, &settings))?;
+        let report = run_app(app, &settings)?;
         if args.json {
             let line = serde_json::to_string(&report).map_err(|e| e.to_string())?;
             println!("{line}");

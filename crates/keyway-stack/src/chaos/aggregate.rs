@@ -11,12 +11,14 @@ use keyed_aggregate::aggregate::{Aggregate, Partial};
 use keyed_aggregate::exact::Exact;
 use keyed_aggregate::merge::result_line;
 use keyway::domain::salt::{Partitioner, Salting};
-use keyway::local::{FaultPlan, LocalError, LocalRuntime};
+use keyway::local::{FaultPlan, LocalError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-use super::{against_fault_free, against_oracle, deploy, Ending, Report, Sent, Settings};
+use super::{
+    against_fault_free, against_oracle, deploy, side_by_side, Ending, Report, Sent, Settings,
+};
 
 /// The key that turns hot halfway through.
 const SURGE: &str = "surge";
@@ -71,12 +73,13 @@ fn workload(settings: &Settings) -> Workload {
     }
 }
 
-/// One run: each key's last result (the one of the highest count: running totals only grow).
+/// One run: each key's last result (the one of the highest count: running totals only grow),
+/// and what else it left.
 async fn run_once(
     settings: &Settings,
     records: &[(String, Vec<u8>)],
     faults: FaultPlan,
-) -> Result<(BTreeMap<String, String>, LocalRuntime), LocalError> {
+) -> Result<(BTreeMap<String, String>, Ending), LocalError> {
     let parameters = BTreeMap::from([
         ("AggregateValuePointer".to_owned(), "/value".to_owned()),
         ("Aggregates".to_owned(), "count,sum,min,max,mean".to_owned()),
@@ -119,13 +122,15 @@ async fn run_once(
         }
     }
     let last = last.into_iter().map(|(k, (_, line))| (k, line)).collect();
-    Ok((last, runtime))
+    Ok((last, Ending::of(&runtime)))
 }
 
-pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
+pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
     let workload = workload(settings);
-    let (clean, _) = run_once(settings, &workload.records, FaultPlan::default()).await?;
-    let (faulty, runtime) = run_once(settings, &workload.records, settings.faults()).await?;
+    let ((clean, _), (faulty, ending)) = side_by_side(
+        || run_once(settings, &workload.records, FaultPlan::default()),
+        || run_once(settings, &workload.records, settings.faults()),
+    )?;
     let expected: BTreeMap<String, String> = workload
         .oracle
         .iter()
@@ -151,6 +156,6 @@ pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
             .collect()
     };
     against_fault_free(&mut report, &by_key(&faulty), &by_key(&clean));
-    report.take_ending(&Ending::of(&runtime));
+    report.take_ending(&ending);
     Ok(report)
 }

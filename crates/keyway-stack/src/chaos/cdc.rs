@@ -14,7 +14,7 @@ use cdc_join::spec::{JoinKind, JoinSpec};
 use cdc_join::view::View;
 use keyway::local::{FaultPlan, LocalError};
 
-use super::{against_fault_free, against_oracle, Report, Sent, Settings};
+use super::{against_fault_free, against_oracle, side_by_side, Report, Sent, Settings};
 use crate::cdc::{final_tables, interleave, replay, Outcome, Settings as CdcSettings, SourceEvent};
 use crate::cdc_changes::{generate, Workload, JOIN};
 
@@ -49,7 +49,7 @@ fn rekey_rows(outcome: &Outcome) -> usize {
         .sum()
 }
 
-pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
+pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
     let workload = Workload {
         changes: settings.events,
         hot_user: 0.25,
@@ -69,8 +69,11 @@ pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
         faults,
         ..CdcSettings::new(spec.clone())
     };
-    let clean = replay(&cdc(FaultPlan::default()), &events).await?;
-    let faulty = replay(&cdc(settings.faults()), &events).await?;
+    let (clean_settings, faulty_settings) = (cdc(FaultPlan::default()), cdc(settings.faults()));
+    let (clean, faulty) = side_by_side(
+        || replay(&clean_settings, &events),
+        || replay(&faulty_settings, &events),
+    )?;
     let mut report = Report {
         unit: "rows of the view",
         bad_records: bad,

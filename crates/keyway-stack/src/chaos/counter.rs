@@ -12,7 +12,9 @@ use keyway::ports::Namespace;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{against_fault_free, against_oracle, deploy, sent, Ending, Report, Sent, Settings};
+use super::{
+    against_fault_free, against_oracle, deploy, sent, side_by_side, Ending, Report, Sent, Settings,
+};
 
 const USERS: u64 = 1_000;
 
@@ -52,7 +54,7 @@ fn workload(settings: &Settings) -> Workload {
 struct Run {
     sent: Sent,
     counts: BTreeMap<String, u64>,
-    runtime: LocalRuntime,
+    ending: Ending,
 }
 
 async fn run_once(
@@ -87,7 +89,7 @@ async fn run_once(
     Ok(Run {
         sent,
         counts,
-        runtime,
+        ending: Ending::of(&runtime),
     })
 }
 
@@ -128,10 +130,12 @@ async fn stored_counts(runtime: &LocalRuntime) -> Result<BTreeMap<String, u64>, 
         .collect())
 }
 
-pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
+pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
     let workload = workload(settings);
-    let clean = run_once(settings, &workload, FaultPlan::default()).await?;
-    let faulty = run_once(settings, &workload, settings.faults()).await?;
+    let (clean, faulty) = side_by_side(
+        || run_once(settings, &workload, FaultPlan::default()),
+        || run_once(settings, &workload, settings.faults()),
+    )?;
     let mut report = Report {
         unit: "users' counts",
         bad_records: workload.bad,
@@ -144,7 +148,7 @@ pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
         |got, want| got > want,
     );
     against_fault_free(&mut report, &faulty.sent, &clean.sent);
-    report.take_ending(&Ending::of(&faulty.runtime));
+    report.take_ending(&faulty.ending);
     report.not_applicable(
         Fault::CrashInCommit,
         "a key's state is one item: no commit writes several",

@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use super::{against_fault_free, against_oracle, sent, Report, Sent, Settings};
+use super::{against_fault_free, against_oracle, sent, side_by_side, Report, Sent, Settings};
 use crate::filtering::{replay, Change, Op, Outcome, Settings as FilterSettings, TimedEvent};
 
 const START: i64 = super::EPOCH;
@@ -257,12 +257,13 @@ async fn run_once(
     Ok((sent(outputs), deliveries, outcome))
 }
 
-pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
+pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
     let (generated, timed) = workload(settings.events, settings.seed);
     let changes: Vec<Change> = generated.iter().map(|g| g.change.clone()).collect();
-    let (clean, _, _) = run_once(settings, &changes, &timed, FaultPlan::default()).await?;
-    let (faulty, deliveries, outcome) =
-        run_once(settings, &changes, &timed, settings.faults()).await?;
+    let ((clean, _, _), (faulty, deliveries, outcome)) = side_by_side(
+        || run_once(settings, &changes, &timed, FaultPlan::default()),
+        || run_once(settings, &changes, &timed, settings.faults()),
+    )?;
     let keyless = timed
         .iter()
         .filter(|e| e.event.get("key").is_none())

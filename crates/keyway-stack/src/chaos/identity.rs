@@ -15,7 +15,9 @@ use identity_enricher::traffic::{Traffic, TrafficConfig};
 use keyway::local::{FaultPlan, LocalError, LocalRuntime};
 use serde_json::Value;
 
-use super::{against_fault_free, against_oracle, deploy, sent, Ending, Report, Sent, Settings};
+use super::{
+    against_fault_free, against_oracle, deploy, sent, side_by_side, Ending, Report, Sent, Settings,
+};
 
 /// The template's buffer TTL: every record still waiting is out once it and the sweeps passed.
 const BUFFER_TTL: Duration = Duration::from_secs(900);
@@ -108,13 +110,13 @@ fn workload(settings: &Settings) -> Result<Workload, LocalError> {
     })
 }
 
-/// One run: the enriched stream by output id, the runtime, and the minutes past the buffer TTL
-/// and a minute the last record waited to go out.
+/// One run: the enriched stream by output id, what else it left, and the minutes past the
+/// buffer TTL and a minute the last record waited to go out.
 async fn run_once(
     settings: &Settings,
     workload: &Workload,
     faults: FaultPlan,
-) -> Result<(Sent, LocalRuntime, u64), LocalError> {
+) -> Result<(Sent, Ending, u64), LocalError> {
     let parameters = BTreeMap::from([
         ("CloudTrailShards".to_owned(), settings.shards.to_string()),
         ("FeedbackShards".to_owned(), settings.shards.to_string()),
@@ -142,7 +144,7 @@ async fn run_once(
         late += 1;
         sent = enriched(&runtime);
     }
-    Ok((sent, runtime, late))
+    Ok((sent, Ending::of(&runtime), late))
 }
 
 /// The enriched stream's records by output id.
@@ -155,10 +157,12 @@ fn enriched(runtime: &LocalRuntime) -> Sent {
     }))
 }
 
-pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
+pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
     let workload = workload(settings)?;
-    let (clean, _, _) = run_once(settings, &workload, FaultPlan::default()).await?;
-    let (faulty, runtime, late) = run_once(settings, &workload, settings.faults()).await?;
+    let ((clean, _, _), (faulty, ending, late)) = side_by_side(
+        || run_once(settings, &workload, FaultPlan::default()),
+        || run_once(settings, &workload, settings.faults()),
+    )?;
     let mut report = Report {
         unit: "records enriched",
         bad_records: (workload.entries.len() - workload.records.len()) as u64,
@@ -179,7 +183,7 @@ pub(super) async fn run(settings: &Settings) -> Result<Report, LocalError> {
         .collect();
     against_oracle(&mut report, &got, &want, |got, want| got.1 > want.1);
     against_fault_free(&mut report, &faulty, &clean);
-    report.take_ending(&Ending::of(&runtime));
+    report.take_ending(&ending);
     report.notes.push(format!(
         "every waiting record out within the buffer TTL, a minute and {late} minutes more"
     ));
