@@ -13,7 +13,7 @@
 //! `target/fuzz-crashes/` and the test fails naming it; each one found so far is kept as a
 //! regression case below.
 //!
-//! `KEYWAY_FUZZ_SECONDS` is the time per decoder (2 s by default; the test command gives 20) and
+//! `KEYWAY_FUZZ_SECONDS` is the time per decoder (2 s by default; the test command gives 10) and
 //! `KEYWAY_FUZZ_SEED` the seed (a new one each run by default, printed so a failure can be
 //! replayed).
 
