@@ -970,15 +970,14 @@ async fn the_stacks_schedule_sweeps_the_rows_of_a_truncated_table_out_of_its_vie
     assert!(dead_letters.is_empty(), "{dead_letters:?}");
 }
 
-#[tokio::test]
-async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and_sweeps_each_row_once(
-) {
+/// A re-key's state holding 2,500 domains stored before a truncate at lsn 10,000 and 10 after
+/// it (pages of the scan hold 1,000 items), and the sweeper of that state.
+async fn truncated_domains(services: &keyway::local::LocalServices) -> cdc_join::truncate::Sweeper {
     use keyway::domain::{KeyState, SlotData};
-    use keyway::local::{FaultPlan, KeySchema, LocalServices};
+    use keyway::local::KeySchema;
     use keyway::operator::BROADCAST_KEY;
-    use keyway::ports::{Clock, Commit};
+    use keyway::ports::Commit;
     use serde_json::value::RawValue;
-    let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
     services
         .dynamodb
         .create_table("state", KeySchema::state_table(), None, None);
@@ -990,7 +989,7 @@ async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and
         ("CHANGELOG_SINK", "kinesis:changelog"),
         ("DEAD_LETTER_SINK", &format!("sqs:{dead}")),
     ]);
-    let sweeper = cdc_join::wiring::rekey_handler(services.as_ref(), &env)
+    let sweeper = cdc_join::wiring::rekey_handler(services, &env)
         .unwrap()
         .sweeper;
     let state = |slot: &str, value: Value| {
@@ -999,8 +998,6 @@ async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and
         state.slots.insert(slot.into(), SlotData::fresh(vec![raw]));
         state
     };
-    // 2,500 domains stored before a truncate at lsn 10,000, 10 after it: pages of the scan
-    // hold 1,000 items.
     let mut commits: Vec<Commit> = (0..2_510u64)
         .map(|id| {
             let lsn = if id < 2_500 { id } else { 20_000 + id };
@@ -1013,6 +1010,16 @@ async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and
     for result in sweeper.store.commit(&sweeper.namespace, commits).await {
         result.unwrap();
     }
+    sweeper
+}
+
+#[tokio::test]
+async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and_sweeps_each_row_once(
+) {
+    use keyway::local::{FaultPlan, LocalServices};
+    use keyway::ports::Clock;
+    let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+    let sweeper = truncated_domains(&services).await;
     // Each run's deadline is already near: it sweeps a page and stops.
     let (mut runs, mut rows) = (0, 0);
     loop {
@@ -1037,4 +1044,53 @@ async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and
     );
     let items = services.dynamodb.table("state").unwrap().items();
     assert_eq!(state_rows(&items, "cdc-rekey", &["row"]), 10);
+}
+
+#[tokio::test]
+async fn a_sweep_that_crashes_part_way_keeps_what_it_removed_and_a_few_runs_end_it() {
+    use cdc_join::truncate::Sweeper;
+    use keyway::local::{CrashBeforeCommit, FaultPlan, Faults, LocalServices};
+    let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+    let sweeper = truncated_domains(&services).await;
+    // The process dies at 5% of its commits, as the chaos runs make it: a sweep that made a
+    // commit a row would remove some twenty rows a run.
+    let crashing = Faults::new(
+        FaultPlan {
+            crash_before_commit: 0.05,
+            seed: 3,
+            ..FaultPlan::default()
+        },
+        0,
+    );
+    let sweeper = Arc::new(Sweeper {
+        store: Arc::new(CrashBeforeCommit::new(
+            sweeper.store.clone(),
+            Arc::new(crashing),
+        )),
+        ..sweeper
+    });
+    let (mut runs, mut crashed) = (0, 0);
+    loop {
+        runs += 1;
+        let run = sweeper.clone();
+        match tokio::spawn(async move { run.sweep(None).await }).await {
+            Ok(report) if !report.as_ref().unwrap().unfinished => break,
+            Ok(_) => {}
+            Err(died) if died.is_panic() => crashed += 1,
+            Err(other) => panic!("{other}"),
+        }
+        assert!(
+            runs < 10,
+            "{runs} runs, {crashed} crashed, and the sweep goes on"
+        );
+    }
+    let items = services.dynamodb.table("state").unwrap().items();
+    assert_eq!(state_rows(&items, "cdc-rekey", &["row"]), 10);
+    let deletes: BTreeSet<String> = services
+        .kinesis
+        .trim("changelog")
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.data).into_owned())
+        .collect();
+    assert_eq!(deletes.len(), 2_500, "one delete a row, whoever sent it");
 }

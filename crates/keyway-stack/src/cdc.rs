@@ -12,18 +12,20 @@ use std::time::Duration;
 
 use cdc_join::join::{Joined, JoinedId, Stamped};
 use cdc_join::oracle::Tables;
-use cdc_join::rekey::primary_key;
+use cdc_join::rekey::{primary_key, TRUNCATED};
 use cdc_join::spec::{JoinKind, JoinSpec};
+use cdc_join::truncate::{Progress, PROGRESS, PROGRESS_KEY};
 use cdc_join::view_table::joined_of;
 use cdc_join::wiring::{join_handler, rekey_handler};
 use keyway::adapters::dynamodb::TTL;
-use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Op};
+use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Op, Position};
 use keyway::domain::item::item_size;
 use keyway::domain::{InvalidInput, Item};
 use keyway::local::{
     Fault, FaultCounts, FaultPlan, KeySchema, LocalError, LocalRuntime, LocalServices,
     MappingSource, MeterSnapshot,
 };
+use keyway::operator::BROADCAST_KEY;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -93,6 +95,8 @@ pub struct Outcome {
     pub dead_letters: Vec<String>,
     /// Runs of the truncate sweep that failed (the next one goes on).
     pub failed_sweeps: u64,
+    /// How long after the last change both sweeps of every truncate were done (virtual time).
+    pub sweeps_took: Duration,
     /// What the functions asked of DynamoDB (state and view), per table.
     pub meters: BTreeMap<String, MeterSnapshot>,
     /// The largest item of either table at the end, in bytes.
@@ -225,10 +229,17 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     runtime.add_mapping("join", Arc::new(join), source(CHANGELOG), mapping);
     put_all(&services, events).await?;
     runtime.run_until_idle(SETTLE_LIMIT).await?;
+    let mut sweeps_took = Duration::ZERO;
     if events.iter().any(is_truncate) {
-        // Both sweeps of every truncate, and the changes they make.
-        runtime.run_for(TRUNCATE_SETTLE + SWEEP_EVERY * 10).await;
+        // Both sweeps of every truncate, and the changes they make: a sweep that a crash
+        // stopped goes on at the next minute's.
+        runtime.run_for(TRUNCATE_SETTLE).await;
+        while !sweeps_done(&services) && sweeps_took < SETTLE_LIMIT {
+            runtime.run_for(SWEEP_EVERY).await;
+            sweeps_took += SWEEP_EVERY;
+        }
         runtime.run_until_idle(SETTLE_LIMIT).await?;
+        sweeps_took += TRUNCATE_SETTLE;
     }
     if !settings.late.is_empty() {
         put_all(&services, &settings.late).await?;
@@ -236,7 +247,38 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     }
     let mut outcome = outcome(&services, &dead_letters)?;
     outcome.failed_sweeps = runtime.schedules().iter().map(|(_, s)| s.errors).sum();
+    outcome.sweeps_took = sweeps_took;
     Ok(outcome)
+}
+
+/// Whether the re-key swept twice for each table's last truncate (`cdc_join::truncate`): the
+/// progress it keeps in its state, against the truncates it notes.
+fn sweeps_done(services: &LocalServices) -> bool {
+    let table = services
+        .dynamodb
+        .table(STATE_TABLE)
+        .expect("the state table was made");
+    let slot = |key: &str, slot: &str| -> Option<Value> {
+        let item = table.items().into_iter().find(|item| {
+            item.get("sk").and_then(|v| v.as_s()) == Some("head")
+                && item.get("pk").and_then(|v| v.as_s()).is_some_and(|pk| {
+                    pk.starts_with("cdc-rekey#") && pk.ends_with(&format!("#{key}"))
+                })
+        })?;
+        let doc: Value = serde_json::from_str(item.get("doc")?.as_s()?).ok()?;
+        Some(doc["slots"][slot]["e"][0].clone())
+    };
+    let fences: BTreeMap<String, Position> =
+        serde_json::from_value(slot(BROADCAST_KEY, TRUNCATED.name).unwrap_or_default())
+            .unwrap_or_default();
+    let progress: BTreeMap<String, Progress> =
+        serde_json::from_value(slot(PROGRESS_KEY, PROGRESS).unwrap_or_default())
+            .unwrap_or_default();
+    fences.iter().all(|(name, at)| {
+        progress
+            .get(name)
+            .is_some_and(|p| p.at == *at && p.sweeps >= 2)
+    })
 }
 
 /// Puts `events` on their topics' streams, in their order.
@@ -303,6 +345,7 @@ fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, Loca
         faults_fired: services.faults_fired(),
         faults_missing: services.faults_missing(),
         failed_sweeps: 0,
+        sweeps_took: Duration::ZERO,
         ending: crate::chaos::Ending::read(services, dead_letters, None),
     })
 }

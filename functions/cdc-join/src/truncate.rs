@@ -236,11 +236,21 @@ impl Sweeper {
             if let Some((_, error)) = self.changelog.send(&outputs).await.into_iter().next() {
                 return Err(SweepError::Sink(error));
             }
+            // The chunk's rows go in one commit call: a sweep of a large table makes few round
+            // trips, and an invocation that dies part way loses at most one chunk's work.
+            let commits = gone
+                .into_iter()
+                .map(|(key, mut state)| {
+                    state.clear_slots();
+                    self.commit_of(&key, state)
+                })
+                .collect::<Vec<_>>();
+            let tried: Vec<String> = commits.iter().map(|c| c.key.clone()).collect();
+            let results = self.store.commit(&self.namespace, commits).await;
             keys.clear();
-            for (key, mut state) in gone {
-                state.clear_slots();
-                match self.commit(&key, state).await {
-                    Ok(()) => removed += 1,
+            for (key, result) in tried.into_iter().zip(results) {
+                match result {
+                    Ok(_) => removed += 1,
                     Err(StoreError::Conflict) => keys.push(key),
                     Err(e) => return Err(e.into()),
                 }
@@ -249,11 +259,15 @@ impl Sweeper {
         Err(SweepError::Store(StoreError::Conflict))
     }
 
-    async fn commit(&self, key: &str, state: KeyState) -> Result<(), StoreError> {
-        let commit = Commit {
+    fn commit_of(&self, key: &str, state: KeyState) -> Commit {
+        Commit {
             redelivery_window: self.redelivery_window,
             ..Commit::new(key, state.version, state)
-        };
+        }
+    }
+
+    async fn commit(&self, key: &str, state: KeyState) -> Result<(), StoreError> {
+        let commit = self.commit_of(key, state);
         let mut results = self.store.commit(&self.namespace, vec![commit]).await;
         results.remove(0).map(|_| ())
     }
@@ -276,7 +290,7 @@ fn retraction_output(key: &str, stored: &Stored, step: &Step) -> Output {
 }
 
 /// The slot of the progress in `PROGRESS_KEY`'s state.
-const PROGRESS: &str = "progress";
+pub const PROGRESS: &str = "progress";
 
 /// The value in slot `slot` of `state`, if any.
 fn decode_slot<T: serde::de::DeserializeOwned>(

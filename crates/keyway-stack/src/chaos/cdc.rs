@@ -89,6 +89,12 @@ pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
         faulty.joined.len(),
         clean.joined.len()
     ));
+    report.notes.push(format!(
+        "the truncates' two sweeps were done {} min after the last change ({} runs of the sweep \
+         failed and the next went on)",
+        faulty.sweeps_took.as_secs() / 60,
+        faulty.failed_sweeps
+    ));
     let (held, live) = (rekey_rows(&faulty), tables.len());
     if held != live {
         report.oracle.extra += held.saturating_sub(live) as u64;
