@@ -668,7 +668,7 @@ async fn a_truncate_removes_the_rows_changed_before_it_and_keeps_those_changed_a
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_change_in_a_truncates_own_millisecond_is_kept_in_every_arrival_order() {
+async fn a_change_in_a_truncates_own_millisecond_is_kept_in_six_arrival_orders_on_three_layouts() {
     use keyway_stack::cdc::{interleave, replay, Settings};
     // A connector that says only when the database made each change (ts_ms): a change in the
     // truncate's own millisecond cannot be told before or after it, and is taken as after it.

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+use keyway::ports::Clock;
 use serde_json::Value;
 
 const EPOCH: i64 = 1_767_225_600_000;
@@ -26,8 +27,13 @@ async fn a_queue_down_for_an_hour_loses_no_count_and_no_output() {
         LocalRuntime::from_template(keyway_stack::TEMPLATE, services, &keyway_stack::functions())
             .expect("the template runs");
     let stream = runtime.resource("ClicksStream").unwrap();
+    let queue = runtime.resource("CountsQueue").unwrap();
     let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    // How many messages the queue holds, by the time the loop reads it.
+    let mut queued_at = BTreeMap::new();
     for minute in 0..80 {
+        let now = runtime.services.clock.now_millis();
+        queued_at.insert(now, runtime.services.sqs.messages(&queue).len());
         let records: Vec<(String, Vec<u8>)> = (0..50)
             .map(|i| {
                 let user = format!("user-{}", (minute * 50 + i) % 37);
@@ -48,7 +54,20 @@ async fn a_queue_down_for_an_hour_loses_no_count_and_no_output() {
         .run_until_idle(Duration::from_secs(3 * 3600))
         .await
         .expect("every record applied once the queue is back");
-    let queue = runtime.resource("CountsQueue").unwrap();
+    let outages = runtime.services.faults_fired()["sqs"][&keyway::local::Fault::Outage];
+    assert_eq!(outages, 1, "one outage, of the whole window");
+    let during: Vec<usize> = queued_at
+        .range(EPOCH + 11 * MINUTE..EPOCH + 70 * MINUTE)
+        .map(|(_, &n)| n)
+        .collect();
+    assert!(
+        during.len() > 50 && during[0] > 0,
+        "counts went out before the outage"
+    );
+    assert!(
+        during.iter().all(|&n| n == during[0]),
+        "nothing went out while it lasted: {during:?}"
+    );
     let mut last: BTreeMap<String, u64> = BTreeMap::new();
     let mut ids = std::collections::BTreeSet::new();
     for message in runtime.services.sqs.messages(&queue) {

@@ -582,7 +582,6 @@ fn chaos_template() -> String {
             BisectBatchOnFunctionError: true
 "#;
     template()
-        .replace("MaximumRetryAttempts: 10", "MaximumRetryAttempts: -1")
         .replace(
             "MaximumRecordAgeInSeconds: 86400",
             "MaximumRecordAgeInSeconds: -1",

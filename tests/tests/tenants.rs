@@ -243,10 +243,59 @@ async fn the_filter_delivers_to_no_queue_its_consumer_does_not_own_whatever_its_
         }),
     };
     state.apply(&hostile).await.unwrap();
+    // Beside it, live's own subscription, written the same way: the filter is running.
+    let own = dynamic_filter::index::Revised {
+        identity: Identity {
+            consumer: "live".into(),
+            id: "key#sheet-2".into(),
+        },
+        subscription: Some(Subscription {
+            identity: Identity {
+                consumer: "live".into(),
+                id: "key#sheet-2".into(),
+            },
+            target: Target::Key("sheet-2".into()),
+            queue: LIVE_QUEUE.into(),
+            pattern: None,
+        }),
+        ..hostile.clone()
+    };
+    state.apply(&own).await.unwrap();
     stack.run().await;
-    stack.send(&[event("a", "sheet-1")]);
+    stack.send(&[event("a", "sheet-1"), event("b", "sheet-2")]);
     stack.run().await;
-    assert!(stack.received(LIVE_QUEUE).is_empty());
+    assert_eq!(stack.received(LIVE_QUEUE), ["b"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_consumer_lists_the_subscriptions_the_filter_holds_back_with_why() {
+    let stack = Stack::new();
+    let shared = stack.shared_table();
+    shared
+        .put_item(policy_item("mallory", "sheet-1", LIVE_QUEUE, None))
+        .unwrap();
+    shared
+        .put_item(policy_item("mallory", "sheet-2", "keyway-mallory_q", None))
+        .unwrap();
+    let client = dynamic_filter::client::SubscriptionClient::new(
+        shared,
+        "mallory",
+        QueueOwnership::new("keyway-"),
+        stack.runtime.services.clock.clone(),
+    );
+    let listing = client.listing().await.unwrap();
+    let applied: Vec<&str> = listing
+        .subscriptions
+        .iter()
+        .map(|s| s.queue.as_str())
+        .collect();
+    assert_eq!(applied, ["keyway-mallory_q"]);
+    assert_eq!(listing.held_back.len(), 1, "{listing:?}");
+    assert_eq!(listing.held_back[0].subscription, "key#sheet-1");
+    assert!(
+        listing.held_back[0].reason.contains("keyway-mallory_"),
+        "{listing:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

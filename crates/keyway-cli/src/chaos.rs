@@ -14,7 +14,7 @@ pub struct ChaosArgs {
     /// Input records of each run.
     #[arg(long, default_value_t = 200_000)]
     events: usize,
-    /// The probability of each kind of fault.
+    /// The probability of each kind of fault (outages aside: see tests/tests/limits.rs).
     #[arg(long, default_value_t = 0.03)]
     fault_rate: f64,
     #[arg(long, default_value_t = 7)]

@@ -93,8 +93,13 @@ async fn act(client: &SubscriptionClient, action: Action) -> Result<(), CliError
         }
         Action::StopListeningToAll => client.stop_listening_to_all().await.map_err(failed)?,
         Action::List => {
-            for subscription in client.list().await.map_err(failed)? {
-                print(&subscription);
+            let listing = client.listing().await.map_err(failed)?;
+            for subscription in &listing.subscriptions {
+                print(subscription);
+            }
+            // Held back by the filter: on stderr, so stdout stays one subscription a line.
+            for held in &listing.held_back {
+                eprintln!("held back: {}: {}", held.subscription, held.reason);
             }
         }
     }

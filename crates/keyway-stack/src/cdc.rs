@@ -12,20 +12,18 @@ use std::time::Duration;
 
 use cdc_join::join::{Joined, JoinedId, Stamped};
 use cdc_join::oracle::Tables;
-use cdc_join::rekey::{primary_key, TRUNCATED};
+use cdc_join::rekey::primary_key;
 use cdc_join::spec::{JoinKind, JoinSpec};
-use cdc_join::truncate::{Progress, PROGRESS, PROGRESS_KEY};
 use cdc_join::view_table::joined_of;
 use cdc_join::wiring::{join_handler, rekey_handler};
 use keyway::adapters::dynamodb::TTL;
-use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Op, Position};
+use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Op};
 use keyway::domain::item::item_size;
 use keyway::domain::{InvalidInput, Item};
 use keyway::local::{
     Fault, FaultCounts, FaultPlan, KeySchema, LocalError, LocalRuntime, LocalServices,
     MappingSource, MeterSnapshot,
 };
-use keyway::operator::BROADCAST_KEY;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -234,7 +232,23 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
         // Both sweeps of every truncate, and the changes they make: a sweep that a crash
         // stopped goes on at the next minute's.
         runtime.run_for(TRUNCATE_SETTLE).await;
-        while !sweeps_done(&services) && sweeps_took < SETTLE_LIMIT {
+        let swept = || async {
+            rekey
+                .sweeper
+                .all_swept()
+                .await
+                .map_err(|e| LocalError::Function {
+                    path: "cdc-rekey/sweep".into(),
+                    problem: e.to_string(),
+                })
+        };
+        while !swept().await? {
+            if sweeps_took >= SETTLE_LIMIT {
+                return Err(LocalError::Function {
+                    path: "cdc-rekey/sweep".into(),
+                    problem: format!("the truncates are not swept twice after {SETTLE_LIMIT:?}"),
+                });
+            }
             runtime.run_for(SWEEP_EVERY).await;
             sweeps_took += SWEEP_EVERY;
         }
@@ -251,34 +265,31 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     Ok(outcome)
 }
 
-/// Whether the re-key swept twice for each table's last truncate (`cdc_join::truncate`): the
-/// progress it keeps in its state, against the truncates it notes.
-fn sweeps_done(services: &LocalServices) -> bool {
-    let table = services
-        .dynamodb
-        .table(STATE_TABLE)
-        .expect("the state table was made");
-    let slot = |key: &str, slot: &str| -> Option<Value> {
-        let item = table.items().into_iter().find(|item| {
-            item.get("sk").and_then(|v| v.as_s()) == Some("head")
-                && item.get("pk").and_then(|v| v.as_s()).is_some_and(|pk| {
-                    pk.starts_with("cdc-rekey#") && pk.ends_with(&format!("#{key}"))
+/// Rows `operator` keeps in the state table's `items`: the entries of its slots named `slots`,
+/// inlined in each key's head (a key of the CDC join's operators holds one row, or a few).
+pub fn state_rows(items: &[Item], operator: &str, slots: &[&str]) -> usize {
+    let heads = items.iter().filter(|i| {
+        i.get("sk").and_then(|v| v.as_s()) == Some("head")
+            && i.get("pk")
+                .and_then(|v| v.as_s())
+                .is_some_and(|pk| pk.starts_with(&format!("{operator}#")))
+    });
+    heads
+        .map(|i| {
+            let doc = i.get("doc").and_then(|v| v.as_s()).unwrap_or_default();
+            let doc: Value = serde_json::from_str(doc).unwrap_or_default();
+            slots
+                .iter()
+                .map(|s| {
+                    assert!(
+                        doc["slots"][s].get("seg").is_none(),
+                        "a key of {operator} holds its {s} in segments"
+                    );
+                    doc["slots"][s]["e"].as_array().map_or(0, Vec::len)
                 })
-        })?;
-        let doc: Value = serde_json::from_str(item.get("doc")?.as_s()?).ok()?;
-        Some(doc["slots"][slot]["e"][0].clone())
-    };
-    let fences: BTreeMap<String, Position> =
-        serde_json::from_value(slot(BROADCAST_KEY, TRUNCATED.name).unwrap_or_default())
-            .unwrap_or_default();
-    let progress: BTreeMap<String, Progress> =
-        serde_json::from_value(slot(PROGRESS_KEY, PROGRESS).unwrap_or_default())
-            .unwrap_or_default();
-    fences.iter().all(|(name, at)| {
-        progress
-            .get(name)
-            .is_some_and(|p| p.at == *at && p.sweeps >= 2)
-    })
+                .sum::<usize>()
+        })
+        .sum()
 }
 
 /// Puts `events` on their topics' streams, in their order.

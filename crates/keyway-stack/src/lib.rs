@@ -83,23 +83,21 @@ pub fn template_with(
 ) -> Result<String, LocalError> {
     let mut template = TEMPLATE.to_owned();
     for (stream, n) in shards {
-        template = edit_resource(&template, stream, |block| {
-            replace_setting(block, "ShardCount", &n.to_string())
-        })?;
+        template = set_in_resource(&template, stream, "ShardCount", &n.to_string())?;
     }
     for (function, n) in lanes {
-        template = edit_resource(&template, function, |block| {
-            replace_setting(block, "ParallelizationFactor", &n.to_string())
-        })?;
+        template = set_in_resource(&template, function, "ParallelizationFactor", &n.to_string())?;
     }
     Ok(template)
 }
 
-/// `template` with the block of resource `id` (from its line to the next resource's) rewritten.
-fn edit_resource(
+/// `template` with every `name: ...` line in the block of resource `id` (from its line to the
+/// next resource's) set to `value`; an error when the resource or the setting is not there.
+fn set_in_resource(
     template: &str,
     id: &str,
-    edit: impl Fn(&str) -> String,
+    name: &str,
+    value: &str,
 ) -> Result<String, LocalError> {
     let Some(at) = template.find(&format!("\n  {id}:\n")) else {
         return Err(LocalError::Function {
@@ -115,18 +113,24 @@ fn edit_resource(
         .find(|&i| rest[i + 2..].starts_with(|c: char| c.is_ascii_uppercase()))
         .unwrap_or(rest.len());
     let (block, tail) = rest.split_at(end);
-    Ok(format!("{head}{}{tail}", edit(block)))
-}
-
-/// `block` with every `name: ...` line's value replaced by `value`.
-fn replace_setting(block: &str, name: &str, value: &str) -> String {
-    block
+    let mut found = false;
+    let edited: String = block
         .split_inclusive('\n')
         .map(|line| match line.split_once(&format!("{name}: ")) {
-            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}{name}: {value}\n"),
+            Some((indent, _)) if indent.trim().is_empty() => {
+                found = true;
+                format!("{indent}{name}: {value}\n")
+            }
             _ => line.to_owned(),
         })
-        .collect()
+        .collect();
+    if !found {
+        return Err(LocalError::Function {
+            path: format!("Resources/{id}"),
+            problem: format!("no {name} in its block of template.yaml"),
+        });
+    }
+    Ok(format!("{head}{edited}{tail}"))
 }
 
 /// An error of `what`, as the embedded runtime reports a function's.
@@ -239,8 +243,7 @@ mod tests {
             "Resources:\n  A:\n    Properties:\n      ShardCount: 2\n",
             "  B:\n    Properties:\n      ShardCount: 2\n"
         );
-        let edited =
-            edit_resource(template, "A", |b| replace_setting(b, "ShardCount", "16")).unwrap();
+        let edited = set_in_resource(template, "A", "ShardCount", "16").unwrap();
         assert_eq!(
             edited,
             concat!(
@@ -248,8 +251,8 @@ mod tests {
                 "  B:\n    Properties:\n      ShardCount: 2\n"
             )
         );
-        let edited =
-            edit_resource(template, "B", |b| replace_setting(b, "ShardCount", "3")).unwrap();
+        let edited = set_in_resource(template, "B", "ShardCount", "3").unwrap();
+        assert!(set_in_resource(template, "B", "BatchSize", "3").is_err());
         assert!(edited.ends_with("ShardCount: 3\n") && edited.contains("ShardCount: 2\n  B"));
         let stack = template_with(&[("ClicksStream", 7)], &[("KeyedCounterFunction", 9)]).unwrap();
         assert!(template_with(&[("NoSuchStream", 7)], &[]).is_err());

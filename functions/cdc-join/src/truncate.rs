@@ -42,6 +42,9 @@ const LOAD_CHUNK: usize = 100;
 /// Reads of a row that keeps changing under the sweep before it gives up until its next run.
 const ATTEMPTS: usize = 5;
 
+/// Each table's last truncate, by its name in the join (`rekey::TRUNCATED`).
+type Fences = BTreeMap<String, Position>;
+
 /// How far the sweeps of one table's last truncate went.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
@@ -115,14 +118,7 @@ impl Sweeper {
     /// Sweeps each table whose truncate has a sweep due, and notes how far it went; stops short
     /// of `deadline_millis` (the invocation's), to go on next time.
     pub async fn sweep(&self, deadline_millis: Option<i64>) -> Result<SweepReport, SweepError> {
-        let keys = [BROADCAST_KEY.to_owned(), PROGRESS_KEY.to_owned()];
-        let mut loaded = self.store.load(&self.namespace, &keys).await?;
-        let fences: BTreeMap<String, Position> =
-            decode_slot(loaded.remove(BROADCAST_KEY), TRUNCATED.name, BROADCAST_KEY)?
-                .unwrap_or_default();
-        let mut state = loaded.remove(PROGRESS_KEY).unwrap_or_default();
-        let before: BTreeMap<String, Progress> =
-            decode_slot(Some(state.clone()), PROGRESS, PROGRESS_KEY)?.unwrap_or_default();
+        let (fences, before, mut state) = self.load_progress().await?;
         let mut progress = before.clone();
         let mut report = SweepReport::default();
         for (table, at) in &fences {
@@ -168,6 +164,31 @@ impl Sweeper {
             self.commit(PROGRESS_KEY, state).await?;
         }
         Ok(report)
+    }
+
+    /// Whether both sweeps of each table's last truncate are done.
+    pub async fn all_swept(&self) -> Result<bool, SweepError> {
+        let (fences, progress, _) = self.load_progress().await?;
+        Ok(fences.iter().all(|(table, at)| {
+            progress
+                .get(table)
+                .is_some_and(|p| p.at == *at && p.sweeps >= 2)
+        }))
+    }
+
+    /// Each table's last truncate, the sweeps' progress, and the state that holds it.
+    async fn load_progress(
+        &self,
+    ) -> Result<(Fences, BTreeMap<String, Progress>, KeyState), SweepError> {
+        let keys = [BROADCAST_KEY.to_owned(), PROGRESS_KEY.to_owned()];
+        let mut loaded = self.store.load(&self.namespace, &keys).await?;
+        let fences: Fences =
+            decode_slot(loaded.remove(BROADCAST_KEY), TRUNCATED.name, BROADCAST_KEY)?
+                .unwrap_or_default();
+        let state = loaded.remove(PROGRESS_KEY).unwrap_or_default();
+        let progress =
+            decode_slot(Some(state.clone()), PROGRESS, PROGRESS_KEY)?.unwrap_or_default();
+        Ok((fences, progress, state))
     }
 
     /// Retracts and removes the rows of `table` the re-key holds from before the truncate at
@@ -247,6 +268,13 @@ impl Sweeper {
                 .collect::<Vec<_>>();
             let tried: Vec<String> = commits.iter().map(|c| c.key.clone()).collect();
             let results = self.store.commit(&self.namespace, commits).await;
+            if results.len() != tried.len() {
+                return Err(SweepError::Store(StoreError::Invalid(format!(
+                    "{} results for {} commits",
+                    results.len(),
+                    tried.len()
+                ))));
+            }
             keys.clear();
             for (key, result) in tried.into_iter().zip(results) {
                 match result {
@@ -290,7 +318,7 @@ fn retraction_output(key: &str, stored: &Stored, step: &Step) -> Output {
 }
 
 /// The slot of the progress in `PROGRESS_KEY`'s state.
-pub const PROGRESS: &str = "progress";
+const PROGRESS: &str = "progress";
 
 /// The value in slot `slot` of `state`, if any.
 fn decode_slot<T: serde::de::DeserializeOwned>(

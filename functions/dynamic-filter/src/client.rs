@@ -13,6 +13,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use keyway::adapters::dynamodb::{item_from_sdk, item_to_sdk, sdk_store_error};
 use keyway::domain::{AttrValue, InvalidInput, Item};
 use keyway::ports::{Clock, StoreError};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::subscription::{Identity, QueueOwnership, Subscription, Target, CONSUMER, SUBSCRIPTION};
@@ -31,6 +32,21 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, ClientError::Store(e) if e.is_retryable())
     }
+}
+
+/// A consumer's items in its policy table, as the filter takes them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Listing {
+    pub subscriptions: Vec<Subscription>,
+    pub held_back: Vec<HeldBack>,
+}
+
+/// An item the filter does not apply, and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HeldBack {
+    /// The item's subscription id (its sort key).
+    pub subscription: String,
+    pub reason: String,
 }
 
 /// A policy table: items keyed by `consumer` and `subscription`.
@@ -98,16 +114,33 @@ impl SubscriptionClient {
         Ok(self.table.delete(&self.identity(id)).await?)
     }
 
-    /// The consumer's subscriptions, as its table holds them; an item that is not a valid
-    /// subscription (written by other means) is left out.
+    /// The consumer's subscriptions the filter applies, as its table holds them (`listing` has
+    /// the ones it holds back too).
     pub async fn list(&self) -> Result<Vec<Subscription>, ClientError> {
+        Ok(self.listing().await?.subscriptions)
+    }
+
+    /// The consumer's items in its table: the subscriptions the filter applies, and the items it
+    /// holds back (written by other means, or to a queue the consumer does not own), with why.
+    pub async fn listing(&self) -> Result<Listing, ClientError> {
         let items = self.table.items_of(&self.consumer).await?;
-        let mut subscriptions: Vec<Subscription> = items
-            .iter()
-            .filter_map(|item| Subscription::from_item(item, &self.queues).ok())
-            .collect();
-        subscriptions.sort_by(|a, b| a.identity.cmp(&b.identity));
-        Ok(subscriptions)
+        let mut listing = Listing::default();
+        for item in &items {
+            match Subscription::from_item(item, &self.queues) {
+                Ok(subscription) => listing.subscriptions.push(subscription),
+                Err(why) => listing.held_back.push(HeldBack {
+                    subscription: match item.get(SUBSCRIPTION) {
+                        Some(AttrValue::S(id)) => id.clone(),
+                        other => format!("{other:?}"),
+                    },
+                    reason: why.to_string(),
+                }),
+            }
+        }
+        listing
+            .subscriptions
+            .sort_by(|a, b| a.identity.cmp(&b.identity));
+        Ok(listing)
     }
 
     async fn put(

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use keyway::adapters::dynamodb::{
-    apply_each, Expect, ItemKey, Table, ITEM_MAX_BYTES, PK, SK, TTL, VERSION,
+    apply_each, Expect, ItemKey, Table, WriteRequest, ITEM_MAX_BYTES, PK, SK, TTL, VERSION,
 };
 use keyway::adapters::retry::Backoff;
 use keyway::domain::{AttrValue, Item, Output};
@@ -124,7 +124,35 @@ impl FilterState {
                 Err(e) => return Err(e),
             }
         }
+        self.drop_untabled_row(change).await?;
         self.append(change).await.map(Applied::Journaled)
+    }
+
+    /// Deletes the row a change of the same subscription left before tables were told apart
+    /// (`row_key`), once a change names its table: that row gives way to the table's in the
+    /// index, but would stand for the subscription again once the table's tombstone expired.
+    async fn drop_untabled_row(&self, change: &Revised) -> Result<(), StoreError> {
+        if change.table.is_empty() {
+            return Ok(());
+        }
+        let untabled = ItemKey {
+            pk: ROWS.to_owned(),
+            sk: change.identity.key(),
+        };
+        self.backoff
+            .retry_call(|| async {
+                let left = self
+                    .table
+                    .batch_write(vec![WriteRequest::Delete(untabled.clone())])
+                    .await?;
+                match left.is_empty() {
+                    true => Ok(()),
+                    false => Err(StoreError::Throttled(
+                        "the delete of a subscription's untabled row was not processed".into(),
+                    )),
+                }
+            })
+            .await
     }
 
     async fn append(&self, change: &Revised) -> Result<u64, StoreError> {
@@ -415,6 +443,25 @@ mod tests {
             .map(|s| s.identity.consumer.as_str())
             .collect();
         assert_eq!(live, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn a_subscription_removed_in_its_table_stays_removed_after_its_tombstone_expires() {
+        let (dynamodb, clock, state) = deployed();
+        // A row written before tables were told apart, then the removal its table sends.
+        let untabled = Revised {
+            table: String::new(),
+            ..change("a", "k1", 1, true)
+        };
+        state.apply(&untabled).await.unwrap();
+        state.apply(&change("a", "k1", 2, false)).await.unwrap();
+        let ttl_delay = keyway::local::DEFAULT_TTL_DELAY.as_millis() as i64;
+        clock.advance(TOMBSTONE_RETENTION.as_millis() as i64 + ttl_delay + 1000);
+        dynamodb.expire();
+        let (version, rows) = state.snapshot().await.unwrap();
+        assert!(rows.is_empty(), "{rows:?}");
+        let index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), version, rows);
+        assert!(index.subscriptions().is_empty());
     }
 
     #[tokio::test]

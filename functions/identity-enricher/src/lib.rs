@@ -80,6 +80,12 @@ pub fn enricher_config(env: &Env) -> Result<EnricherConfig, ConfigError> {
         config.grace = Duration::from_secs(seconds);
     }
     if let Some(depth) = whole_number(env, "MAX_CHAIN_DEPTH")? {
+        if !(1..=100).contains(&depth) {
+            return Err(ConfigError {
+                name: "MAX_CHAIN_DEPTH".into(),
+                problem: format!("{depth}: expected 1 to 100 roles (the template's range)"),
+            });
+        }
         config.max_chain_depth = depth;
     }
     if let Some(most) = whole_number(env, "MAX_BUFFERED")? {
@@ -126,5 +132,10 @@ mod tests {
         let err = enricher_config(&env(&[("BUFFER_TTL_SECONDS", "15m")])).unwrap_err();
         assert_eq!(err.name, "BUFFER_TTL_SECONDS");
         assert_eq!(err.problem, "\"15m\" is not a whole number");
+        for depth in ["0", "101"] {
+            let err = enricher_config(&env(&[("MAX_CHAIN_DEPTH", depth)])).unwrap_err();
+            assert_eq!(err.name, "MAX_CHAIN_DEPTH");
+            assert!(err.problem.contains("1 to 100"), "{err}");
+        }
     }
 }

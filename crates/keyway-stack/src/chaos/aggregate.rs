@@ -58,10 +58,11 @@ fn workload(settings: &Settings) -> Workload {
         let sign = if cents < 0 { "-" } else { "" };
         let value = format!("{sign}{}.{:02}", (cents / 100).abs(), (cents % 100).abs());
         if let Ok(exact) = Exact::parse(&value) {
-            let _ = oracle
+            oracle
                 .entry(key.clone())
                 .or_default()
-                .merge(&Partial::of(Some(exact)));
+                .merge(&Partial::of(Some(exact)))
+                .expect("sums of cents stay far within 74 digits");
         }
         let data = format!(r#"{{"key":"{key}","value":{value},"seq":{i}}}"#);
         records.push((partitioner.partition_key(&key), data.into_bytes()));

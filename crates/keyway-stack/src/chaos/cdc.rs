@@ -10,12 +10,15 @@
 use std::collections::BTreeMap;
 
 use cdc_join::join::{Joined, JoinedId};
+use cdc_join::rekey;
 use cdc_join::spec::{JoinKind, JoinSpec};
 use cdc_join::view::View;
 use keyway::local::{FaultPlan, LocalError};
 
 use super::{against_fault_free, against_oracle, side_by_side, Report, Sent, Settings};
-use crate::cdc::{final_tables, interleave, replay, Outcome, Settings as CdcSettings, SourceEvent};
+use crate::cdc::{
+    final_tables, interleave, replay, state_rows, Outcome, Settings as CdcSettings, SourceEvent,
+};
 use crate::cdc_changes::{generate, Workload, JOIN};
 
 /// The joined changelog folded as a consumer folds it (`View`): each joined row as it ends.
@@ -31,22 +34,7 @@ fn folded(outcome: &Outcome) -> Sent {
 
 /// The rows the re-key keeps in the state table's heads: what it holds of the source tables.
 fn rekey_rows(outcome: &Outcome) -> usize {
-    outcome
-        .state_items
-        .iter()
-        .filter(|item| {
-            item.get("sk").and_then(|v| v.as_s()) == Some("head")
-                && item
-                    .get("pk")
-                    .and_then(|v| v.as_s())
-                    .is_some_and(|pk| pk.starts_with("cdc-rekey#"))
-        })
-        .map(|item| {
-            let doc = item.get("doc").and_then(|v| v.as_s()).unwrap_or_default();
-            let doc: serde_json::Value = serde_json::from_str(doc).unwrap_or_default();
-            doc["slots"]["row"]["e"].as_array().map_or(0, Vec::len)
-        })
-        .sum()
+    state_rows(&outcome.state_items, rekey::NAME, &[rekey::ROW.name])
 }
 
 pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {

@@ -273,9 +273,8 @@ pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
         bad_records: keyless as u64,
         ..Report::default()
     };
-    // A delivery counts once however often faults repeated it; the fault-free comparison holds
-    // each repeat to the id and body it had.
-    // Each delivery once, under one id: one sent under two ids is applied twice.
+    // A delivery counts once however often faults repeated it, under one id: one sent under
+    // two ids is applied twice. The fault-free comparison holds each repeat to its id and body.
     let got: BTreeMap<Delivery, usize> = deliveries
         .into_iter()
         .map(|(d, ids)| (d, ids.len()))

@@ -1,7 +1,7 @@
 //! Chaos runs: each application of the stack driven with generated input (bad records among it)
 //! on the embedded runtime twice, once without faults and once with every fault the runtime can
-//! inject, and held to an oracle written apart from the application: what `keyway chaos` runs and
-//! the chaos tests assert on.
+//! inject but outages (a service down for a while: `tests/tests/limits.rs`), and held to an oracle
+//! written apart from the application: what `keyway chaos` runs and the chaos tests assert on.
 //!
 //! Every run ends in a `Report` that counts each record end to end: the outputs the oracle
 //! expects (one per unit of the application's result: a key's count, a delivery, an enriched

@@ -265,6 +265,22 @@ mod tests {
     }
 
     #[test]
+    fn a_scheduled_outage_holds_from_its_start_to_its_end_and_is_counted_once() {
+        let faults = Faults::new(
+            FaultPlan {
+                outage_window: Some((1_000, 2_000)),
+                ..FaultPlan::default()
+            },
+            0,
+        );
+        assert!(!faults.in_outage(999));
+        assert!(faults.in_outage(1_000));
+        assert!(faults.in_outage(1_999));
+        assert!(!faults.in_outage(2_000));
+        assert_eq!(faults.fired()[&Fault::Outage], 1);
+    }
+
+    #[test]
     fn an_outage_is_counted_once_and_lasts_its_time() {
         let faults = Faults::new(
             FaultPlan {
