@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dynamic_filter::index::SubscriptionIndex;
-use dynamic_filter::store::FilterState;
+use dynamic_filter::store::{journal_position, FilterState};
 use dynamic_filter::subscription::{
     Identity, QueueOwnership, Subscription, Target, CONSUMER, PATTERN, SUBSCRIPTION,
 };
@@ -109,17 +109,20 @@ impl Setup {
 
     /// The index a filter builds from the filter state now.
     async fn index(&self) -> SubscriptionIndex {
-        let (version, rows) = self.filter_state.snapshot().await.unwrap();
-        let mut index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), version, rows);
-        let journal = self.filter_state.since(0, usize::MAX).await.unwrap();
+        let (cursor, rows) = self.filter_state.snapshot().await.unwrap();
+        let index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), cursor, rows);
+        let journal = self
+            .filter_state
+            .since(&journal_position(0), usize::MAX)
+            .await
+            .unwrap();
         let mut replayed = SubscriptionIndex::default();
-        replayed.catch_up(&journal).unwrap();
+        replayed.catch_up(&journal);
         assert_eq!(
             replayed.subscriptions(),
             index.subscriptions(),
             "the journal replayed from its start gives what the snapshot gives"
         );
-        index.catch_up(&[]).unwrap();
         index
     }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynamic_filter::client::SubscriptionClient;
-use dynamic_filter::store::FilterState;
+use dynamic_filter::store::{journal_position, FilterState};
 use dynamic_filter::subscription::QueueOwnership;
 use dynamic_filter::{FilterHandler, Refreshes};
 use keyway::adapters::kinesis::PutOutcome;
@@ -184,7 +184,8 @@ pub struct FilterStack {
     consumer_tables: BTreeMap<String, String>,
     /// Queue name to the consumers that subscribed with it.
     queues: BTreeMap<String, BTreeSet<String>>,
-    journal_version: u64,
+    /// The journal position read up to.
+    journal_after: String,
 }
 
 impl FilterStack {
@@ -226,7 +227,7 @@ impl FilterStack {
             shared_table: settings.shared_table,
             consumer_tables: BTreeMap::new(),
             queues: BTreeMap::new(),
-            journal_version: 0,
+            journal_after: journal_position(0),
         })
     }
 
@@ -393,11 +394,11 @@ impl FilterStack {
     async fn journaled_since(&mut self, written_at: i64) -> Vec<i64> {
         let journal = self
             .filter_state()
-            .since(self.journal_version, usize::MAX)
+            .since(&self.journal_after, usize::MAX)
             .await
             .unwrap_or_default();
         if let Some(last) = journal.last() {
-            self.journal_version = last.version;
+            self.journal_after = last.position.clone();
         }
         journal.iter().map(|j| j.appended_at - written_at).collect()
     }

@@ -47,11 +47,11 @@ pub struct Revised {
     pub subscription: Option<Subscription>,
 }
 
-/// A change as the journal holds it: its version (1, 2, 3 ... without gaps) and when it was
-/// appended (epoch milliseconds, by the writer's clock).
+/// A change as the journal holds it: its position (`store::journal_sk`) and when it was appended
+/// (epoch milliseconds, by the writer's clock).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Journaled {
-    pub version: u64,
+    pub position: String,
     pub appended_at: i64,
     pub change: Revised,
 }
@@ -96,21 +96,16 @@ struct Compiled {
 
 struct Entry {
     revision: String,
+    /// Whether the change held a subscription (live, or refused), not a removal.
+    subscribed: bool,
     live: Option<Arc<Compiled>>,
-}
-
-/// The journal has no change right after the index's version: it was trimmed past it, so the
-/// index has to be built again from a snapshot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("the journal continues at version {found}, the index is at {at}: reload from a snapshot")]
-pub struct Gap {
-    pub at: u64,
-    pub found: u64,
 }
 
 #[derive(Default)]
 pub struct SubscriptionIndex {
-    version: u64,
+    /// The index holds every change appended to the journal before this time (epoch
+    /// milliseconds): where its next read of the journal starts.
+    cursor: i64,
     ownership: QueueOwnership,
     /// Subscriptions held back because their consumer does not own their queue.
     refused: HashMap<PolicyItem, String>,
@@ -133,15 +128,16 @@ impl SubscriptionIndex {
         }
     }
 
-    /// An index of a snapshot taken at journal version `version`, of the subscriptions to the
-    /// queues `ownership` gives their consumers.
+    /// An index of a snapshot that holds every change appended before `cursor`
+    /// (`FilterState::snapshot`), of the subscriptions to the queues `ownership` gives their
+    /// consumers.
     pub fn from_snapshot(
         ownership: QueueOwnership,
-        version: u64,
+        cursor: i64,
         rows: impl IntoIterator<Item = Revised>,
     ) -> Self {
         let mut index = Self {
-            version,
+            cursor,
             ..Self::new(ownership)
         };
         for row in rows {
@@ -150,35 +146,25 @@ impl SubscriptionIndex {
         index
     }
 
-    /// The last journal version applied.
-    pub fn version(&self) -> u64 {
-        self.version
+    /// Before when the index holds every change appended (epoch milliseconds).
+    pub fn cursor(&self) -> i64 {
+        self.cursor
     }
 
-    /// Applies the journal's changes after `version()`, in order. Versions that do not follow on
-    /// one another (the TTL process deletes expired entries in no particular order) are a gap:
-    /// the index is unchanged.
-    pub fn catch_up(&mut self, changes: &[Journaled]) -> Result<(), Gap> {
-        let fresh = changes.iter().filter(|j| j.version > self.version);
-        for (expected, journaled) in (self.version + 1..).zip(fresh) {
-            if journaled.version != expected {
-                return Err(Gap {
-                    at: expected - 1,
-                    found: journaled.version,
-                });
-            }
-        }
-        for journaled in changes {
-            if journaled.version > self.version {
-                self.apply(&journaled.change);
-                self.version = journaled.version;
-            }
-        }
-        Ok(())
+    /// Applies journal entries, in any order and any number of times (each subscription keeps
+    /// its newest revision); how many changed the index.
+    pub fn catch_up(&mut self, changes: &[Journaled]) -> usize {
+        changes.iter().filter(|j| self.apply(&j.change)).count()
     }
 
-    /// Applies one change unless the index holds a newer revision of its subscription; says
-    /// whether it did.
+    /// Notes that the index holds every change appended before `cursor`, once its entries are
+    /// applied; a cursor never goes back.
+    pub fn advance(&mut self, cursor: i64) {
+        self.cursor = self.cursor.max(cursor);
+    }
+
+    /// Applies one change unless the index holds a newer revision of its subscription, or this
+    /// one; says whether it did.
     pub fn apply(&mut self, change: &Revised) -> bool {
         let item = PolicyItem {
             table: change.table.clone(),
@@ -202,7 +188,11 @@ impl SubscriptionIndex {
             self.refused.remove(&legacy);
         }
         if let Some(entry) = self.entries.get(&item) {
-            if entry.revision > change.revision {
+            // The journal is read with an overlap, in time order: a revision held already
+            // changes nothing, and of a removal and a subscription of the same revision (a
+            // policy item changed in place), the subscription stands whichever came first.
+            let held = entry.revision.cmp(&change.revision);
+            if held.is_gt() || held.is_eq() && (entry.subscribed || change.subscription.is_none()) {
                 return false;
             }
             if let Some(old) = entry.live.clone() {
@@ -230,6 +220,7 @@ impl SubscriptionIndex {
             item,
             Entry {
                 revision: change.revision.clone(),
+                subscribed: change.subscription.is_some(),
                 live,
             },
         );
@@ -421,10 +412,17 @@ mod tests {
         moved.target = key("s2");
         index.apply(&put(1, first.clone()));
         index.apply(&removal(2, &first.identity));
-        index.apply(&put(2, moved));
+        index.apply(&put(2, moved.clone()));
         assert!(consumers(&index, "s1", json!({})).is_empty());
         assert_eq!(consumers(&index, "s2", json!({})), ["live>q"]);
         assert_eq!(index.counts(), (1, 0));
+        // The same two of one revision the other way round, as a journal in time order may
+        // hold them: the subscription stands.
+        let mut index = SubscriptionIndex::default();
+        index.apply(&put(1, first.clone()));
+        index.apply(&put(2, moved));
+        assert!(!index.apply(&removal(2, &first.identity)));
+        assert_eq!(consumers(&index, "s2", json!({})), ["live>q"]);
     }
 
     #[test]
@@ -440,36 +438,39 @@ mod tests {
             "a replay after the removal"
         );
         assert!(consumers(&index, "s1", json!({})).is_empty());
-        // The same revision again (a change read from the snapshot and the journal) is harmless.
-        assert!(index.apply(&removal(6, &s.identity)));
+        // The same revision again (a change read from the snapshot and the journal, or twice
+        // from the journal) changes nothing.
+        assert!(!index.apply(&removal(6, &s.identity)));
         assert_eq!(index.counts(), (0, 0));
     }
 
     #[test]
-    fn the_journal_is_applied_in_order_and_a_gap_asks_for_a_snapshot() {
+    fn journal_entries_read_twice_or_out_of_order_leave_the_newest_revision_of_each() {
         let mut index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), 10, []);
         let s = sub("live", key("s1"), "q", None);
-        let at = |version: u64, change: Revised| Journaled {
-            version,
-            appended_at: 0,
+        let at = |ms: i64, change: Revised| Journaled {
+            position: format!("{ms:015}"),
+            appended_at: ms,
             change,
         };
-        let gap = index.catch_up(&[at(12, put(1, s.clone()))]).unwrap_err();
-        assert_eq!(gap, Gap { at: 10, found: 12 });
-        assert_eq!(index.version(), 10);
-        // Changes up to the version already applied are skipped; the rest are applied.
-        index
-            .catch_up(&[at(10, removal(9, &s.identity)), at(11, put(1, s.clone()))])
-            .unwrap();
-        assert_eq!(index.version(), 11);
+        let entries = [
+            at(11, put(1, s.clone())),
+            at(12, removal(2, &s.identity)),
+            at(13, put(3, s.clone())),
+        ];
+        assert_eq!(index.catch_up(&entries), 3);
         assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);
-        // The TTL process took an entry from the middle of what is left.
-        let gap = index
-            .catch_up(&[at(12, put(2, s.clone())), at(14, removal(3, &s.identity))])
-            .unwrap_err();
-        assert_eq!(gap, Gap { at: 12, found: 14 });
-        assert_eq!(index.version(), 11, "nothing applied");
+        // The next read overlaps this one, and an entry made again late comes in between.
+        let again = [
+            entries[1].clone(),
+            entries[2].clone(),
+            at(14, removal(2, &s.identity)),
+        ];
+        assert_eq!(index.catch_up(&again), 0, "nothing newer");
         assert_eq!(consumers(&index, "s1", json!({})), ["live>q"]);
+        index.advance(13);
+        index.advance(12);
+        assert_eq!(index.cursor(), 13, "a cursor never goes back");
     }
 
     #[test]

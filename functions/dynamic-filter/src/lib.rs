@@ -41,7 +41,7 @@ use serde_json::Value;
 use filter::{DynamicFilter, DEFAULT_KEY_POINTER, DELIVERIES};
 use index::SubscriptionIndex;
 use router::QueueRouter;
-use store::FilterState;
+use store::{journal_position, FilterState, JOURNAL_OVERLAP, JOURNAL_RETENTION};
 use subscription::QueueOwnership;
 
 /// Journal changes read a request while catching up.
@@ -50,10 +50,12 @@ const JOURNAL_PAGE: usize = 1_000;
 /// What keeping the index exact has cost so far in this execution environment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Refreshes {
-    /// Snapshots read: the first batch's, and any after the journal was trimmed past the index.
+    /// Snapshots read: the first batch's, and any after the journal no longer reached back to
+    /// the index (a day without a batch).
     pub snapshots: u64,
     /// Journal reads (one a batch when nothing changed).
     pub journal_reads: u64,
+    /// Changes that changed the index (an entry read again changes nothing).
     pub changes_applied: u64,
 }
 
@@ -76,37 +78,38 @@ impl FilterHandler {
         *self.refreshes.lock().expect("refreshes lock")
     }
 
-    /// Brings the index up to the filter state's journal.
+    /// Brings the index up to the filter state's journal: reads it from the index's cursor on,
+    /// page by page, and then holds everything appended `JOURNAL_OVERLAP` before the read began.
+    /// An index whose cursor the journal no longer reaches back to starts again from a snapshot.
     pub async fn refresh(&self) -> Result<(), StoreError> {
         let mut loaded = self.loaded.lock().await;
-        if !*loaded {
+        let began = self.clock.now_millis();
+        let kept_since = began - (JOURNAL_RETENTION - JOURNAL_OVERLAP).as_millis() as i64;
+        if !*loaded || self.index.read().expect("index lock").cursor() < kept_since {
             self.reload().await?;
             *loaded = true;
         }
+        let cursor = self.index.read().expect("index lock").cursor();
+        let mut after = journal_position(cursor);
         loop {
-            let version = self.index.read().expect("index lock").version();
-            let changes = self.state.since(version, JOURNAL_PAGE).await?;
-            self.refreshes.lock().expect("refreshes lock").journal_reads += 1;
-            let caught_up = self.index.write().expect("index lock").catch_up(&changes);
-            match caught_up {
-                Ok(()) => {
-                    self.refreshes
-                        .lock()
-                        .expect("refreshes lock")
-                        .changes_applied += changes.len() as u64;
-                    if changes.len() < JOURNAL_PAGE {
-                        return Ok(());
-                    }
-                }
-                // The journal no longer reaches back to the index: start again from a snapshot.
-                Err(_) => self.reload().await?,
+            let changes = self.state.since(&after, JOURNAL_PAGE).await?;
+            let applied = self.index.write().expect("index lock").catch_up(&changes);
+            let mut refreshes = self.refreshes.lock().expect("refreshes lock");
+            refreshes.journal_reads += 1;
+            refreshes.changes_applied += applied as u64;
+            match changes.last() {
+                Some(last) if changes.len() == JOURNAL_PAGE => after = last.position.clone(),
+                _ => break,
             }
         }
+        let held = began - JOURNAL_OVERLAP.as_millis() as i64;
+        self.index.write().expect("index lock").advance(held);
+        Ok(())
     }
 
     async fn reload(&self) -> Result<(), StoreError> {
-        let (version, rows) = self.state.snapshot().await?;
-        let index = SubscriptionIndex::from_snapshot(self.ownership.clone(), version, rows);
+        let (cursor, rows) = self.state.snapshot().await?;
+        let index = SubscriptionIndex::from_snapshot(self.ownership.clone(), cursor, rows);
         // Said once an environment: subscriptions written by other means, or before queues were
         // owned, that the filter holds back.
         for (item, why) in index.refused() {
