@@ -99,6 +99,16 @@ impl World {
             .count()
     }
 
+    /// The size of the largest item of the table, in DynamoDB's reckoning.
+    pub fn largest_item(&self) -> usize {
+        self.table
+            .items()
+            .iter()
+            .map(keyway::domain::item::item_size)
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn outputs(&self, sink: &str) -> Vec<QueuedMessage> {
         self.sqs.messages(&self.queues[sink])
     }

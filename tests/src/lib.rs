@@ -23,3 +23,39 @@ pub fn received_ids(sqs: &keyway::local::LocalSqs, queue: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// The dead letters the embedded runtime's queue at `url` holds (kept there).
+pub fn dead_letters_on(
+    sqs: &keyway::local::LocalSqs,
+    url: &str,
+) -> Vec<keyway::domain::DeadLetter> {
+    sqs.messages(url)
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).expect("a dead letter"))
+        .collect()
+}
+
+/// The keyed counter's function on `services`, wired as the stack wires it (a state table, a
+/// counts queue, a dead-letter queue), and its dead-letter queue's URL.
+pub fn keyed_counter_on(
+    services: &keyway::local::LocalServices,
+) -> (
+    keyway::lambda::StreamHandler<keyed_counter::KeyedCounter>,
+    String,
+) {
+    services.dynamodb.create_table(
+        "state",
+        keyway::local::KeySchema::state_table(),
+        Some(keyway::adapters::dynamodb::TTL.into()),
+        None,
+    );
+    let counts = services.sqs.create_queue("counts");
+    let dead = services.sqs.create_queue("dead");
+    let env = keyway::lambda::env_of(&[
+        ("STATE_TABLE", "state"),
+        ("COUNTS_SINK", &format!("sqs:{counts}")),
+        ("DEAD_LETTER_SINK", &format!("sqs:{dead}")),
+    ]);
+    let handler = keyed_counter::handler(services, &env).expect("the keyed counter wires");
+    (handler, dead)
+}

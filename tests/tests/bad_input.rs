@@ -603,25 +603,8 @@ fn counter() -> (
     keyway::lambda::StreamHandler<keyed_counter::KeyedCounter>,
     String,
 ) {
-    use keyway::local::KeySchema;
     let services = LocalServices::new(EPOCH, FaultPlan::default());
-    services.dynamodb.create_table(
-        "state",
-        KeySchema::state_table(),
-        Some(keyway::adapters::dynamodb::TTL.into()),
-        None,
-    );
-    let counts = services.sqs.create_queue("counts");
-    let dead = services.sqs.create_queue("dead");
-    let env: keyway::lambda::Env = [
-        ("STATE_TABLE", "state".to_owned()),
-        ("COUNTS_SINK", format!("sqs:{counts}")),
-        ("DEAD_LETTER_SINK", format!("sqs:{dead}")),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    let handler = keyed_counter::handler(services.as_ref(), &env).unwrap();
+    let (handler, dead) = keyway_tests::keyed_counter_on(&services);
     (services, handler, dead)
 }
 
@@ -661,12 +644,7 @@ async fn a_record_whose_data_is_not_base64_is_dead_lettered_and_its_batch_goes_o
         .await
         .unwrap();
     assert_eq!(response, json!({"batchItemFailures": []}));
-    let letters: Vec<DeadLetter> = services
-        .sqs
-        .messages(&dead)
-        .iter()
-        .map(|m| serde_json::from_str(&m.body).unwrap())
-        .collect();
+    let letters = keyway_tests::dead_letters_on(&services.sqs, &dead);
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].field, "kinesis.data");
     assert!(letters[0].problem.contains("base64"), "{letters:?}");
@@ -689,12 +667,7 @@ async fn a_dynamodb_streams_event_given_to_a_kinesis_function_is_dead_lettered_r
         .await
         .unwrap();
     assert_eq!(response, json!({"batchItemFailures": []}));
-    let letters: Vec<DeadLetter> = services
-        .sqs
-        .messages(&dead)
-        .iter()
-        .map(|m| serde_json::from_str(&m.body).unwrap())
-        .collect();
+    let letters = keyway_tests::dead_letters_on(&services.sqs, &dead);
     assert_eq!(letters.len(), 2, "{letters:?}");
     for letter in &letters {
         assert_eq!(letter.field, "record", "{letter:?}");

@@ -92,6 +92,12 @@ impl Stack {
             .unwrap();
     }
 
+    /// Sends `events` and runs the stack until they are through.
+    async fn deliver(&mut self, events: &[Value]) {
+        self.send(events);
+        self.run().await;
+    }
+
     async fn run(&mut self) {
         self.runtime
             .run_until_idle(Duration::from_secs(600))
@@ -333,8 +339,52 @@ async fn a_consumer_moving_from_the_shared_table_to_its_own_keeps_its_newest_sub
         .await
         .unwrap();
     stack.run().await;
-    stack.send(&[event("a", "sheet-1", "update")]);
-    stack.run().await;
+    stack.deliver(&[event("a", "sheet-1", "update")]).await;
     assert_eq!(stack.received("keyway-live_1"), ["a"]);
     assert!(stack.dead_letters().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_filter_that_ran_no_batch_for_over_a_day_delivers_to_what_was_subscribed_meanwhile() {
+    use dynamic_filter::store::{journal_position, FilterState};
+    let mut stack = Stack::new(REGISTRY);
+    stack
+        .client("live", REGISTRY)
+        .subscribe("sheet-1", "keyway-live_1", None)
+        .await
+        .unwrap();
+    stack.run().await;
+    stack.deliver(&[event("a", "sheet-1", "update")]).await;
+    assert_eq!(stack.received("keyway-live_1"), ["a"]);
+    // An hour later the audit subscribes; no event comes for a day and more, and its change's
+    // journal entry expires and is deleted.
+    stack.runtime.run_for(Duration::from_secs(3600)).await;
+    stack
+        .client("audit", REGISTRY)
+        .subscribe("sheet-2", AUDIT, None)
+        .await
+        .unwrap();
+    stack.run().await;
+    let quiet = Duration::from_secs(26 * 3600) + keyway::local::DEFAULT_TTL_DELAY;
+    stack.runtime.run_for(quiet).await;
+    stack.runtime.services.dynamodb.expire();
+    let state = FilterState::new(
+        stack
+            .runtime
+            .services
+            .dynamodb
+            .table(&stack.runtime.resource("FilterStateTable").unwrap())
+            .unwrap(),
+        stack.runtime.services.clock.clone(),
+    );
+    let journal = state.since(&journal_position(0), 100).await.unwrap();
+    assert!(journal.is_empty(), "the journal expired: {journal:?}");
+    stack
+        .deliver(&[
+            event("b", "sheet-2", "update"),
+            event("c", "sheet-1", "update"),
+        ])
+        .await;
+    assert_eq!(stack.received(AUDIT), ["b"]);
+    assert_eq!(stack.received("keyway-live_1"), ["c"]);
 }

@@ -267,23 +267,7 @@ fn counter() -> (
     tokio::runtime::Runtime,
 ) {
     let services = keyway::local::LocalServices::new(1_767_225_600_000, Default::default());
-    services.dynamodb.create_table(
-        "state",
-        keyway::local::KeySchema::state_table(),
-        Some(keyway::adapters::dynamodb::TTL.into()),
-        None,
-    );
-    let counts = services.sqs.create_queue("counts");
-    let dead = services.sqs.create_queue("dead");
-    let env: keyway::lambda::Env = [
-        ("STATE_TABLE", "state".to_owned()),
-        ("COUNTS_SINK", format!("sqs:{counts}")),
-        ("DEAD_LETTER_SINK", format!("sqs:{dead}")),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    let handler = keyed_counter::handler(services.as_ref(), &env).unwrap();
+    let (handler, _) = keyway_tests::keyed_counter_on(&services);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

@@ -131,13 +131,7 @@ async fn a_key_with_a_hundred_thousand_records_waiting_holds_them_and_releases_e
         assert_eq!((report.applied, report.failed_from), (10_000, None));
     }
     assert!(world.outputs(ENRICHED.name).is_empty(), "all waiting");
-    let largest = world
-        .table
-        .items()
-        .iter()
-        .map(keyway::domain::item::item_size)
-        .max()
-        .unwrap();
+    let largest = world.largest_item();
     assert!(largest <= 400 * 1024, "every item fits DynamoDB: {largest}");
     // The resolution comes: every record goes out, once, resolved.
     let resolution = serde_json::json!({

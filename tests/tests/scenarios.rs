@@ -332,13 +332,7 @@ async fn a_key_fed_by_thousands_of_dynamodb_items_keeps_a_bounded_head_and_appli
     }
     assert_eq!(stored_count(&world, &executor, "g0").await, Some(6_000));
     assert_eq!(stored_count(&world, &executor, "g1").await, Some(6_000));
-    let largest = world
-        .table
-        .items()
-        .iter()
-        .map(keyway::domain::item::item_size)
-        .max()
-        .unwrap();
+    let largest = world.largest_item();
     assert!(largest < 100 * 1024, "the largest item is {largest} bytes");
     // Every batch redelivered: nothing counted twice.
     for event in &events {
