@@ -20,6 +20,7 @@ fn settings(shards: usize, lanes: u32, seed: u64) -> Settings {
         seed,
         shards,
         lanes,
+        metering: Default::default(),
     }
 }
 
@@ -59,4 +60,46 @@ fn the_cdc_join_under_every_fault_ends_with_the_view_the_oracle_joins() {
 #[test]
 fn keyed_aggregation_under_every_fault_ends_with_each_keys_exact_result() {
     clean(App::Aggregate, settings(8, 4, 35));
+}
+
+/// `keyway bench cost` runs each application once without faults, its functions' calls waiting
+/// a latency per service: every run ends (the CDC join's functions wait within their timeout)
+/// and is billed for work of each kind it does.
+#[test]
+fn every_applications_metered_run_ends_and_bills_its_functions_work() {
+    use keyway_stack::chaos::usage;
+    use keyway_stack::metering::Metering;
+    let metering = Metering {
+        latencies: Some(keyway::local::Latencies {
+            dynamodb: std::time::Duration::from_millis(5),
+            kinesis: std::time::Duration::from_millis(20),
+            sqs: std::time::Duration::from_millis(15),
+        }),
+        batching: None,
+    };
+    for app in App::ALL {
+        let settings = Settings {
+            events: 3_000,
+            fault_rate: 0.0,
+            metering: metering.clone(),
+            ..settings(1, 2, 35)
+        };
+        let usage = usage(app, &settings).expect("the metered run ends");
+        println!("{}: {usage:?}", app.name());
+        assert!(usage.triggered.invocations > 0 && !usage.triggered.waited.is_zero());
+        assert!(
+            usage.read_units > 0.0 && usage.write_units > 0.0,
+            "{}",
+            app.name()
+        );
+        // Every application dead-letters its bad records on SQS; the counter and the filter
+        // send their outputs there, the others put theirs on Kinesis.
+        assert!(usage.sqs_requests > 0.0, "{}", app.name());
+        if [App::Identity, App::Cdc, App::Aggregate].contains(&app) {
+            assert!(usage.put_payload_units > 0.0, "{}", app.name());
+        }
+        // Each is billed its own schedules (sweepers), none of the others'.
+        let swept = [App::Identity, App::Cdc, App::Aggregate].contains(&app);
+        assert_eq!(usage.schedules.len(), usize::from(swept), "{usage:?}");
+    }
 }

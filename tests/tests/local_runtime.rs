@@ -12,7 +12,8 @@ use std::time::Duration;
 use keyway::domain::{Origin, OutputId, SequenceNumber};
 use keyway::lambda::{executor_config, sink_from, state_store_from, Handler, StreamHandler};
 use keyway::local::{
-    Factory, FaultPlan, LocalError, LocalRuntime, LocalServices, RunReport, StartingPosition,
+    Factory, FaultPlan, Latencies, LocalError, LocalRuntime, LocalServices, MappingStats,
+    RunReport, StartingPosition,
 };
 use keyway::{Executor, Sinks};
 use keyway_tests::operators::{GroupCounter, History, Tweaked};
@@ -369,6 +370,50 @@ async fn the_template_wires_the_keyed_counter_to_its_stream_queues_and_settings(
     counts_every_event(&mut runtime, &events).await;
     let counts_queue = runtime.resource("CountsQueue").unwrap();
     assert_eq!(runtime.services.sqs.messages(&counts_queue).len(), 2_000);
+}
+
+/// `keyway bench cost` bills what the functions call, not what the producer puts, and an
+/// invocation lasts the latency of its calls on the paused clock, as it would wait on AWS.
+#[tokio::test(start_paused = true)]
+async fn a_runs_usage_bills_the_functions_calls_and_their_invocations_wait_the_services_latency() {
+    let services = LocalServices::new(EPOCH, FaultPlan::default());
+    let mut runtime = LocalRuntime::from_template(&template(), services, &factories()).unwrap();
+    runtime.services.set_function_latency(&Latencies {
+        dynamodb: Duration::from_millis(5),
+        kinesis: Duration::from_millis(20),
+        sqs: Duration::from_millis(15),
+    });
+    // 2,000 events of 50 keys; each count is one small message.
+    let events = zipf_events(2_000, 50, 1);
+    produce(&runtime, &events).await;
+    assert_eq!(
+        runtime.usage().put_payload_units,
+        0.0,
+        "the producer's 2,000 PUT units are not the functions'"
+    );
+    runtime
+        .run_until_idle(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let usage = runtime.usage();
+    let counter = &runtime.mappings()[0];
+    assert_eq!(usage.triggered, counter.stats().spent);
+    let invocations = usage.triggered.invocations;
+    assert_eq!(invocations, counter.stats().invocations);
+    assert!(invocations >= 4, "2,000 events in batches of at most 500");
+    // Each key of a batch is read and written once, a unit each (items under 1 KB).
+    assert!(usage.read_units > 0.0 && usage.read_units == usage.write_units);
+    assert!(usage.write_units <= 50.0 * invocations as f64);
+    // A message a count, ten a SendMessageBatch call.
+    assert!(usage.sqs_requests >= 200.0, "{}", usage.sqs_requests);
+    // At least a DynamoDB read, a commit and a send, one after the other, each invocation.
+    let waited = usage.triggered.waited;
+    assert!(
+        waited >= Duration::from_millis(25) * invocations as u32,
+        "{waited:?}"
+    );
+    assert!(usage.triggered.cpu > Duration::ZERO);
+    assert_eq!(usage.put_payload_units, 0.0, "the counter puts nothing");
 }
 
 /// CreateEventSourceMapping, `Enabled`: "When true, the event source mapping is active. When
@@ -1157,17 +1202,22 @@ async fn a_hundred_thousand_events_and_changes_under_every_fault_and_a_reshard_e
 #[tokio::test(start_paused = true)]
 async fn the_same_seed_gives_the_same_run() {
     let load = Load::new(3_000, 1_000, 2_000, 3);
+    // What the mappings did, but the CPU time their invocations took: a measurement.
+    let did = |run: &Run| -> Vec<(String, MappingStats)> {
+        let mut mappings = run.report.mappings.clone();
+        for (_, stats) in &mut mappings {
+            stats.spent.cpu = Duration::ZERO;
+        }
+        mappings
+    };
     let a = run(&load, FaultPlan::all(0.05, 11), true).await;
     let b = run(&load, FaultPlan::all(0.05, 11), true).await;
-    assert_eq!(a.report.mappings, b.report.mappings);
+    assert_eq!(did(&a), did(&b));
     assert_eq!(a.report.elapsed, b.report.elapsed);
     assert_eq!(a.messages, b.messages);
     assert_eq!(a.counts, b.counts);
     let c = run(&load, FaultPlan::all(0.05, 12), true).await;
-    assert_ne!(
-        a.report.mappings, c.report.mappings,
-        "another seed, other faults"
-    );
+    assert_ne!(did(&a), did(&c), "another seed, other faults");
 }
 
 #[tokio::test(start_paused = true)]

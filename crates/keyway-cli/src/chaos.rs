@@ -47,6 +47,7 @@ pub fn run(args: ChaosArgs) -> Result<(), CliError> {
         seed: args.seed,
         shards: args.shards,
         lanes: args.lanes,
+        metering: Default::default(),
     };
     if !(1..=16).contains(&settings.shards) {
         return Err("--shards must be 1 to 16".into());

@@ -3,6 +3,7 @@
 mod aggregate;
 mod bench;
 mod bench_cdc;
+mod bench_cost;
 mod bench_filter;
 mod bench_identity;
 mod cdc;
@@ -384,6 +385,10 @@ enum BenchCommand {
     /// Each function's Lambda zip, as `cargo lambda build --release` or `sam build` left it,
     /// its architecture, and its cold start on the embedded runtime where this machine runs it.
     Package(package::PackageOptions),
+    /// Each application's cost in dollars per million events on AWS, from a metered run on the
+    /// embedded runtime, beside Managed Service for Apache Flink at the KPUs the same rate needs;
+    /// prices are inputs, AWS's us-east-1 list prices by default.
+    Cost(bench_cost::CostArgs),
 }
 
 fn bench(which: BenchCommand) -> Result<(), error::CliError> {
@@ -395,6 +400,7 @@ fn bench(which: BenchCommand) -> Result<(), error::CliError> {
         } => bench::runtime(batches, seed, json),
         BenchCommand::Local { events, seed, json } => bench::local(events, seed, json),
         BenchCommand::Package(options) => package::run(options),
+        BenchCommand::Cost(args) => bench_cost::run(args),
         BenchCommand::Skew { events, seed, json } => skew::bench::run(events, seed, json),
         BenchCommand::Filter { events, seed, json } => bench_filter::run(events, seed, json),
         BenchCommand::Cdc {

@@ -29,6 +29,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 use crate::filtering::dead_letter_reasons;
+use crate::metering::Metering;
 use crate::{failed, stack_mapping};
 
 /// The virtual time the replay starts at.
@@ -67,6 +68,8 @@ pub struct Settings {
     /// Events put on their streams only once every truncate was swept twice: a shard far
     /// behind the others.
     pub late: Vec<SourceEvent>,
+    /// How the run is metered for a cost report (its batching replaces `batch_size`).
+    pub metering: Metering,
 }
 
 impl Settings {
@@ -78,6 +81,7 @@ impl Settings {
             batch_size: 100,
             faults: FaultPlan::default(),
             late: Vec::new(),
+            metering: Metering::default(),
         }
     }
 }
@@ -208,7 +212,8 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     let dead_letters = services.sqs.create_queue("cdc-dead-letters");
     let env = environment(&settings.spec, &dead_letters);
     let mut runtime = LocalRuntime::new(services.clone());
-    let mapping = stack_mapping(settings.batch_size, settings.lanes);
+    let mapping = (settings.metering).mapping(stack_mapping(settings.batch_size, settings.lanes));
+    settings.metering.apply(&services);
     let source = |stream: &str| MappingSource::Kinesis {
         kinesis: services.kinesis.clone(),
         stream: stream.to_owned(),
@@ -262,6 +267,7 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     let mut outcome = outcome(&services, &dead_letters)?;
     outcome.failed_sweeps = runtime.schedules().iter().map(|(_, s)| s.errors).sum();
     outcome.sweeps_took = sweeps_took;
+    outcome.ending.usage = runtime.usage();
     Ok(outcome)
 }
 

@@ -28,6 +28,8 @@ use keyway::ports::Clock;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::metering::Metering;
+
 /// Events put on the stream at a time, at most.
 const CHUNK: usize = 500;
 /// How long a producer waits before it writes again what the stream throttled.
@@ -124,6 +126,8 @@ pub struct Settings {
     pub latency: Option<Duration>,
     /// Subscriptions go to the stack's shared policy table rather than to each consumer's own.
     pub shared_table: bool,
+    /// How the run is metered for a cost report.
+    pub metering: Metering,
 }
 
 impl Default for Settings {
@@ -136,6 +140,7 @@ impl Default for Settings {
             faults: FaultPlan::default(),
             latency: None,
             shared_table: false,
+            metering: Metering::default(),
         }
     }
 }
@@ -216,10 +221,14 @@ impl FilterStack {
         });
         functions.insert("DynamicFilterFunction".into(), factory);
         let template = crate::template_with(&[], &[("DynamicFilterFunction", settings.lanes)])?;
+        let template = settings
+            .metering
+            .batched(template, &["DynamicFilterFunction"])?;
         let runtime =
             LocalRuntime::from_template_with(&template, &parameters, services.clone(), &functions)?;
         // After the template made the tables: the latency is each table's.
         services.set_latency(settings.latency);
+        settings.metering.apply(&services);
         Ok(Self {
             runtime,
             filter,

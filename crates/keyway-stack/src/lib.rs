@@ -7,6 +7,7 @@ pub mod cdc;
 pub mod cdc_changes;
 pub mod chaos;
 pub mod filtering;
+pub mod metering;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -70,6 +71,8 @@ pub(crate) fn stack_mapping(batch_size: usize, lanes: u32) -> keyway::local::Map
         report_batch_item_failures: true,
         bisect_batch_on_function_error: true,
         parallelization_factor: lanes,
+        // template.yaml's Globals: Timeout 30.
+        function_timeout: std::time::Duration::from_secs(30),
         ..Default::default()
     }
 }
@@ -93,7 +96,7 @@ pub fn template_with(
 
 /// `template` with every `name: ...` line in the block of resource `id` (from its line to the
 /// next resource's) set to `value`; an error when the resource or the setting is not there.
-fn set_in_resource(
+pub(crate) fn set_in_resource(
     template: &str,
     id: &str,
     name: &str,

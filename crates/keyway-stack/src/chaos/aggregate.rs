@@ -11,7 +11,7 @@ use keyed_aggregate::aggregate::{Aggregate, Partial};
 use keyed_aggregate::exact::Exact;
 use keyed_aggregate::merge::result_line;
 use keyway::domain::salt::{Partitioner, Salting};
-use keyway::local::{FaultPlan, LocalError};
+use keyway::local::{FaultPlan, LocalError, Usage};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -94,6 +94,7 @@ async fn run_once(
         ],
         &parameters,
         faults,
+        &settings.metering,
     )?;
     let stream = runtime
         .resource("AggregateEventsStream")
@@ -124,6 +125,13 @@ async fn run_once(
     }
     let last = last.into_iter().map(|(k, (_, line))| (k, line)).collect();
     Ok((last, Ending::of(&runtime)))
+}
+
+/// What the functions of the fault-free run were billed for.
+pub(super) async fn usage(settings: &Settings) -> Result<Usage, LocalError> {
+    let workload = workload(settings);
+    let (_, ending) = run_once(settings, &workload.records, FaultPlan::default()).await?;
+    Ok(ending.usage)
 }
 
 pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {

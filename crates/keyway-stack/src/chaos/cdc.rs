@@ -10,10 +10,11 @@
 use std::collections::BTreeMap;
 
 use cdc_join::join::{Joined, JoinedId};
+use cdc_join::oracle::Tables;
 use cdc_join::rekey;
 use cdc_join::spec::{JoinKind, JoinSpec};
 use cdc_join::view::View;
-use keyway::local::{FaultPlan, LocalError};
+use keyway::local::{FaultPlan, LocalError, Usage};
 
 use super::{against_fault_free, against_oracle, side_by_side, Report, Sent, Settings};
 use crate::cdc::{
@@ -37,7 +38,8 @@ fn rekey_rows(outcome: &Outcome) -> usize {
     state_rows(&outcome.state_items, rekey::NAME, &[rekey::ROW.name])
 }
 
-pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
+/// The changes of a run of `settings` (bad records among them), and the tables they leave.
+fn changes(settings: &Settings) -> (Vec<SourceEvent>, u64, Tables) {
     let workload = Workload {
         changes: settings.events,
         hot_user: 0.25,
@@ -49,6 +51,24 @@ pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
     let tables = final_tables(&made);
     let mut events = interleave(made, settings.seed);
     let bad = add_bad_records(&mut events);
+    (events, bad, tables)
+}
+
+/// What the functions of the fault-free run were billed for.
+pub(super) async fn usage(settings: &Settings) -> Result<Usage, LocalError> {
+    let (events, _, _) = changes(settings);
+    let spec = JoinSpec::parse(JOIN, JoinKind::LeftOuter).expect("the join");
+    let cdc = CdcSettings {
+        shards: settings.shards,
+        lanes: settings.lanes,
+        metering: settings.metering.clone(),
+        ..CdcSettings::new(spec)
+    };
+    Ok(replay(&cdc, &events).await?.ending.usage)
+}
+
+pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {
+    let (events, bad, tables) = changes(settings);
     let spec = JoinSpec::parse(JOIN, JoinKind::LeftOuter).expect("the join");
     let expected: BTreeMap<JoinedId, Joined> = tables.join(&spec);
     let cdc = |faults: FaultPlan| CdcSettings {

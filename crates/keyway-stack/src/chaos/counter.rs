@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use keyway::local::{Fault, FaultPlan, LocalError, LocalRuntime};
+use keyway::local::{Fault, FaultPlan, LocalError, LocalRuntime, Usage};
 use keyway::ports::Namespace;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -67,6 +67,7 @@ async fn run_once(
         &[("KeyedCounterFunction", settings.lanes)],
         &BTreeMap::new(),
         faults,
+        &settings.metering,
     )?;
     let stream = runtime.resource("ClicksStream").expect("the clicks stream");
     runtime
@@ -128,6 +129,12 @@ async fn stored_counts(runtime: &LocalRuntime) -> Result<BTreeMap<String, u64>, 
             Some((k.clone(), count.get().parse().ok()?))
         })
         .collect())
+}
+
+/// What the functions of the fault-free run were billed for.
+pub(super) async fn usage(settings: &Settings) -> Result<Usage, LocalError> {
+    let run = run_once(settings, &workload(settings), FaultPlan::default()).await?;
+    Ok(run.ending.usage)
 }
 
 pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {

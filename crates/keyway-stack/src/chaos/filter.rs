@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use keyway::local::{Fault, FaultPlan, LocalError};
+use keyway::local::{Fault, FaultPlan, LocalError, Usage};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -239,6 +239,7 @@ async fn run_once(
         lanes: settings.lanes,
         registry: Some(registry()),
         faults,
+        metering: settings.metering.clone(),
         ..FilterSettings::default()
     };
     let mut outputs = Vec::new();
@@ -255,6 +256,14 @@ async fn run_once(
     })
     .await?;
     Ok((sent(outputs), deliveries, outcome))
+}
+
+/// What the functions of the fault-free run were billed for.
+pub(super) async fn usage(settings: &Settings) -> Result<Usage, LocalError> {
+    let (generated, timed) = workload(settings.events, settings.seed);
+    let changes: Vec<Change> = generated.iter().map(|g| g.change.clone()).collect();
+    let (_, _, outcome) = run_once(settings, &changes, &timed, FaultPlan::default()).await?;
+    Ok(outcome.ending.usage)
 }
 
 pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {

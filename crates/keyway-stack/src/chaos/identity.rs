@@ -12,7 +12,7 @@ use std::time::Duration;
 use identity_enricher::cloudtrail::CloudTrailRecord;
 use identity_enricher::identity::CustomerMap;
 use identity_enricher::traffic::{Traffic, TrafficConfig};
-use keyway::local::{FaultPlan, LocalError, LocalRuntime};
+use keyway::local::{FaultPlan, LocalError, LocalRuntime, Usage};
 use serde_json::Value;
 
 use super::{
@@ -123,7 +123,7 @@ async fn run_once(
         ("CustomerMap".to_owned(), workload.map.clone()),
     ]);
     let lanes = [("IdentityEnricherFunction", settings.lanes)];
-    let mut runtime = deploy(&[], &lanes, &parameters, faults)?;
+    let mut runtime = deploy(&[], &lanes, &parameters, faults, &settings.metering)?;
     let stream = runtime.resource("CloudTrailStream").expect("the stream");
     runtime
         .services
@@ -155,6 +155,13 @@ fn enriched(runtime: &LocalRuntime) -> Sent {
         let id = body["enrichment"]["outputId"].as_str().unwrap_or_default();
         (id.to_owned(), String::from_utf8_lossy(&r.data).into_owned())
     }))
+}
+
+/// What the functions of the fault-free run were billed for.
+pub(super) async fn usage(settings: &Settings) -> Result<Usage, LocalError> {
+    let workload = workload(settings)?;
+    let (_, ending, _) = run_once(settings, &workload, FaultPlan::default()).await?;
+    Ok(ending.usage)
 }
 
 pub(super) fn run(settings: &Settings) -> Result<Report, LocalError> {

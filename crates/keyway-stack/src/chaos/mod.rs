@@ -22,8 +22,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use keyway::domain::DeadLetter;
-use keyway::local::{Fault, FaultCounts, FaultPlan, LocalError, LocalRuntime, LocalServices};
+use keyway::local::{
+    Fault, FaultCounts, FaultPlan, LocalError, LocalRuntime, LocalServices, Usage,
+};
 use serde::Serialize;
+
+use crate::metering::Metering;
 
 /// The applications a chaos run drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -63,6 +67,19 @@ impl App {
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|app| app.name() == text)
     }
+
+    /// Whether the schedule named `name` (`function/event`) is of this application: the stack
+    /// deploys every application's schedules, and a cost report bills each its own.
+    fn owns_schedule(self, name: &str) -> bool {
+        let functions: &[&str] = match self {
+            App::Counter | App::Filter => &[],
+            App::Identity => &["IdentityEnricherFunction/"],
+            // The CDC replay wires the re-key itself, under its own name.
+            App::Cdc => &["CdcRekeyFunction/", "cdc-rekey/"],
+            App::Aggregate => &["KeyedAggregateFunction/"],
+        };
+        functions.iter().any(|f| name.starts_with(f))
+    }
 }
 
 /// How a run is made.
@@ -77,6 +94,8 @@ pub struct Settings {
     pub shards: usize,
     /// Lanes each shard is read in (the mappings' ParallelizationFactor, 1-10).
     pub lanes: u32,
+    /// How the run is metered, for `usage`; the default changes nothing.
+    pub metering: Metering,
 }
 
 impl Settings {
@@ -280,14 +299,6 @@ where
     C: std::future::Future<Output = Result<T, LocalError>>,
     F: std::future::Future<Output = Result<T, LocalError>>,
 {
-    fn on_a_runtime_of_its_own<O>(run: impl std::future::Future<Output = O>) -> O {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("a runtime")
-            .block_on(run)
-    }
     let panicked = |which: &str| LocalError::Function {
         path: format!("the {which} run"),
         problem: "panicked".into(),
@@ -299,6 +310,34 @@ where
         let faulty = faulty.join().map_err(|_| panicked("faulty"))?;
         Ok((clean?, faulty?))
     })
+}
+
+/// `run` on a current-thread runtime of its own whose time passes only when it waits.
+fn on_a_runtime_of_its_own<O>(run: impl std::future::Future<Output = O>) -> O {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+        .block_on(run)
+}
+
+/// What the functions of `app`'s fault-free run were billed for, metered as
+/// `settings.metering` says: `keyway bench cost`.
+pub fn usage(app: App, settings: &Settings) -> Result<Usage, LocalError> {
+    let mut usage = on_a_runtime_of_its_own(async {
+        match app {
+            App::Counter => counter::usage(settings).await,
+            App::Identity => identity::usage(settings).await,
+            App::Filter => filter::usage(settings).await,
+            App::Cdc => cdc::usage(settings).await,
+            App::Aggregate => aggregate::usage(settings).await,
+        }
+    })?;
+    usage
+        .schedules
+        .retain(|(name, _, _)| app.owns_schedule(name));
+    Ok(usage)
 }
 
 /// Outputs as sent: each output id with every body sent under it.
@@ -386,6 +425,8 @@ pub struct Ending {
     pub faults_missing: Vec<Fault>,
     pub dead_letters: Vec<String>,
     pub failed_batches: usize,
+    /// What the run's functions were billed for.
+    pub usage: Usage,
 }
 
 impl Ending {
@@ -393,11 +434,14 @@ impl Ending {
     /// `FailedBatchesQueue` read without taking their messages.
     pub fn of(runtime: &LocalRuntime) -> Self {
         let url = |id: &str| runtime.resource(id).unwrap_or_default();
-        Self::read(
-            &runtime.services,
-            &url("DeadLetterQueue"),
-            Some(&url("FailedBatchesQueue")),
-        )
+        Self {
+            usage: runtime.usage(),
+            ..Self::read(
+                &runtime.services,
+                &url("DeadLetterQueue"),
+                Some(&url("FailedBatchesQueue")),
+            )
+        }
     }
 
     /// What `services` have left, with the dead-letter queue at `dead_letters` and the
@@ -417,6 +461,7 @@ impl Ending {
                 .map(|m| m.body)
                 .collect(),
             failed_batches: failed_batches.map_or(0, |url| services.sqs.messages(url).len()),
+            usage: Usage::default(),
         }
     }
 }
@@ -455,10 +500,15 @@ pub(crate) fn deploy(
     lanes: &[(&str, u32)],
     parameters: &BTreeMap<String, String>,
     faults: FaultPlan,
+    metering: &Metering,
 ) -> Result<LocalRuntime, LocalError> {
-    let template = crate::template_with(shards, lanes)?;
+    let functions: Vec<&str> = lanes.iter().map(|(function, _)| *function).collect();
+    let template = metering.batched(crate::template_with(shards, lanes)?, &functions)?;
     let services = LocalServices::new(EPOCH, faults);
-    LocalRuntime::from_template_with(&template, parameters, services, &crate::functions())
+    let runtime =
+        LocalRuntime::from_template_with(&template, parameters, services, &crate::functions())?;
+    metering.apply(&runtime.services);
+    Ok(runtime)
 }
 
 /// When every chaos run's clock starts: 2026-01-01.

@@ -1,7 +1,8 @@
 //! The embedded runtime: Kinesis, DynamoDB (with streams and TTL) and SQS in memory (`services`),
 //! the event source mapping that invokes functions as Lambda does (`mapping`), the reader of a
 //! SAM or CloudFormation stack (`template`), and `runtime`, which deploys a stack on the services
-//! and runs it. `keyway demo` and most tests run on it.
+//! and runs it. `keyway demo` and most tests run on it. What a run's functions would be billed
+//! on AWS is metered as they run (`usage`).
 //!
 //! The services are emulated at the level of the narrow service APIs the adapters are written
 //! against (`Table`, `KinesisApi`, `SqsApi`), not at the HTTP level of the AWS SDK. The adapters'
@@ -22,11 +23,12 @@ pub mod mapping;
 pub mod runtime;
 pub mod services;
 pub mod template;
+mod usage;
 
 pub use aws_api::AwsApi;
 pub use external::{Bootstrap, ExternalFunction};
 pub use mapping::{
-    EventSourceMapping, MappingSettings, MappingSource, MappingStats, StartingPosition,
+    EventSourceMapping, MappingSettings, MappingSource, MappingStats, Spent, StartingPosition,
 };
 pub use runtime::{
     CrashBeforeCommit, Factory, LocalError, LocalRuntime, LocalServices, RunReport, ScheduleStats,
@@ -37,5 +39,6 @@ pub use services::dynamodb::{
 };
 pub use services::faults::{Fault, FaultCounts, FaultPlan, Faults};
 pub use services::kinesis::{Data, LocalKinesis, StoredRecord};
-pub use services::meter::{thread_cpu_time, Meter, MeterSnapshot};
+pub use services::meter::{thread_cpu_time, Billed, Meter, MeterSnapshot};
 pub use services::sqs::{LocalSqs, QueuedMessage};
+pub use usage::{Latencies, Usage};

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 
 use super::mapping::queue::QueueMapping;
 use super::mapping::{
-    invoke, Event, EventSourceMapping, MappingSettings, MappingSource, MappingStats,
+    invoke, Event, EventSourceMapping, MappingSettings, MappingSource, MappingStats, Spent,
 };
 use super::services::clock::VirtualClock;
 use super::services::dynamodb::{KeySchema, LocalDynamoDb};
@@ -91,6 +91,16 @@ impl LocalServices {
             .into_iter()
             .filter(|kind| !all.contains_key(kind))
             .collect()
+    }
+
+    /// Calls from function invocations take these latencies of virtual time, and nothing else
+    /// waits: an invocation lasts on the paused clock as long as it would wait on AWS.
+    pub fn set_function_latency(&self, latency: &super::usage::Latencies) {
+        self.dynamodb.set_function_latency(Some(latency.dynamodb));
+        self.kinesis
+            .meter()
+            .set_function_latency(Some(latency.kinesis));
+        self.sqs.meter().set_function_latency(Some(latency.sqs));
     }
 
     /// Every service call takes `latency` of virtual time, so that a timeout can stop an
@@ -358,6 +368,8 @@ pub struct LocalRuntime {
 pub struct ScheduleStats {
     pub invocations: u64,
     pub errors: u64,
+    /// What the invocations spent.
+    pub spent: Spent,
 }
 
 /// A function's schedule on the virtual clock: EventBridge invokes the function asynchronously
@@ -395,14 +407,15 @@ impl LocalSchedule {
             deadline_millis: Some(now + self.timeout.as_millis() as i64),
         };
         // EventBridge retries a failed asynchronous invocation; here the next period's does.
-        if let Err(failed) = invoke(
+        let (result, spent) = invoke(
             &*self.handler,
             &Event::Json(event.to_string()),
             &invocation,
             self.timeout,
         )
-        .await
-        {
+        .await;
+        self.stats.spent += spent;
+        if let Err(failed) = result {
             tracing::warn!(schedule = %self.name, ?failed, "a scheduled invocation failed");
             self.stats.errors += 1;
         }
@@ -915,6 +928,17 @@ impl LocalRuntime {
         self.drive(end, false)
             .await
             .expect("a run that does not stop when idle ends at its end")
+    }
+
+    /// What each schedule's invocations spent so far, by `function/event`, with its period.
+    pub(crate) fn schedule_periods(&self) -> Vec<(String, Duration, Spent)> {
+        self.schedules
+            .iter()
+            .map(|s| {
+                let every = Duration::from_millis(s.every as u64);
+                (s.name.clone(), every, s.stats.spent)
+            })
+            .collect()
     }
 
     /// What the schedules did so far, by `function/event`.

@@ -33,6 +33,7 @@ pub mod events;
 pub mod queue;
 
 use std::collections::VecDeque;
+use std::future::Future as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +43,7 @@ use serde_json::{json, Value};
 use super::services::dynamodb::{LocalTable, StreamRecord};
 use super::services::faults::{Crash, Fault, Faults};
 use super::services::kinesis::{LocalKinesis, StoredRecord};
+use super::services::meter::{in_function, thread_cpu_time};
 use super::services::shards::ShardInfo;
 use super::services::sqs::LocalSqs;
 use crate::domain::item::item_to_dynamodb_json;
@@ -176,6 +178,8 @@ impl MappingSource {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MappingStats {
     pub invocations: u64,
+    /// What the invocations spent.
+    pub spent: Spent,
     pub function_errors: u64,
     pub timeouts: u64,
     /// Invocations whose runtime crashed (counted among the function errors too).
@@ -339,24 +343,60 @@ pub(crate) enum Event {
 }
 
 /// Invokes `handler`, as Lambda would: stopped at `timeout`, and a runtime that crashes is a
-/// failed invocation, not the end of the mapping.
+/// failed invocation, not the end of the mapping. Also returns what the invocation spent.
 pub(crate) async fn invoke(
     handler: &dyn Handler,
     event: &Event,
     invocation: &Invocation,
     timeout: Duration,
-) -> Result<Value, Failed> {
+) -> (Result<Value, Failed>, Spent) {
     let call = match event {
         Event::Json(text) => handler.handle(text, invocation),
         Event::Kinesis(batch) => handler.handle_kinesis(batch, invocation),
     };
     let call = std::panic::AssertUnwindSafe(call).catch_unwind();
-    match tokio::time::timeout(timeout, call).await {
+    let mut call = std::pin::pin!(in_function(call));
+    let mut cpu = Duration::ZERO;
+    let on_cpu = std::future::poll_fn(|cx| {
+        let start = thread_cpu_time();
+        let poll = call.as_mut().poll(cx);
+        cpu += thread_cpu_time().saturating_sub(start);
+        poll
+    });
+    let start = tokio::time::Instant::now();
+    let outcome = tokio::time::timeout(timeout, on_cpu).await;
+    let spent = Spent {
+        invocations: 1,
+        waited: start.elapsed(),
+        cpu,
+    };
+    let result = match outcome {
         Ok(Ok(result)) => result.map_err(|_: FunctionError| Failed::Error),
         Ok(Err(payload)) if payload.is::<Crash>() => Err(Failed::Crashed),
         // A panic that is not an injected crash is a bug: let it fail the run.
         Ok(Err(payload)) => std::panic::resume_unwind(payload),
         Err(_) => Err(Failed::TimedOut),
+    };
+    (result, spent)
+}
+
+/// What invocations spent, for a cost report: on the paused clock the embedded runtime runs on,
+/// time passes only while a call waits the services' simulated latency (see
+/// `LocalServices::set_function_latency`) or the function sleeps, so `waited` is what the
+/// invocations would wait on AWS; `cpu` is the CPU time of their own work on this thread, the
+/// in-memory services' work among it (standing in for the SDK's work of making the requests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Spent {
+    pub invocations: u64,
+    pub waited: Duration,
+    pub cpu: Duration,
+}
+
+impl std::ops::AddAssign for Spent {
+    fn add_assign(&mut self, other: Spent) {
+        self.invocations += other.invocations;
+        self.waited += other.waited;
+        self.cpu += other.cpu;
     }
 }
 
@@ -560,19 +600,22 @@ impl EventSourceMapping {
                 .then(|| event.clone());
             let handler = handler.clone();
             async move {
-                let result = invoke(handler.as_ref(), &event, &invocation, timeout).await;
+                let (result, mut spent) =
+                    invoke(handler.as_ref(), &event, &invocation, timeout).await;
                 if let (Ok(_), Some(again)) = (&result, duplicate) {
                     // The same batch once more, as a lost acknowledgement makes Lambda do.
-                    let _ = invoke(handler.as_ref(), &again, &invocation, timeout).await;
-                    return (result, true);
+                    let (_, again) = invoke(handler.as_ref(), &again, &invocation, timeout).await;
+                    spent += again;
+                    return (result, spent, true);
                 }
-                (result, false)
+                (result, spent, false)
             }
         });
         let results = futures::future::join_all(calls).await;
         let count = invocations.len();
-        for ((i, batch), (result, duplicated)) in invocations.into_iter().zip(results) {
+        for ((i, batch), (result, spent, duplicated)) in invocations.into_iter().zip(results) {
             self.stats.invocations += 1 + u64::from(duplicated);
+            self.stats.spent += spent;
             self.stats.duplicate_deliveries += u64::from(duplicated);
             self.stats.records_delivered += batch.len() as u64;
             let outcome = self.classify(&batch, result);

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{invoke, Event, Failed, MappingSettings, MappingStats, PAYLOAD_MAX_BYTES};
+use super::{invoke, Event, Failed, MappingSettings, MappingStats, Spent, PAYLOAD_MAX_BYTES};
 use crate::lambda::{Handler, Invocation};
 use crate::local::services::faults::{Fault, Faults};
 use crate::local::services::sqs::{Delivery, LocalSqs};
@@ -128,8 +128,9 @@ impl QueueMapping {
         if batch.is_empty() {
             return 0;
         }
-        let result = self.invoke(&batch, now).await;
+        let (result, spent) = self.invoke(&batch, now).await;
         self.stats.invocations += 1;
+        self.stats.spent += spent;
         self.stats.records_delivered += batch.len() as u64;
         let failed = self.failed(&batch, result);
         let mut done = batch.iter().filter(|d| !failed.contains(&d.receipt_handle));
@@ -146,7 +147,7 @@ impl QueueMapping {
         1
     }
 
-    async fn invoke(&self, batch: &[Delivery], now: i64) -> Result<Value, Failed> {
+    async fn invoke(&self, batch: &[Delivery], now: i64) -> (Result<Value, Failed>, Spent) {
         let arn = LocalSqs::queue_arn(&self.queue_url);
         let records: Vec<Value> = batch.iter().map(|d| sqs_record(d, &arn)).collect();
         let event = json!({ "Records": records }).to_string();

@@ -951,6 +951,8 @@ pub struct LocalDynamoDb {
     faults: super::faults::FaultPlan,
     /// How long after its TTL the TTL process deletes an item, in seconds.
     ttl_delay_secs: AtomicI64,
+    /// The latency of calls from functions, for every table, those made later included.
+    function_latency: Mutex<Option<Duration>>,
 }
 
 /// DynamoDB deletes an expired item "typically within a few days" of its expiry ("Using time to
@@ -965,6 +967,16 @@ impl LocalDynamoDb {
             clock,
             faults,
             ttl_delay_secs: AtomicI64::new(DEFAULT_TTL_DELAY.as_secs() as i64),
+            function_latency: Mutex::new(None),
+        }
+    }
+
+    /// Calls from function invocations to every table, now and to be made, take `latency`
+    /// (`Meter::set_function_latency`).
+    pub fn set_function_latency(&self, latency: Option<Duration>) {
+        *self.function_latency.lock().expect("latency lock") = latency;
+        for table in self.tables() {
+            table.meter().set_function_latency(latency);
         }
     }
 
@@ -994,6 +1006,8 @@ impl LocalDynamoDb {
             self.clock.clone(),
             faults,
         ));
+        let latency = *self.function_latency.lock().expect("latency lock");
+        table.meter().set_function_latency(latency);
         tables.insert(name.to_owned(), table.clone());
         table
     }

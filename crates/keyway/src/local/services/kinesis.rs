@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::faults::{Fault, Faults};
-use super::meter::Meter;
+use super::meter::{put_payload_units, Meter};
 use super::shards::{Arrived, ReshardError, ShardInfo, Shards};
 use crate::adapters::kinesis::{
     KinesisApi, PutEntry, PutOutcome, PUT_RECORDS_MAX, PUT_RECORDS_MAX_BYTES, RECORD_MAX_BYTES,
@@ -566,7 +566,12 @@ impl LocalKinesis {
         // Accounts the whole call, metering included (see `Meter::busy`).
         let _busy = self.meter.busy();
         let outcome = self.put(stream, entries);
-        self.meter.call("PutRecords", 0.0, 0.0).await;
+        // Billed whether or not a record was taken: a throttled record is billed as well.
+        let units = entries
+            .iter()
+            .map(|e| put_payload_units(e.data.len() + e.partition_key.len()))
+            .sum();
+        self.meter.billed_call("PutRecords", 0.0, 0.0, units).await;
         outcome
     }
 }

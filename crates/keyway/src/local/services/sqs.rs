@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::faults::{Fault, Faults};
-use super::meter::Meter;
+use super::meter::{sqs_requests, Meter};
 use crate::adapters::sqs::{
     SqsApi, SqsEntry, SqsOutcome, BATCH_MAX_BYTES, BATCH_MAX_ENTRIES, OUTPUT_ID_ATTRIBUTE,
 };
@@ -498,7 +498,10 @@ impl SqsApi for LocalSqs {
         // Accounts the whole call, metering included (see `Meter::busy`).
         let _busy = self.meter.busy();
         let outcome = self.send(queue_url, entries);
-        self.meter.call("SendMessageBatch", 0.0, 0.0).await;
+        let size = entries.iter().map(|e| e.body.len()).sum();
+        self.meter
+            .billed_call("SendMessageBatch", 0.0, 0.0, sqs_requests(size))
+            .await;
         outcome
     }
 }
