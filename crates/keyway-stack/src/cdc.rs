@@ -282,8 +282,11 @@ pub fn state_rows(items: &[Item], operator: &str, slots: &[&str]) -> usize {
     });
     heads
         .map(|i| {
-            let doc = i.get("doc").and_then(|v| v.as_s()).unwrap_or_default();
-            let doc: Value = serde_json::from_str(doc).unwrap_or_default();
+            let doc = keyway::adapters::dynamodb::stored_text::read(i.get("doc"), "{}", "doc");
+            let doc: Value = doc
+                .ok()
+                .and_then(|text| serde_json::from_str(&text).ok())
+                .unwrap_or_default();
             slots
                 .iter()
                 .map(|s| {

@@ -55,3 +55,19 @@ impl LocalRuntime {
         usage
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_runs_that_invoked_and_waited_alike_spent_the_same_whatever_their_cpu_time() {
+        let spent = |waited: u64, cpu: u64| Spent {
+            invocations: 3,
+            waited: Duration::from_millis(waited),
+            cpu: Duration::from_micros(cpu),
+        };
+        assert_eq!(spent(20, 470), spent(20, 530));
+        assert_ne!(spent(20, 470), spent(25, 470));
+    }
+}

@@ -16,6 +16,7 @@ use async_trait::async_trait;
 pub use hot_keys::{AdaptivePartitioner, HotKeyRegistry};
 pub use read_only::ReadOnlyTable;
 pub use sdk::{item_from_sdk, item_to_sdk, sdk_store_error, SdkTable};
+pub use store::text as stored_text;
 pub use store::{
     DynamoStateStore, HEAD_INLINE_LIMIT, LINEAGES_PER_COMMIT, SEGMENT_TARGET, TOKENS_KEPT,
     WATERMARKS_INLINE,

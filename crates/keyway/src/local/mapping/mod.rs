@@ -385,12 +385,22 @@ pub(crate) async fn invoke(
 /// `LocalServices::set_function_latency`) or the function sleeps, so `waited` is what the
 /// invocations would wait on AWS; `cpu` is the CPU time of their own work on this thread, the
 /// in-memory services' work among it (standing in for the SDK's work of making the requests).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Spent {
     pub invocations: u64,
     pub waited: Duration,
     pub cpu: Duration,
 }
+
+/// Two runs that did the same spent the same: the CPU time is a measurement of this machine,
+/// which differs between two runs of one seed, and is left out.
+impl PartialEq for Spent {
+    fn eq(&self, other: &Self) -> bool {
+        (self.invocations, self.waited) == (other.invocations, other.waited)
+    }
+}
+
+impl Eq for Spent {}
 
 impl std::ops::AddAssign for Spent {
     fn add_assign(&mut self, other: Spent) {

@@ -101,11 +101,15 @@ fn head_item(pk: &str, version: u64, text: String, ttl: Option<i64>) -> Result<I
     if let Some(t) = ttl {
         item.insert(TTL.to_owned(), AttrValue::N(number(t)));
     }
+    // Measured as text, as segments are (`layout::make_segment`).
     let size = item_size(&item);
     if size > ITEM_MAX_BYTES {
         return Err(StoreError::Invalid(format!(
             "the head of {pk} is {size} bytes even with every entry in segments"
         )));
+    }
+    if let Some(AttrValue::S(text)) = item.remove(DOC) {
+        item.insert(DOC.to_owned(), super::text::stored(text));
     }
     Ok(item)
 }

@@ -4,9 +4,9 @@
 //!
 //! | item      | pk                              | sk                      | attributes                          |
 //! |-----------|---------------------------------|-------------------------|-------------------------------------|
-//! | head      | `{operator}#{signature}#{key}`  | `head`                  | `v` (N), `doc` (S), `ttl` (N)       |
-//! | segment   | same as its head                | `seg#{slot}#{id:016x}`  | `e` (S), `ttl` (N)                  |
-//! | outbox    | same as its head                | `ob#{id:016x}`          | `e` (S)                             |
+//! | head      | `{operator}#{signature}#{key}`  | `head`                  | `v` (N), `doc` (S/B), `ttl` (N)     |
+//! | segment   | same as its head                | `seg#{slot}#{id:016x}`  | `e` (S/B), `ttl` (N)                |
+//! | outbox    | same as its head                | `ob#{id:016x}`          | `e` (S/B)                           |
 //! | watermark | same as its head                | `wm#{lineage}`          | `s` (S), `t` (N), `ttl` (N)         |
 //!
 //! Beside the keys' items, the due-time index of their timers (`timers`).
@@ -18,7 +18,8 @@
 //!   structure is never read under this one, and ages out by TTL.
 //! - The head holds everything small about a key — version, recent watermarks, slots' inline
 //!   entries, the outbox — so the common batch costs one read and one conditional write per key.
-//!   It is JSON text (`doc`): cheap to write, readable in the console.
+//!   It is JSON text (`doc`): cheap to write, readable in the console; above a KB it is stored
+//!   deflated (`text`), as segments are, since DynamoDB bills a write by the item's bytes.
 //! - Entries that do not fit the head (above `HEAD_INLINE_LIMIT`) move to immutable segment items
 //!   under the same partition key, the outbox's as the slots'. Segments are written before the
 //!   head that references them and never changed, so the conditional write of the head alone
@@ -67,6 +68,7 @@ mod commit;
 mod head;
 mod io;
 mod layout;
+pub mod text;
 mod timers;
 mod watermarks;
 
@@ -220,8 +222,8 @@ fn pending_of(item: &Item) -> Vec<String> {
 /// A head item parsed: its version and doc.
 fn parse_head(item: &Item) -> Result<(u64, HeadDoc), StoreError> {
     let version = number(item, VERSION)?.unwrap_or(0) as u64;
-    let text = item.get(DOC).and_then(AttrValue::as_s).unwrap_or("{}");
-    let doc: HeadDoc = serde_json::from_str(text)
+    let text = text::read(item.get(DOC), "{}", "the head's doc")?;
+    let doc: HeadDoc = serde_json::from_str(&text)
         .map_err(|e| StoreError::Corrupt(format!("head doc does not parse: {e}")))?;
     Ok((version, doc))
 }
@@ -238,8 +240,8 @@ fn list_entries(
         let item = items.get(&key).ok_or_else(|| {
             StoreError::Corrupt(format!("segment {} of {} is missing", key.sk, key.pk))
         })?;
-        let text = item.get(ENTRIES).and_then(AttrValue::as_s).unwrap_or("[]");
-        let mut part: Vec<Box<RawValue>> = serde_json::from_str(text)
+        let text = text::read(item.get(ENTRIES), "[]", &format!("segment {}", key.sk))?;
+        let mut part: Vec<Box<RawValue>> = serde_json::from_str(&text)
             .map_err(|e| StoreError::Corrupt(format!("segment {} does not parse: {e}", key.sk)))?;
         entries.append(&mut part);
     }
@@ -489,14 +491,22 @@ mod tests {
         assert_eq!(partition_key(&ns, &longest), format!("op#abc#{longest}"));
     }
 
-    #[tokio::test]
-    async fn only_a_head_stored_under_its_keys_hash_spells_out_the_key() {
+    type LocalStore = DynamoStateStore<crate::local::LocalTable>;
+
+    /// A namespace, and a store on an in-memory table.
+    fn store_on_a_table() -> (Namespace, Arc<crate::local::LocalTable>, LocalStore) {
         let ns = Namespace {
             operator: "op".into(),
             signature: "abc".into(),
         };
         let table = Arc::new(crate::local::LocalTable::new());
         let store = DynamoStateStore::new(table.clone(), crate::ports::ManualClock::at(0));
+        (ns, table, store)
+    }
+
+    #[tokio::test]
+    async fn only_a_head_stored_under_its_keys_hash_spells_out_the_key() {
+        let (ns, table, store) = store_on_a_table();
         let mut state = KeyState::default();
         state.slots.insert(
             "n".into(),
@@ -518,5 +528,40 @@ mod tests {
             let (_, doc) = parse_head(&head).unwrap();
             assert_eq!(doc.key.is_some(), spelled, "a key of {len} bytes");
         }
+    }
+
+    #[tokio::test]
+    async fn a_state_of_records_above_a_kb_is_written_deflated_for_a_fraction_of_its_units() {
+        let (ns, table, store) = store_on_a_table();
+        // 200 records of one shape, about 13 KB of JSON: 14 write units as text.
+        let records: Vec<Box<RawValue>> = (0..200)
+            .map(|i| {
+                let record = format!(
+                    r#"{{"eventName":"AssumeRole","eventSource":"sts.amazonaws.com","n":{i}}}"#
+                );
+                RawValue::from_string(record).unwrap()
+            })
+            .collect();
+        let text_bytes: usize = records.iter().map(|r| r.get().len()).sum();
+        assert!(text_bytes > 12 * 1024, "{text_bytes}");
+        let mut state = KeyState::default();
+        state
+            .slots
+            .insert("buffer".into(), SlotData::fresh(records.clone()));
+        let results = store.commit(&ns, vec![Commit::new("k", 0, state)]).await;
+        assert!(results[0].is_ok(), "{results:?}");
+        let units = table.meter().snapshot().write_units;
+        assert!(
+            units <= 4.0,
+            "{units} write units for {text_bytes} bytes of records"
+        );
+        let head_key = DynamoStateStore::<crate::local::LocalTable>::head_key(&ns, "k");
+        let head = table.get(&head_key).await.unwrap().unwrap();
+        assert!(matches!(head.get(DOC), Some(AttrValue::B(_))), "deflated");
+        let loaded = store.load(&ns, &["k".to_owned()]).await.unwrap();
+        let entries = &loaded["k"].slots["buffer"].entries;
+        let read: Vec<&str> = entries.iter().map(|e| e.get()).collect();
+        let written: Vec<&str> = records.iter().map(|e| e.get()).collect();
+        assert_eq!(read, written, "the records read back as written");
     }
 }
