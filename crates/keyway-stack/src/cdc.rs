@@ -212,7 +212,9 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     let dead_letters = services.sqs.create_queue("cdc-dead-letters");
     let env = environment(&settings.spec, &dead_letters);
     let mut runtime = LocalRuntime::new(services.clone());
-    let mapping = (settings.metering).mapping(stack_mapping(settings.batch_size, settings.lanes));
+    let mapping = settings
+        .metering
+        .mapping(stack_mapping(settings.batch_size, settings.lanes));
     settings.metering.apply(&services);
     let source = |stream: &str| MappingSource::Kinesis {
         kinesis: services.kinesis.clone(),
