@@ -298,7 +298,8 @@ fn app_cost(app: App, batching: Option<Batching>, args: &CostArgs) -> Result<App
     let (per_1000_events, dollars) = priced(&usage, args.events, &args.prices, &args.assumptions);
     let a = &args.assumptions;
     let kpus = flink_kpus(a.events_per_second, a);
-    let an_hour = schedules_an_hour(&usage, &args.prices, a);
+    // The schedules' cost an hour, which `priced` spread over the assumed rate.
+    let an_hour = dollars.schedules * a.million_events_an_hour();
     let per_million = dollars.total - dollars.schedules;
     Ok(AppCost {
         app: app.name(),

@@ -530,6 +530,29 @@ mod tests {
             .collect()
     }
 
+    /// A cost report bills each application its own schedules, found by their functions'
+    /// names: a schedule the template adds must belong to one application.
+    #[tokio::test(start_paused = true)]
+    async fn every_schedule_of_the_stack_is_billed_to_exactly_one_application() {
+        let runtime = deploy(
+            &[],
+            &[],
+            &BTreeMap::new(),
+            FaultPlan::default(),
+            &Metering::default(),
+        )
+        .expect("the stack deploys");
+        let schedules = runtime.schedules();
+        assert!(!schedules.is_empty());
+        for (name, _) in schedules {
+            let owners: Vec<App> = App::ALL
+                .into_iter()
+                .filter(|app| app.owns_schedule(&name))
+                .collect();
+            assert_eq!(owners.len(), 1, "{name}: {owners:?}");
+        }
+    }
+
     #[test]
     fn an_output_missing_sent_with_another_body_or_unknown_is_lost_applied_twice_or_extra() {
         let clean = sent(&[("a", &["1"]), ("b", &["2"]), ("c", &["3"])]);

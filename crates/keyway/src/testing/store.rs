@@ -1152,7 +1152,7 @@ async fn lost_responses<T: Table + 'static>(
     }
     let head_key = DynamoStateStore::<T>::head_key(ns, "lost");
     let head = store.table().get(&head_key).await.unwrap().unwrap();
-    let text = crate::adapters::dynamodb::stored_text::read(head.get("doc"), "{}", "doc");
+    let text = crate::adapters::dynamodb::stored_text::read(&head, "doc", "{}", "doc");
     let doc: serde_json::Value = serde_json::from_str(&text.unwrap()).expect("the head's doc");
     assert_eq!(doc["tk"].as_array().map(Vec::len), Some(TOKENS_KEPT));
 }

@@ -109,7 +109,7 @@ fn head_item(pk: &str, version: u64, text: String, ttl: Option<i64>) -> Result<I
         )));
     }
     if let Some(AttrValue::S(text)) = item.remove(DOC) {
-        item.insert(DOC.to_owned(), super::text::stored(text));
+        super::text::store(&mut item, DOC, text);
     }
     Ok(item)
 }

@@ -268,7 +268,7 @@ fn make_segment(
         )));
     }
     if let Some(AttrValue::S(text)) = item.remove(ENTRIES) {
-        item.insert(ENTRIES.to_owned(), super::text::stored(text));
+        super::text::store(&mut item, ENTRIES, text);
     }
     layout.segment_puts.push(item);
     Ok(Segment {
@@ -309,7 +309,7 @@ mod tests {
         // Measured as text; stored deflated.
         let stored = &layout.segment_puts[0];
         assert!(item_size(stored) < ITEM_MAX_BYTES / 100);
-        let text = super::super::text::read(stored.get(ENTRIES), "[]", "e").unwrap();
+        let text = super::super::text::read(stored, ENTRIES, "[]", "e").unwrap();
         assert_eq!(text.len(), exact + 2, "the entry, in brackets");
         let over = make_segment("pk", &name, &[entry(exact + 1)], None, &mut layout);
         assert!(matches!(over, Err(StoreError::Invalid(_))), "{over:?}");

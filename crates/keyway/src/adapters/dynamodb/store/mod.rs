@@ -4,9 +4,9 @@
 //!
 //! | item      | pk                              | sk                      | attributes                          |
 //! |-----------|---------------------------------|-------------------------|-------------------------------------|
-//! | head      | `{operator}#{signature}#{key}`  | `head`                  | `v` (N), `doc` (S/B), `ttl` (N)     |
-//! | segment   | same as its head                | `seg#{slot}#{id:016x}`  | `e` (S/B), `ttl` (N)                |
-//! | outbox    | same as its head                | `ob#{id:016x}`          | `e` (S/B)                           |
+//! | head      | `{operator}#{signature}#{key}`  | `head`                  | `v` (N), `doc` (S), `ttl` (N)       |
+//! | segment   | same as its head                | `seg#{slot}#{id:016x}`  | `e` (S), `ttl` (N)                  |
+//! | outbox    | same as its head                | `ob#{id:016x}`          | `e` (S)                             |
 //! | watermark | same as its head                | `wm#{lineage}`          | `s` (S), `t` (N), `ttl` (N)         |
 //!
 //! Beside the keys' items, the due-time index of their timers (`timers`).
@@ -19,7 +19,8 @@
 //! - The head holds everything small about a key — version, recent watermarks, slots' inline
 //!   entries, the outbox — so the common batch costs one read and one conditional write per key.
 //!   It is JSON text (`doc`): cheap to write, readable in the console; above a KB it is stored
-//!   deflated (`text`), as segments are, since DynamoDB bills a write by the item's bytes.
+//!   deflated beside (`docz`, B; see `text`), as segments' entries are (`ez`), since DynamoDB
+//!   bills a write by the item's bytes.
 //! - Entries that do not fit the head (above `HEAD_INLINE_LIMIT`) move to immutable segment items
 //!   under the same partition key, the outbox's as the slots'. Segments are written before the
 //!   head that references them and never changed, so the conditional write of the head alone
@@ -222,7 +223,7 @@ fn pending_of(item: &Item) -> Vec<String> {
 /// A head item parsed: its version and doc.
 fn parse_head(item: &Item) -> Result<(u64, HeadDoc), StoreError> {
     let version = number(item, VERSION)?.unwrap_or(0) as u64;
-    let text = text::read(item.get(DOC), "{}", "the head's doc")?;
+    let text = text::read(item, DOC, "{}", "the head's doc")?;
     let doc: HeadDoc = serde_json::from_str(&text)
         .map_err(|e| StoreError::Corrupt(format!("head doc does not parse: {e}")))?;
     Ok((version, doc))
@@ -240,7 +241,7 @@ fn list_entries(
         let item = items.get(&key).ok_or_else(|| {
             StoreError::Corrupt(format!("segment {} of {} is missing", key.sk, key.pk))
         })?;
-        let text = text::read(item.get(ENTRIES), "[]", &format!("segment {}", key.sk))?;
+        let text = text::read(item, ENTRIES, "[]", &format!("segment {}", key.sk))?;
         let mut part: Vec<Box<RawValue>> = serde_json::from_str(&text)
             .map_err(|e| StoreError::Corrupt(format!("segment {} does not parse: {e}", key.sk)))?;
         entries.append(&mut part);
@@ -557,7 +558,10 @@ mod tests {
         );
         let head_key = DynamoStateStore::<crate::local::LocalTable>::head_key(&ns, "k");
         let head = table.get(&head_key).await.unwrap().unwrap();
-        assert!(matches!(head.get(DOC), Some(AttrValue::B(_))), "deflated");
+        assert!(
+            matches!(head.get("docz"), Some(AttrValue::B(_))),
+            "deflated"
+        );
         let loaded = store.load(&ns, &["k".to_owned()]).await.unwrap();
         let entries = &loaded["k"].slots["buffer"].entries;
         let read: Vec<&str> = entries.iter().map(|e| e.get()).collect();
