@@ -1,6 +1,7 @@
 //! The materialized view in DynamoDB, written as the join's sink: each joined change is a put of
 //! its row under the condition that it raises the row's rank (`view::rank`), so changes apply in
-//! any order and any number of times and the table ends as `view::View` does. Built on the
+//! any order and any number of times and the table ends as `view::View` does. Of a row's changes
+//! in one send, only the latest is written: the others could only lose to it. Built on the
 //! runtime's `Table`: the same code writes DynamoDB and the embedded runtime's table.
 //!
 //! Layout (`pk`, `sk`): the left row's primary key, the right row's (`-` for a left row without a
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use keyway::adapters::dynamodb::{apply_each, Expect, ItemKey, Table, ITEM_MAX_BYTES, TTL};
+use keyway::adapters::dynamodb::{apply_latest, Expect, ItemKey, Table, ITEM_MAX_BYTES, TTL};
 use keyway::adapters::retry::Backoff;
 use keyway::domain::{AttrValue, Item, Output, RowChange};
 use keyway::ports::{Clock, Sink, SinkError, StoreError};
@@ -129,9 +130,15 @@ pub fn joined_of(item: &Item) -> Result<Option<Joined>, StoreError> {
 #[async_trait]
 impl Sink for ViewTable {
     async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
-        apply_each(messages, "a joined change", |stamped: Stamped| async move {
-            self.apply(&stamped).await
-        })
+        // A row's changes in one batch come down to its latest: an update of a row that keeps
+        // its join key is a delete and an insert of it, one write instead of two.
+        let order = |stamped: &Stamped| (stamped.change.row().id(), rank(stamped));
+        apply_latest(
+            messages,
+            "a joined change",
+            order,
+            |stamped: Stamped| async move { self.apply(&stamped).await },
+        )
         .await
     }
 
@@ -212,5 +219,32 @@ mod tests {
         assert_eq!(rows(&table), 1);
         let item = &table.items()[0];
         assert_eq!(item[RANK].as_s(), Some(rank(&change(true, "30")).as_str()));
+    }
+
+    fn output(stamped: &Stamped) -> Output {
+        Output {
+            id: keyway::domain::OutputId(rank(stamped)),
+            sink: "view".into(),
+            partition_key: "1".into(),
+            body: serde_json::to_string(stamped).unwrap(),
+            settled: false,
+        }
+    }
+
+    /// An update of a joined row is its delete and its insert: sent together, only the insert
+    /// is written, and the row ends as it would have after both.
+    #[tokio::test]
+    async fn an_update_of_a_joined_row_sent_at_once_costs_one_write() {
+        let table = Arc::new(LocalTable::new());
+        let clock = ManualClock::at(1_767_225_600_000);
+        let view = ViewTable::new(table.clone(), clock, Duration::from_secs(3600));
+        let update = [output(&change(false, "20")), output(&change(true, "20"))];
+        assert!(view.send(&update).await.is_empty());
+        assert_eq!(table.meter().snapshot().write_units, 1.0);
+        assert_eq!(rows(&table), 1);
+        assert_eq!(
+            table.items()[0][RANK].as_s(),
+            Some(rank(&change(true, "20")).as_str())
+        );
     }
 }

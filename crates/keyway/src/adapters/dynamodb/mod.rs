@@ -21,7 +21,7 @@ pub use store::{
     DynamoStateStore, HEAD_INLINE_LIMIT, LINEAGES_PER_COMMIT, SEGMENT_TARGET, TOKENS_KEPT,
     WATERMARKS_INLINE,
 };
-pub use table_sink::apply_each;
+pub use table_sink::{apply_each, apply_latest};
 
 use crate::domain::{AttrValue, Item};
 use crate::ports::StoreError;

@@ -1,8 +1,12 @@
 //! What every sink that writes a table does with a batch of outputs: read each body as the change
 //! it carries and apply it, one after another, each failure reported with whether a retry can
-//! help. The filter state and the CDC view are such sinks.
+//! help. The filter state applies every change in order (`apply_each`); the CDC view, whose
+//! writes are conditional on raising a row's rank, applies only the latest change of each row
+//! (`apply_latest`).
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::hash::Hash;
 
 use serde::de::DeserializeOwned;
 
@@ -25,17 +29,86 @@ where
     for (i, message) in messages.iter().enumerate() {
         let outcome = match serde_json::from_str::<T>(&message.body) {
             Err(e) => Err(SinkError::Rejected(format!("not {what}: {e}"))),
-            Ok(change) => apply(change).await.map_err(|e| match e {
-                StoreError::Invalid(why) => SinkError::Rejected(why),
-                StoreError::Throttled(why) => SinkError::Throttled(why),
-                other => SinkError::Unavailable(other.to_string()),
-            }),
+            Ok(change) => apply(change).await.map_err(sink_error),
         };
         if let Err(e) = outcome {
             failed.push((i, e));
         }
     }
     failed
+}
+
+/// Applies, of the bodies of `messages` read as `T`, only the latest change of each row: `order`
+/// says which row a change is of and its rank there, greater being later. For a table whose
+/// writes are conditional on raising a row's rank, the row ends as if every change had been
+/// applied, in any order, and costs one write instead of one a change (an update of a joined row
+/// is a delete and an insert of it). A failure fails every message of its row: each is sent
+/// again, or dead-lettered, with the one that stood for them.
+pub async fn apply_latest<T, K, R, O, F, Fut>(
+    messages: &[Output],
+    what: &str,
+    order: O,
+    mut apply: F,
+) -> Vec<(usize, SinkError)>
+where
+    T: DeserializeOwned,
+    K: Eq + Hash,
+    R: Ord,
+    O: Fn(&T) -> (K, R),
+    F: FnMut(T) -> Fut,
+    Fut: Future<Output = Result<(), StoreError>>,
+{
+    struct Latest<T, R> {
+        change: T,
+        rank: R,
+        messages: Vec<usize>,
+    }
+    let mut failed = Vec::new();
+    let mut rows: HashMap<K, usize> = HashMap::new();
+    let mut latest: Vec<Latest<T, R>> = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        let change = match serde_json::from_str::<T>(&message.body) {
+            Ok(change) => change,
+            Err(e) => {
+                failed.push((i, SinkError::Rejected(format!("not {what}: {e}"))));
+                continue;
+            }
+        };
+        let (row, rank) = order(&change);
+        match rows.get(&row) {
+            Some(&at) => {
+                let held = &mut latest[at];
+                held.messages.push(i);
+                if rank > held.rank {
+                    (held.change, held.rank) = (change, rank);
+                }
+            }
+            None => {
+                rows.insert(row, latest.len());
+                latest.push(Latest {
+                    change,
+                    rank,
+                    messages: vec![i],
+                });
+            }
+        }
+    }
+    for held in latest {
+        if let Err(e) = apply(held.change).await.map_err(sink_error) {
+            failed.extend(held.messages.into_iter().map(|i| (i, e.clone())));
+        }
+    }
+    failed.sort_by_key(|(i, _)| *i);
+    failed
+}
+
+/// A store error as the sink error that says whether to retry.
+fn sink_error(e: StoreError) -> SinkError {
+    match e {
+        StoreError::Invalid(why) => SinkError::Rejected(why),
+        StoreError::Throttled(why) => SinkError::Throttled(why),
+        other => SinkError::Unavailable(other.to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -79,5 +152,56 @@ mod tests {
             failed.iter().map(|(i, e)| (*i, e.is_retryable())).collect();
         assert_eq!(failures, [(1, false), (2, true), (3, false)]);
         assert!(failed[0].1.to_string().contains("not a number"));
+    }
+
+    /// Bodies "row:rank": the latest of each row stands for the others.
+    fn row_and_rank(body: &String) -> (String, u32) {
+        let (row, rank) = body.split_once(':').expect("row:rank");
+        (row.to_owned(), rank.parse().expect("a rank"))
+    }
+
+    #[tokio::test]
+    async fn only_the_highest_ranked_change_of_each_row_is_applied_in_the_order_rows_first_came() {
+        let messages = [
+            output("\"a:1\""),
+            output("\"b:5\""),
+            output("\"a:3\""),
+            output("\"a:2\""),
+            output("\"c:1\""),
+        ];
+        let mut applied = Vec::new();
+        let failed = apply_latest(&messages, "a change", row_and_rank, |body: String| {
+            applied.push(body);
+            async { Ok(()) }
+        })
+        .await;
+        assert!(failed.is_empty());
+        assert_eq!(applied, ["a:3", "b:5", "c:1"]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_fails_every_message_of_its_row_and_an_unreadable_body_fails_alone() {
+        let messages = [
+            output("\"a:1\""),
+            output("\"b:1\""),
+            output("not json"),
+            output("\"a:2\""),
+        ];
+        let failed = apply_latest(
+            &messages,
+            "a change",
+            row_and_rank,
+            |body: String| async move {
+                match body.as_str() {
+                    "a:2" => Err(StoreError::Throttled("slow down".into())),
+                    _ => Ok(()),
+                }
+            },
+        )
+        .await;
+        let failures: Vec<(usize, bool)> =
+            failed.iter().map(|(i, e)| (*i, e.is_retryable())).collect();
+        assert_eq!(failures, [(0, true), (2, false), (3, true)]);
+        assert!(failed[1].1.to_string().contains("not a change"));
     }
 }
