@@ -8,14 +8,16 @@
 
 use crate::error::CliError;
 use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
 use keyed_counter::KeyedCounter;
+use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::domain::DeadLetter;
 use keyway::lambda::Platform;
-use keyway::local::{FaultPlan, LocalRuntime, LocalServices, MappingStats};
+use keyway::local::{FaultPlan, LocalRuntime, LocalServices, LocalTable, MappingStats};
 use keyway::ports::Namespace;
 use keyway::KeyedOperator;
 
@@ -36,6 +38,13 @@ pub struct DemoOptions {
     pub cdc_changes: usize,
     /// Events a second of the skew section.
     pub skew_rate: u32,
+    /// The file the functions' log lines go to, named at the end.
+    pub log: PathBuf,
+}
+
+/// Where the demo's log lines go unless `--log` says.
+pub fn default_log() -> PathBuf {
+    std::env::temp_dir().join("keyway-demo.log")
 }
 
 pub fn run(options: DemoOptions) -> Result<(), CliError> {
@@ -47,6 +56,7 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
     let identity_records = options.identity_records;
     let (filter_events, faults, seed) = (options.filter_events, options.faults, options.seed);
     let (cdc_changes, skew_rate) = (options.cdc_changes, options.skew_rate);
+    let log = options.log.clone();
     runtime.block_on(async {
         demo(options).await?;
         if identity_records > 0 {
@@ -61,8 +71,13 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
         if skew_rate > 0 {
             crate::demo_skew::run(skew_rate, faults, seed).await?;
         }
-        Ok(())
-    })
+        Ok::<(), CliError>(())
+    })?;
+    let lines = std::fs::read_to_string(&log)
+        .map(|text| text.lines().count())
+        .unwrap_or(0);
+    println!("\nlog: {lines} lines, in {}", log.display());
+    Ok(())
 }
 
 async fn demo(options: DemoOptions) -> Result<(), CliError> {
@@ -163,12 +178,29 @@ async fn demo(options: DemoOptions) -> Result<(), CliError> {
         "what each function did, in {:.0} s of virtual time",
         virtual_time.as_secs_f64()
     );
-    for mapping in runtime.mappings() {
+    // The counter's section drives only its own stream: the stack's other functions run in the
+    // sections after it.
+    let (ran, idle): (Vec<_>, Vec<_>) = runtime
+        .mappings()
+        .iter()
+        .partition(|m| m.stats().invocations > 0);
+    for mapping in ran {
         print_mapping(&mapping.name, mapping.stats());
+    }
+    if !idle.is_empty() {
+        println!(
+            "  (the stack's {} other event sources had nothing to read here: their sections follow)",
+            idle.len()
+        );
     }
     println!("\nwhat came out");
     println!("  CountsQueue         {:>8} messages, {} distinct output ids (a retry repeats an id, never a count)", counts.len(), distinct.len());
-    println!("  DeadLetterQueue     {:>8} messages", dead.len());
+    let dead_ids: HashSet<&str> = dead.iter().filter_map(|m| m.output_id.as_deref()).collect();
+    println!(
+        "  DeadLetterQueue     {:>8} messages, {} distinct ids (a batch retried after a fault sends its dead letters again, under the same ids)",
+        dead.len(),
+        dead_ids.len()
+    );
     if let Some(first) = dead.first() {
         println!("                      first: {}", reason(&first.body));
     }
@@ -176,18 +208,12 @@ async fn demo(options: DemoOptions) -> Result<(), CliError> {
         "  FailedBatchesQueue  {:>8} messages (batches given up: none while retries last)",
         failed.len()
     );
-    let state_items = services
-        .dynamodb
-        .table(&table)
-        .map(|t| t.len())
-        .unwrap_or(0);
     println!(
-        "  StateTable          {:>8} items, one per user",
-        state_items
+        "  StateTable          {}",
+        state_items(&services, &table, &namespace, &expected)
     );
     println!("\nverification");
     let malformed = records.len() - expected.values().sum::<u64>() as usize;
-    let dead_ids: HashSet<&str> = dead.iter().filter_map(|m| m.output_id.as_deref()).collect();
     if mismatches == 0 && distinct.len() == records.len() - malformed && dead_ids.len() == malformed
     {
         println!("  every one of the {} users' counts equals its clicks in the input; every valid click left", expected.len());
@@ -201,6 +227,39 @@ async fn demo(options: DemoOptions) -> Result<(), CliError> {
             dead_ids.len()
         ).into())
     }
+}
+
+/// The state table's items, counted as what they are: a head for each user the counter stored,
+/// and the items of the operator's own (its signature history, which says what state structures
+/// it has used).
+fn state_items(
+    services: &LocalServices,
+    table: &str,
+    namespace: &Namespace,
+    users: &BTreeMap<String, u64>,
+) -> String {
+    let items = services
+        .dynamodb
+        .table(table)
+        .map(|t| t.items())
+        .unwrap_or_default();
+    let heads: HashSet<String> = users
+        .keys()
+        .map(|user| DynamoStateStore::<LocalTable>::head_key(namespace, user).pk)
+        .collect();
+    let of_users = items
+        .iter()
+        .filter(|item| {
+            item.get("pk")
+                .and_then(|v| v.as_s())
+                .is_some_and(|pk| heads.contains(pk))
+        })
+        .count();
+    format!(
+        "{:>8} items: a head for each of {of_users} users, and {} of the operator's own (its signature history)",
+        items.len(),
+        items.len() - of_users
+    )
 }
 
 pub(crate) fn print_mapping(name: &str, s: &MappingStats) {

@@ -92,6 +92,10 @@ enum Command {
         /// (0 leaves the section out).
         #[arg(long, default_value_t = 1_000)]
         skew_rate: u32,
+        /// Where the functions' log lines go, so that none comes between the lines of the
+        /// summary (keyway-demo.log in the system's temporary directory if left out).
+        #[arg(long)]
+        log: Option<std::path::PathBuf>,
     },
     /// Traces CloudTrail records to their original actors: the identity enricher of
     /// template.yaml on the embedded runtime. Enriched records go to standard output as JSON
@@ -417,15 +421,34 @@ fn bench(which: BenchCommand) -> Result<(), error::CliError> {
     }
 }
 
+/// Log lines (warnings, unless `KEYWAY_LOG` says otherwise) go to standard error, or to `file`.
+fn init_logging(file: Option<&std::path::Path>) -> Result<(), error::CliError> {
+    let logs = tracing_subscriber::fmt().with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_env("KEYWAY_LOG").unwrap_or_else(|_| "warn".into()),
+    );
+    match file {
+        Some(path) => {
+            let file = std::fs::File::create(path)
+                .map_err(|e| format!("--log {}: {e}", path.display()))?;
+            logs.with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .init();
+        }
+        None => logs.with_writer(std::io::stderr).init(),
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KEYWAY_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let log_file = match &cli.command {
+        Command::Demo { log, .. } => Some(log.clone().unwrap_or_else(demo::default_log)),
+        _ => None,
+    };
+    if let Err(err) = init_logging(log_file.as_deref()) {
+        eprintln!("keyway: {err}");
+        return std::process::ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Demo {
             events,
@@ -435,6 +458,7 @@ fn main() -> std::process::ExitCode {
             filter_events,
             cdc_changes,
             skew_rate,
+            log: _,
         } => demo::run(demo::DemoOptions {
             events,
             faults,
@@ -443,6 +467,7 @@ fn main() -> std::process::ExitCode {
             filter_events,
             cdc_changes,
             skew_rate,
+            log: log_file.unwrap_or_else(demo::default_log),
         }),
         Command::Signatures {
             check,
