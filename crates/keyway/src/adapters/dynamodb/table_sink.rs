@@ -155,7 +155,7 @@ mod tests {
     }
 
     /// Bodies "row:rank": the latest of each row stands for the others.
-    fn row_and_rank(body: &String) -> (String, u32) {
+    fn row_and_rank(body: &str) -> (String, u32) {
         let (row, rank) = body.split_once(':').expect("row:rank");
         (row.to_owned(), rank.parse().expect("a rank"))
     }
@@ -170,10 +170,15 @@ mod tests {
             output("\"c:1\""),
         ];
         let mut applied = Vec::new();
-        let failed = apply_latest(&messages, "a change", row_and_rank, |body: String| {
-            applied.push(body);
-            async { Ok(()) }
-        })
+        let failed = apply_latest(
+            &messages,
+            "a change",
+            |b: &String| row_and_rank(b),
+            |body: String| {
+                applied.push(body);
+                async { Ok(()) }
+            },
+        )
         .await;
         assert!(failed.is_empty());
         assert_eq!(applied, ["a:3", "b:5", "c:1"]);
@@ -190,7 +195,7 @@ mod tests {
         let failed = apply_latest(
             &messages,
             "a change",
-            row_and_rank,
+            |b: &String| row_and_rank(b),
             |body: String| async move {
                 match body.as_str() {
                     "a:2" => Err(StoreError::Throttled("slow down".into())),
