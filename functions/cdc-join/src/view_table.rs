@@ -247,4 +247,27 @@ mod tests {
             Some(rank(&change(true, "20")).as_str())
         );
     }
+
+    /// Rows of a batch are written at once: their writes start together, not a round trip after
+    /// another.
+    #[tokio::test(start_paused = true)]
+    async fn the_rows_of_a_batch_are_written_in_a_few_round_trips_not_one_each() {
+        let table = Arc::new(LocalTable::new());
+        table.meter().set_latency(Some(Duration::from_millis(5)));
+        let clock = ManualClock::at(1_767_225_600_000);
+        let view = ViewTable::new(table.clone(), clock, Duration::from_secs(3600));
+        let changes: Vec<Output> = (0..20)
+            .map(|i| {
+                let mut stamped = change(true, "30");
+                if let RowChange::Insert(joined) = &mut stamped.change {
+                    joined.left_pk = i.to_string();
+                }
+                output(&stamped)
+            })
+            .collect();
+        assert!(view.send(&changes).await.is_empty());
+        assert_eq!(rows(&table), 20);
+        let waves = table.meter().snapshot().waves;
+        assert!(waves <= 2, "{waves} round trips for 20 rows");
+    }
 }

@@ -1,13 +1,14 @@
 //! What every sink that writes a table does with a batch of outputs: read each body as the change
 //! it carries and apply it, one after another, each failure reported with whether a retry can
 //! help. The filter state applies every change in order (`apply_each`); the CDC view, whose
-//! writes are conditional on raising a row's rank, applies only the latest change of each row
-//! (`apply_latest`).
+//! writes are conditional on raising a row's rank, applies only the latest change of each row,
+//! rows at once (`apply_latest`).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
 
+use futures::stream::{self, StreamExt};
 use serde::de::DeserializeOwned;
 
 use crate::domain::Output;
@@ -42,8 +43,9 @@ where
 /// says which row a change is of and its rank there, greater being later. For a table whose
 /// writes are conditional on raising a row's rank, the row ends as if every change had been
 /// applied, in any order, and costs one write instead of one a change (an update of a joined row
-/// is a delete and an insert of it). A failure fails every message of its row: each is sent
-/// again, or dead-lettered, with the one that stood for them.
+/// is a delete and an insert of it). Rows are written concurrently, in no order. A failure fails
+/// every message of its row: each is sent again, or dead-lettered, with the one that stood for
+/// them.
 pub async fn apply_latest<T, K, R, O, F, Fut>(
     messages: &[Output],
     what: &str,
@@ -93,14 +95,24 @@ where
             }
         }
     }
-    for held in latest {
-        if let Err(e) = apply(held.change).await.map_err(sink_error) {
-            failed.extend(held.messages.into_iter().map(|i| (i, e.clone())));
+    // Each row is written once, so the writes may go at once: a batch's view changes take a few
+    // round trips instead of one each.
+    let mut writes = stream::iter(latest.into_iter().map(|held| {
+        let write = apply(held.change);
+        async move { (held.messages, write.await) }
+    }))
+    .buffer_unordered(WRITES_IN_FLIGHT);
+    while let Some((messages, outcome)) = writes.next().await {
+        if let Err(e) = outcome.map_err(sink_error) {
+            failed.extend(messages.into_iter().map(|i| (i, e.clone())));
         }
     }
     failed.sort_by_key(|(i, _)| *i);
     failed
 }
+
+/// How many rows `apply_latest` writes at once.
+const WRITES_IN_FLIGHT: usize = 16;
 
 /// A store error as the sink error that says whether to retry.
 fn sink_error(e: StoreError) -> SinkError {
@@ -161,7 +173,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_the_highest_ranked_change_of_each_row_is_applied_in_the_order_rows_first_came() {
+    async fn only_the_highest_ranked_change_of_each_row_is_applied() {
         let messages = [
             output("\"a:1\""),
             output("\"b:5\""),
@@ -181,6 +193,7 @@ mod tests {
         )
         .await;
         assert!(failed.is_empty());
+        applied.sort();
         assert_eq!(applied, ["a:3", "b:5", "c:1"]);
     }
 
