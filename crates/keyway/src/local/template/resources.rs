@@ -1,0 +1,105 @@
+//! The resources a template declares that the runtime creates: tables with their streams,
+//! queues with their attributes, each read as CloudFormation reads it.
+
+use super::*;
+
+/// The resources of type `kind`: logical id and properties.
+pub(super) fn of_type<'a>(
+    resources: &'a serde_yaml::Mapping,
+    kind: &'a str,
+) -> impl Iterator<Item = (&'a str, Value)> + 'a {
+    resources
+        .iter()
+        .filter(move |(_, r)| get(r, "Type").and_then(Value::as_str) == Some(kind))
+        .map(|(id, r)| {
+            let props = get(r, "Properties").cloned().unwrap_or(Value::Null);
+            (id.as_str().unwrap_or_default(), props)
+        })
+}
+
+/// Whether a queue's properties make it FIFO (CloudFormation takes `true` or `"true"`).
+pub(super) fn is_fifo(props: &Value) -> bool {
+    get(props, "FifoQueue").is_some_and(|v| v.as_bool() == Some(true) || v.as_str() == Some("true"))
+}
+
+/// A queue's attributes that change what its consumers meet, each checked against SQS's ranges;
+/// a delay, which the runtime does not reproduce, is refused.
+pub(super) fn queue_attributes(
+    id: &str,
+    props: &Value,
+    template: &Value,
+) -> Result<(QueueConfig, Option<(String, u32)>), TemplateError> {
+    let seconds = |key: &str, allowed: RangeInclusive<i64>| {
+        int_setting(props, key, &[allowed])
+            .map(|v| v.map(|v| Duration::from_secs(v as u64)))
+            .map_err(|e| TemplateError(format!("{id}.{}", e.0)))
+    };
+    if seconds("DelaySeconds", 0..=900)?.is_some_and(|d| !d.is_zero()) {
+        return err(format!(
+            "{id}.DelaySeconds: delayed messages are not reproduced by the embedded runtime"
+        ));
+    }
+    let defaults = QueueConfig::default();
+    let config = QueueConfig {
+        visibility_timeout: seconds("VisibilityTimeout", 0..=43_200)?
+            .unwrap_or(defaults.visibility_timeout),
+        retention: seconds("MessageRetentionPeriod", 60..=1_209_600)?.unwrap_or(defaults.retention),
+        content_based_deduplication: honoured::boolean(props, "ContentBasedDeduplication", false)
+            .map_err(|e| TemplateError(format!("{id}.{}", e.0)))?,
+        redrive: None,
+    };
+    let Some(policy) = get(props, "RedrivePolicy") else {
+        return Ok((config, None));
+    };
+    // CloudFormation takes the policy as an object or as its JSON text.
+    let policy: Value = match policy.as_str() {
+        Some(text) => serde_yaml::from_str(text)
+            .map_err(|e| TemplateError(format!("{id}.RedrivePolicy: not JSON: {e}")))?,
+        None => policy.clone(),
+    };
+    let target = get(&policy, "deadLetterTargetArn")
+        .ok_or_else(|| TemplateError(format!("{id}.RedrivePolicy: no deadLetterTargetArn")))?;
+    let target = match logical_id(target) {
+        Some(queue) => queue,
+        None => resolve(target, template, &ParametersOnly).map_err(|e| {
+            TemplateError(format!("{id}.RedrivePolicy.deadLetterTargetArn: {}", e.0))
+        })?,
+    };
+    let most = int_setting(&policy, "maxReceiveCount", &[1..=1_000])
+        .map_err(|e| TemplateError(format!("{id}.RedrivePolicy.{}", e.0)))?
+        .ok_or_else(|| TemplateError(format!("{id}.RedrivePolicy: no maxReceiveCount")))?;
+    Ok((config, Some((target, most as u32))))
+}
+
+/// A table's `StreamSpecification.StreamViewType`, which CloudFormation requires of a stream.
+pub(super) fn stream_view(id: &str, props: &Value) -> Result<Option<StreamView>, TemplateError> {
+    let Some(specification) = get(props, "StreamSpecification") else {
+        return Ok(None);
+    };
+    let view = get(specification, "StreamViewType").and_then(Value::as_str);
+    match view.and_then(StreamView::parse) {
+        Some(view) => Ok(Some(view)),
+        None => err(format!(
+            "{id}.StreamSpecification.StreamViewType: {} is not one of {}",
+            view.map_or("nothing".to_owned(), |v| format!("{v:?}")),
+            StreamView::ALL.map(StreamView::name).join(", ")
+        )),
+    }
+}
+
+/// The resources of type `kind` by logical id, in CloudFormation's long form (see `long_form`),
+/// their `Condition` included and the CDK's `Metadata` left out: what a deployment creates.
+pub fn resources_of_type(template: &Value, kind: &str) -> BTreeMap<String, serde_json::Value> {
+    let Some(resources) = get(template, "Resources").and_then(Value::as_mapping) else {
+        return BTreeMap::new();
+    };
+    resources
+        .iter()
+        .filter(|(_, r)| get(r, "Type").and_then(Value::as_str) == Some(kind))
+        .filter_map(|(id, r)| {
+            let mut resource = long_form(r);
+            resource.as_object_mut()?.remove("Metadata");
+            Some((id.as_str()?.to_owned(), resource))
+        })
+        .collect()
+}
