@@ -3,6 +3,7 @@
 
 pub mod cdc;
 pub mod emulator;
+pub mod excerpts;
 pub mod harness;
 pub mod operators;
 pub mod samples;
