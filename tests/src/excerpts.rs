@@ -20,7 +20,12 @@ pub fn problems(doc: &str, root: &Path) -> Vec<String> {
             source = Some(path.to_owned());
             continue;
         }
-        if line.trim() != "```rust" {
+        if !line.trim().starts_with("```") {
+            continue;
+        }
+        if !line.trim().starts_with("```rust") {
+            // A `from` line names the file of the next block only, whatever its language.
+            source = None;
             continue;
         }
         let example: Vec<&str> = lines

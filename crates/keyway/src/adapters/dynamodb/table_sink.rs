@@ -43,31 +43,27 @@ where
 /// says which row a change is of and its rank there, greater being later. For a table whose
 /// writes are conditional on raising a row's rank, the row ends as if every change had been
 /// applied, in any order, and costs one write instead of one a change (an update of a joined row
-/// is a delete and an insert of it). Rows are written concurrently, in no order. A failure fails
-/// every message of its row: each is sent again, or dead-lettered, with the one that stood for
-/// them.
+/// is a delete and an insert of it). Rows are written concurrently, in no order. A write that
+/// may succeed later fails every message of its row: each is sent again with the one that stood
+/// for them. A write the table refuses for good fails that message alone, and the row's other
+/// changes are applied one by one, as `apply_each` would: none is lost for the sake of another.
 pub async fn apply_latest<T, K, R, O, F, Fut>(
     messages: &[Output],
     what: &str,
     order: O,
-    mut apply: F,
+    apply: F,
 ) -> Vec<(usize, SinkError)>
 where
     T: DeserializeOwned,
     K: Eq + Hash,
     R: Ord,
     O: Fn(&T) -> (K, R),
-    F: FnMut(T) -> Fut,
+    F: Fn(T) -> Fut,
     Fut: Future<Output = Result<(), StoreError>>,
 {
-    struct Latest<T, R> {
-        change: T,
-        rank: R,
-        messages: Vec<usize>,
-    }
     let mut failed = Vec::new();
     let mut rows: HashMap<K, usize> = HashMap::new();
-    let mut latest: Vec<Latest<T, R>> = Vec::new();
+    let mut latest: Vec<Row<T, R>> = Vec::new();
     for (i, message) in messages.iter().enumerate() {
         let change = match serde_json::from_str::<T>(&message.body) {
             Ok(change) => change,
@@ -78,34 +74,24 @@ where
         };
         let (row, rank) = order(&change);
         match rows.get(&row) {
-            Some(&at) => {
-                let held = &mut latest[at];
-                held.messages.push(i);
-                if rank > held.rank {
-                    (held.change, held.rank) = (change, rank);
-                }
-            }
+            Some(&at) => latest[at].add(i, change, rank),
             None => {
                 rows.insert(row, latest.len());
-                latest.push(Latest {
-                    change,
+                latest.push(Row {
+                    changes: vec![(i, change)],
+                    best: 0,
                     rank,
-                    messages: vec![i],
                 });
             }
         }
     }
     // Each row is written once, so the writes may go at once: a batch's view changes take a few
     // round trips instead of one each.
-    let mut writes = stream::iter(latest.into_iter().map(|held| {
-        let write = apply(held.change);
-        async move { (held.messages, write.await) }
-    }))
-    .buffer_unordered(WRITES_IN_FLIGHT);
-    while let Some((messages, outcome)) = writes.next().await {
-        if let Err(e) = outcome.map_err(sink_error) {
-            failed.extend(messages.into_iter().map(|i| (i, e.clone())));
-        }
+    let apply = &apply;
+    let mut writes = stream::iter(latest.into_iter().map(|row| row.write(apply)))
+        .buffer_unordered(WRITES_IN_FLIGHT);
+    while let Some(row_failed) = writes.next().await {
+        failed.extend(row_failed);
     }
     failed.sort_by_key(|(i, _)| *i);
     failed
@@ -113,6 +99,48 @@ where
 
 /// How many rows `apply_latest` writes at once.
 const WRITES_IN_FLIGHT: usize = 16;
+
+/// The changes of one row in a send, by message index, and which of them ranks highest.
+struct Row<T, R> {
+    changes: Vec<(usize, T)>,
+    best: usize,
+    rank: R,
+}
+
+impl<T, R: Ord> Row<T, R> {
+    fn add(&mut self, message: usize, change: T, rank: R) {
+        // Equal ranks are the same change sent twice: the first stands.
+        if rank > self.rank {
+            (self.best, self.rank) = (self.changes.len(), rank);
+        }
+        self.changes.push((message, change));
+    }
+
+    /// Writes the row's latest change; what failed, by message index.
+    async fn write<F, Fut>(mut self, apply: &F) -> Vec<(usize, SinkError)>
+    where
+        F: Fn(T) -> Fut,
+        Fut: Future<Output = Result<(), StoreError>>,
+    {
+        let (message, change) = self.changes.remove(self.best);
+        match apply(change).await.map_err(sink_error) {
+            Ok(()) => Vec::new(),
+            Err(e) if e.is_retryable() => std::iter::once(message)
+                .chain(self.changes.iter().map(|(i, _)| *i))
+                .map(|i| (i, e.clone()))
+                .collect(),
+            Err(refused) => {
+                let mut failed = vec![(message, refused)];
+                for (i, change) in self.changes {
+                    if let Err(e) = apply(change).await.map_err(sink_error) {
+                        failed.push((i, e));
+                    }
+                }
+                failed
+            }
+        }
+    }
+}
 
 /// A store error as the sink error that says whether to retry.
 fn sink_error(e: StoreError) -> SinkError {
@@ -172,26 +200,36 @@ mod tests {
         (row.to_owned(), rank.parse().expect("a rank"))
     }
 
-    #[tokio::test]
-    async fn only_the_highest_ranked_change_of_each_row_is_applied() {
-        let messages = [
-            output("\"a:1\""),
-            output("\"b:5\""),
-            output("\"a:3\""),
-            output("\"a:2\""),
-            output("\"c:1\""),
-        ];
-        let mut applied = Vec::new();
+    /// `apply_latest` over `bodies`, the table failing the changes `fails` names: what failed
+    /// (index, whether a retry can help), and the changes written, in the order written.
+    async fn apply_latest_failing(
+        bodies: &[&str],
+        fails: &[(&str, StoreError)],
+    ) -> (Vec<(usize, bool)>, Vec<String>) {
+        let messages: Vec<Output> = bodies.iter().map(|b| output(b)).collect();
+        let applied = std::sync::Mutex::new(Vec::new());
         let failed = apply_latest(
             &messages,
             "a change",
             |b: &String| row_and_rank(b),
             |body: String| {
-                applied.push(body);
-                async { Ok(()) }
+                applied.lock().unwrap().push(body.clone());
+                let outcome = match fails.iter().find(|(change, _)| *change == body) {
+                    Some((_, e)) => Err(e.clone()),
+                    None => Ok(()),
+                };
+                async move { outcome }
             },
         )
         .await;
+        let failures = failed.iter().map(|(i, e)| (*i, e.is_retryable()));
+        (failures.collect(), applied.into_inner().unwrap())
+    }
+
+    #[tokio::test]
+    async fn only_the_highest_ranked_change_of_each_row_is_applied() {
+        let bodies = [r#""a:1""#, r#""b:5""#, r#""a:3""#, r#""a:2""#, r#""c:1""#];
+        let (failed, mut applied) = apply_latest_failing(&bodies, &[]).await;
         assert!(failed.is_empty());
         applied.sort();
         assert_eq!(applied, ["a:3", "b:5", "c:1"]);
@@ -199,27 +237,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_write_fails_every_message_of_its_row_and_an_unreadable_body_fails_alone() {
-        let messages = [
-            output("\"a:1\""),
-            output("\"b:1\""),
-            output("not json"),
-            output("\"a:2\""),
-        ];
-        let failed = apply_latest(
-            &messages,
-            "a change",
-            |b: &String| row_and_rank(b),
-            |body: String| async move {
-                match body.as_str() {
-                    "a:2" => Err(StoreError::Throttled("slow down".into())),
-                    _ => Ok(()),
-                }
-            },
-        )
-        .await;
-        let failures: Vec<(usize, bool)> =
-            failed.iter().map(|(i, e)| (*i, e.is_retryable())).collect();
-        assert_eq!(failures, [(0, true), (2, false), (3, true)]);
-        assert!(failed[1].1.to_string().contains("not a change"));
+        let bodies = [r#""a:1""#, r#""b:1""#, "not json", r#""a:2""#];
+        let slow = StoreError::Throttled("slow down".into());
+        let (failed, _) = apply_latest_failing(&bodies, &[("a:2", slow)]).await;
+        assert_eq!(failed, [(0, true), (2, false), (3, true)]);
+    }
+
+    #[tokio::test]
+    async fn a_latest_change_the_table_refuses_for_good_fails_alone_and_the_rows_others_are_applied(
+    ) {
+        let bodies = [r#""a:1""#, r#""a:2""#, r#""a:3""#];
+        let refused = StoreError::Invalid("too large".into());
+        let (failed, applied) = apply_latest_failing(&bodies, &[("a:3", refused)]).await;
+        assert_eq!(failed, [(2, false)]);
+        assert_eq!(applied, ["a:3", "a:1", "a:2"]);
     }
 }
