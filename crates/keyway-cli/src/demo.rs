@@ -16,6 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use keyed_counter::KeyedCounter;
 use keyway::adapters::dynamodb::{DynamoStateStore, ItemKey};
 use keyway::domain::DeadLetter;
+use keyway::executor::SIGNATURE_HISTORY;
 use keyway::lambda::Platform;
 use keyway::local::{FaultPlan, LocalRuntime, LocalServices, LocalTable, MappingStats};
 use keyway::ports::Namespace;
@@ -248,18 +249,17 @@ fn state_items(
         .keys()
         .map(|user| DynamoStateStore::<LocalTable>::head_key(namespace, user))
         .collect();
-    let text = |item: &keyway::domain::Item, name: &str| {
-        item.get(name)
-            .and_then(|v| v.as_s())
-            .unwrap_or_default()
-            .to_owned()
+    let history_namespace = Namespace {
+        operator: namespace.operator.clone(),
+        signature: SIGNATURE_HISTORY.to_owned(),
     };
+    let history_pk =
+        DynamoStateStore::<LocalTable>::head_key(&history_namespace, SIGNATURE_HISTORY).pk;
     let (mut of_users, mut history) = (0, 0);
-    for item in &items {
-        let (pk, sk) = (text(item, "pk"), text(item, "sk"));
-        if pk.contains("#signature-history#") {
+    for key in items.iter().filter_map(ItemKey::of) {
+        if key.pk == history_pk {
             history += 1;
-        } else if heads.contains(&ItemKey { pk, sk }) {
+        } else if heads.contains(&key) {
             of_users += 1;
         }
     }

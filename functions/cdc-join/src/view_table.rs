@@ -155,6 +155,7 @@ impl Sink for ViewTable {
 
 #[cfg(test)]
 mod tests {
+    use keyway::local::services::faults::{Fault, FaultPlan, Faults};
     use keyway::local::LocalTable;
     use keyway::ports::ManualClock;
     use serde_json::json;
@@ -269,5 +270,49 @@ mod tests {
         assert_eq!(rows(&table), 20);
         let waves = table.meter().snapshot().waves;
         assert!(waves <= 2, "{waves} round trips for 20 rows");
+    }
+
+    /// A left row without a partner that moves from one join key to another is written by the
+    /// invocations of both, at once (other shards, or lanes of one with ParallelizationFactor
+    /// 10), each send writing its own latest change of the row, over lost responses: the row ends
+    /// as the change ranked highest of all, a tombstone when that is its delete.
+    #[tokio::test(start_paused = true)]
+    async fn two_invocations_writing_one_row_at_once_leave_the_change_ranked_highest_of_both() {
+        let alone = |insert: bool, at: &str| {
+            let mut stamped = change(insert, at);
+            match &mut stamped.change {
+                RowChange::Insert(joined) | RowChange::Delete(joined) => {
+                    joined.right_pk = None;
+                    joined.right = None;
+                }
+            }
+            output(&stamped)
+        };
+        for (highest_is_delete, expected) in [(false, (true, "30")), (true, (false, "40"))] {
+            // Half the puts land with their response lost, and throttles: both retried.
+            let faults = FaultPlan {
+                lost_response: 0.5,
+                throttle: 0.3,
+                seed: 7,
+                ..Default::default()
+            };
+            let table = Arc::new(LocalTable::new().with_faults(Faults::new(faults, 0)));
+            table.meter().set_latency(Some(Duration::from_millis(5)));
+            let clock = ManualClock::at(1_767_225_600_000);
+            let view = |clock| ViewTable::new(table.clone(), clock, Duration::from_secs(3600));
+            let (old_key, new_key) = (view(clock.clone()), view(clock.clone()));
+            let last = if highest_is_delete { "40" } else { "20" };
+            let left_behind = [alone(true, "10"), alone(false, last)];
+            let moved_in = [alone(true, "30")];
+            let (a, b) = tokio::join!(old_key.send(&left_behind), new_key.send(&moved_in));
+            assert!(a.is_empty() && b.is_empty(), "{a:?} {b:?}");
+            let fired = table.faults_fired();
+            assert!(fired.get(&Fault::LostResponse) > Some(&0), "{fired:?}");
+            let items = table.items();
+            assert_eq!(items.len(), 1, "one row");
+            let winner = change(expected.0, expected.1);
+            assert_eq!(items[0][RANK].as_s(), Some(rank(&winner).as_str()));
+            assert_eq!(rows(&table), usize::from(!highest_is_delete));
+        }
     }
 }
