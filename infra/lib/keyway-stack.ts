@@ -1,6 +1,6 @@
 // The stack of template.yaml, built with the CDK: the same tables, streams, queues and functions,
 // with the same logical ids, environment and event source mapping settings. The test suite reads
-// the wiring of both templates (crates/keyway/src/local/template.rs) and requires them to be equal,
+// the wiring of both templates (crates/keyway-local/src/template/) and requires them to be equal,
 // so choosing CDK over SAM never changes what is deployed.
 import * as fs from 'fs';
 import * as path from 'path';

@@ -8,11 +8,11 @@ use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::adapters::sqs::SqsSink;
 use keyway::domain::{DeadLetter, SequenceNumber};
 use keyway::executor::SIGNATURE_HISTORY;
-use keyway::local::mapping::events::{kinesis_event, KinesisEventRecord};
-use keyway::local::{LocalSqs, LocalTable, QueuedMessage};
 use keyway::ports::{ManualClock, Sink, StateStore};
 use keyway::sources::kinesis::decode_event;
 use keyway::{BatchReport, Executor, KeyedOperator, Sinks};
+use keyway_local::mapping::events::{kinesis_event, KinesisEventRecord};
+use keyway_local::{LocalSqs, LocalTable, QueuedMessage};
 use serde_json::Value;
 
 pub struct World {

@@ -14,8 +14,8 @@ pub use keyway_stack::filtering::dead_letter_reasons;
 
 /// The `id` of every event the embedded runtime's queue `queue` received since the last call, in
 /// the order received.
-pub fn received_ids(sqs: &keyway::local::LocalSqs, queue: &str) -> Vec<String> {
-    let url = format!("{}{queue}", keyway::local::LocalSqs::URL_PREFIX);
+pub fn received_ids(sqs: &keyway_local::LocalSqs, queue: &str) -> Vec<String> {
+    let url = format!("{}{queue}", keyway_local::LocalSqs::URL_PREFIX);
     sqs.receive(&url, usize::MAX)
         .iter()
         .map(|m| {
@@ -26,10 +26,7 @@ pub fn received_ids(sqs: &keyway::local::LocalSqs, queue: &str) -> Vec<String> {
 }
 
 /// The dead letters the embedded runtime's queue at `url` holds (kept there).
-pub fn dead_letters_on(
-    sqs: &keyway::local::LocalSqs,
-    url: &str,
-) -> Vec<keyway::domain::DeadLetter> {
+pub fn dead_letters_on(sqs: &keyway_local::LocalSqs, url: &str) -> Vec<keyway::domain::DeadLetter> {
     sqs.messages(url)
         .iter()
         .map(|m| serde_json::from_str(&m.body).expect("a dead letter"))
@@ -39,14 +36,14 @@ pub fn dead_letters_on(
 /// The keyed counter's function on `services`, wired as the stack wires it (a state table, a
 /// counts queue, a dead-letter queue), and its dead-letter queue's URL.
 pub fn keyed_counter_on(
-    services: &keyway::local::LocalServices,
+    services: &keyway_local::LocalServices,
 ) -> (
     keyway::lambda::StreamHandler<keyed_counter::KeyedCounter>,
     String,
 ) {
     services.dynamodb.create_table(
         "state",
-        keyway::local::KeySchema::state_table(),
+        keyway_local::KeySchema::state_table(),
         Some(keyway::adapters::dynamodb::TTL.into()),
         None,
     );

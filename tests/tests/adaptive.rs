@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use keyway::local::FaultPlan;
+use keyway_local::FaultPlan;
 
 /// The largest shard's load over the mean, averaged over `seconds`.
 fn mean_max_over_mean(seconds: &[&keyway_stack::adaptive::Second]) -> f64 {

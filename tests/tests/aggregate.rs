@@ -228,7 +228,7 @@ async fn a_record_for_a_window_already_closed_is_dead_lettered_as_late_and_count
 #[tokio::test(start_paused = true)]
 async fn the_stacks_aggregation_counts_plain_and_salted_keys_exactly_as_the_oracle_does() {
     use keyway::domain::salt::{Partitioner, Salting};
-    use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+    use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
 
     let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
     let mut runtime = LocalRuntime::from_template(

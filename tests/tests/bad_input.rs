@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use dynamic_filter::subscription::{Identity, Subscription, Target};
 use keyway::domain::{AttrValue, DeadLetter};
-use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
 use serde_json::{json, Value};
 
 const EPOCH: i64 = 1_767_225_600_000;

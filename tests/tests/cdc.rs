@@ -13,9 +13,9 @@ use cdc_join::rekey::{Rekey, Step, CHANGELOG};
 use cdc_join::spec::{JoinKind, JoinSpec};
 use cdc_join::view::View;
 use cdc_join::view_table::{joined_of, ViewTable};
-use keyway::local::LocalTable;
 use keyway::sources::kinesis::decode_event;
 use keyway::Executor;
+use keyway_local::LocalTable;
 use keyway_stack::cdc::SourceEvent;
 use keyway_tests::cdc::{folded, state_rows};
 use keyway_tests::harness::{Shard, World};
@@ -298,7 +298,7 @@ async fn random_changes_through_rekey_and_join_on_several_shards_build_the_join_
 /// Both functions wired from their environment on the embedded runtime: Debezium records on a
 /// source stream of 2 shards, the changelog on 3, event source mappings as the stack has them.
 async fn through_the_functions(seed: u64, kind: JoinKind) {
-    use keyway::local::{
+    use keyway_local::{
         FaultPlan, KeySchema, LocalRuntime, LocalServices, MappingSettings, MappingSource,
     };
     let mut rng = StdRng::seed_from_u64(seed);
@@ -417,7 +417,7 @@ const NAME_FILTER: &str = "domains.name != 0 AND users.name < 2";
 /// stream; the view table ends as the join of the final tables (of the rows `NAME_FILTER` lets
 /// through, when `filtered`).
 async fn through_the_stack(seed: u64, kind: &str, filtered: bool) {
-    use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+    use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
     let mut parameters = BTreeMap::from([("CdcJoinKind".to_owned(), kind.to_owned())]);
     if filtered {
         parameters.insert("CdcFilter".to_owned(), NAME_FILTER.to_owned());
@@ -899,7 +899,7 @@ async fn a_change_from_before_a_truncate_that_comes_after_its_sweeps_leaves_no_r
 
 #[tokio::test(start_paused = true)]
 async fn the_stacks_schedule_sweeps_the_rows_of_a_truncated_table_out_of_its_view_table() {
-    use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+    use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
     let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
     let mut runtime = LocalRuntime::from_template_with(
         keyway_stack::TEMPLATE,
@@ -972,11 +972,11 @@ async fn the_stacks_schedule_sweeps_the_rows_of_a_truncated_table_out_of_its_vie
 
 /// A re-key's state holding 2,500 domains stored before a truncate at lsn 10,000 and 10 after
 /// it (pages of the scan hold 1,000 items), and the sweeper of that state.
-async fn truncated_domains(services: &keyway::local::LocalServices) -> cdc_join::truncate::Sweeper {
+async fn truncated_domains(services: &keyway_local::LocalServices) -> cdc_join::truncate::Sweeper {
     use keyway::domain::{KeyState, SlotData};
-    use keyway::local::KeySchema;
     use keyway::operator::BROADCAST_KEY;
     use keyway::ports::Commit;
+    use keyway_local::KeySchema;
     use serde_json::value::RawValue;
     services
         .dynamodb
@@ -1016,8 +1016,8 @@ async fn truncated_domains(services: &keyway::local::LocalServices) -> cdc_join:
 #[tokio::test]
 async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and_sweeps_each_row_once(
 ) {
-    use keyway::local::{FaultPlan, LocalServices};
     use keyway::ports::Clock;
+    use keyway_local::{FaultPlan, LocalServices};
     let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
     let sweeper = truncated_domains(&services).await;
     // Each run's deadline is already near: it sweeps a page and stops.
@@ -1049,7 +1049,7 @@ async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and
 #[tokio::test]
 async fn a_sweep_that_crashes_part_way_keeps_what_it_removed_and_a_few_runs_end_it() {
     use cdc_join::truncate::Sweeper;
-    use keyway::local::{CrashBeforeCommit, FaultPlan, Faults, LocalServices};
+    use keyway_local::{CrashBeforeCommit, FaultPlan, Faults, LocalServices};
     let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
     let sweeper = truncated_domains(&services).await;
     // The process dies at 5% of its commits, as the chaos runs make it: a sweep that made a

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use cdc_join::filter::Filter;
 use cdc_join::spec::{JoinKind, JoinSpec};
-use keyway::local::FaultPlan;
+use keyway_local::FaultPlan;
 use keyway_stack::cdc::{final_tables, interleave, replay, Settings, SourceEvent};
 use keyway_tests::cdc::{folded, state_rows};
 use proptest::prelude::*;

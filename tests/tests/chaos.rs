@@ -70,7 +70,7 @@ fn every_applications_metered_run_ends_and_bills_its_functions_work() {
     use keyway_stack::chaos::usage;
     use keyway_stack::metering::Metering;
     let metering = Metering {
-        latencies: Some(keyway::local::Latencies {
+        latencies: Some(keyway_local::Latencies {
             dynamodb: std::time::Duration::from_millis(5),
             kinesis: std::time::Duration::from_millis(20),
             sqs: std::time::Duration::from_millis(15),

@@ -10,7 +10,7 @@ use keyway::adapters::dynamodb::{DynamoStateStore, SdkTable};
 use keyway::adapters::kinesis::{KinesisSink, SdkKinesis};
 use keyway::adapters::sqs::{SdkSqs, SqsSink, OUTPUT_ID_ATTRIBUTE};
 use keyway::ports::ManualClock;
-use keyway::testing::{Received, SinkUnderTest, StoreUnderTest};
+use keyway_local::testing::{Received, SinkUnderTest, StoreUnderTest};
 use keyway_tests::emulator::{
     create_queue, create_state_table, create_stream, create_table, drain_queue, read_stream,
     sdk_config, unique_name,
@@ -35,13 +35,13 @@ async fn the_sdk_policy_table_keeps_the_policy_table_contract() {
 }
 
 mod sdk_table_on_the_emulator {
-    keyway::table_contract_tests!(super::sdk_table("keyway-table"));
+    keyway_local::table_contract_tests!(super::sdk_table("keyway-table"));
 }
 
 mod state_store_on_the_emulator {
     use super::*;
 
-    keyway::state_store_contract_tests!(async {
+    keyway_local::state_store_contract_tests!(async {
         // The contract moves this clock past TTLs; the emulator's own TTL sweeper runs on wall
         // time, so the clock starts at the present.
         let clock = ManualClock::at(
@@ -125,13 +125,13 @@ fn received(m: aws_sdk_sqs::types::Message) -> Received {
 }
 
 mod kinesis_sink_on_the_emulator {
-    keyway::sink_contract_tests!(super::emulated_stream());
+    keyway_local::sink_contract_tests!(super::emulated_stream());
 }
 
 mod sqs_sink_on_an_emulated_standard_queue {
-    keyway::sink_contract_tests!(super::emulated_queue(false));
+    keyway_local::sink_contract_tests!(super::emulated_queue(false));
 }
 
 mod sqs_sink_on_an_emulated_fifo_queue {
-    keyway::sink_contract_tests!(super::emulated_queue(true));
+    keyway_local::sink_contract_tests!(super::emulated_queue(true));
 }

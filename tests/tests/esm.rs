@@ -7,11 +7,11 @@ use std::time::Duration;
 use keyway::domain::pattern::{Dialect, Pattern};
 use keyway::domain::{AttrValue, Item};
 use keyway::lambda::{FunctionError, Invocation};
-use keyway::local::{
+use keyway::ports::Clock;
+use keyway_local::{
     FaultPlan, KeySchema, LocalRuntime, LocalServices, MappingSettings, MappingSource,
     StartingPosition,
 };
-use keyway::ports::Clock;
 use keyway_tests::scripted::{Scripted, Seen};
 use serde_json::{json, Value};
 
@@ -22,8 +22,8 @@ fn id_table(
     services: &LocalServices,
     name: &str,
     ttl: Option<String>,
-    view: Option<keyway::local::StreamView>,
-) -> Arc<keyway::local::LocalTable> {
+    view: Option<keyway_local::StreamView>,
+) -> Arc<keyway_local::LocalTable> {
     let schema = KeySchema {
         hash: "id".into(),
         range: None,
@@ -93,7 +93,7 @@ impl Setup {
             .collect()
     }
 
-    async fn run(&mut self) -> keyway::local::RunReport {
+    async fn run(&mut self) -> keyway_local::RunReport {
         self.runtime
             .run_until_idle(Duration::from_secs(3600))
             .await
@@ -181,7 +181,7 @@ async fn a_dynamodb_batch_stops_short_of_the_six_megabytes_of_its_images() {
         &services,
         "big",
         None,
-        Some(keyway::local::StreamView::NewAndOldImages),
+        Some(keyway_local::StreamView::NewAndOldImages),
     );
     let f = Scripted::succeeding();
     let mut runtime = LocalRuntime::new(services.clone());
@@ -752,7 +752,7 @@ async fn a_dynamodb_stream_delivers_changes_ttl_deletions_and_failure_records() 
         &services,
         "subscriptions",
         Some("expires".into()),
-        Some(keyway::local::StreamView::NewAndOldImages),
+        Some(keyway_local::StreamView::NewAndOldImages),
     );
     let failures = services.sqs.create_queue("failed");
     let events = Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
@@ -813,7 +813,7 @@ async fn a_dynamodb_stream_delivers_changes_ttl_deletions_and_failure_records() 
     runtime.run_for(Duration::from_secs(60)).await;
     // Expired half a minute ago, and not deleted yet: DynamoDB takes days ("Using time to live").
     assert_eq!(table.stream_len(), 4);
-    runtime.run_for(keyway::local::DEFAULT_TTL_DELAY).await;
+    runtime.run_for(keyway_local::DEFAULT_TTL_DELAY).await;
     assert_eq!(table.stream_len(), 5);
     runtime
         .run_until_idle(Duration::from_secs(10))
@@ -1008,7 +1008,7 @@ async fn dynamodb_changes_matching_no_filter_are_never_delivered() {
         &services,
         "t",
         None,
-        Some(keyway::local::StreamView::NewAndOldImages),
+        Some(keyway_local::StreamView::NewAndOldImages),
     );
     let f = Scripted::succeeding();
     let mut runtime = LocalRuntime::new(services.clone());
@@ -1050,7 +1050,7 @@ async fn dynamodb_changes_matching_no_filter_are_never_delivered() {
 #[tokio::test(start_paused = true)]
 async fn each_stream_view_type_delivers_exactly_the_images_it_names() {
     use keyway::domain::Payload;
-    use keyway::local::StreamView;
+    use keyway_local::StreamView;
     for view in StreamView::ALL {
         let services = LocalServices::new(EPOCH, FaultPlan::default());
         let table = id_table(&services, "t", None, Some(view));
@@ -1145,7 +1145,7 @@ async fn a_write_that_changes_nothing_leaves_no_stream_record() {
         &services,
         "t",
         None,
-        Some(keyway::local::StreamView::NewAndOldImages),
+        Some(keyway_local::StreamView::NewAndOldImages),
     );
     let item = |n: &str| {
         Item::from([

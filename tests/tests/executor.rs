@@ -268,7 +268,7 @@ async fn an_outbox_that_could_not_be_sent_is_sent_again_by_the_redelivery_with_t
 #[tokio::test]
 async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
     use keyway::domain::{AttrValue, ChangeKind, Item};
-    use keyway::local::mapping::events::{dynamodb_event, DynamoDbEventRecord};
+    use keyway_local::mapping::events::{dynamodb_event, DynamoDbEventRecord};
 
     /// Counts changes per table.
     struct ChangeCounter;
@@ -307,7 +307,7 @@ async fn a_dynamodb_streams_batch_runs_through_the_same_executor() {
         keys.iter().enumerate().map(|(i, k)| DynamoDbEventRecord {
             kind: ChangeKind::Insert,
             keys: k,
-            view: keyway::local::StreamView::NewAndOldImages,
+            view: keyway_local::StreamView::NewAndOldImages,
             old_image: None,
             new_image: Some(k),
             sequence_number: ["100", "200", "300"][i],
@@ -361,7 +361,7 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
     let world = World::new(&[COUNTS.name]);
     let queue = world.sqs.create_queue("big");
     /// An SQS sink that claims a larger limit than SQS has.
-    struct Lenient(SqsSink<keyway::local::LocalSqs>);
+    struct Lenient(SqsSink<keyway_local::LocalSqs>);
     #[async_trait::async_trait]
     impl keyway::ports::Sink for Lenient {
         async fn send(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dynamic_filter::client::{ClientError, SubscriptionClient};
 use dynamic_filter::subscription::QueueOwnership;
-use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
 use serde_json::{json, Value};
 
 const EPOCH: i64 = 1_767_225_600_000;
@@ -365,7 +365,7 @@ async fn a_filter_that_ran_no_batch_for_over_a_day_delivers_to_what_was_subscrib
         .await
         .unwrap();
     stack.run().await;
-    let quiet = Duration::from_secs(26 * 3600) + keyway::local::DEFAULT_TTL_DELAY;
+    let quiet = Duration::from_secs(26 * 3600) + keyway_local::DEFAULT_TTL_DELAY;
     stack.runtime.run_for(quiet).await;
     stack.runtime.services.dynamodb.expire();
     let state = FilterState::new(

@@ -15,10 +15,10 @@ use dynamic_filter::subscription::{
 use keyway::adapters::dynamodb::TTL;
 use keyway::domain::{AttrValue, Item};
 use keyway::lambda::Env;
-use keyway::local::{
+use keyway::ports::Clock;
+use keyway_local::{
     FaultPlan, KeySchema, LocalRuntime, LocalServices, LocalTable, MappingSettings, MappingSource,
 };
-use keyway::ports::Clock;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -47,7 +47,7 @@ fn setup(faults: FaultPlan, registry: &str) -> Setup {
         "policies",
         schema,
         None,
-        Some(keyway::local::StreamView::NewAndOldImages),
+        Some(keyway_local::StreamView::NewAndOldImages),
     );
     let dead_letters = services.sqs.create_queue("sync-dead-letters");
     let env: Env = [

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use keyed_counter::{KeyedCounter, COUNTS};
 use keyway::domain::{ChangeKind, Payload, SourceRecord};
-use keyway::local::mapping::events::{kinesis_event, KinesisEventRecord};
 use keyway::sources::{dynamodb, kinesis};
+use keyway_local::mapping::events::{kinesis_event, KinesisEventRecord};
 use keyway_tests::harness::{stored_count, World};
 use serde_json::Value;
 
@@ -318,7 +318,7 @@ async fn the_identity_enricher_batches_resolve_alice_wait_for_her_session_and_de
 
 /// The dynamic filtering functions on the embedded services, wired as events/README.md says.
 struct Filtering {
-    services: std::sync::Arc<keyway::local::LocalServices>,
+    services: std::sync::Arc<keyway_local::LocalServices>,
     env: keyway::lambda::Env,
     dead_letters: String,
 }
@@ -326,7 +326,7 @@ struct Filtering {
 impl Filtering {
     fn new() -> Self {
         use keyway::adapters::dynamodb::TTL;
-        use keyway::local::{FaultPlan, KeySchema, LocalServices};
+        use keyway_local::{FaultPlan, KeySchema, LocalServices};
         let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
         for table in ["keyway-state", "filter-state"] {
             let schema = KeySchema::state_table();
@@ -352,7 +352,7 @@ impl Filtering {
             ),
             (
                 "QUEUE_URL_PREFIX",
-                keyway::local::LocalSqs::URL_PREFIX.to_owned(),
+                keyway_local::LocalSqs::URL_PREFIX.to_owned(),
             ),
         ]
         .into_iter()
@@ -432,7 +432,7 @@ async fn a_consumers_own_table_subscribes_that_consumer_and_dead_letters_an_item
 /// The CDC join's two functions on the embedded services, wired as events/README.md says: the
 /// streams and tables named as the stack names them, the users table as its payload's ARN does.
 struct CdcJoin {
-    services: std::sync::Arc<keyway::local::LocalServices>,
+    services: std::sync::Arc<keyway_local::LocalServices>,
     env: keyway::lambda::Env,
     dead_letters: String,
 }
@@ -444,7 +444,7 @@ const CDC_VIEW: &str = "keyway-CdcViewTable-2F7G9J4K6L8M";
 impl CdcJoin {
     fn new() -> Self {
         use keyway::adapters::dynamodb::TTL;
-        use keyway::local::{FaultPlan, KeySchema, LocalServices};
+        use keyway_local::{FaultPlan, KeySchema, LocalServices};
         let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
         for table in ["keyway-StateTable-8QW3E5R7T9YU", CDC_VIEW] {
             let schema = KeySchema::state_table();

@@ -266,7 +266,7 @@ fn counter() -> (
     keyway::lambda::StreamHandler<keyed_counter::KeyedCounter>,
     tokio::runtime::Runtime,
 ) {
-    let services = keyway::local::LocalServices::new(1_767_225_600_000, Default::default());
+    let services = keyway_local::LocalServices::new(1_767_225_600_000, Default::default());
     let (handler, _) = keyway_tests::keyed_counter_on(&services);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -406,7 +406,7 @@ fn templates_never_panic_the_reader_of_keyway_local() {
         seeds.push(std::fs::read(root().join(file)).unwrap());
     }
     fuzz("templates", &seeds, |input| {
-        let _ = keyway::local::template::parse(&text(input));
+        let _ = keyway_local::template::parse(&text(input));
     });
 }
 

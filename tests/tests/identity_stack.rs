@@ -13,7 +13,7 @@ use identity_enricher::cloudtrail::CloudTrailRecord;
 use identity_enricher::enricher::reason;
 use identity_enricher::identity::CustomerMap;
 use identity_enricher::traffic::{Traffic, TrafficConfig};
-use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
 use keyway_tests::trails::{article, record, session, ACCOUNT};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;

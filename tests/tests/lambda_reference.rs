@@ -15,7 +15,7 @@ use std::time::Duration;
 use keyway::adapters::kinesis::PutOutcome;
 use keyway::domain::{AttrValue, Item};
 use keyway::lambda::{FunctionError, Handler, Invocation};
-use keyway::local::{
+use keyway_local::{
     FaultPlan, KeySchema, LocalRuntime, LocalServices, MappingSettings, MappingSource,
 };
 use keyway_tests::samples::{corpus, json_files, read};
@@ -205,7 +205,7 @@ fn dynamodb_mapping(
         "TestTable",
         schema,
         None,
-        Some(keyway::local::StreamView::NewAndOldImages),
+        Some(keyway_local::StreamView::NewAndOldImages),
     );
     let failures = services.sqs.create_queue("failed-batches");
     let item = |message: &str| {

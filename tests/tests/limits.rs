@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
 use keyway::ports::Clock;
+use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
 use serde_json::Value;
 
 const EPOCH: i64 = 1_767_225_600_000;
@@ -54,7 +54,7 @@ async fn a_queue_down_for_an_hour_loses_no_count_and_no_output() {
         .run_until_idle(Duration::from_secs(3 * 3600))
         .await
         .expect("every record applied once the queue is back");
-    let outages = runtime.services.faults_fired()["sqs"][&keyway::local::Fault::Outage];
+    let outages = runtime.services.faults_fired()["sqs"][&keyway_local::Fault::Outage];
     assert_eq!(outages, 1, "one outage, of the whole window");
     let during: Vec<usize> = queued_at
         .range(EPOCH + 11 * MINUTE..EPOCH + 70 * MINUTE)

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use keyway::domain::{Origin, OutputId, SequenceNumber};
 use keyway::lambda::{executor_config, sink_from, state_store_from, Handler, StreamHandler};
-use keyway::local::{
+use keyway::{Executor, Sinks};
+use keyway_local::{
     Factory, FaultPlan, Latencies, LocalError, LocalRuntime, LocalServices, RunReport,
     StartingPosition,
 };
-use keyway::{Executor, Sinks};
 use keyway_tests::operators::{GroupCounter, History, Tweaked};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -136,7 +136,7 @@ fn cdk_template(stack: &str) -> Option<String> {
 
 /// Environment values resolved by naming what they reference.
 struct Names;
-impl keyway::local::template::Resolver for Names {
+impl keyway_local::template::Resolver for Names {
     fn reference(&self, id: &str) -> Option<String> {
         Some(format!("ref-of-{id}"))
     }
@@ -147,7 +147,7 @@ impl keyway::local::template::Resolver for Names {
 
 #[tokio::test(start_paused = true)]
 async fn the_cdk_app_builds_the_stack_that_template_yaml_describes() {
-    use keyway::local::template::parse;
+    use keyway_local::template::parse;
     let Some(cdk_text) = cdk_template("keyway") else {
         return;
     };
@@ -179,7 +179,7 @@ async fn the_cdk_app_builds_the_stack_that_template_yaml_describes() {
 
 #[test]
 fn the_cdk_app_raises_the_alarms_template_yaml_raises_with_the_same_parameters() {
-    use keyway::local::template::{long_form, parse, resources_of_type};
+    use keyway_local::template::{long_form, parse, resources_of_type};
     let Some(cdk_text) = cdk_template("keyway") else {
         return;
     };
@@ -220,7 +220,7 @@ fn the_cdk_app_raises_the_alarms_template_yaml_raises_with_the_same_parameters()
 
 #[test]
 fn the_cdk_app_takes_every_parameter_template_yaml_takes_with_the_same_defaults_and_limits() {
-    use keyway::local::template::{long_form, parse};
+    use keyway_local::template::{long_form, parse};
     let Some(cdk_text) = cdk_template("keyway") else {
         return;
     };
@@ -266,7 +266,7 @@ fn the_cdk_app_takes_every_parameter_template_yaml_takes_with_the_same_defaults_
 /// The dashboard's body, a Fn::Sub string in both templates, compared as the JSON it is.
 #[test]
 fn the_cdk_app_builds_the_dashboard_template_yaml_describes_with_every_function_on_it() {
-    use keyway::local::template::{parse, resources_of_type};
+    use keyway_local::template::{parse, resources_of_type};
     let (_, sam) = parse(&template()).unwrap();
     let body = |dashboards: BTreeMap<String, serde_json::Value>| -> serde_json::Value {
         let text = dashboards["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
@@ -308,7 +308,7 @@ fn the_cdk_app_builds_the_dashboard_template_yaml_describes_with_every_function_
 
 #[test]
 fn the_cdk_app_builds_the_consumer_stack_that_consumer_yaml_describes() {
-    use keyway::local::template::parse_with;
+    use keyway_local::template::parse_with;
     let Some(cdk_text) = cdk_template("keyway-consumer") else {
         return;
     };
@@ -476,8 +476,8 @@ struct Run {
     /// Segment items of the state table that no head references or lists.
     orphans: Vec<String>,
     /// The faults that fired, by service, and the configured kinds that never did.
-    faults: BTreeMap<&'static str, keyway::local::services::faults::FaultCounts>,
-    faults_missing: Vec<keyway::local::services::faults::Fault>,
+    faults: BTreeMap<&'static str, keyway_local::services::faults::FaultCounts>,
+    faults_missing: Vec<keyway_local::services::faults::Fault>,
     messages: usize,
     report: RunReport,
     /// The keyed counter's outputs for each click, in the order the clicks were written: what
@@ -836,7 +836,7 @@ fn orphan_segments(runtime: &LocalRuntime) -> Vec<String> {
     for (pk, items) in by_pk {
         let head = items.iter().find(|i| i["sk"].as_s() == Some("head"));
         let accounted = head
-            .map(DynamoStateStore::<keyway::local::LocalTable>::accounted_for)
+            .map(DynamoStateStore::<keyway_local::LocalTable>::accounted_for)
             .unwrap_or_default();
         for item in &items {
             let sk = item["sk"].as_s().unwrap();
@@ -1345,7 +1345,7 @@ async fn the_stacks_functions_write_a_skew_line_per_batch_that_names_the_hot_key
 /// Every DynamoDB table of `template` (YAML or JSON), by logical id, with what it lacks of
 /// encryption at rest under a KMS key and point-in-time recovery.
 fn unprotected_tables(template: &str) -> Vec<String> {
-    use keyway::local::template::{parse_with, resources_of_type};
+    use keyway_local::template::{parse_with, resources_of_type};
     // A consumer's stack takes parameters without defaults; the tables do not depend on them.
     let parameters = BTreeMap::from(
         [

@@ -21,8 +21,8 @@ use keyway::adapters::permissions::{
     DYNAMODB_STREAM_TRIGGER, KINESIS_TRIGGER, LOGS, ON_FAILURE_QUEUE, SQS_TRIGGER,
 };
 use keyway::lambda::{Reach, Recording, SinkTarget};
-use keyway::local::template::{long_form, parse, resources_of_type, SourceRef};
-use keyway::local::{Factory, FaultPlan, LocalRuntime, LocalServices};
+use keyway_local::template::{long_form, parse, resources_of_type, SourceRef};
+use keyway_local::{Factory, FaultPlan, LocalRuntime, LocalServices};
 use serde_json::Value;
 
 const EPOCH: i64 = 1_767_225_600_000;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use keyway::domain::{AttrValue, Item};
 use keyway::lambda::FunctionError;
-use keyway::local::{
+use keyway_local::{
     FaultPlan, KeySchema, LocalRuntime, LocalServices, MappingSettings, MappingSource,
     StartingPosition, StreamView,
 };

@@ -12,11 +12,11 @@ use keyed_counter::{CountUpdate, KeyedCounter, COUNTS};
 use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::adapters::sqs::{SqsSink, BATCH_MAX_BYTES};
 use keyway::domain::{AttrValue, ChangeKind, Item};
-use keyway::local::mapping::events::{dynamodb_event, DynamoDbEventRecord};
 use keyway::ports::{Clock, Sink, StateStore};
 use keyway::sources::kinesis::decode_event;
-use keyway::testing::LosingResponses;
 use keyway::{Executor, ExecutorConfig};
+use keyway_local::mapping::events::{dynamodb_event, DynamoDbEventRecord};
+use keyway_local::testing::LosingResponses;
 use keyway_tests::harness::{
     count, count_under, pick, redelivery, run_to_completion, stored_count, Shard, World,
 };
@@ -311,7 +311,7 @@ async fn a_key_fed_by_thousands_of_dynamodb_items_keeps_a_bounded_head_and_appli
             range.map(|i| DynamoDbEventRecord {
                 kind: ChangeKind::Insert,
                 keys: &items[i],
-                view: keyway::local::StreamView::NewAndOldImages,
+                view: keyway_local::StreamView::NewAndOldImages,
                 old_image: None,
                 new_image: Some(&items[i]),
                 sequence_number: Box::leak(format!("{:021}", 1000 + i).into_boxed_str()),

@@ -378,7 +378,7 @@ async fn a_key_whose_old_state_does_not_parse_waits_while_the_others_migrate() {
     let mut shard = Shard::new("clicks", 0);
     deploy_v1(&world, &mut shard).await;
     let b_under_v1 = format!("keyed-counter#{V1_SIGNATURE}#b");
-    keyway::testing::corrupt_head(&world.table, |pk| pk == b_under_v1);
+    keyway_local::testing::corrupt_head(&world.table, |pk| pk == b_under_v1);
 
     let v2 = world.executor(CounterV2 {
         migrate: Some(from_v1),

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use keyway::lambda::{FunctionError, Handler, Invocation};
-use keyway::local::{Factory, FaultPlan, LocalRuntime, LocalServices};
 use keyway::ports::Clock;
+use keyway_local::{Factory, FaultPlan, LocalRuntime, LocalServices};
 use serde_json::{json, Value};
 
 const EPOCH: i64 = 1_767_225_600_000;
@@ -124,7 +124,7 @@ Resources:
 fn deploy(
     template: &str,
     consumer: &Arc<Consumer>,
-) -> Result<LocalRuntime, keyway::local::LocalError> {
+) -> Result<LocalRuntime, keyway_local::LocalError> {
     let services = LocalServices::new(EPOCH, FaultPlan::default());
     *consumer.clock.lock().unwrap() = Some(services.clock.clone());
     let handler: Arc<dyn Handler> = consumer.clone();
@@ -144,7 +144,7 @@ fn send(runtime: &LocalRuntime, queue: &str, bodies: &[&str]) {
     }
 }
 
-async fn run(runtime: &mut LocalRuntime) -> keyway::local::RunReport {
+async fn run(runtime: &mut LocalRuntime) -> keyway_local::RunReport {
     runtime
         .run_until_idle(Duration::from_secs(24 * 3600))
         .await

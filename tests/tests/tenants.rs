@@ -14,7 +14,7 @@ use dynamic_filter::subscription::{
     Identity, QueueOwnership, Subscription, Target, CONSUMER, QUEUE, SUBSCRIPTION,
 };
 use keyway::domain::{AttrValue, Item};
-use keyway::local::{FaultPlan, LocalRuntime, LocalServices, LocalTable};
+use keyway_local::{FaultPlan, LocalRuntime, LocalServices, LocalTable};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyway::lambda::{sink_from, state_store_from, Handler, StreamHandler};
-use keyway::local::{Factory, FaultPlan, LocalRuntime, LocalServices};
 use keyway::{Executor, Sinks};
+use keyway_local::{Factory, FaultPlan, LocalRuntime, LocalServices};
 use keyway_tests::operators::{IdleNotice, IdleSessions, IDLE_MILLIS, NOTICES};
 
 const EPOCH: i64 = 1_767_225_600_000;
@@ -202,7 +202,7 @@ async fn the_synthesized_stack_sweeps_its_timers_as_the_sam_stack_does() {
 
 #[tokio::test(start_paused = true)]
 async fn under_faults_every_timer_fires_exactly_once_for_its_session() {
-    let mut all = keyway::local::services::faults::FaultCounts::new();
+    let mut all = keyway_local::services::faults::FaultCounts::new();
     for seed in 1..=8 {
         let runtime = two_sessions(SAM, FaultPlan::all(0.2, seed)).await;
         let noticed = sessions_noticed(&runtime);
@@ -213,10 +213,10 @@ async fn under_faults_every_timer_fires_exactly_once_for_its_session() {
         assert_eq!(sessions, [("u1", 4), ("u2", 1)], "seed {seed}");
         for (service, counts) in runtime.services.faults_fired() {
             println!("seed {seed}: {service} {counts:?}");
-            keyway::local::services::faults::add_counts(&mut all, &counts);
+            keyway_local::services::faults::add_counts(&mut all, &counts);
         }
     }
-    use keyway::local::services::faults::Fault;
+    use keyway_local::services::faults::Fault;
     for kind in [
         Fault::Conflict,
         Fault::LostResponse,

@@ -29,7 +29,7 @@ use keyed_aggregate::aggregate::Aggregate;
 use keyway::adapters::kinesis::RECORD_MAX_BYTES;
 use keyway::domain::hash::{shard_for_hash, xxh3_128_hex, HashKeys};
 use keyway::domain::pointer::{string_of, Pointer};
-use keyway::local::FaultPlan;
+use keyway_local::FaultPlan;
 use keyway_stack::aggregation::{Aggregation, EventTimes, Finished, Settings, Windowing};
 
 use crate::error::CliError;

@@ -20,10 +20,10 @@ use keyed_counter::{KeyedCounter, COUNTS};
 use keyway::adapters::dynamodb::{DynamoStateStore, Expect, ItemKey, Table};
 use keyway::adapters::sqs::SqsSink;
 use keyway::domain::{AttrValue, Payload};
-use keyway::local::{thread_cpu_time, LocalSqs, LocalTable, MeterSnapshot};
 use keyway::ports::ManualClock;
 use keyway::sources::kinesis::decode_event;
 use keyway::{Executor, KeyedOperator, Sinks};
+use keyway_local::{thread_cpu_time, LocalSqs, LocalTable, MeterSnapshot};
 
 use crate::workload::{zipf_batches, BATCH_SIZE};
 
@@ -411,9 +411,9 @@ fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliE
     let runtime = runtime_builder(true);
     runtime
         .block_on(async {
-            let services = keyway::local::LocalServices::new(
+            let services = keyway_local::LocalServices::new(
                 1_767_225_600_000,
-                keyway::local::FaultPlan::default(),
+                keyway_local::FaultPlan::default(),
             );
             let mut functions = keyway_stack::functions();
             if noop {
@@ -422,7 +422,7 @@ fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliE
                     Box::new(|_, _| Ok(Arc::new(NoOp) as Arc<dyn keyway::lambda::Handler>)),
                 );
             }
-            let mut runtime = keyway::local::LocalRuntime::from_template(
+            let mut runtime = keyway_local::LocalRuntime::from_template(
                 keyway_stack::TEMPLATE,
                 services.clone(),
                 &functions,

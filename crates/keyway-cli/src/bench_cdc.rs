@@ -24,7 +24,7 @@ use keyway::adapters::dynamodb::{Expect, ItemKey, Table, WriteRequest};
 use keyway::domain::changelog::debezium_changes;
 use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Row};
 use keyway::domain::{AttrValue, RowChange};
-use keyway::local::{thread_cpu_time, LocalTable, MeterSnapshot};
+use keyway_local::{thread_cpu_time, LocalTable, MeterSnapshot};
 use keyway_stack::cdc::{final_tables, interleave, replay, Settings, SourceEvent};
 use keyway_stack::cdc_changes::{generate, Workload, JOIN};
 use serde::Serialize;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use keyway::local::{Latencies, Spent, Usage};
+use keyway_local::{Latencies, Spent, Usage};
 use keyway_stack::chaos::{usage, App, Settings};
 use keyway_stack::metering::{Batching, Metering};
 

@@ -29,9 +29,9 @@ use keyway::adapters::dynamodb::{ItemKey, Table, TTL};
 use keyway::domain::pattern::Pattern;
 use keyway::domain::{AttrValue, Output, OutputId, Payload};
 use keyway::lambda::{Env, FunctionError, Handler, Invocation, Platform};
-use keyway::local::mapping::events::{kinesis_event_json, KinesisEventRecord};
-use keyway::local::{thread_cpu_time, FaultPlan, KeySchema, LocalServices, MeterSnapshot};
 use keyway::ports::Sink;
+use keyway_local::mapping::events::{kinesis_event_json, KinesisEventRecord};
+use keyway_local::{thread_cpu_time, FaultPlan, KeySchema, LocalServices, MeterSnapshot};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -46,7 +46,7 @@ const ALL_EVENTS_SUBSCRIBERS: usize = 10;
 const BATCH: usize = 500;
 const EPOCH: i64 = 1_767_225_600_000;
 const STREAM_ARN: &str = "arn:aws:kinesis:us-east-1:000000000000:stream/filter-events";
-const QUEUE_PREFIX: &str = keyway::local::LocalSqs::URL_PREFIX;
+const QUEUE_PREFIX: &str = keyway_local::LocalSqs::URL_PREFIX;
 
 /// AWS list prices, us-east-1, as published on the services' pricing pages on 2026-12-01.
 mod price {

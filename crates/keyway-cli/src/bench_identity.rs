@@ -26,7 +26,7 @@ use identity_enricher::traffic::{Traffic, TrafficConfig};
 use keyway::adapters::dynamodb::{Expect, ItemKey, Table};
 use keyway::domain::hash::{kinesis_hash_key, shard_for_hash};
 use keyway::domain::AttrValue;
-use keyway::local::{thread_cpu_time, LocalTable};
+use keyway_local::{thread_cpu_time, LocalTable};
 
 use crate::enrich::{Run, Settings};
 use crate::error::CliError;
@@ -277,7 +277,7 @@ fn designs(
     let map = Traffic::customer_map_json(config);
     let (summary, enricher_cpu) = runtime.block_on(run_enricher(entries, map))?;
     let rate = |cpu: Duration| records as f64 / cpu.as_secs_f64().max(1e-9);
-    let design = |meter: &keyway::local::MeterSnapshot, cpu, resolved: u64| Design {
+    let design = |meter: &keyway_local::MeterSnapshot, cpu, resolved: u64| Design {
         capacity_units_per_1000_records: per_1000(meter.capacity_units(), records),
         read_units_per_1000_records: per_1000(meter.read_units, records),
         write_units_per_1000_records: per_1000(meter.write_units, records),

@@ -18,9 +18,9 @@ use keyway::adapters::dynamodb::{DynamoStateStore, ItemKey};
 use keyway::domain::DeadLetter;
 use keyway::executor::SIGNATURE_HISTORY;
 use keyway::lambda::Platform;
-use keyway::local::{FaultPlan, LocalRuntime, LocalServices, LocalTable, MappingStats};
 use keyway::ports::Namespace;
 use keyway::KeyedOperator;
+use keyway_local::{FaultPlan, LocalRuntime, LocalServices, LocalTable, MappingStats};
 
 use crate::workload::zipf_keys;
 use keyway_stack as stack;

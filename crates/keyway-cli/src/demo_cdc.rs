@@ -4,7 +4,7 @@
 //! the join made and checks the view table equals the join of the final tables.
 
 use cdc_join::spec::{JoinKind, JoinSpec};
-use keyway::local::FaultPlan;
+use keyway_local::FaultPlan;
 use keyway_stack::cdc::{final_tables, interleave, replay, Settings};
 use keyway_stack::cdc_changes::{generate, Workload, JOIN};
 

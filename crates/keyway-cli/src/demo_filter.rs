@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use keyway::domain::pattern::Pattern;
-use keyway::local::FaultPlan;
+use keyway_local::FaultPlan;
 use keyway_stack::filtering::{replay, Change, Op, Settings, TimedEvent};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use keyway::domain::skew::{coefficient_of_variation, max_over_mean};
-use keyway::local::FaultPlan;
+use keyway_local::FaultPlan;
 use keyway_stack::adaptive::{
     run as run_adaptive, Outcome, Phase, Second, Settings, Turns, HOT_KEY,
 };

@@ -19,7 +19,7 @@ use std::time::Duration;
 use identity_enricher::enricher::{ENRICHED, NAME};
 use identity_enricher::identity::CustomerMap;
 use keyway::domain::{DeadLetter, Origin, OutputId, SequenceNumber};
-use keyway::local::{FaultPlan, LocalRuntime, LocalServices};
+use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
 use serde_json::Value;
 
 use crate::error::CliError;
@@ -71,7 +71,7 @@ pub struct Summary {
     pub unresolved_latency: Latency,
     pub virtual_time: Duration,
     /// What the state table was asked, as DynamoDB would bill it: reads, writes and calls.
-    pub state_table: keyway::local::MeterSnapshot,
+    pub state_table: keyway_local::MeterSnapshot,
     /// The items the state table holds at the end: what the run's memory follows.
     pub state_items: usize,
 }

@@ -27,8 +27,8 @@ impl From<&str> for CliError {
     }
 }
 
-impl From<keyway::local::LocalError> for CliError {
-    fn from(err: keyway::local::LocalError) -> Self {
+impl From<keyway_local::LocalError> for CliError {
+    fn from(err: keyway_local::LocalError) -> Self {
         Self(err.to_string())
     }
 }

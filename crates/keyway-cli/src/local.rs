@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use keyway::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
-use keyway::local::{external, AwsApi, Factory, FaultPlan, LocalRuntime, LocalServices};
+use keyway_local::{external, AwsApi, Factory, FaultPlan, LocalRuntime, LocalServices};
 use keyway_stack as stack;
 use serde_json::{json, Value};
 
@@ -89,7 +89,7 @@ async fn local(options: LocalOptions) -> Result<(), CliError> {
     let factories = factories(&options, &text, &parameters, &api, logs)?;
     let mut runtime = LocalRuntime::from_template_with(&text, &parameters, services.clone(), &factories)
         .map_err(|e| match e {
-            keyway::local::LocalError::Unregistered { function } => format!(
+            keyway_local::LocalError::Unregistered { function } => format!(
                 "Resources/{function}: not one of keyway's functions: run it as its bootstrap with --function {function}=PATH"
             ),
             other => other.to_string(),
@@ -138,7 +138,7 @@ fn factories(
     api: &AwsApi,
     logs: Option<PathBuf>,
 ) -> Result<BTreeMap<String, Factory>, CliError> {
-    let (wiring, _) = keyway::local::template::parse_with(text, parameters)
+    let (wiring, _) = keyway_local::template::parse_with(text, parameters)
         .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
     let mut factories: BTreeMap<String, Factory> = stack::functions();
     for (id, path) in pairs("--function", &options.functions)? {
@@ -162,7 +162,7 @@ fn print_summary(
     options: &LocalOptions,
     runtime: &LocalRuntime,
     services: &LocalServices,
-    report: &keyway::local::RunReport,
+    report: &keyway_local::RunReport,
     put: usize,
 ) {
     println!(
@@ -208,7 +208,7 @@ fn pairs(flag: &str, values: &[String]) -> Result<Vec<(String, String)>, CliErro
 
 /// What a `--put` file goes to.
 enum Target {
-    Table(Arc<keyway::local::LocalTable>),
+    Table(Arc<keyway_local::LocalTable>),
     Stream,
     Queue { fifo: bool },
 }

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keyway::lambda::{Env, Handler as _, Invocation};
-use keyway::local::{external, AwsApi, Bootstrap, ExternalFunction, Factory, FaultPlan};
-use keyway::local::{LocalRuntime, LocalServices};
 use keyway::sources::kinesis::KinesisEventRecord;
+use keyway_local::{external, AwsApi, Bootstrap, ExternalFunction, Factory, FaultPlan};
+use keyway_local::{LocalRuntime, LocalServices};
 use serde::Serialize;
 
 use crate::error::CliError;
@@ -105,7 +105,7 @@ struct Package {
     /// From the ELF header: x86_64 or arm64.
     architecture: String,
     /// The function's crate, as `sam build` builds it from its CodeUri, leaves out the embedded
-    /// runtime (`keyway` without its `local` feature), as `cargo tree` resolves it.
+    /// runtime (the `keyway-local` crate), as `cargo tree` resolves it.
     embedded_runtime_left_out: bool,
     binary_bytes: u64,
     zip_bytes: u64,
@@ -242,7 +242,7 @@ fn print_table(r: &PackageBench) {
 
 /// The template's functions and the binary each is built from.
 fn functions(text: &str) -> Result<Vec<Function>, CliError> {
-    let (wiring, template) = keyway::local::template::parse_with(text, &BTreeMap::new())
+    let (wiring, template) = keyway_local::template::parse_with(text, &BTreeMap::new())
         .map_err(|e| format!("--template: {e}"))?;
     wiring
         .functions
@@ -310,7 +310,7 @@ fn package(build: &Path, function: &Function) -> Result<Package, CliError> {
 }
 
 /// Whether the crate in `crate_dir`, built from there as `sam build` builds a function, leaves the
-/// `local` feature of keyway (the embedded runtime and its YAML reader) off.
+/// embedded runtime (the `keyway-local` crate and its YAML reader) out.
 fn embedded_runtime_left_out(crate_dir: &Path) -> Result<bool, CliError> {
     let manifest = crate_dir.join("Cargo.toml");
     let out =
@@ -319,7 +319,7 @@ fn embedded_runtime_left_out(crate_dir: &Path) -> Result<bool, CliError> {
             .arg("--manifest-path")
             .arg(&manifest)
             // Dev-dependencies are the tests', which a release build leaves out.
-            .args(["-e", "features,no-dev", "-i", "keyway"])
+            .args(["-e", "normal", "--prefix", "none"])
             .output()
             .map_err(|e| format!("cargo tree: {e}"))?;
     if !out.status.success() {
@@ -330,7 +330,9 @@ fn embedded_runtime_left_out(crate_dir: &Path) -> Result<bool, CliError> {
         )
         .into());
     }
-    Ok(!String::from_utf8_lossy(&out.stdout).contains("keyway feature \"local\""))
+    Ok(!String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|line| line.starts_with("keyway-local ")))
 }
 
 /// The architecture an ELF executable is for, as Lambda names it (its e_machine field).
@@ -415,7 +417,7 @@ fn largest_batch(data_bytes: usize) -> String {
             (key, data, format!("{:056}", i + 1))
         })
         .collect();
-    keyway::local::mapping::events::kinesis_event_json(
+    keyway_local::mapping::events::kinesis_event_json(
         "arn:aws:kinesis:us-east-1:000000000000:stream/clicks",
         datas
             .iter()
@@ -511,7 +513,7 @@ fn deployed_env(
     api: &AwsApi,
 ) -> Result<Env, CliError> {
     let recorded: Arc<Mutex<Option<Env>>> = Arc::default();
-    let (wiring, _) = keyway::local::template::parse_with(text, &BTreeMap::new())
+    let (wiring, _) = keyway_local::template::parse_with(text, &BTreeMap::new())
         .map_err(|e| format!("--template: {e}"))?;
     let mut factories: BTreeMap<String, Factory> = BTreeMap::new();
     for f in &wiring.functions {

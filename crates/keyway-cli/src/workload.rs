@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Zipf};
 
-use keyway::local::mapping::events::{kinesis_event, KinesisEventRecord};
+use keyway_local::mapping::events::{kinesis_event, KinesisEventRecord};
 
 pub const BATCH_SIZE: usize = 500;
 pub const STREAM_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/clicks";

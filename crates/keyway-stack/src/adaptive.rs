@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use keyway::adapters::dynamodb::{AdaptivePartitioner, HotKeyRegistry};
 use keyway::domain::skew::Hysteresis;
-use keyway::local::{Data, FaultPlan, LocalError, LocalRuntime, LocalServices};
 use keyway::ports::Clock;
+use keyway_local::{Data, FaultPlan, LocalError, LocalRuntime, LocalServices};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;

@@ -14,8 +14,8 @@ use keyed_aggregate::aggregate::Aggregate;
 use keyed_aggregate::wiring::{aggregate_handler, merge_handler};
 use keyway::adapters::dynamodb::TTL;
 use keyway::domain::DeadLetter;
-use keyway::local::{FaultPlan, KeySchema, LocalError, LocalRuntime, LocalServices, MappingSource};
 use keyway::ports::Clock;
+use keyway_local::{FaultPlan, KeySchema, LocalError, LocalRuntime, LocalServices, MappingSource};
 use serde_json::Value;
 
 use crate::{failed, stack_mapping};

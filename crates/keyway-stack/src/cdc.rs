@@ -20,7 +20,7 @@ use keyway::adapters::dynamodb::TTL;
 use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Op};
 use keyway::domain::item::item_size;
 use keyway::domain::{InvalidInput, Item};
-use keyway::local::{
+use keyway_local::{
     Fault, FaultCounts, FaultPlan, KeySchema, LocalError, LocalRuntime, LocalServices,
     MappingSource, MeterSnapshot,
 };

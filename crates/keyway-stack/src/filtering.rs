@@ -21,10 +21,10 @@ use dynamic_filter::subscription::QueueOwnership;
 use dynamic_filter::{FilterHandler, Refreshes};
 use keyway::adapters::kinesis::PutOutcome;
 use keyway::lambda::Handler;
-use keyway::local::{
+use keyway::ports::Clock;
+use keyway_local::{
     Factory, FaultPlan, LocalError, LocalRuntime, LocalServices, LocalSqs, MappingStats,
 };
-use keyway::ports::Clock;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -204,7 +204,7 @@ impl FilterStack {
         }
         let registry = match &settings.registry {
             Some(text) => QueueOwnership::default().with_registry(text).map_err(|e| {
-                LocalError::Template(keyway::local::template::TemplateError(format!(
+                LocalError::Template(keyway_local::template::TemplateError(format!(
                     "ConsumerQueues: {e}"
                 )))
             })?,

@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use keyway::lambda::Handler;
-use keyway::local::{Factory, LocalError, LocalRuntime};
 use keyway::operator::StateDescriptor;
 use keyway::KeyedOperator;
+use keyway_local::{Factory, LocalError, LocalRuntime};
 
 /// The SAM template the stack is deployed with.
 pub const TEMPLATE: &str = include_str!("../../../template.yaml");
@@ -65,8 +65,8 @@ pub fn deploy_consumer(runtime: &mut LocalRuntime, consumer: &str) -> Result<Str
 /// The settings of the stack's stream mappings (template.yaml's), with `batch_size` records a
 /// batch and each shard read in `lanes` lanes (template.yaml's ParallelizationFactor is 2): for
 /// runs that wire the functions themselves.
-pub(crate) fn stack_mapping(batch_size: usize, lanes: u32) -> keyway::local::MappingSettings {
-    keyway::local::MappingSettings {
+pub(crate) fn stack_mapping(batch_size: usize, lanes: u32) -> keyway_local::MappingSettings {
+    keyway_local::MappingSettings {
         batch_size,
         report_batch_item_failures: true,
         bisect_batch_on_function_error: true,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use keyway::local::{Latencies, LocalError, LocalServices};
+use keyway_local::{Latencies, LocalError, LocalServices};
 
 /// A stream mapping's BatchSize and MaximumBatchingWindowInSeconds.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,8 +57,8 @@ impl Metering {
     /// `settings` with the batching, if any: for runs that wire the functions themselves.
     pub(crate) fn mapping(
         &self,
-        mut settings: keyway::local::MappingSettings,
-    ) -> keyway::local::MappingSettings {
+        mut settings: keyway_local::MappingSettings,
+    ) -> keyway_local::MappingSettings {
         if let Some(batching) = &self.batching {
             settings.batch_size = batching.batch_size;
             settings.maximum_batching_window = batching.window;

@@ -5,20 +5,17 @@
 //! (the narrow traits the runtime needs), `operator` (the API applications implement), `executor`
 //! (runs a batch through an operator with exactly-once state effects), `sources` (Lambda payloads
 //! to domain records) and `adapters` (the AWS SDK implementations of the ports), `lambda` (the
-//! handlers and the platform wiring a function's `main` calls), and, behind the `local` feature,
-//! `local` (the embedded runtime). Each layer uses only the layers before it.
+//! handlers and the platform wiring a function's `main` calls). Each layer uses only the layers
+//! before it. The embedded runtime that runs them in memory is the `keyway-local` crate, which no
+//! function binary links.
 
 pub mod adapters;
 pub mod domain;
 pub mod executor;
 pub mod lambda;
-#[cfg(feature = "local")]
-pub mod local;
 pub mod operator;
 pub mod ports;
 pub mod sources;
-#[cfg(any(test, feature = "testing"))]
-pub mod testing;
 
 pub use domain::RejectedRecord;
 pub use executor::{BatchReport, Executor, ExecutorConfig, Inputs, Lineage, Sinks, WiringError};

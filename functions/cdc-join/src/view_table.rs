@@ -155,9 +155,9 @@ impl Sink for ViewTable {
 
 #[cfg(test)]
 mod tests {
-    use keyway::local::services::faults::{Fault, FaultPlan, Faults};
-    use keyway::local::LocalTable;
     use keyway::ports::ManualClock;
+    use keyway_local::services::faults::{Fault, FaultPlan, Faults};
+    use keyway_local::LocalTable;
     use serde_json::json;
 
     use super::*;

@@ -3,8 +3,8 @@
 
 use async_trait::async_trait;
 use keyway::domain::{AttrValue, Item};
-use keyway::local::LocalTable;
 use keyway::ports::StoreError;
+use keyway_local::LocalTable;
 
 use crate::client::PolicyTable;
 use crate::subscription::{Identity, CONSUMER, SUBSCRIPTION};
@@ -78,16 +78,14 @@ pub async fn policy_table_contract(table: &dyn PolicyTable) {
 
 #[cfg(test)]
 mod tests {
-    use keyway::local::KeySchema;
+    use keyway_local::KeySchema;
 
     use super::*;
 
     #[tokio::test]
     async fn the_embedded_table_keeps_the_policy_table_contract() {
-        let dynamodb = keyway::local::LocalDynamoDb::new(
-            keyway::ports::ManualClock::at(0),
-            Default::default(),
-        );
+        let dynamodb =
+            keyway_local::LocalDynamoDb::new(keyway::ports::ManualClock::at(0), Default::default());
         let schema = KeySchema {
             hash: CONSUMER.into(),
             range: Some(SUBSCRIPTION.into()),
@@ -96,7 +94,7 @@ mod tests {
             "policies",
             schema,
             None,
-            Some(keyway::local::StreamView::NewAndOldImages),
+            Some(keyway_local::StreamView::NewAndOldImages),
         );
         policy_table_contract(table.as_ref()).await;
     }

@@ -301,8 +301,8 @@ fn body_of(item: &Item) -> Result<Revised, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use keyway::local::{KeySchema, LocalDynamoDb};
     use keyway::ports::ManualClock;
+    use keyway_local::{KeySchema, LocalDynamoDb};
 
     use super::*;
     use crate::index::{revision, SubscriptionIndex};
@@ -383,7 +383,7 @@ mod tests {
         let (cursor, rows) = state.snapshot().await.unwrap();
         let index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), cursor, rows);
         // A quiet day, and the days DynamoDB takes to delete what expired: the entry is gone.
-        let ttl_delay = keyway::local::DEFAULT_TTL_DELAY.as_millis() as i64;
+        let ttl_delay = keyway_local::DEFAULT_TTL_DELAY.as_millis() as i64;
         clock.advance(26 * 3600 * 1000 + ttl_delay);
         dynamodb.expire();
         assert!(journal(&state).await.is_empty());
@@ -402,7 +402,7 @@ mod tests {
         };
         state.apply(&untabled).await.unwrap();
         state.apply(&change("a", "k1", 2, false)).await.unwrap();
-        let ttl_delay = keyway::local::DEFAULT_TTL_DELAY.as_millis() as i64;
+        let ttl_delay = keyway_local::DEFAULT_TTL_DELAY.as_millis() as i64;
         clock.advance(TOMBSTONE_RETENTION.as_millis() as i64 + ttl_delay + 1000);
         dynamodb.expire();
         let (version, rows) = state.snapshot().await.unwrap();
@@ -431,7 +431,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_journal_entry_that_appeared_late_is_appended_again_under_a_new_time() {
-        use keyway::local::{FaultPlan, LocalServices};
+        use keyway_local::{FaultPlan, LocalServices};
         let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
         let schema = KeySchema {
             hash: PK.into(),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use keyed_aggregate::aggregate::Aggregate;
 use keyway::domain::salt::{Partitioner, Salting};
 use keyway::domain::skew::Hysteresis;
-use keyway::local::FaultPlan;
+use keyway_local::FaultPlan;
 use keyway_stack::adaptive;
 use keyway_stack::aggregation::{Aggregation, EventTimes, Settings as Run};
 use serde::Serialize;

@@ -11,7 +11,7 @@ use keyed_aggregate::aggregate::{Aggregate, Partial};
 use keyed_aggregate::exact::Exact;
 use keyed_aggregate::merge::result_line;
 use keyway::domain::salt::{Partitioner, Salting};
-use keyway::local::{FaultPlan, LocalError, Usage};
+use keyway_local::{FaultPlan, LocalError, Usage};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;

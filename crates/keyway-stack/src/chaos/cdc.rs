@@ -14,7 +14,7 @@ use cdc_join::oracle::Tables;
 use cdc_join::rekey;
 use cdc_join::spec::{JoinKind, JoinSpec};
 use cdc_join::view::View;
-use keyway::local::{FaultPlan, LocalError, Usage};
+use keyway_local::{FaultPlan, LocalError, Usage};
 
 use super::{against_fault_free, against_oracle, side_by_side, Report, Sent, Settings};
 use crate::cdc::{

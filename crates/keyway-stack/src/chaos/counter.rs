@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use keyway::local::{Fault, FaultPlan, LocalError, LocalRuntime, Usage};
 use keyway::ports::Namespace;
+use keyway_local::{Fault, FaultPlan, LocalError, LocalRuntime, Usage};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

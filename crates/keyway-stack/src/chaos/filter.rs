@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use keyway::local::{Fault, FaultPlan, LocalError, Usage};
+use keyway_local::{Fault, FaultPlan, LocalError, Usage};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};

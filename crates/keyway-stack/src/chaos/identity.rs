@@ -12,7 +12,7 @@ use std::time::Duration;
 use identity_enricher::cloudtrail::CloudTrailRecord;
 use identity_enricher::identity::CustomerMap;
 use identity_enricher::traffic::{Traffic, TrafficConfig};
-use keyway::local::{FaultPlan, LocalError, LocalRuntime, Usage};
+use keyway_local::{FaultPlan, LocalError, LocalRuntime, Usage};
 use serde_json::Value;
 
 use super::{

@@ -22,9 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use keyway::domain::DeadLetter;
-use keyway::local::{
-    Fault, FaultCounts, FaultPlan, LocalError, LocalRuntime, LocalServices, Usage,
-};
+use keyway_local::{Fault, FaultCounts, FaultPlan, LocalError, LocalRuntime, LocalServices, Usage};
 use serde::Serialize;
 
 use crate::metering::Metering;

@@ -464,14 +464,14 @@ mod tests {
     use super::super::{Executor, Sinks};
     use super::*;
     use crate::adapters::dynamodb::DynamoStateStore;
+    use crate::adapters::dynamodb::MemoryTable;
     use crate::domain::Origin;
-    use crate::local::LocalTable;
     use crate::ports::{ManualClock, Namespace, StateStore, TimerIndex};
 
     /// The in-memory store, except that its next key commits fail with the errors given; it
     /// counts the key commits it is asked for.
     struct Scripted {
-        inner: DynamoStateStore<LocalTable>,
+        inner: DynamoStateStore<MemoryTable>,
         errors: Mutex<VecDeque<StoreError>>,
         key_commits: AtomicUsize,
     }
@@ -524,7 +524,7 @@ mod tests {
     fn scene(outbox: bool, errors: Vec<StoreError>) -> Scene {
         let clock = ManualClock::at(START);
         let store = Arc::new(Scripted {
-            inner: DynamoStateStore::new(Arc::new(LocalTable::new()), clock.clone()),
+            inner: DynamoStateStore::new(Arc::new(MemoryTable::new()), clock.clone()),
             errors: Mutex::new(errors.into()),
             key_commits: AtomicUsize::new(0),
         });

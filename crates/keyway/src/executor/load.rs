@@ -351,7 +351,7 @@ mod tests {
             .executor
             .run(vec![record(1, "p", "a", 1), record(2, "q", "b", 1)])
             .await;
-        crate::testing::corrupt_head(&bench.table, |pk| pk.ends_with("#b"));
+        super::super::testkit::corrupt_head(&bench.table, |pk| pk.ends_with("#b"));
 
         let report = bench
             .executor

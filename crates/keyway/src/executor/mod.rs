@@ -459,8 +459,8 @@ mod tests {
     use super::testkit::{Recorder, Summer, OUT};
     use super::*;
     use crate::adapters::dynamodb::DynamoStateStore;
+    use crate::adapters::dynamodb::MemoryTable;
     use crate::domain::Output;
-    use crate::local::LocalTable;
     use crate::ports::{ManualClock, SinkError};
 
     /// A sink that takes messages of up to 1 MiB, as a Kinesis stream does.
@@ -479,7 +479,7 @@ mod tests {
     fn limit_of(outbox: bool) -> usize {
         let clock = ManualClock::at(0);
         let store = Arc::new(DynamoStateStore::new(
-            Arc::new(LocalTable::new()),
+            Arc::new(MemoryTable::new()),
             clock.clone(),
         ));
         let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, Arc::new(Wide));
@@ -498,7 +498,7 @@ mod tests {
         // Five seconds after the records arrived.
         let clock = ManualClock::at(START + 5_000);
         let store = Arc::new(DynamoStateStore::new(
-            Arc::new(LocalTable::new()),
+            Arc::new(MemoryTable::new()),
             clock.clone(),
         ));
         let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, Arc::new(Wide));
@@ -612,8 +612,8 @@ mod tests {
     #[test]
     fn an_outbox_operators_outputs_must_fit_the_state_store_and_others_only_their_sink() {
         assert_eq!(limit_of(false), 1024 * 1024);
-        let entry = crate::adapters::dynamodb::DynamoStateStore::<LocalTable>::new(
-            Arc::new(LocalTable::new()),
+        let entry = crate::adapters::dynamodb::DynamoStateStore::<MemoryTable>::new(
+            Arc::new(MemoryTable::new()),
             ManualClock::at(0),
         )
         .limits()

@@ -52,7 +52,7 @@ impl<O: KeyedOperator> Executor<O> {
 mod tests {
     use super::super::testkit::{bench, record, Summer, OUT};
     use crate::adapters::dynamodb::DynamoStateStore;
-    use crate::local::LocalTable;
+    use crate::adapters::dynamodb::MemoryTable;
     use crate::ports::StateStore;
 
     /// What the bench's table holds for `keys`.
@@ -61,7 +61,7 @@ mod tests {
         keys: &[&str],
     ) -> std::collections::HashMap<String, crate::domain::KeyState> {
         let store =
-            DynamoStateStore::<LocalTable>::new(b.table.clone(), crate::ports::ManualClock::at(0));
+            DynamoStateStore::<MemoryTable>::new(b.table.clone(), crate::ports::ManualClock::at(0));
         let keys: Vec<String> = keys.iter().map(|k| (*k).to_owned()).collect();
         store.load(b.executor.namespace(), &keys).await.unwrap()
     }

@@ -9,9 +9,9 @@ use serde_json::json;
 
 use super::{Executor, Sinks};
 use crate::adapters::dynamodb::DynamoStateStore;
+use crate::adapters::dynamodb::MemoryTable;
 use crate::domain::RejectedRecord;
 use crate::domain::{Origin, Output, Payload, SequenceNumber, SourceRecord};
-use crate::local::LocalTable;
 use crate::operator::{
     Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, SinkDescriptor, StateDescriptor,
 };
@@ -184,14 +184,14 @@ impl Sink for Recorder {
 pub struct Bench<O: KeyedOperator> {
     pub executor: Executor<O>,
     pub clock: Arc<ManualClock>,
-    pub table: Arc<LocalTable>,
+    pub table: Arc<MemoryTable>,
     pub out: Arc<Recorder>,
     pub dead: Arc<Recorder>,
 }
 
 pub fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
     let clock = ManualClock::at(START);
-    let table = Arc::new(LocalTable::new());
+    let table = Arc::new(MemoryTable::new());
     let store = Arc::new(DynamoStateStore::new(table.clone(), clock.clone()));
     let out = Arc::new(Recorder {
         ordered,
@@ -206,4 +206,22 @@ pub fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
         out,
         dead,
     }
+}
+
+/// Makes the stored head of a key unreadable, as a bad write or a hand edit leaves it: the head
+/// whose partition key `pk_matches` gets a document that is not JSON.
+pub fn corrupt_head(table: &MemoryTable, pk_matches: impl Fn(&str) -> bool) {
+    let mut head = table
+        .items()
+        .into_iter()
+        .find(|item| {
+            crate::adapters::dynamodb::ItemKey::of(item)
+                .is_some_and(|key| pk_matches(&key.pk) && key.sk == "head")
+        })
+        .expect("a stored head for the key");
+    head.insert(
+        "doc".into(),
+        crate::domain::AttrValue::S("{not json".into()),
+    );
+    table.put_item(head).expect("the head written back");
 }

@@ -274,11 +274,11 @@ impl AdaptivePartitioner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::LocalTable;
+    use crate::adapters::dynamodb::MemoryTable;
 
     const PERIOD: i64 = 10_000;
 
-    fn registry(table: &Arc<LocalTable>) -> HotKeyRegistry {
+    fn registry(table: &Arc<MemoryTable>) -> HotKeyRegistry {
         let thresholds = Hysteresis {
             heat_share: 0.2,
             cool_share: 0.05,
@@ -304,7 +304,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_key_hot_across_shards_is_listed_once_its_period_ends_and_not_before() {
-        let table = Arc::new(LocalTable::new());
+        let table = Arc::new(MemoryTable::new());
         let registry = registry(&table);
         // 30 of 100 records on `a`, split over two shards where neither alone is decisive.
         registry
@@ -325,7 +325,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_retried_batch_replaces_its_report_instead_of_adding_to_it() {
-        let table = Arc::new(LocalTable::new());
+        let table = Arc::new(MemoryTable::new());
         let registry = registry(&table);
         for _ in 0..3 {
             let retried = report(1_000, "s1/1", &[("a", 30), ("b", 70)]);
@@ -342,7 +342,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hot_key_cools_after_its_cool_periods_even_when_the_stream_went_quiet() {
-        let table = Arc::new(LocalTable::new());
+        let table = Arc::new(MemoryTable::new());
         let registry = registry(&table);
         registry
             .report(&report(0, "s1/1", &[("a", 90), ("b", 10)]))
@@ -363,7 +363,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_period_is_decided_once_however_many_functions_report_after_it_ends() {
-        let table = Arc::new(LocalTable::new());
+        let table = Arc::new(MemoryTable::new());
         let first = registry(&table);
         let second = registry(&table);
         first
@@ -382,9 +382,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_function_reads_the_hot_list_once_a_period_however_many_batches_it_runs() {
-        let table = Arc::new(LocalTable::new());
+        let table = Arc::new(MemoryTable::new());
         let registry = registry(&table);
-        let gets = || table.meter().snapshot().calls.get("GetItem").copied();
+        let gets = || table.usage().calls.get("GetItem").copied();
         for i in 0..200 {
             let batch = format!("s1/{i}");
             registry
@@ -407,7 +407,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_producer_salts_the_listed_keys_from_its_next_read_and_stops_when_they_cool() {
-        let table = Arc::new(LocalTable::new());
+        let table = Arc::new(MemoryTable::new());
         let registry = registry(&table);
         let mut producer =
             AdaptivePartitioner::new(registry.clone(), 4, Duration::from_millis(PERIOD as u64));

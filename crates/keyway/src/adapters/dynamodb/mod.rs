@@ -2,11 +2,15 @@
 //! the state store built on it.
 //!
 //! The state store's logic (item layout, batching, retries, segments) is written once against
-//! `Table`; the SDK and the in-memory table (`local::LocalTable`) implement `Table` and
-//! pass the same contract suite, so the logic that runs in tests is the logic that runs on AWS.
+//! `Table`; the SDK, the in-memory table (`MemoryTable`) and the embedded runtime's table
+//! (`keyway_local::MemoryTable`) implement `Table` and pass the same contract suite, so the logic
+//! that runs in tests is the logic that runs on AWS. The tables that are not DynamoDB follow its
+//! rules as `rules` writes them down.
 
 mod hot_keys;
+mod memory;
 mod read_only;
+pub mod rules;
 mod sdk;
 mod store;
 mod table_sink;
@@ -14,6 +18,7 @@ mod table_sink;
 use async_trait::async_trait;
 
 pub use hot_keys::{AdaptivePartitioner, HotKeyRegistry};
+pub use memory::{MemoryTable, TableUsage};
 pub use read_only::ReadOnlyTable;
 pub use sdk::{item_from_sdk, item_to_sdk, sdk_store_error, SdkTable};
 pub use store::text as stored_text;

@@ -103,13 +103,13 @@ impl Table for ReadOnlyTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::dynamodb::MemoryTable;
     use crate::adapters::dynamodb::PK;
     use crate::domain::AttrValue;
-    use crate::local::LocalTable;
 
     #[tokio::test]
     async fn a_read_only_table_reads_and_refuses_every_write_naming_the_table() {
-        let inner = Arc::new(LocalTable::new());
+        let inner = Arc::new(MemoryTable::new());
         let key = ItemKey {
             pk: "a".into(),
             sk: "b".into(),

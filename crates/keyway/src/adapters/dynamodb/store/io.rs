@@ -150,8 +150,8 @@ mod tests {
 
     use super::super::super::BatchGetOutput;
     use super::*;
+    use crate::adapters::dynamodb::MemoryTable;
     use crate::adapters::retry::Backoff;
-    use crate::local::LocalTable;
     use crate::ports::ManualClock;
 
     /// How the table answers the store's batch calls.
@@ -166,7 +166,7 @@ mod tests {
 
     /// The in-memory table, answering batch calls as `answer` says and counting them.
     struct Answering {
-        inner: LocalTable,
+        inner: MemoryTable,
         answer: Answer,
         calls: AtomicUsize,
     }
@@ -225,7 +225,7 @@ mod tests {
 
     fn store(answer: Answer, backoff: Backoff) -> DynamoStateStore<Answering> {
         let table = Answering {
-            inner: LocalTable::new(),
+            inner: MemoryTable::new(),
             answer,
             calls: AtomicUsize::new(0),
         };

@@ -492,15 +492,19 @@ mod tests {
         assert_eq!(partition_key(&ns, &longest), format!("op#abc#{longest}"));
     }
 
-    type LocalStore = DynamoStateStore<crate::local::LocalTable>;
+    type LocalStore = DynamoStateStore<crate::adapters::dynamodb::MemoryTable>;
 
     /// A namespace, and a store on an in-memory table.
-    fn store_on_a_table() -> (Namespace, Arc<crate::local::LocalTable>, LocalStore) {
+    fn store_on_a_table() -> (
+        Namespace,
+        Arc<crate::adapters::dynamodb::MemoryTable>,
+        LocalStore,
+    ) {
         let ns = Namespace {
             operator: "op".into(),
             signature: "abc".into(),
         };
-        let table = Arc::new(crate::local::LocalTable::new());
+        let table = Arc::new(crate::adapters::dynamodb::MemoryTable::new());
         let store = DynamoStateStore::new(table.clone(), crate::ports::ManualClock::at(0));
         (ns, table, store)
     }
@@ -520,9 +524,11 @@ mod tests {
                 .await;
             assert!(results[0].is_ok(), "{results:?}");
             let head = table
-                .get(&DynamoStateStore::<crate::local::LocalTable>::head_key(
-                    &ns, &key,
-                ))
+                .get(
+                    &DynamoStateStore::<crate::adapters::dynamodb::MemoryTable>::head_key(
+                        &ns, &key,
+                    ),
+                )
                 .await
                 .unwrap()
                 .unwrap();
@@ -551,12 +557,13 @@ mod tests {
             .insert("buffer".into(), SlotData::fresh(records.clone()));
         let results = store.commit(&ns, vec![Commit::new("k", 0, state)]).await;
         assert!(results[0].is_ok(), "{results:?}");
-        let units = table.meter().snapshot().write_units;
+        let units = table.usage().write_units;
         assert!(
             units <= 4.0,
             "{units} write units for {text_bytes} bytes of records"
         );
-        let head_key = DynamoStateStore::<crate::local::LocalTable>::head_key(&ns, "k");
+        let head_key =
+            DynamoStateStore::<crate::adapters::dynamodb::MemoryTable>::head_key(&ns, "k");
         let head = table.get(&head_key).await.unwrap().unwrap();
         assert!(
             matches!(head.get("docz"), Some(AttrValue::B(_))),

@@ -266,15 +266,15 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::local::LocalTable;
+    use crate::adapters::dynamodb::MemoryTable;
     use crate::ports::{ManualClock, TimerIndex};
 
     /// 2026-01-01T00:05:00Z: five minutes into an hour.
     const T: i64 = 1_767_225_900_000;
     const MINUTE: i64 = 60_000;
 
-    fn store() -> DynamoStateStore<LocalTable> {
-        DynamoStateStore::new(Arc::new(LocalTable::new()), ManualClock::at(T))
+    fn store() -> DynamoStateStore<MemoryTable> {
+        DynamoStateStore::new(Arc::new(MemoryTable::new()), ManualClock::at(T))
     }
 
     fn timer(key: &str, at_millis: i64) -> TimerEntry {

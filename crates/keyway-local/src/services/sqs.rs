@@ -1,0 +1,507 @@
+//! In-memory SQS: standard and FIFO queues (FIFO by the `.fifo` suffix, as SQS names them), the
+//! SendMessageBatch limits (10 entries, 1 MiB), and FIFO deduplication: a message whose
+//! deduplication id was accepted in the last five minutes is answered as sent and dropped (with
+//! ContentBasedDeduplication, the body's SHA-256 is its deduplication id).
+//!
+//! What a consumer meets, as the Lambda poller reads a queue (`receive_visible`): a received
+//! message is invisible for the queue's visibility timeout and comes back unless deleted, its
+//! receive count growing; past the redrive policy's maxReceiveCount it moves to the dead-letter
+//! queue instead; a FIFO queue hands out no message of a group while another of that group is in
+//! flight; a message older than the retention period is gone.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::faults::{Fault, Faults};
+use super::meter::{sqs_requests, Meter};
+use keyway::adapters::sqs::{
+    SqsApi, SqsEntry, SqsOutcome, BATCH_MAX_BYTES, BATCH_MAX_ENTRIES, OUTPUT_ID_ATTRIBUTE,
+};
+use keyway::ports::{Clock, SinkError, SystemClock};
+
+/// A message as a queue holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedMessage {
+    pub message_id: String,
+    pub body: String,
+    /// The `outputId` attribute, when the sender set one.
+    pub output_id: Option<String>,
+    pub group_id: Option<String>,
+    pub deduplication_id: Option<String>,
+}
+
+/// SQS FIFO drops a message whose deduplication id it accepted in the last five minutes.
+pub const FIFO_DEDUPLICATION_WINDOW_MILLIS: i64 = 5 * 60 * 1000;
+
+/// A queue's attributes that change what a consumer meets, with SQS's defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// How long a received message stays invisible (VisibilityTimeout, 30 s by default).
+    pub visibility_timeout: Duration,
+    /// RedrivePolicy: the dead-letter queue's URL and the receives a message gets before it
+    /// moves there.
+    pub redrive: Option<(String, u32)>,
+    /// How long the queue keeps a message (MessageRetentionPeriod, 4 days by default).
+    pub retention: Duration,
+    pub content_based_deduplication: bool,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            visibility_timeout: Duration::from_secs(30),
+            redrive: None,
+            retention: Duration::from_secs(4 * 24 * 3600),
+            content_based_deduplication: false,
+        }
+    }
+}
+
+/// A message as a consumer receives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    pub message: QueuedMessage,
+    /// Deletes the message while it is in flight from this receive.
+    pub receipt_handle: String,
+    pub receive_count: u32,
+    pub sent_millis: i64,
+    pub first_receive_millis: i64,
+    /// The queue's order of the message (a FIFO queue's sequence number).
+    pub sequence: u64,
+}
+
+/// A message the queue holds, with what SQS keeps of it.
+#[derive(Clone, Debug)]
+struct Held {
+    sequence: u64,
+    message: QueuedMessage,
+    sent_millis: i64,
+    receive_count: u32,
+    first_receive_millis: Option<i64>,
+}
+
+struct Queue {
+    fifo: bool,
+    config: QueueConfig,
+    /// Every message accepted, in order.
+    accepted: Vec<QueuedMessage>,
+    /// Messages visible to a receive, in order.
+    waiting: VecDeque<Held>,
+    /// Messages received and not deleted, by sequence, with when they become visible again.
+    in_flight: BTreeMap<u64, (Held, i64)>,
+    /// FIFO deduplication ids and when they were accepted.
+    seen: HashMap<String, i64>,
+}
+
+impl Queue {
+    /// Brings back the messages whose visibility timeout passed, and drops those past retention.
+    fn refresh(&mut self, now: i64) {
+        let back: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter(|(_, (_, visible_at))| *visible_at <= now)
+            .map(|(sequence, _)| *sequence)
+            .collect();
+        for sequence in &back {
+            let (held, _) = self.in_flight.remove(sequence).expect("listed above");
+            self.waiting.push_back(held);
+        }
+        if !back.is_empty() {
+            self.waiting.make_contiguous().sort_by_key(|h| h.sequence);
+        }
+        let retention = self.config.retention.as_millis() as i64;
+        self.waiting.retain(|h| now - h.sent_millis < retention);
+    }
+
+    /// The FIFO groups that have a message in flight: none of theirs is handed out meanwhile.
+    fn busy_groups(&self) -> HashSet<String> {
+        match self.fifo {
+            true => self
+                .in_flight
+                .values()
+                .filter_map(|(h, _)| h.message.group_id.clone())
+                .collect(),
+            false => HashSet::new(),
+        }
+    }
+}
+
+/// In-memory SQS queues.
+pub struct LocalSqs {
+    queues: Mutex<BTreeMap<String, Queue>>,
+    next_id: Mutex<u64>,
+    clock: Arc<dyn Clock>,
+    meter: Meter,
+    faults: Faults,
+}
+
+impl Default for LocalSqs {
+    fn default() -> Self {
+        Self::new(Arc::new(SystemClock), Faults::none())
+    }
+}
+
+impl LocalSqs {
+    pub fn new(clock: Arc<dyn Clock>, faults: Faults) -> Self {
+        Self {
+            queues: Mutex::new(BTreeMap::new()),
+            next_id: Mutex::new(0),
+            clock,
+            meter: Meter::default(),
+            faults,
+        }
+    }
+
+    /// The URL of the queue `name`, as AWS forms it: this prefix and the name.
+    pub const URL_PREFIX: &'static str = "https://sqs.us-east-1.amazonaws.com/000000000000/";
+
+    /// Creates a queue and returns its URL.
+    pub fn create_queue(&self, name: &str) -> String {
+        let url = format!("{}{name}", Self::URL_PREFIX);
+        let queue = Queue {
+            fifo: name.ends_with(".fifo"),
+            config: QueueConfig::default(),
+            accepted: Vec::new(),
+            waiting: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            seen: HashMap::new(),
+        };
+        self.queues
+            .lock()
+            .expect("queues lock")
+            .insert(url.clone(), queue);
+        url
+    }
+
+    /// The ARN of the queue at `url`.
+    pub fn queue_arn(url: &str) -> String {
+        let name = url.rsplit('/').next().unwrap_or(url);
+        format!("arn:aws:sqs:us-east-1:000000000000:{name}")
+    }
+
+    pub fn meter(&self) -> &Meter {
+        &self.meter
+    }
+
+    /// The faults this service injected so far.
+    pub fn faults_fired(&self) -> super::faults::FaultCounts {
+        self.faults.fired()
+    }
+
+    /// Every message the queue accepted, in order, received or not.
+    pub fn messages(&self, url: &str) -> Vec<QueuedMessage> {
+        self.queues
+            .lock()
+            .expect("queues lock")
+            .get(url)
+            .map(|q| q.accepted.clone())
+            .unwrap_or_default()
+    }
+
+    /// Receives (and deletes) up to `max` messages not received yet.
+    pub fn receive(&self, url: &str, max: usize) -> Vec<QueuedMessage> {
+        let mut queues = self.queues.lock().expect("queues lock");
+        let Some(queue) = queues.get_mut(url) else {
+            return Vec::new();
+        };
+        let n = max.min(queue.waiting.len());
+        queue.waiting.drain(..n).map(|h| h.message).collect()
+    }
+
+    /// Sets the queue's attributes (its template's VisibilityTimeout, RedrivePolicy...).
+    pub fn configure(&self, url: &str, config: QueueConfig) {
+        if let Some(queue) = self.queues.lock().expect("queues lock").get_mut(url) {
+            queue.config = config;
+        }
+    }
+
+    pub fn is_fifo(&self, url: &str) -> bool {
+        let queues = self.queues.lock().expect("queues lock");
+        queues.get(url).is_some_and(|q| q.fifo)
+    }
+
+    pub fn config(&self, url: &str) -> Option<QueueConfig> {
+        let queues = self.queues.lock().expect("queues lock");
+        queues.get(url).map(|q| q.config.clone())
+    }
+
+    /// How many messages a receive at `now` could hand out.
+    pub fn visible(&self, url: &str, now: i64) -> usize {
+        let mut queues = self.queues.lock().expect("queues lock");
+        let Some(queue) = queues.get_mut(url) else {
+            return 0;
+        };
+        queue.refresh(now);
+        let busy = queue.busy_groups();
+        queue
+            .waiting
+            .iter()
+            .filter(|h| {
+                h.message
+                    .group_id
+                    .as_ref()
+                    .is_none_or(|g| !busy.contains(g))
+            })
+            .count()
+    }
+
+    /// The messages the queue holds, visible or in flight.
+    pub fn held(&self, url: &str) -> usize {
+        let queues = self.queues.lock().expect("queues lock");
+        queues
+            .get(url)
+            .map_or(0, |q| q.waiting.len() + q.in_flight.len())
+    }
+
+    /// When the first message in flight becomes visible again.
+    pub fn next_visible_millis(&self, url: &str) -> Option<i64> {
+        let queues = self.queues.lock().expect("queues lock");
+        let queue = queues.get(url)?;
+        queue.in_flight.values().map(|(_, at)| *at).min()
+    }
+
+    /// ReceiveMessage as Lambda's poller makes it: up to `max` visible messages of at most
+    /// `max_bytes` of bodies together (one at least), each invisible for the visibility timeout.
+    /// A message received as often as the redrive policy allows moves to the dead-letter queue.
+    pub fn receive_visible(
+        &self,
+        url: &str,
+        max: usize,
+        max_bytes: usize,
+        now: i64,
+    ) -> Vec<Delivery> {
+        let mut queues = self.queues.lock().expect("queues lock");
+        let Some(queue) = queues.get_mut(url) else {
+            return Vec::new();
+        };
+        queue.refresh(now);
+        let busy = queue.busy_groups();
+        let visibility = queue.config.visibility_timeout.as_millis() as i64;
+        let (mut taken, mut kept, mut redriven) = (Vec::new(), VecDeque::new(), Vec::new());
+        let (mut bytes, mut full) = (0, false);
+        while let Some(mut held) = queue.waiting.pop_front() {
+            let blocked = held
+                .message
+                .group_id
+                .as_ref()
+                .is_some_and(|g| busy.contains(g));
+            // Once a message does not fit, none after it is taken: a later one of its group
+            // would overtake it.
+            full = full
+                || taken.len() == max
+                || (!taken.is_empty() && bytes + held.message.body.len() > max_bytes);
+            if blocked || full {
+                kept.push_back(held);
+                continue;
+            }
+            if let Some((_, most)) = &queue.config.redrive {
+                if held.receive_count >= *most {
+                    redriven.push(held);
+                    continue;
+                }
+            }
+            held.receive_count += 1;
+            let first = *held.first_receive_millis.get_or_insert(now);
+            bytes += held.message.body.len();
+            taken.push(Delivery {
+                message: held.message.clone(),
+                receipt_handle: format!("{}:{}", held.sequence, held.receive_count),
+                receive_count: held.receive_count,
+                sent_millis: held.sent_millis,
+                first_receive_millis: first,
+                sequence: held.sequence,
+            });
+            queue
+                .in_flight
+                .insert(held.sequence, (held, now + visibility));
+        }
+        queue.waiting = kept;
+        let dead_letter = queue.config.redrive.as_ref().map(|(url, _)| url.clone());
+        if let Some(dead_letter) = dead_letter.and_then(|d| queues.get_mut(&d)) {
+            for mut held in redriven {
+                // The message keeps its id and body; its receive count starts again.
+                held.receive_count = 0;
+                held.first_receive_millis = None;
+                dead_letter.accepted.push(held.message.clone());
+                dead_letter.waiting.push_back(held);
+            }
+        }
+        taken
+    }
+
+    /// DeleteMessage: true when `receipt_handle` is of the message's latest receive and the
+    /// message is still in flight from it.
+    pub fn delete(&self, url: &str, receipt_handle: &str) -> bool {
+        let mut queues = self.queues.lock().expect("queues lock");
+        let Some(queue) = queues.get_mut(url) else {
+            return false;
+        };
+        let Some((sequence, count)) = receipt_handle
+            .split_once(':')
+            .and_then(|(s, c)| Some((s.parse::<u64>().ok()?, c.parse::<u32>().ok()?)))
+        else {
+            return false;
+        };
+        match queue.in_flight.get(&sequence) {
+            Some((held, _)) if held.receive_count == count => {
+                queue.in_flight.remove(&sequence);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// SendMessage of one entry, unmetered: what a test or a tool puts on a queue. The queue's
+    /// faults apply, as to any sender.
+    pub fn send_now(&self, url: &str, entry: &SqsEntry<'_>) -> Result<SqsOutcome, SinkError> {
+        Ok(self.send(url, std::slice::from_ref(entry))?.remove(0))
+    }
+
+    /// SendMessage of one body, as Lambda sends to an on-failure destination.
+    pub fn send_message(&self, url: &str, body: String) -> Result<String, SinkError> {
+        let entry = SqsEntry {
+            id: "0",
+            body: &body,
+            output_id: None,
+            group_id: None,
+            deduplication_id: None,
+        };
+        match self.send(url, std::slice::from_ref(&entry))?.remove(0) {
+            SqsOutcome::Sent { message_id } => Ok(message_id),
+            SqsOutcome::Failed { code, message, .. } => {
+                Err(SinkError::Unavailable(format!("{code}: {message}")))
+            }
+        }
+    }
+
+    fn send(
+        &self,
+        queue_url: &str,
+        entries: &[SqsEntry<'_>],
+    ) -> Result<Vec<SqsOutcome>, SinkError> {
+        if entries.is_empty() || entries.len() > BATCH_MAX_ENTRIES {
+            return Err(SinkError::Rejected(format!(
+                "AWS.SimpleQueueService.TooManyEntriesInBatchRequest: {} entries",
+                entries.len()
+            )));
+        }
+        // The batch limit counts message attributes: name, data type and value.
+        let total: usize = entries
+            .iter()
+            .map(|e| {
+                e.body.len()
+                    + e.output_id.map_or(0, |id| {
+                        OUTPUT_ID_ATTRIBUTE.len() + "String".len() + id.len()
+                    })
+            })
+            .sum();
+        if total > BATCH_MAX_BYTES {
+            return Err(SinkError::Rejected(format!(
+                "AWS.SimpleQueueService.BatchRequestTooLong: {total} bytes"
+            )));
+        }
+        let ids: HashSet<&str> = entries.iter().map(|e| e.id).collect();
+        if ids.len() != entries.len() {
+            return Err(SinkError::Rejected(
+                "AWS.SimpleQueueService.BatchEntryIdsNotDistinct".into(),
+            ));
+        }
+        let now = self.clock.now_millis();
+        if self.faults.in_outage(now) {
+            return Err(SinkError::Unavailable(
+                "ServiceUnavailable: the service is down".into(),
+            ));
+        }
+        if self.faults.draw(Fault::Throttle) {
+            return Err(SinkError::Throttled(
+                "RequestThrottled: the request rate is too high".into(),
+            ));
+        }
+        let mut queues = self.queues.lock().expect("queues lock");
+        let queue = queues.get_mut(queue_url).ok_or_else(|| {
+            SinkError::Rejected(format!(
+                "AWS.SimpleQueueService.NonExistentQueue: {queue_url}"
+            ))
+        })?;
+        queue
+            .seen
+            .retain(|_, at| now - *at < FIFO_DEDUPLICATION_WINDOW_MILLIS);
+        let mut next_id = self.next_id.lock().expect("id lock");
+        let mut outcomes = Vec::with_capacity(entries.len());
+        for entry in entries {
+            // ContentBasedDeduplication: the body's SHA-256 stands for a missing id.
+            let content_id;
+            let deduplication_id = match entry.deduplication_id {
+                None if queue.fifo && queue.config.content_based_deduplication => {
+                    content_id = keyway::domain::hash::sha256_hex(&[entry.body.as_bytes()], 64);
+                    Some(content_id.as_str())
+                }
+                given => given,
+            };
+            if queue.fifo && (entry.group_id.is_none() || deduplication_id.is_none()) {
+                outcomes.push(SqsOutcome::Failed {
+                    code: "MissingParameter".into(),
+                    message: "FIFO queues need MessageGroupId and MessageDeduplicationId".into(),
+                    sender_fault: true,
+                });
+                continue;
+            }
+            if self.faults.draw(Fault::PartialFailure) {
+                outcomes.push(SqsOutcome::Failed {
+                    code: "InternalError".into(),
+                    message: "injected".into(),
+                    sender_fault: false,
+                });
+                continue;
+            }
+            *next_id += 1;
+            let message_id = next_id.to_string();
+            let duplicate =
+                queue.fifo && deduplication_id.is_some_and(|d| queue.seen.contains_key(d));
+            if !duplicate {
+                if let Some(d) = deduplication_id {
+                    queue.seen.insert(d.to_owned(), now);
+                }
+                let message = QueuedMessage {
+                    message_id: message_id.clone(),
+                    body: entry.body.to_owned(),
+                    output_id: entry.output_id.map(str::to_owned),
+                    group_id: entry.group_id.map(str::to_owned),
+                    deduplication_id: deduplication_id.map(str::to_owned),
+                };
+                queue.waiting.push_back(Held {
+                    sequence: *next_id,
+                    message: message.clone(),
+                    sent_millis: now,
+                    receive_count: 0,
+                    first_receive_millis: None,
+                });
+                queue.accepted.push(message);
+            }
+            // SQS answers a deduplicated message as sent.
+            outcomes.push(SqsOutcome::Sent { message_id });
+        }
+        Ok(outcomes)
+    }
+}
+
+#[async_trait]
+impl SqsApi for LocalSqs {
+    async fn send_message_batch(
+        &self,
+        queue_url: &str,
+        entries: &[SqsEntry<'_>],
+    ) -> Result<Vec<SqsOutcome>, SinkError> {
+        // Accounts the whole call, metering included (see `Meter::busy`).
+        let _busy = self.meter.busy();
+        let outcome = self.send(queue_url, entries);
+        let size = entries.iter().map(|e| e.body.len()).sum();
+        self.meter
+            .billed_call("SendMessageBatch", 0.0, 0.0, sqs_requests(size))
+            .await;
+        outcome
+    }
+}

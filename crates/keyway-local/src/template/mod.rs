@@ -1,0 +1,312 @@
+//! Reads the wiring of the embedded runtime from the SAM template the stack is deployed with:
+//! tables, streams, queues, and for each function its environment and its Kinesis and DynamoDB
+//! event sources with their settings. Local and deployed wiring therefore cannot drift.
+//!
+//! The template is read as CloudFormation reads it, for what keyway stacks use: `Parameters`
+//! with defaults, `Globals.Function`, `!Ref`, `!GetAtt`, `!Sub`, `Fn::Join` (and their `Ref`/`Fn::`
+//! forms). Functions are either SAM's `AWS::Serverless::Function` with `Events`, or, as the CDK
+//! app in infra/ synthesizes them, `AWS::Lambda::Function` with `AWS::Lambda::EventSourceMapping`
+//! resources; JSON templates read as YAML does. What the runtime does not reproduce (a resource
+//! type, an event source, a mapping property, a value outside Lambda's ranges) is refused when the
+//! template is read, by name (`honoured`). `resources` reads tables, streams and queues,
+//! `functions` the functions and their event sources, `settings` a mapping's settings, and
+//! `intrinsics` resolves a template's values.
+
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use serde_yaml::Value;
+
+mod functions;
+mod honoured;
+mod intrinsics;
+mod resources;
+mod settings;
+#[cfg(test)]
+mod tests;
+
+use functions::*;
+use intrinsics::*;
+pub use intrinsics::{long_form, outputs, resolve};
+pub use resources::resources_of_type;
+use resources::*;
+use settings::*;
+
+use super::mapping::{MappingSettings, StartingPosition, DYNAMODB_STREAM_RETENTION};
+use super::services::dynamodb::StreamView;
+use super::services::sqs::QueueConfig;
+use keyway::domain::pattern::{Dialect, Pattern};
+use keyway::lambda::Env;
+
+/// A resource the embedded runtime creates.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resource {
+    Table {
+        name: String,
+        hash_key: String,
+        range_key: Option<String>,
+        ttl_attribute: Option<String>,
+        /// The stream's view type, when the table has a stream.
+        stream: Option<StreamView>,
+    },
+    Stream {
+        name: String,
+        shards: usize,
+        /// How long the stream keeps a record (RetentionPeriodHours, 24 by default).
+        retention: Duration,
+        /// MaxRecordSizeInKiB: 1,024 (1 MiB) unless the stream opts into larger records.
+        max_record_kib: usize,
+    },
+    Queue {
+        name: String,
+        /// Its attributes; the redrive policy is in `dead_letter`.
+        config: QueueConfig,
+        /// RedrivePolicy: the dead-letter queue (a logical id, or an ARN given by value) and
+        /// maxReceiveCount.
+        dead_letter: Option<(String, u32)>,
+    },
+}
+
+/// Where an event source reads from: the logical id of a stream or table.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SourceRef {
+    Kinesis(String),
+    DynamoDb(String),
+    Sqs(String),
+}
+
+/// A function's event source mapping, as the template defines it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventDef {
+    pub name: String,
+    pub source: SourceRef,
+    pub settings: MappingSettings,
+    /// Logical id of the on-failure queue.
+    pub on_failure: Option<String>,
+}
+
+/// A schedule that invokes a function (SAM's `Schedule` and `ScheduleV2` events, an
+/// `AWS::Events::Rule` targeting it), as the template defines it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleDef {
+    pub name: String,
+    /// A `rate(...)` expression's period.
+    pub every: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FunctionDef {
+    pub logical_id: String,
+    pub name: String,
+    pub timeout: Duration,
+    pub env: Env,
+    pub events: Vec<EventDef>,
+    pub schedules: Vec<ScheduleDef>,
+}
+
+/// An `AWS::Lambda::EventSourceMapping` of a function the template does not define: one another
+/// stack deployed, as a consumer's stack maps its own table to the keyway stack's function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MappingDef {
+    pub logical_id: String,
+    /// The function's name or ARN, resolved (a parameter, usually).
+    pub function: String,
+    /// Its settings' function timeout is the default; the deployed function's replaces it.
+    pub event: EventDef,
+    /// The on-failure destination's ARN when the template gives it by value (a parameter) rather
+    /// than as one of its queues.
+    pub on_failure_arn: Option<String>,
+}
+
+/// Everything the runtime needs from the template.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Wiring {
+    /// By logical id.
+    pub resources: BTreeMap<String, Resource>,
+    pub functions: Vec<FunctionDef>,
+    pub mappings: Vec<MappingDef>,
+}
+
+/// Lambda's default function timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl Wiring {
+    /// How long after a record's arrival `event` may still deliver it: its source's retention,
+    /// or the mapping's MaximumRecordAgeInSeconds if shorter.
+    pub fn redelivery_horizon(&self, event: &EventDef) -> Duration {
+        let retention = match &event.source {
+            SourceRef::Kinesis(id) => match self.resources.get(id) {
+                Some(Resource::Stream { retention, .. }) => *retention,
+                _ => DYNAMODB_STREAM_RETENTION,
+            },
+            SourceRef::DynamoDb(_) => DYNAMODB_STREAM_RETENTION,
+            // A queue's messages carry no lineage: nothing to remember of them.
+            SourceRef::Sqs(_) => Duration::ZERO,
+        };
+        event
+            .settings
+            .maximum_record_age
+            .map_or(retention, |age| age.min(retention))
+    }
+}
+
+/// How a reference to a resource resolves: its name, URL or ARN.
+pub trait Resolver {
+    /// `!Ref logical_id`
+    fn reference(&self, logical_id: &str) -> Option<String>;
+    /// `!GetAtt logical_id.attribute`
+    fn attribute(&self, logical_id: &str, attribute: &str) -> Option<String>;
+}
+
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("template: {0}")]
+pub struct TemplateError(pub String);
+
+fn err<T>(message: impl Into<String>) -> Result<T, TemplateError> {
+    Err(TemplateError(message.into()))
+}
+
+fn get<'a>(value: &'a Value, key: &str) -> Option<&'a Value> {
+    value.as_mapping().and_then(|m| m.get(key))
+}
+
+/// Parses a template's text into its wiring; references are resolved later, once the resources
+/// exist, by `resolve`. Parameters take their defaults.
+pub fn parse(text: &str) -> Result<(Wiring, Value), TemplateError> {
+    parse_with(text, &BTreeMap::new())
+}
+
+/// Parses a template as `parse` does, with `parameters` given values, as a deployment would give
+/// them; each must be one the template declares.
+pub fn parse_with(
+    text: &str,
+    parameters: &BTreeMap<String, String>,
+) -> Result<(Wiring, Value), TemplateError> {
+    let mut template: Value =
+        serde_yaml::from_str(text).map_err(|e| TemplateError(format!("not YAML: {e}")))?;
+    for (name, value) in parameters {
+        let declared = template
+            .get_mut("Parameters")
+            .and_then(|p| p.get_mut(name.as_str()))
+            .and_then(Value::as_mapping_mut)
+            .ok_or_else(|| TemplateError(format!("parameter {name}: not in the template")))?;
+        declared.insert("Default".into(), Value::String(value.clone()));
+    }
+    let resources = get(&template, "Resources")
+        .and_then(Value::as_mapping)
+        .ok_or_else(|| TemplateError("no Resources".into()))?;
+    honoured::check_resource_types(resources)?;
+    let mut wiring = Wiring::default();
+    for (id, resource) in resources {
+        let id = id
+            .as_str()
+            .ok_or_else(|| TemplateError("a resource id is not a string".into()))?
+            .to_owned();
+        let kind = get(resource, "Type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
+        // A name the template gives: literal, or made of parameters (`!Sub "${Prefix}x"`).
+        let literal = |key: &str| {
+            get(&props, key)
+                .map(|v| resolve(v, &template, &ParametersOnly))
+                .transpose()
+                .map_err(|e| TemplateError(format!("{id}.{key}: {}", e.0)))
+        };
+        match kind {
+            "AWS::DynamoDB::Table" => {
+                let schema = get(&props, "KeySchema")
+                    .and_then(Value::as_sequence)
+                    .cloned()
+                    .unwrap_or_default();
+                let key_of = |role: &str| {
+                    schema
+                        .iter()
+                        .find(|k| get(k, "KeyType").and_then(Value::as_str) == Some(role))
+                        .and_then(|k| get(k, "AttributeName"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                };
+                let hash_key = key_of("HASH")
+                    .ok_or_else(|| TemplateError(format!("{id}: KeySchema has no HASH key")))?;
+                let ttl = get(&props, "TimeToLiveSpecification");
+                let ttl_attribute = ttl
+                    .filter(|t| get(t, "Enabled").and_then(Value::as_bool) == Some(true))
+                    .and_then(|t| get(t, "AttributeName"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                let stream = stream_view(&id, &props)?;
+                let name = literal("TableName")?.unwrap_or_else(|| id.clone());
+                wiring.resources.insert(
+                    id.clone(),
+                    Resource::Table {
+                        name,
+                        hash_key,
+                        range_key: key_of("RANGE"),
+                        ttl_attribute,
+                        stream,
+                    },
+                );
+            }
+            "AWS::Kinesis::Stream" => {
+                let shards = match get(&props, "ShardCount") {
+                    Some(count) => whole_number(count, &template)
+                        .ok_or_else(|| TemplateError(format!("{id}.ShardCount: not a number")))?,
+                    None => 1,
+                } as usize;
+                let name = literal("Name")?.unwrap_or_else(|| id.clone());
+                let hours = get(&props, "RetentionPeriodHours")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(24);
+                let retention = Duration::from_secs(hours * 3600);
+                let max_record_kib = int_setting(&props, "MaxRecordSizeInKiB", &[1024..=10_240])
+                    .map_err(|e| TemplateError(format!("{id}.{}", e.0)))?
+                    .unwrap_or(1024) as usize;
+                wiring.resources.insert(
+                    id.clone(),
+                    Resource::Stream {
+                        name,
+                        shards,
+                        retention,
+                        max_record_kib,
+                    },
+                );
+            }
+            "AWS::SQS::Queue" => {
+                let fifo = is_fifo(&props);
+                let name = literal("QueueName")?.unwrap_or_else(|| {
+                    if fifo {
+                        format!("{id}.fifo")
+                    } else {
+                        id.clone()
+                    }
+                });
+                let (config, dead_letter) = queue_attributes(&id, &props, &template)?;
+                wiring.resources.insert(
+                    id.clone(),
+                    Resource::Queue {
+                        name,
+                        config,
+                        dead_letter,
+                    },
+                );
+            }
+            _ => {}
+        }
+    }
+    for (id, resource) in resources {
+        let id = id.as_str().unwrap_or_default();
+        match get(resource, "Type").and_then(Value::as_str) {
+            Some("AWS::Serverless::Function") => wiring
+                .functions
+                .push(sam_function(&template, id, resource)?),
+            Some("AWS::Lambda::Function") => wiring
+                .functions
+                .push(lambda_function(&template, resources, id, resource)?),
+            _ => {}
+        }
+    }
+    wiring.mappings = external_mappings(&template, resources, &wiring)?;
+    Ok((wiring, template))
+}

@@ -1,0 +1,228 @@
+//! `MemoryTable`: the state table in memory, the in-memory twin of `Table` for unit tests of the
+//! state store, of the executor and of an application's operators, without the embedded
+//! runtime. It keeps DynamoDB's rules (`rules`): strongly consistent reads, conditional writes,
+//! the batch and item limits, capacity units. What it leaves out (streams, TTL, faults, latency)
+//! is the embedded runtime's table, which passes the same contract suite.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::rules::{
+    check_batch_get, check_batch_write, check_item_size, check_state_key, read_units, scan_page_of,
+    write_units,
+};
+use super::{BatchGetOutput, Expect, ItemKey, ScanPage, Table, WriteRequest};
+use crate::domain::item::item_size;
+use crate::domain::Item;
+use crate::ports::StoreError;
+
+/// What a `MemoryTable` has been asked so far.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TableUsage {
+    /// Calls by operation name (`GetItem`, `PutItem`, `BatchWriteItem` ...).
+    pub calls: BTreeMap<&'static str, u64>,
+    pub read_units: f64,
+    pub write_units: f64,
+}
+
+/// A state table (`pk`, `sk`) in memory.
+#[derive(Default)]
+pub struct MemoryTable {
+    items: Mutex<BTreeMap<ItemKey, Item>>,
+    usage: Mutex<TableUsage>,
+}
+
+impl MemoryTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every item, in key order.
+    pub fn items(&self) -> Vec<Item> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// Writes an item without a condition and without counting it, as a test arranging the
+    /// table does.
+    pub fn put_item(&self, item: Item) -> Result<(), StoreError> {
+        let key = check_state_key(&item)?;
+        check_item_size(&item)?;
+        self.lock().insert(key, item);
+        Ok(())
+    }
+
+    /// The calls and capacity units so far.
+    pub fn usage(&self) -> TableUsage {
+        self.usage.lock().expect("usage lock").clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ItemKey, Item>> {
+        self.items.lock().expect("table lock")
+    }
+
+    fn count(&self, operation: &'static str, read: f64, write: f64) {
+        let mut usage = self.usage.lock().expect("usage lock");
+        *usage.calls.entry(operation).or_default() += 1;
+        usage.read_units += read;
+        usage.write_units += write;
+    }
+
+    fn partition(&self, pk: &str) -> Vec<Item> {
+        let from = ItemKey {
+            pk: pk.to_owned(),
+            sk: String::new(),
+        };
+        self.lock()
+            .range(from..)
+            .take_while(|(key, _)| key.pk == pk)
+            .map(|(_, item)| item.clone())
+            .collect()
+    }
+
+    fn counted_query(&self, items: Vec<Item>) -> Vec<Item> {
+        let size: usize = items.iter().map(item_size).sum();
+        self.count("Query", read_units(size), 0.0);
+        items
+    }
+}
+
+#[async_trait]
+impl Table for MemoryTable {
+    async fn batch_get(&self, keys: &[ItemKey]) -> Result<BatchGetOutput, StoreError> {
+        check_batch_get(keys)?;
+        let items = self.lock();
+        let mut output = BatchGetOutput::default();
+        let mut units = 0.0;
+        for key in keys {
+            let item = items.get(key);
+            units += read_units(item.map_or(0, item_size));
+            output.items.extend(item.cloned());
+        }
+        drop(items);
+        self.count("BatchGetItem", units, 0.0);
+        Ok(output)
+    }
+
+    async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError> {
+        let key = check_state_key(item)?;
+        let size = check_item_size(item)?;
+        let mut items = self.lock();
+        let existing = items.get(&key);
+        // A failed condition still consumes write capacity.
+        let units = write_units(size.max(existing.map_or(0, item_size)));
+        let holds = expect.holds(existing);
+        if holds {
+            items.insert(key, item.clone());
+        }
+        drop(items);
+        self.count("PutItem", 0.0, units);
+        if holds {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict)
+        }
+    }
+
+    async fn update(
+        &self,
+        key: &ItemKey,
+        attributes: &Item,
+        expect: &Expect,
+    ) -> Result<(), StoreError> {
+        let mut items = self.lock();
+        let existing = items.get(key);
+        let old_size = existing.map_or(0, item_size);
+        if !expect.holds(existing) {
+            drop(items);
+            self.count("UpdateItem", 0.0, write_units(old_size));
+            return Err(StoreError::Conflict);
+        }
+        let mut item = existing.cloned().unwrap_or_else(|| key.to_item());
+        item.extend(attributes.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let size = check_item_size(&item)?;
+        items.insert(key.clone(), item);
+        drop(items);
+        self.count("UpdateItem", 0.0, write_units(size.max(old_size)));
+        Ok(())
+    }
+
+    async fn batch_write(
+        &self,
+        requests: Vec<WriteRequest>,
+    ) -> Result<Vec<WriteRequest>, StoreError> {
+        check_batch_write(&requests)?;
+        let mut items = self.lock();
+        let mut units = 0.0;
+        for request in requests {
+            match request {
+                WriteRequest::Put(item) => {
+                    let key = check_state_key(&item)?;
+                    let old = items.get(&key).map_or(0, item_size);
+                    units += write_units(item_size(&item).max(old));
+                    items.insert(key, item);
+                }
+                WriteRequest::Delete(key) => {
+                    units += write_units(items.remove(&key).as_ref().map_or(0, item_size));
+                }
+            }
+        }
+        drop(items);
+        self.count("BatchWriteItem", 0.0, units);
+        Ok(Vec::new())
+    }
+
+    async fn get(&self, key: &ItemKey) -> Result<Option<Item>, StoreError> {
+        let item = self.lock().get(key).cloned();
+        self.count(
+            "GetItem",
+            read_units(item.as_ref().map_or(0, item_size)),
+            0.0,
+        );
+        Ok(item)
+    }
+
+    async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
+        Ok(self.counted_query(self.partition(pk)))
+    }
+
+    async fn query_after(
+        &self,
+        pk: &str,
+        after_sk: &str,
+        limit: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        let after = ItemKey {
+            pk: pk.to_owned(),
+            sk: after_sk.to_owned(),
+        };
+        let items: Vec<Item> = self
+            .lock()
+            .range((Bound::Excluded(after), Bound::Unbounded))
+            .take_while(|(key, _)| key.pk == pk)
+            .take(limit)
+            .map(|(_, item)| item.clone())
+            .collect();
+        Ok(self.counted_query(items))
+    }
+
+    async fn scan_page(
+        &self,
+        pk_prefix: &str,
+        sk: &str,
+        start: Option<&ItemKey>,
+        limit: usize,
+    ) -> Result<ScanPage, StoreError> {
+        let items = self.lock();
+        let read = match start {
+            Some(start) => items.range((Bound::Excluded(start.clone()), Bound::Unbounded)),
+            None => items.range(..),
+        };
+        let (page, size) = scan_page_of(read.map(|(_, item)| item), pk_prefix, sk, limit);
+        drop(items);
+        self.count("Scan", read_units(size), 0.0);
+        Ok(page)
+    }
+}
