@@ -42,7 +42,7 @@ const PARTITION_KEY_MAX_CHARS: usize = 256;
 const EPOCH: i64 = 1_767_225_600_000;
 
 #[derive(clap::Args, Debug)]
-pub struct AggregateOptions {
+pub struct Args {
     /// Where each line holds its key (a JSON pointer).
     #[arg(long)]
     pub key: String,
@@ -73,8 +73,8 @@ pub struct AggregateOptions {
     pub paths: Vec<PathBuf>,
 }
 
-pub fn run(options: AggregateOptions) -> Result<(), CliError> {
-    crate::keep_freed_memory();
+pub fn run(options: Args) -> Result<(), CliError> {
+    crate::allocator::keep_freed_memory();
     let settings = settings(&options)?;
     let key = Pointer::parse(&options.key).map_err(|e| format!("--key: {e}"))?;
     let time = match &settings.windows {
@@ -151,7 +151,7 @@ fn spawn_share(
 ) {
     let (sender, slices) = mpsc::sync_channel::<Slice>(2);
     let worker = thread::spawn(move || {
-        crate::bench::runtime_builder(true).block_on(async {
+        crate::job::runtime_builder(true).block_on(async {
             let mut aggregation: Option<Aggregation> = None;
             for slice in slices {
                 let run = deployed(&mut aggregation, &settings, slice.times.first)?;
@@ -290,7 +290,7 @@ fn deployed<'a>(
     Ok(aggregation.as_mut().expect("deployed above"))
 }
 
-fn settings(options: &AggregateOptions) -> Result<Settings, CliError> {
+fn settings(options: &Args) -> Result<Settings, CliError> {
     let mut aggregates = vec![Aggregate::Count];
     for name in &options.agg {
         let aggregate = Aggregate::parse(name.trim())

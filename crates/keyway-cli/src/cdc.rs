@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::error::CliError;
 
 #[derive(clap::Args)]
-pub struct CdcOptions {
+pub struct Args {
     /// The equi-join, LEFT_TABLE.COLUMN=RIGHT_TABLE.COLUMN (tables as `source.table` names
     /// them, or the topic's last part).
     #[arg(long)]
@@ -58,7 +58,7 @@ pub struct CdcOptions {
     pub paths: Vec<PathBuf>,
 }
 
-pub fn run(options: CdcOptions) -> Result<(), CliError> {
+pub fn run(options: Args) -> Result<(), CliError> {
     let kind = match options.kind.as_str() {
         "left" => JoinKind::LeftOuter,
         _ => JoinKind::Inner,
@@ -87,7 +87,7 @@ pub fn run(options: CdcOptions) -> Result<(), CliError> {
         ..Settings::new(spec.clone())
     };
     let started = std::time::Instant::now();
-    let outcome = crate::bench::runtime_builder(true).block_on(replay(&settings, &ordered))?;
+    let outcome = crate::job::runtime_builder(true).block_on(replay(&settings, &ordered))?;
     let took = started.elapsed();
     write_changelog(&spec, &outcome)?;
     if let Some(path) = &options.view_out {

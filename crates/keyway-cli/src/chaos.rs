@@ -8,7 +8,7 @@ use crate::error::CliError;
 
 /// The arguments of `keyway chaos`.
 #[derive(clap::Args)]
-pub struct ChaosArgs {
+pub struct Args {
     /// counter, identity, filter, cdc, aggregate, or all.
     app: String,
     /// Input records of each run.
@@ -40,7 +40,7 @@ fn apps(name: &str) -> Result<Vec<App>, CliError> {
     })
 }
 
-pub fn run(args: ChaosArgs) -> Result<(), CliError> {
+pub fn run(args: Args) -> Result<(), CliError> {
     let settings = Settings {
         events: args.events,
         fault_rate: args.fault_rate,
@@ -58,7 +58,7 @@ pub fn run(args: ChaosArgs) -> Result<(), CliError> {
     if !(0.0..=0.5).contains(&settings.fault_rate) {
         return Err("--fault-rate must be a probability of at most 0.5".into());
     }
-    crate::keep_freed_memory();
+    crate::allocator::keep_freed_memory();
     let mut dirty = Vec::new();
     for app in apps(&args.app)? {
         let report = run_app(app, &settings)?;

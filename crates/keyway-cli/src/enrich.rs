@@ -426,24 +426,44 @@ fn partitioned(entry: Entry, customers: &CustomerMap) -> (String, Vec<u8>) {
     }
 }
 
-/// The options of `keyway enrich`.
-pub struct EnrichOptions {
+/// `keyway enrich`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// A JSON object of account id to customer id (each account is its own customer if
+    /// left out).
+    #[arg(long)]
     pub customer_map: Option<std::path::PathBuf>,
+    /// Shards of the events stream and of the feedback stream.
+    #[arg(long, default_value_t = 4)]
     pub shards: usize,
+    /// Randomises the arrival order (within windows of 10,000 records) with this seed.
+    #[arg(long)]
     pub shuffle: Option<u64>,
-    pub buffer_ttl: Duration,
-    pub max_chain_depth: usize,
-    pub lateness: Duration,
+    /// Seconds a record waits for its caller's identity before it goes out unresolved.
+    #[arg(long, default_value_t = 900)]
+    pub buffer_ttl: u64,
+    /// The most roles a role chain is followed through: the records of a key issued deeper
+    /// go out unresolved, saying the limit was reached.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub max_chain_depth: u64,
+    /// Seconds a record may come after its time (the trail's disorder): the enricher keeps
+    /// an identity that long past its credentials' expiration, and an unused key that long.
+    #[arg(long, default_value_t = 3600)]
+    pub lateness: u64,
+    /// CloudTrail log files (gzipped or not), JSON Lines of records, single records, or
+    /// directories of them.
+    #[arg(required = true)]
     pub paths: Vec<std::path::PathBuf>,
 }
 
 /// Enriches the records under `options.paths` to standard output, a progress bar and the summary
 /// to standard error.
-pub fn run(options: EnrichOptions) -> Result<(), CliError> {
+pub fn run(options: Args) -> Result<(), CliError> {
     if options.shards == 0 {
         return Err("--shards must be at least 1".into());
     }
-    if options.lateness < Duration::from_secs(60) {
+    let lateness = Duration::from_secs(options.lateness);
+    if lateness < Duration::from_secs(60) {
         return Err("--lateness must be at least 60 seconds, as a mapping's record age".into());
     }
     let customer_map = match &options.customer_map {
@@ -464,9 +484,9 @@ pub fn run(options: EnrichOptions) -> Result<(), CliError> {
     let settings = Settings {
         shards: options.shards,
         customer_map,
-        buffer_ttl: options.buffer_ttl,
-        max_chain_depth: options.max_chain_depth,
-        lateness: options.lateness,
+        buffer_ttl: Duration::from_secs(options.buffer_ttl),
+        max_chain_depth: options.max_chain_depth as usize,
+        lateness,
         start_millis,
     };
     let progress = indicatif::ProgressBar::new_spinner();
@@ -476,7 +496,7 @@ pub fn run(options: EnrichOptions) -> Result<(), CliError> {
             .map_err(|e| e.to_string())?,
     );
     // Virtual time: batching windows and the buffer TTL pass instantly.
-    let runtime = crate::bench::runtime_builder(true);
+    let runtime = crate::job::runtime_builder(true);
     let started = std::time::Instant::now();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

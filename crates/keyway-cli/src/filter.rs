@@ -12,16 +12,35 @@ use serde_json::json;
 
 use crate::error::CliError;
 
-pub struct FilterOptions {
+/// `keyway filter`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// JSON Lines of changes: {"at": MS, "op": "subscribe", "consumer", "key", "queue",
+    /// "pattern"?}, {"at", "op": "unsubscribe", "consumer", "key"}, {"at", "op":
+    /// "subscribe_all", "consumer", "queue", "pattern"?}, {"at", "op": "unsubscribe_all",
+    /// "consumer"}.
+    #[arg(long)]
     pub subscriptions: PathBuf,
+    /// JSON Lines {"at": MS, "event": {...}}.
+    #[arg(long)]
     pub events: PathBuf,
+    /// A JSON object of consumer id to the queue names it owns; without it any queue is
+    /// accepted.
+    #[arg(long)]
     pub queues: Option<PathBuf>,
+    /// Where an event holds its filter key (a JSON pointer).
+    #[arg(long, default_value = "/key")]
     pub key: String,
+    /// Shards of the events stream.
+    #[arg(long, default_value_t = 4)]
     pub shards: usize,
+    /// Subscriptions go to the stack's shared policy table, not to a table of each consumer's
+    /// own (consumer.yaml, deployed when the consumer first subscribes).
+    #[arg(long)]
     pub shared_table: bool,
 }
 
-pub fn run(options: FilterOptions) -> Result<(), CliError> {
+pub fn run(options: Args) -> Result<(), CliError> {
     let mut problems = Vec::new();
     let mut changes = read_lines(&options.subscriptions, Change::parse, &mut problems)?;
     changes.sort_by_key(|c| c.at);
@@ -55,7 +74,7 @@ pub fn run(options: FilterOptions) -> Result<(), CliError> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut write_failed = None;
-    let outcome = crate::bench::runtime_builder(true).block_on(replay(
+    let outcome = crate::job::runtime_builder(true).block_on(replay(
         &settings,
         &changes,
         events,

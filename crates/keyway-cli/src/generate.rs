@@ -13,12 +13,64 @@ use serde_json::json;
 
 use crate::error::CliError;
 
+/// What `keyway generate` writes.
+#[derive(clap::Subcommand)]
+pub enum What {
+    /// CloudTrail records as JSON Lines, for `keyway enrich`: customers drawn from Zipf(1.2), role
+    /// chains of up to six sessions across each customer's accounts, interleaved, some missing
+    /// their first AssumeRole; records 10 ms apart.
+    Trail(TrailOptions),
+    /// Debezium change events of `domains` (id, name, user_id) and `users` (id, name) as JSON
+    /// Lines of records {"topic", "key", "value"}, for `keyway cdc --join
+    /// domains.user_id=users.id`: inserts, updates (a share of them moving a domain to another
+    /// user), primary-key changes, deletes with their tombstones, events sent twice, and
+    /// `--truncates` truncates.
+    Cdc(CdcOptions),
+}
+
 /// The options of `keyway generate trail`.
+#[derive(clap::Args)]
 pub struct TrailOptions {
+    #[arg(long, default_value_t = 1_000_000)]
     pub records: usize,
+    #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Where the customer map of the generated accounts goes.
+    /// Writes the generated accounts' customer map here, for `keyway enrich --customer-map`.
+    #[arg(long)]
     pub customer_map: Option<PathBuf>,
+}
+
+/// The options of `keyway generate cdc`.
+#[derive(clap::Args)]
+pub struct CdcOptions {
+    #[arg(long, default_value_t = 10_000)]
+    pub changes: usize,
+    /// Of the updates of a domain, the share that moves it to another user.
+    #[arg(long, default_value_t = 0.1)]
+    pub join_key_updates: f64,
+    /// Truncates among the changes, evenly spread, of domains and users in turn.
+    #[arg(long, default_value_t = 0)]
+    pub truncates: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+/// Writes what is asked to standard output.
+pub fn run(what: What) -> Result<(), CliError> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    match what {
+        What::Trail(options) => trail(&options, &mut out),
+        What::Cdc(options) => cdc(
+            &Workload {
+                changes: options.changes,
+                join_key_updates: options.join_key_updates,
+                truncates: options.truncates,
+                seed: options.seed,
+                ..Default::default()
+            },
+            &mut out,
+        ),
+    }
 }
 
 /// Writes `options.records` records as JSON Lines to `out`, and the customer map where asked.

@@ -5,10 +5,7 @@
 //! Lambda Runtime API (`--function ID=BOOTSTRAP`). The lines of each `--put` file go onto their
 //! stream (or into their table), the stack runs until every mapping is idle, and what each
 //! mapping did is printed; `--out` keeps every queue's messages, table's items and stream's
-//! records as JSON Lines.
-//!
-//! `keyway bootstrap ID` is the other side: one of keyway's functions served to a Lambda Runtime
-//! API, as its `bootstrap` binary serves it.
+//! records as JSON Lines. `keyway bootstrap ID` (bootstrap.rs) is the other side.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, Write as _};
@@ -30,7 +27,7 @@ const EPOCH: i64 = 1_767_225_600_000;
 const RUN_LIMIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 #[derive(clap::Args, Debug)]
-pub struct LocalOptions {
+pub struct Args {
     /// A SAM template or a CDK-synthesized CloudFormation template (YAML or JSON).
     #[arg(long)]
     pub template: PathBuf,
@@ -62,7 +59,7 @@ pub struct LocalOptions {
     pub out: Option<PathBuf>,
 }
 
-pub fn run(options: LocalOptions) -> Result<(), CliError> {
+pub fn run(options: Args) -> Result<(), CliError> {
     // Virtual time, with the IO the runtime APIs and the bootstrap processes need.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -72,7 +69,7 @@ pub fn run(options: LocalOptions) -> Result<(), CliError> {
     runtime.block_on(local(options))
 }
 
-async fn local(options: LocalOptions) -> Result<(), CliError> {
+async fn local(options: Args) -> Result<(), CliError> {
     let text = std::fs::read_to_string(&options.template)
         .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
     let parameters: BTreeMap<String, String> = pairs("--parameter", &options.parameters)?
@@ -120,7 +117,7 @@ async fn local(options: LocalOptions) -> Result<(), CliError> {
 }
 
 /// Each `--reshard STREAM=COUNT`'s shard count, by stream.
-fn reshards(options: &LocalOptions) -> Result<BTreeMap<String, usize>, CliError> {
+fn reshards(options: &Args) -> Result<BTreeMap<String, usize>, CliError> {
     pairs("--reshard", &options.reshards)?
         .into_iter()
         .map(|(id, count)| match count.parse::<usize>() {
@@ -132,7 +129,7 @@ fn reshards(options: &LocalOptions) -> Result<BTreeMap<String, usize>, CliError>
 
 /// keyway's functions in-process, and each `--function ID=BOOTSTRAP` as its bootstrap.
 fn factories(
-    options: &LocalOptions,
+    options: &Args,
     text: &str,
     parameters: &BTreeMap<String, String>,
     api: &AwsApi,
@@ -159,7 +156,7 @@ fn factories(
 
 /// What each mapping did and what each resource holds.
 fn print_summary(
-    options: &LocalOptions,
+    options: &Args,
     runtime: &LocalRuntime,
     services: &LocalServices,
     report: &keyway_local::RunReport,
@@ -468,31 +465,4 @@ fn write_out(runtime: &LocalRuntime, services: &LocalServices, out: &Path) -> Re
 fn created(dir: &Path) -> Result<PathBuf, CliError> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()).into())
-}
-
-/// `keyway bootstrap ID`: keyway's function `id` served to the Lambda Runtime API at
-/// `AWS_LAMBDA_RUNTIME_API`, built from this process's environment and the AWS SDK's.
-pub fn bootstrap(id: &str) -> Result<(), CliError> {
-    let factory = stack::functions().remove(id).ok_or_else(|| {
-        format!(
-            "{id}: not one of keyway's functions ({})",
-            stack::functions()
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    runtime.block_on(async move {
-        let env: keyway::lambda::Env = std::env::vars().collect();
-        let platform = keyway::lambda::AwsClients::from_env().await;
-        let handler = factory(&platform, &env).map_err(|e| e.to_string())?;
-        keyway::lambda::serve(Arc::clone(&handler))
-            .await
-            .map_err(|e| CliError::from(e.to_string()))
-    })
 }

@@ -9,13 +9,32 @@ use keyway::operator::lock;
 
 use keyway_stack as stack;
 
-pub enum Mode {
+/// `keyway signatures`' arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Exit non-zero, naming what changed, when the lock file differs.
+    #[arg(long, conflicts_with = "update")]
+    pub check: bool,
+    /// Rewrite the lock file.
+    #[arg(long)]
+    pub update: bool,
+    #[arg(long, default_value = keyway::operator::lock::LOCK_FILE)]
+    pub lock: std::path::PathBuf,
+}
+
+enum Mode {
     Print,
     Check,
     Update,
 }
 
-pub fn run(mode: Mode, lock_path: &Path) -> Result<(), CliError> {
+pub fn run(args: Args) -> Result<(), CliError> {
+    let mode = match (args.check, args.update) {
+        (true, _) => Mode::Check,
+        (_, true) => Mode::Update,
+        _ => Mode::Print,
+    };
+    let lock_path: &Path = &args.lock;
     let current = lock::entries(&stack::operators())?;
     match mode {
         Mode::Print => {

@@ -13,34 +13,55 @@ use serde_json::Value;
 use crate::error::CliError;
 
 /// What to do.
+#[derive(clap::Subcommand)]
 pub enum Action {
+    /// Delivers the events of a filter key that match the pattern (all, without one) to a queue.
     Subscribe {
+        #[arg(long)]
         key: String,
+        #[arg(long)]
         queue: String,
+        /// An SNS filter policy, as JSON.
+        #[arg(long)]
         pattern: Option<String>,
     },
     Unsubscribe {
+        #[arg(long)]
         key: String,
     },
+    /// Delivers every event that matches the pattern to a queue.
     ListenToAll {
+        #[arg(long)]
         queue: String,
+        #[arg(long)]
         pattern: Option<String>,
     },
     StopListeningToAll,
+    /// The consumer's subscriptions, one JSON line each.
     List,
 }
 
-pub struct SubscriptionsOptions {
+/// `keyway subscriptions`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The policy table (the stack's PolicyTableName output, or a consumer's own table).
+    #[arg(long)]
     pub table: String,
+    #[arg(long)]
     pub consumer: String,
-    /// The stack's ConsumerQueuePrefix, to refuse a queue not named as the consumer's.
+    /// The stack's ConsumerQueuePrefix: a queue not named as the consumer's (this prefix,
+    /// its id, '_' and a name) is refused here, before anything is written.
+    #[arg(long, default_value = dynamic_filter::subscription::DEFAULT_QUEUE_PREFIX)]
     pub queue_prefix: String,
-    /// The stack's ConsumerQueues, to refuse an unregistered queue before writing.
+    /// The stack's ConsumerQueues as a file: a queue not registered to the consumer is then
+    /// refused here too.
+    #[arg(long)]
     pub queues: Option<std::path::PathBuf>,
+    #[command(subcommand)]
     pub action: Action,
 }
 
-pub fn run(options: SubscriptionsOptions) -> Result<(), CliError> {
+pub fn run(options: Args) -> Result<(), CliError> {
     let ownership = QueueOwnership::new(&options.queue_prefix);
     let registry = match &options.queues {
         None => ownership,

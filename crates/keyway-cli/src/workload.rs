@@ -8,6 +8,9 @@ use rand_distr::{Distribution, Zipf};
 use keyway_local::mapping::events::{kinesis_event, KinesisEventRecord};
 
 pub const BATCH_SIZE: usize = 500;
+/// The keyed counter's benchmarks: 1,000 users, drawn from Zipf(1.1).
+pub const KEYS: u64 = 1_000;
+pub const EXPONENT: f64 = 1.1;
 pub const STREAM_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/clicks";
 pub const SHARD_ID: &str = "shardId-000000000000";
 

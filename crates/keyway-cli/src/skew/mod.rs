@@ -15,12 +15,11 @@
 //! strategies they name and the checks of both.
 
 mod adaptive;
-pub mod bench;
 mod plot;
 pub(crate) mod render;
 mod route;
-mod simulate;
-mod source;
+pub(crate) mod simulate;
+pub(crate) mod source;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -44,7 +43,7 @@ pub const SHARD_BYTES_PER_SECOND: u64 = 1 << 20;
 pub const PARTITION_WCU_PER_SECOND: u64 = 1_000;
 
 #[derive(clap::Args)]
-pub struct SkewOptions {
+pub struct Args {
     /// Generated events.
     #[arg(long, default_value_t = 100_000)]
     pub events: usize,
@@ -204,7 +203,7 @@ pub struct Settings {
     pub batch_size: usize,
 }
 
-pub fn run(options: SkewOptions) -> Result<(), CliError> {
+pub fn run(options: Args) -> Result<(), CliError> {
     let settings = settings(&options)?;
     let strategy = strategy(&options)?;
     let workload = load(&options)?;
@@ -219,11 +218,11 @@ pub fn run(options: SkewOptions) -> Result<(), CliError> {
         plot(path, &report)?;
         report.plot = Some(path.display().to_string());
     }
-    crate::bench::report(&report, options.json, |r| print!("{}", render(r)));
+    crate::job::report(&report, options.json, |r| print!("{}", render(r)));
     Ok(())
 }
 
-fn settings(options: &SkewOptions) -> Result<Settings, CliError> {
+fn settings(options: &Args) -> Result<Settings, CliError> {
     let settings = Settings {
         shards: options.shards,
         partitions: options.partitions.unwrap_or(options.shards),
@@ -248,7 +247,7 @@ fn settings(options: &SkewOptions) -> Result<Settings, CliError> {
     Ok(settings)
 }
 
-fn strategy(options: &SkewOptions) -> Result<Strategy, CliError> {
+fn strategy(options: &Args) -> Result<Strategy, CliError> {
     if !options.hot.is_empty() && options.strategy != StrategyName::Sidetrack {
         return Err("--hot names the keys of --strategy sidetrack".into());
     }

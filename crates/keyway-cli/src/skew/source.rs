@@ -15,7 +15,7 @@ use keyway::domain::pointer::{string_of, Pointer, SyntaxError};
 use serde::Serialize;
 
 use super::render::thousands;
-use super::SkewOptions;
+use super::Args;
 use crate::error::CliError;
 use crate::workload::zipf_keys;
 
@@ -65,7 +65,7 @@ pub struct Workload {
     pub bad: BadInput,
 }
 
-pub(super) fn load(options: &SkewOptions) -> Result<Workload, CliError> {
+pub(super) fn load(options: &Args) -> Result<Workload, CliError> {
     if let Some(path) = &options.partition_keys {
         let (events, bad) = read_partition_keys(open(path)?, options.record_bytes)
             .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -126,7 +126,7 @@ pub(super) fn load(options: &SkewOptions) -> Result<Workload, CliError> {
 /// The generated keys: Zipf draws, of which an exact `hot_share` from event `hot_from_event` on
 /// are replaced by the hot key, spread evenly (the `j`-th event since then is hot when
 /// `floor((j + 1) * share)` passes `floor(j * share)`), so the share holds in every second.
-fn generated_keys(options: &SkewOptions, hot_from_event: usize) -> Vec<String> {
+fn generated_keys(options: &Args, hot_from_event: usize) -> Vec<String> {
     let mut keys = zipf_keys(options.events, options.keys, options.zipf, options.seed);
     if options.hot_share > 0.0 {
         for (j, key) in keys.iter_mut().skip(hot_from_event).enumerate() {
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn the_exact_hot_share_goes_to_the_hot_key_from_its_second_on() {
-        let options = SkewOptions {
+        let options = Args {
             events: 4_000,
             hot_share: 0.25,
             rate: 1_000,
@@ -284,8 +284,8 @@ mod tests {
         }
     }
 
-    fn options() -> SkewOptions {
-        SkewOptions {
+    fn options() -> Args {
+        Args {
             events: 100_000,
             keys: 1_000,
             zipf: 1.0,

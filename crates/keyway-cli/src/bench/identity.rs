@@ -290,11 +290,33 @@ fn designs(
     ))
 }
 
-pub fn run(records: usize, enrich_records: usize, seed: u64, json: bool) -> Result<(), CliError> {
+/// `keyway bench identity`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Generated CloudTrail records for the skew and cost comparisons.
+    #[arg(long, default_value_t = 100_000)]
+    pub records: usize,
+    /// Generated records for the `keyway enrich` throughput.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub enrich_records: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> Result<(), CliError> {
+    let Args {
+        records,
+        enrich_records,
+        seed,
+        json,
+    } = args;
     if records == 0 || enrich_records == 0 {
         return Err("--records and --enrich-records must be at least 1".into());
     }
-    let runtime = crate::bench::runtime_builder(true);
+    let runtime = crate::job::runtime_builder(true);
     let (enrich_rate, enrich_peak) = throughput(&runtime, enrich_records, seed + 1)?;
     let (config, values) = traffic(records, seed)?;
     let customers = Traffic::customer_map(&config);

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::Value;
 
 use keyed_counter::{KeyedCounter, COUNTS};
 use keyway::adapters::dynamodb::{DynamoStateStore, Expect, ItemKey, Table};
@@ -25,10 +24,8 @@ use keyway::sources::kinesis::decode_event;
 use keyway::{Executor, KeyedOperator, Sinks};
 use keyway_local::{thread_cpu_time, LocalSqs, LocalTable, MeterSnapshot};
 
-use crate::workload::{zipf_batches, BATCH_SIZE};
-
-const KEYS: u64 = 1_000;
-const EXPONENT: f64 = 1.1;
+use crate::job::{report, runtime_builder};
+use crate::workload::{zipf_batches, BATCH_SIZE, EXPONENT, KEYS};
 /// Simulated DynamoDB latency per request while counting waves.
 const LATENCY: Duration = Duration::from_millis(5);
 
@@ -75,17 +72,6 @@ struct RuntimeBench {
     ratios: Ratios,
     targets: Targets,
     targets_met: bool,
-}
-
-/// A one-threaded tokio runtime, on virtual time when `paused` (batching windows, retries and
-/// TTLs pass instantly), as the commands run the embedded runtime.
-pub(crate) fn runtime_builder(paused: bool) -> tokio::runtime::Runtime {
-    let mut builder = tokio::runtime::Builder::new_current_thread();
-    builder.enable_time();
-    if paused {
-        builder.start_paused(true);
-    }
-    builder.build().expect("a tokio runtime")
 }
 
 fn executor_on(
@@ -232,7 +218,25 @@ fn executor_cpu(payloads: &[String]) -> Result<(Duration, Duration), CliError> {
     ))
 }
 
-pub fn runtime(batches: usize, seed: u64, json: bool) -> Result<(), CliError> {
+/// `keyway bench runtime`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Batches of 500 events.
+    #[arg(long, default_value_t = 40)]
+    pub batches: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> Result<(), CliError> {
+    let Args {
+        batches,
+        seed,
+        json,
+    } = args;
     if batches == 0 {
         return Err("--batches must be at least 1".into());
     }
@@ -287,18 +291,6 @@ pub fn runtime(batches: usize, seed: u64, json: bool) -> Result<(), CliError> {
     };
     report(&result, json, print_table);
     Ok(())
-}
-
-/// Prints a benchmark's result: as JSON with `--json`, as a table otherwise.
-pub(crate) fn report<T: Serialize>(result: &T, json: bool, table: impl FnOnce(&T)) {
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(result).expect("serializable")
-        );
-    } else {
-        table(result);
-    }
 }
 
 fn print_table(r: &RuntimeBench) {
@@ -366,142 +358,4 @@ fn print_table(r: &RuntimeBench) {
         r.ratios.cpu_vs_decode_only,
         if r.targets_met { "met" } else { "NOT met" }
     );
-}
-
-/// A function that does nothing: what is left of an invocation is the emulator's own work.
-struct NoOp;
-
-#[async_trait::async_trait]
-impl keyway::lambda::Handler for NoOp {
-    async fn handle(
-        &self,
-        _event: &str,
-        _: &keyway::lambda::Invocation,
-    ) -> Result<Value, keyway::lambda::FunctionError> {
-        Ok(serde_json::json!({ "batchItemFailures": [] }))
-    }
-
-    /// Takes a Kinesis batch as the keyed counter's handler does, without its JSON.
-    async fn handle_kinesis(
-        &self,
-        _batch: &keyway::sources::kinesis::KinesisBatch,
-        _: &keyway::lambda::Invocation,
-    ) -> Result<Value, keyway::lambda::FunctionError> {
-        Ok(serde_json::json!({ "batchItemFailures": [] }))
-    }
-}
-
-#[derive(Serialize)]
-struct LocalBench {
-    events: usize,
-    seed: u64,
-    noop_events_per_second: f64,
-    keyed_counter_events_per_second: f64,
-    noop_cpu_us_per_event: f64,
-    keyed_counter_cpu_us_per_event: f64,
-    /// The emulator's own time (the no-op run) as a share of the keyed counter's run.
-    emulator_overhead_share: f64,
-    emulator_overhead_share_at_most: f64,
-    target_met: bool,
-}
-
-/// CPU time of running `events` through the template's stack with the function `noop` or the
-/// keyed counter, on the embedded runtime under virtual time.
-fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliError> {
-    let runtime = runtime_builder(true);
-    runtime
-        .block_on(async {
-            let services = keyway_local::LocalServices::new(
-                1_767_225_600_000,
-                keyway_local::FaultPlan::default(),
-            );
-            let mut functions = keyway_stack::functions();
-            if noop {
-                functions.insert(
-                    "KeyedCounterFunction".into(),
-                    Box::new(|_, _| Ok(Arc::new(NoOp) as Arc<dyn keyway::lambda::Handler>)),
-                );
-            }
-            let mut runtime = keyway_local::LocalRuntime::from_template(
-                keyway_stack::TEMPLATE,
-                services.clone(),
-                &functions,
-            )
-            .map_err(|e| e.to_string())?;
-            let stream = runtime.resource("ClicksStream").ok_or("no ClicksStream")?;
-            services
-                .kinesis
-                .put_in_order(&stream, records)
-                .await
-                .map_err(|e| e.to_string())?;
-            let start = thread_cpu_time();
-            let report = runtime
-                .run_until_idle(Duration::from_secs(24 * 3600))
-                .await
-                .map_err(|e| e.to_string())?;
-            let spent = thread_cpu_time() - start;
-            let done: u64 = report.mappings.iter().map(|(_, s)| s.records_done).sum();
-            if done != records.len() as u64 {
-                return Err(format!("{done} of {} records processed", records.len()));
-            }
-            Ok(spent)
-        })
-        .map_err(CliError::from)
-}
-
-pub fn local(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
-    if events == 0 {
-        return Err("--events must be at least 1".into());
-    }
-    let records: Vec<(String, Vec<u8>)> = crate::workload::zipf_keys(events, KEYS, EXPONENT, seed)
-        .into_iter()
-        .map(|key| {
-            let data = format!(r#"{{"key":"{key}"}}"#).into_bytes();
-            (key, data)
-        })
-        .collect();
-    // Alternate the runs and keep each one's best of five: noise only ever adds time.
-    let (mut noop, mut counter) = (Duration::MAX, Duration::MAX);
-    for _ in 0..5 {
-        noop = noop.min(local_run(&records, true)?);
-        counter = counter.min(local_run(&records, false)?);
-    }
-    let share = noop.as_secs_f64() / counter.as_secs_f64();
-    let result = LocalBench {
-        events,
-        seed,
-        noop_events_per_second: events as f64 / noop.as_secs_f64(),
-        keyed_counter_events_per_second: events as f64 / counter.as_secs_f64(),
-        noop_cpu_us_per_event: noop.as_secs_f64() * 1e6 / events as f64,
-        keyed_counter_cpu_us_per_event: counter.as_secs_f64() * 1e6 / events as f64,
-        emulator_overhead_share: share,
-        emulator_overhead_share_at_most: 0.2,
-        target_met: share < 0.2,
-    };
-    report(&result, json, |result| {
-        println!("keyway bench local: {} events through template.yaml's stack on the embedded runtime, seed {}", events, seed);
-        println!();
-        println!(
-            "{:<28} {:>14} {:>16}",
-            "function", "events/s", "CPU us/event"
-        );
-        println!(
-            "{:<28} {:>14.0} {:>16.2}",
-            "no-op", result.noop_events_per_second, result.noop_cpu_us_per_event
-        );
-        println!(
-            "{:<28} {:>14.0} {:>16.2}",
-            "keyed counter",
-            result.keyed_counter_events_per_second,
-            result.keyed_counter_cpu_us_per_event
-        );
-        println!();
-        println!(
-            "emulator overhead: {:.1}% of the keyed counter's time (target below {:.0}%): {}",
-            share * 100.0,
-            result.emulator_overhead_share_at_most * 100.0,
-            if result.target_met { "met" } else { "NOT met" }
-        );
-    });
-    Ok(())
 }

@@ -573,9 +573,22 @@ fn monthly_cost(filter: &Design, lookup: &Design, deliveries_per_event: f64) -> 
     }
 }
 
-pub fn run(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
+/// `keyway bench filter`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 1_000_000)]
+    pub events: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> Result<(), CliError> {
+    let Args { events, seed, json } = args;
     let generated = generate(events, seed);
-    let runtime = crate::bench::runtime_builder(true);
+    let runtime = crate::job::runtime_builder(true);
     let (filter, cold_start, delivered) = runtime.block_on(run_filter(&generated))?;
     let (deliveries, events_delivered) = (delivered.messages, delivered.events);
     let lookup = runtime.block_on(run_lookup(&generated))?;
@@ -611,7 +624,7 @@ pub fn run(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
         targets,
         targets_met,
     };
-    crate::bench::report(&result, json, |r| print!("{}", report(r)));
+    crate::job::report(&result, json, |r| print!("{}", report(r)));
     Ok(())
 }
 

@@ -32,7 +32,7 @@ const COUNTER_TARGET_USD: f64 = 0.05;
 
 /// The arguments of `keyway bench cost`.
 #[derive(clap::Args)]
-pub struct CostArgs {
+pub struct Args {
     /// Input records of each application's run.
     #[arg(long, default_value_t = 100_000)]
     events: usize,
@@ -282,7 +282,7 @@ pub fn flink_break_even(
 }
 
 /// One application's cost from its metered run.
-fn app_cost(app: App, batching: Option<Batching>, args: &CostArgs) -> Result<AppCost, CliError> {
+fn app_cost(app: App, batching: Option<Batching>, args: &Args) -> Result<AppCost, CliError> {
     let settings = Settings {
         events: args.events,
         fault_rate: 0.0,
@@ -324,7 +324,7 @@ fn app_cost(app: App, batching: Option<Batching>, args: &CostArgs) -> Result<App
     })
 }
 
-pub fn run(args: CostArgs) -> Result<(), CliError> {
+pub fn run(args: Args) -> Result<(), CliError> {
     if args.events == 0 || !(1..=16).contains(&args.shards) || !(1..=10).contains(&args.lanes) {
         return Err("--events must be at least 1, --shards 1 to 16, --lanes 1 to 10".into());
     }
@@ -343,7 +343,7 @@ pub fn run(args: CostArgs) -> Result<(), CliError> {
             "--memory-mb must be 128 to 10,240 (Lambda's range), and the rates above 0".into(),
         );
     }
-    crate::keep_freed_memory();
+    crate::allocator::keep_freed_memory();
     let mut apps = Vec::new();
     for app in App::ALL {
         apps.push(app_cost(app, None, &args)?);
@@ -369,7 +369,7 @@ pub fn run(args: CostArgs) -> Result<(), CliError> {
         counter_target_usd_at_most: COUNTER_TARGET_USD,
         counter_target_met: counter_usd <= COUNTER_TARGET_USD,
     };
-    crate::bench::report(&result, args.json, print_table);
+    crate::job::report(&result, args.json, print_table);
     Ok(())
 }
 

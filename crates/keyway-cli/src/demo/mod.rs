@@ -6,6 +6,11 @@
 //! (`demo_filter`), changes through the CDC join (`demo_cdc`), and a key turning hot through the
 //! keyed aggregation and its hot-key registry (`demo_skew`).
 
+mod cdc;
+mod filter;
+mod identity;
+mod skew;
+
 use crate::error::CliError;
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
@@ -27,50 +32,71 @@ use keyway_stack as stack;
 
 const EPOCH: i64 = 1_767_225_600_000;
 
-pub struct DemoOptions {
+/// `keyway demo`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Clicks to send through the stack.
+    #[arg(long, default_value_t = 50_000)]
     pub events: usize,
+    /// Probability of each injected fault.
+    #[arg(long, default_value_t = 0.01)]
     pub faults: f64,
+    #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// CloudTrail records of the identity section.
+    /// CloudTrail records through the identity enricher (0 leaves the section out).
+    #[arg(long, default_value_t = 20_000)]
     pub identity_records: usize,
-    /// Events of the filtering section.
+    /// Events through the dynamic filter (0 leaves the section out).
+    #[arg(long, default_value_t = 20_000)]
     pub filter_events: usize,
-    /// Changes of the CDC section.
+    /// Changes through the CDC join (0 leaves the section out).
+    #[arg(long, default_value_t = 20_000)]
     pub cdc_changes: usize,
-    /// Events a second of the skew section.
+    /// Events a second through the keyed aggregation while a key turns hot, for 70 seconds
+    /// (0 leaves the section out).
+    #[arg(long, default_value_t = 1_000)]
     pub skew_rate: u32,
+    /// Where the functions' log lines go, so that none comes between the lines of the
+    /// summary (keyway-demo.log in the system's temporary directory if left out).
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+}
+
+impl Args {
     /// The file the functions' log lines go to, named at the end.
-    pub log: PathBuf,
+    pub fn log_file(&self) -> PathBuf {
+        self.log.clone().unwrap_or_else(default_log)
+    }
 }
 
 /// Where the demo's log lines go unless `--log` says.
-pub fn default_log() -> PathBuf {
+fn default_log() -> PathBuf {
     std::env::temp_dir().join("keyway-demo.log")
 }
 
-pub fn run(options: DemoOptions) -> Result<(), CliError> {
+pub fn run(options: Args) -> Result<(), CliError> {
     if options.events == 0 {
         return Err("--events must be at least 1".into());
     }
     // Virtual time: batching windows and retries pass instantly, and the seed fixes the run.
-    let runtime = crate::bench::runtime_builder(true);
+    let runtime = crate::job::runtime_builder(true);
     let identity_records = options.identity_records;
     let (filter_events, faults, seed) = (options.filter_events, options.faults, options.seed);
     let (cdc_changes, skew_rate) = (options.cdc_changes, options.skew_rate);
-    let log = options.log.clone();
+    let log = options.log_file();
     let outcome = runtime.block_on(async {
         demo(options).await?;
         if identity_records > 0 {
-            crate::demo_identity::run(identity_records, seed).await?;
+            identity::run(identity_records, seed).await?;
         }
         if filter_events > 0 {
-            crate::demo_filter::run(filter_events, faults, seed).await?;
+            filter::run(filter_events, faults, seed).await?;
         }
         if cdc_changes > 0 {
-            crate::demo_cdc::run(cdc_changes, faults, seed).await?;
+            cdc::run(cdc_changes, faults, seed).await?;
         }
         if skew_rate > 0 {
-            crate::demo_skew::run(skew_rate, faults, seed).await?;
+            skew::run(skew_rate, faults, seed).await?;
         }
         Ok::<(), CliError>(())
     });
@@ -82,7 +108,7 @@ pub fn run(options: DemoOptions) -> Result<(), CliError> {
     outcome
 }
 
-async fn demo(options: DemoOptions) -> Result<(), CliError> {
+async fn demo(options: Args) -> Result<(), CliError> {
     let faults = FaultPlan::all(options.faults, options.seed);
     let services = LocalServices::new(EPOCH, faults);
     let mut runtime =

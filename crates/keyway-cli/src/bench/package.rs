@@ -63,7 +63,7 @@ const PAYLOADS: &[(&str, &str)] = &[
 ];
 
 #[derive(clap::Args, Debug)]
-pub struct PackageOptions {
+pub struct Args {
     /// The stack whose functions are packaged (their binaries: Metadata/BuildProperties/Binary).
     #[arg(long, default_value = "template.yaml")]
     pub template: PathBuf,
@@ -125,7 +125,7 @@ struct Function {
     code_uri: String,
 }
 
-pub fn run(options: PackageOptions) -> Result<(), CliError> {
+pub fn run(options: Args) -> Result<(), CliError> {
     if options.starts == 0 {
         return Err("--starts must be at least 1".into());
     }
@@ -193,7 +193,7 @@ pub fn run(options: PackageOptions) -> Result<(), CliError> {
         slowest_cold_start_ms,
         largest_batch_peak_bytes,
     };
-    crate::bench::report(&result, options.json, print_table);
+    crate::job::report(&result, options.json, print_table);
     Ok(())
 }
 

@@ -18,10 +18,10 @@ use keyway_stack::adaptive;
 use keyway_stack::aggregation::{Aggregation, EventTimes, Settings as Run};
 use serde::Serialize;
 
-use super::simulate::outcome;
-use super::source::{Event, HOT_KEY};
-use super::{Placement, Settings, Strategy};
 use crate::error::CliError;
+use crate::skew::simulate::outcome;
+use crate::skew::source::{Event, HOT_KEY};
+use crate::skew::{Placement, Settings, Strategy};
 
 const SHARDS: u32 = 8;
 const BUCKETS: u32 = 32;
@@ -67,7 +67,20 @@ struct SkewBench {
     target_met: bool,
 }
 
-pub fn run(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
+/// `keyway bench skew`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 100_000)]
+    pub events: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> Result<(), CliError> {
+    let Args { events, seed, json } = args;
     if events < 2 {
         return Err("--events must be at least 2".into());
     }
@@ -104,7 +117,7 @@ pub fn run(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
         .map(|e| e.salted_from_second - e.hot_in_second);
     let equal = aggregated_exactly(&workload)?;
     let registry = through_registry(seed)?;
-    let spread = |o: &super::simulate::Outcome| Spread {
+    let spread = |o: &crate::skew::simulate::Outcome| Spread {
         cov: o.cov,
         max_over_mean: o.max_over_mean,
         peak_wcu_per_second: o.peak_wcu_per_second,
@@ -132,7 +145,7 @@ pub fn run(events: usize, seed: u64, json: bool) -> Result<(), CliError> {
         target_cov: 0.1,
         target_partition_wcu_per_second: 1_000,
     };
-    crate::bench::report(&result, json, print);
+    crate::job::report(&result, json, print);
     Ok(())
 }
 
@@ -205,7 +218,7 @@ fn through_registry(seed: u64) -> Result<Registry, CliError> {
         faults: FaultPlan::default(),
         seed,
     };
-    let runtime = crate::bench::runtime_builder(true);
+    let runtime = crate::job::runtime_builder(true);
     let outcome = runtime.block_on(adaptive::run(&settings))?;
     let turns = outcome.turns(0.8).ok_or("the key never turned hot")?;
     Ok(Registry {
@@ -258,7 +271,7 @@ fn aggregated_exactly(events: &[Event]) -> Result<bool, CliError> {
         flush: Duration::from_secs(60),
         faults: FaultPlan::default(),
     };
-    let runtime = crate::bench::runtime_builder(true);
+    let runtime = crate::job::runtime_builder(true);
     let finished = runtime.block_on(async {
         let mut run = Aggregation::deploy(&settings, 1_767_225_600_000)?;
         run.put(&records, EventTimes::default()).await?;

@@ -166,7 +166,24 @@ fn largest_item(table: &LocalTable) -> usize {
         .unwrap_or(0)
 }
 
-pub fn run(changes: usize, seed: u64, json: bool) -> Result<(), CliError> {
+/// `keyway bench cdc`'s arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 20_000)]
+    pub changes: usize,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> Result<(), CliError> {
+    let Args {
+        changes,
+        seed,
+        json,
+    } = args;
     if changes == 0 {
         return Err("--changes must be at least 1".into());
     }
@@ -178,7 +195,7 @@ pub fn run(changes: usize, seed: u64, json: bool) -> Result<(), CliError> {
     let events = interleave(generate(&workload), seed);
     let spec = JoinSpec::parse(JOIN, JoinKind::Inner).map_err(|e| e.to_string())?;
     let expected = final_tables(&events).join(&spec);
-    let runtime = crate::bench::runtime_builder(true);
+    let runtime = crate::job::runtime_builder(true);
 
     let start = thread_cpu_time();
     let (table, whole_view) = runtime.block_on(whole_set(&spec, &events))?;
