@@ -23,7 +23,7 @@ use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
 use serde_json::Value;
 
 use crate::error::CliError;
-use crate::trail::Entry;
+use identity_enricher::log_files::Entry;
 use keyway_stack as stack;
 
 /// Records put on the stream between two runs of the stack.
@@ -471,9 +471,12 @@ pub fn run(options: Args) -> Result<(), CliError> {
             .map_err(|e| format!("--customer-map {}: {e}", path.display()))?,
         None => "{}".to_owned(),
     };
-    let trail = crate::trail::Trail::open(&options.paths)?;
+    let trail = identity_enricher::log_files::Trail::open(&options.paths)?
+        .map(|entry| entry.map_err(CliError::from));
     let entries: Box<dyn Iterator<Item = Result<Entry, CliError>>> = match options.shuffle {
-        Some(seed) => Box::new(crate::trail::Shuffled::new(trail, seed, 10_000)),
+        Some(seed) => Box::new(identity_enricher::log_files::Shuffled::new(
+            trail, seed, 10_000,
+        )),
         None => Box::new(trail),
     };
     let mut entries = entries.peekable();

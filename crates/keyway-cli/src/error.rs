@@ -50,3 +50,9 @@ impl From<keyway::WiringError> for CliError {
         Self(err.to_string())
     }
 }
+
+impl From<identity_enricher::log_files::ReadError> for CliError {
+    fn from(err: identity_enricher::log_files::ReadError) -> Self {
+        Self(err.to_string())
+    }
+}

@@ -18,7 +18,6 @@ mod local;
 mod signatures;
 mod skew;
 mod subscriptions;
-mod trail;
 mod workload;
 
 use clap::{Parser, Subcommand};

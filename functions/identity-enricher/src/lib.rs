@@ -8,7 +8,8 @@
 //! credentials the call issued (`Issued`). `identity` holds what resolution produces: the
 //! original actor, the role chain, the resolution messages of the feedback stream, and the
 //! partition keys producers use. `enricher` is the keyed operator that puts them together; here
-//! it is wired to the ports its environment names.
+//! it is wired to the ports its environment names. Behind features, for the `keyway` command and
+//! the tests: `traffic` generates CloudTrail traffic, `log_files` reads CloudTrail's log files.
 //!
 //! Environment: `STATE_TABLE`; `EVENTS_STREAM` (the CloudTrail stream the function reads);
 //! `FEEDBACK_STREAM` (the feedback stream, which it reads and publishes resolutions to);
@@ -21,6 +22,8 @@
 pub mod cloudtrail;
 pub mod enricher;
 pub mod identity;
+#[cfg(feature = "files")]
+pub mod log_files;
 #[cfg(feature = "traffic")]
 pub mod traffic;
 

@@ -30,7 +30,7 @@ use keyway_local::{thread_cpu_time, LocalTable};
 
 use crate::enrich::{Run, Settings};
 use crate::error::CliError;
-use crate::trail::Entry;
+use identity_enricher::log_files::Entry;
 
 const SHARDS: u32 = 8;
 
@@ -200,7 +200,9 @@ fn entries(
                 value,
             })
         });
-    Ok(crate::trail::Shuffled::new(generated, seed, 2_000))
+    Ok(identity_enricher::log_files::Shuffled::new(
+        generated, seed, 2_000,
+    ))
 }
 
 /// The enricher over `entries` on the embedded runtime: its summary and the CPU time it took.

@@ -11,7 +11,7 @@ use identity_enricher::traffic::{Traffic, TrafficConfig};
 
 use crate::enrich::{Run, Settings, Summary};
 use crate::error::CliError;
-use crate::trail::{Entry, Shuffled};
+use identity_enricher::log_files::{Entry, Shuffled};
 
 pub async fn run(records: usize, seed: u64) -> Result<(), CliError> {
     let config = TrafficConfig {

@@ -14,7 +14,22 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::error::CliError;
+/// A file or directory that could not be read, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{place}: {source}")]
+pub struct ReadError {
+    /// The path as given.
+    pub place: String,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl ReadError {
+    fn at(place: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Self {
+        let place = place.to_string();
+        move |source| Self { place, source }
+    }
+}
 
 /// One entry of the input, with where it is: `file:line` for JSON Lines, `file#index` for a
 /// record of a log file read whole (both for a log file on one line).
@@ -48,7 +63,7 @@ pub struct Trail {
 impl Trail {
     /// The files under `paths` (each a file or a directory); an error names a path that does not
     /// exist.
-    pub fn open(paths: &[PathBuf]) -> Result<Self, CliError> {
+    pub fn open(paths: &[PathBuf]) -> Result<Self, ReadError> {
         let mut files = VecDeque::new();
         for path in paths {
             collect(path, &mut files)?;
@@ -60,17 +75,17 @@ impl Trail {
     }
 }
 
-fn collect(path: &Path, files: &mut VecDeque<PathBuf>) -> Result<(), CliError> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn collect(path: &Path, files: &mut VecDeque<PathBuf>) -> Result<(), ReadError> {
+    let meta = std::fs::metadata(path).map_err(ReadError::at(path.display()))?;
     if !meta.is_dir() {
         files.push_back(path.to_owned());
         return Ok(());
     }
     let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
+        .map_err(ReadError::at(path.display()))?
         .map(|e| e.map(|e| e.path()))
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(ReadError::at(path.display()))?;
     entries.sort();
     for entry in entries {
         let name = entry.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -83,7 +98,7 @@ fn collect(path: &Path, files: &mut VecDeque<PathBuf>) -> Result<(), CliError> {
 }
 
 impl Iterator for Trail {
-    type Item = Result<Entry, CliError>;
+    type Item = Result<Entry, ReadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
@@ -117,18 +132,14 @@ struct FileEntries {
 impl FileEntries {
     /// Opens `path`; a whole-file JSON value (a pretty-printed log file, one record) is read at
     /// once, JSON Lines line by line.
-    fn open(path: &Path) -> Result<Self, CliError> {
+    fn open(path: &Path) -> Result<Self, ReadError> {
         let name = path.display().to_string();
         let mut reader = reader(path)?;
         let mut first = String::new();
         let mut skipped = 0;
         while first.trim().is_empty() {
             first.clear();
-            if reader
-                .read_line(&mut first)
-                .map_err(|e| format!("{name}: {e}"))?
-                == 0
-            {
+            if reader.read_line(&mut first).map_err(ReadError::at(&name))? == 0 {
                 break;
             }
             skipped += 1;
@@ -154,7 +165,7 @@ impl FileEntries {
                 let mut rest = first;
                 reader
                     .read_to_string(&mut rest)
-                    .map_err(|e| format!("{}: {e}", entries.name))?;
+                    .map_err(ReadError::at(&entries.name))?;
                 match serde_json::from_str::<Value>(&rest) {
                     Ok(value) => entries
                         .ready
@@ -170,7 +181,7 @@ impl FileEntries {
 }
 
 impl Iterator for FileEntries {
-    type Item = Result<Entry, CliError>;
+    type Item = Result<Entry, ReadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
@@ -183,7 +194,7 @@ impl Iterator for FileEntries {
             }
             let line = match self.lines.as_mut()?.next()? {
                 Ok(line) => line,
-                Err(e) => return Some(Err(format!("{}: {e}", self.name).into())),
+                Err(e) => return Some(Err(ReadError::at(&self.name)(e))),
             };
             self.line += 1;
             if line.trim().is_empty() {
@@ -234,12 +245,12 @@ fn records_of(value: Value) -> Vec<Value> {
 
 /// The file's text, decompressed when it is gzip (CloudTrail delivers `.json.gz`; concatenated
 /// gzip members read as one).
-fn reader(path: &Path) -> Result<Box<dyn BufRead>, CliError> {
+fn reader(path: &Path) -> Result<Box<dyn BufRead>, ReadError> {
     let name = path.display();
-    let mut file = BufReader::new(File::open(path).map_err(|e| format!("{name}: {e}"))?);
+    let mut file = BufReader::new(File::open(path).map_err(ReadError::at(&name))?);
     let gzip = file
         .fill_buf()
-        .map_err(|e| format!("{name}: {e}"))?
+        .map_err(ReadError::at(&name))?
         .starts_with(&[0x1f, 0x8b]);
     Ok(if gzip {
         Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(file)))
@@ -250,14 +261,14 @@ fn reader(path: &Path) -> Result<Box<dyn BufRead>, CliError> {
 
 /// Entries in an order shuffled within a window of `window`: arrival order randomised as a
 /// stream of many partitions randomises it, in bounded memory. The same seed, the same order.
-pub struct Shuffled<I> {
+pub struct Shuffled<I: Iterator> {
     inner: I,
-    window: Vec<Result<Entry, CliError>>,
+    window: Vec<I::Item>,
     size: usize,
     rng: rand::rngs::StdRng,
 }
 
-impl<I: Iterator<Item = Result<Entry, CliError>>> Shuffled<I> {
+impl<I: Iterator> Shuffled<I> {
     pub fn new(inner: I, seed: u64, size: usize) -> Self {
         use rand::SeedableRng;
         Self {
@@ -269,8 +280,8 @@ impl<I: Iterator<Item = Result<Entry, CliError>>> Shuffled<I> {
     }
 }
 
-impl<I: Iterator<Item = Result<Entry, CliError>>> Iterator for Shuffled<I> {
-    type Item = Result<Entry, CliError>;
+impl<I: Iterator> Iterator for Shuffled<I> {
+    type Item = I::Item;
 
     fn next(&mut self) -> Option<Self::Item> {
         use rand::Rng;
@@ -377,7 +388,7 @@ mod tests {
     fn a_shuffle_keeps_every_entry_and_the_same_seed_gives_the_same_order() {
         let entries = |n: usize| {
             (0..n).map(|i| {
-                Ok(Entry::Record {
+                Ok::<_, ReadError>(Entry::Record {
                     place: String::new(),
                     value: serde_json::json!(i),
                 })
