@@ -414,6 +414,31 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn state_or_a_sink_the_operator_never_declared_dead_letters_the_record_naming_it_and_its_key_goes_on(
+    ) {
+        let b = bench(Summer::default(), false);
+        let report = b
+            .executor
+            .run(vec![
+                record(1, "p", "a", 21),
+                record(2, "p", "a", 22),
+                record(3, "p", "a", 5),
+            ])
+            .await;
+        assert_eq!((report.applied, report.dead_lettered), (1, 2));
+        assert_eq!(report.failed_from, None, "no record is held for a retry");
+        assert_eq!(b.out.bodies().concat(), ["5"]);
+        let letters = b.dead.bodies().concat().join("\n");
+        for (field, problem) in [
+            ("state.forgotten", "state \\\"forgotten\\\" is not declared"),
+            ("output.forgotten", "sink \\\"forgotten\\\" is not declared"),
+        ] {
+            assert!(letters.contains(field), "{field} in {letters}");
+            assert!(letters.contains(problem), "{problem} in {letters}");
+        }
+    }
+
     #[test]
     fn a_panic_in_the_operator_fails_its_key_like_a_retryable_error() {
         let b = bench(Summer::default(), false);

@@ -19,13 +19,15 @@ use crate::ports::{ManualClock, Sink, SinkError};
 use crate::ValueState;
 
 pub const SUM: ValueState<i64> = ValueState::new("sum");
+/// A state `Summer` uses without declaring it.
+const FORGOTTEN: ValueState<i64> = ValueState::new("forgotten");
 /// Where `Summer` sends its running sums.
 pub const OUT: crate::Sink<i64> = crate::Sink::new("out");
 pub const START: i64 = 1_767_225_600_000;
 
 /// Sums `n` per `key` of records `{"key": .., "n": ..}` and emits the running sum to `out`.
-/// `n` of 0 changes nothing and emits nothing, 13 fails (retryably), 66 panics, and a negative
-/// `n` is invalid.
+/// `n` of 0 changes nothing and emits nothing, 13 fails (retryably), 66 panics, a negative `n`
+/// is invalid, and 21 and 22 touch a state and a sink it never declared (a programming error).
 #[derive(Clone, Copy, Default)]
 pub struct Summer {
     pub outbox: bool,
@@ -77,6 +79,10 @@ impl KeyedOperator for Summer {
             13 => return Err(ProcessError::Retry("unlucky".into())),
             66 => panic!("a bug"),
             n if n < 0 => return Err(InvalidInput::new("data.n", "negative").into()),
+            21 => {
+                ctx.value(&FORGOTTEN)?.set(n);
+            }
+            22 => return ctx.emit(&crate::Sink::<i64>::new("forgotten"), key, &n),
             _ => {}
         }
         let mut sum = ctx.value(&SUM)?;

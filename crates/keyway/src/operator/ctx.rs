@@ -175,10 +175,10 @@ impl<'a> Ctx<'a> {
 
     fn timers(&mut self) -> Result<ValueHandle<'_, BTreeSet<i64>>, ProcessError> {
         self.value(&TIMERS).map_err(|e| match e {
-            StateError::Undeclared { .. } => ProcessError::Retry(
-                "timers are not declared: list keyway::operator::timers() in the operator's states()"
-                    .to_owned(),
-            ),
+            StateError::Undeclared { .. } => ProcessError::Invalid(InvalidInput::new(
+                format!("state.{}", TIMERS.name),
+                "timers are not declared: list keyway::operator::timers() in the operator's states()",
+            )),
             other => other.into(),
         })
     }
@@ -305,11 +305,12 @@ impl<'a> Ctx<'a> {
         settled: bool,
     ) -> Result<(), ProcessError> {
         let Some(&limit) = self.sinks.get(sink) else {
-            // A sink constant missing from the operator's sinks(): a programming error, so the
-            // record stays until a fixed version runs. (Declared sinks are checked against the
-            // wired ones when the executor is built.)
-            return Err(ProcessError::Retry(format!(
-                "sink {sink:?} is not declared in the operator's sinks()"
+            // A sink constant missing from the operator's sinks(): a programming error, which no
+            // retry fixes, dead-lettered like an undeclared state (`From<StateError>`). Declared
+            // sinks are checked against the wired ones when the executor is built.
+            return Err(ProcessError::Invalid(InvalidInput::new(
+                format!("output.{sink}"),
+                format!("sink {sink:?} is not declared in the operator's sinks()"),
             )));
         };
         if body.len() > limit {

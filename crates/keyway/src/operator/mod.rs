@@ -89,16 +89,18 @@ impl From<StateError> for ProcessError {
     fn from(err: StateError) -> Self {
         match err {
             // Stored state that no longer decodes will not decode on a retry either.
-            StateError::Decode { ref slot, .. } => {
+            StateError::Decode { ref slot, .. } | StateError::Encode { ref slot, .. } => {
                 ProcessError::Invalid(InvalidInput::new(format!("state.{slot}"), err.to_string()))
             }
-            StateError::Encode { ref slot, .. } => {
+            // A programming error, which no retry fixes either: the record is dead-lettered
+            // with the reason, where an operator's test sees it, instead of holding its key (and
+            // Lambda the shard behind it) until a fixed version runs. Once fixed, the record is
+            // replayed from the dead-letter sink.
+            StateError::Undeclared { ref slot }
+            | StateError::KindMismatch { ref slot, .. }
+            | StateError::BroadcastFromKey { ref slot, .. } => {
                 ProcessError::Invalid(InvalidInput::new(format!("state.{slot}"), err.to_string()))
             }
-            // A programming error: keep the record until a fixed version runs.
-            StateError::Undeclared { .. }
-            | StateError::KindMismatch { .. }
-            | StateError::BroadcastFromKey { .. } => ProcessError::Retry(err.to_string()),
         }
     }
 }
