@@ -362,7 +362,7 @@ async fn retries_after_partial_failures_use_up_the_maximum_retry_attempts() {
 async fn an_on_failure_record_carries_the_function_error_that_ended_its_batch() {
     for slow in [false, true] {
         let f = Scripted::taking(Duration::from_secs(if slow { 10 } else { 0 }), |_, _| {
-            Err(FunctionError("boom".into()))
+            Err(FunctionError::Failed("boom".into()))
         });
         let mut s = setup(
             1,
@@ -458,7 +458,7 @@ async fn bisection_isolates_a_poison_record_which_is_discarded_after_its_retries
     let p = poison.clone();
     let f = Scripted::new(move |_, batch| {
         if batch.iter().any(|r| r.sequence == *p.lock().unwrap()) {
-            Err(FunctionError("poisoned".into()))
+            Err(FunctionError::Failed("poisoned".into()))
         } else {
             Ok(json!({}))
         }
@@ -522,7 +522,7 @@ async fn bisection_isolates_a_poison_record_which_is_discarded_after_its_retries
 async fn a_failing_batch_is_retried_the_maximum_number_of_times_then_discarded() {
     let f = Scripted::new(|call, _| {
         if call < 4 {
-            Err(FunctionError("down".into()))
+            Err(FunctionError::Failed("down".into()))
         } else {
             Ok(json!({}))
         }
@@ -558,7 +558,7 @@ async fn a_failing_batch_is_retried_the_maximum_number_of_times_then_discarded()
 /// discarded, also while their batch is being retried.
 #[tokio::test(start_paused = true)]
 async fn records_past_the_maximum_age_are_discarded_and_described() {
-    let f = Scripted::new(|_, _| Err(FunctionError("down".into())));
+    let f = Scripted::new(|_, _| Err(FunctionError::Failed("down".into())));
     let settings = MappingSettings {
         maximum_record_age: Some(Duration::from_secs(60)),
         ..Default::default()
@@ -586,7 +586,7 @@ async fn records_past_the_maximum_age_are_discarded_and_described() {
 /// that batch and no more.
 #[tokio::test(start_paused = true)]
 async fn records_expiring_from_a_batch_in_retry_leave_the_rest_of_it_to_be_retried() {
-    let f = Scripted::new(|_, _| Err(FunctionError("down".into())));
+    let f = Scripted::new(|_, _| Err(FunctionError::Failed("down".into())));
     let settings = MappingSettings {
         maximum_record_age: Some(Duration::from_secs(60)),
         batch_size: 5,
@@ -759,7 +759,7 @@ async fn a_dynamodb_stream_delivers_changes_ttl_deletions_and_failure_records() 
     let e = events.clone();
     let f = Scripted::new(move |call, _| {
         if call == 0 {
-            Err(FunctionError("once".into()))
+            Err(FunctionError::Failed("once".into()))
         } else {
             Ok(json!({}))
         }
@@ -866,7 +866,7 @@ impl keyway::lambda::Handler for Recording {
 #[tokio::test(start_paused = true)]
 async fn an_on_failure_record_names_the_shard_of_its_batch_with_every_parallelization_factor() {
     for factor in [1, 3] {
-        let f = Scripted::new(|_, _| Err(FunctionError("down".into())));
+        let f = Scripted::new(|_, _| Err(FunctionError::Failed("down".into())));
         let mut s = setup(
             2,
             f.clone(),
@@ -1168,7 +1168,7 @@ async fn a_write_that_changes_nothing_leaves_no_stream_record() {
 #[tokio::test(start_paused = true)]
 async fn a_poison_record_retried_without_limit_ends_when_the_streams_retention_drops_it() {
     let f = Scripted::new(|_, batch| match batch.iter().any(|r| r.key == "poison") {
-        true => Err(FunctionError("cannot read it".into())),
+        true => Err(FunctionError::Failed("cannot read it".into())),
         false => Ok(Value::Null),
     });
     let mut s = setup(1, f.clone(), MappingSettings::default());

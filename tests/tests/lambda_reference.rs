@@ -381,7 +381,7 @@ fn assert_on_failure_record_matches(ours: &Value, documented: &Value, info: &str
 async fn a_discarded_kinesis_batch_is_described_as_the_documented_record() {
     let Some(root) = corpus() else { return };
     let documented = read(&root.join("lambda/docs/kinesis-on-failure-destination-record.json"));
-    let f = Recorder::new(|_, _| Err(FunctionError("Unhandled".into())));
+    let f = Recorder::new(|_, _| Err(FunctionError::Failed("Unhandled".into())));
     let settings = MappingSettings {
         maximum_retry_attempts: Some(0),
         ..Default::default()
@@ -410,7 +410,7 @@ async fn a_discarded_kinesis_batch_is_described_as_the_documented_record() {
 async fn a_discarded_dynamodb_batch_is_described_as_the_documented_record() {
     let Some(root) = corpus() else { return };
     let documented = read(&root.join("lambda/docs/dynamodb-on-failure-destination-record.json"));
-    let f = Recorder::new(|_, _| Err(FunctionError("Unhandled".into())));
+    let f = Recorder::new(|_, _| Err(FunctionError::Failed("Unhandled".into())));
     let settings = MappingSettings {
         maximum_retry_attempts: Some(0),
         ..Default::default()

@@ -27,7 +27,7 @@ const EPOCH: i64 = 1_767_225_600_000;
 fn failing_first(failing: usize) -> Arc<Scripted> {
     Scripted::taking(Duration::from_millis(50), move |call, _| {
         if call < failing {
-            Err(FunctionError("not yet".into()))
+            Err(FunctionError::Failed("not yet".into()))
         } else {
             Ok(json!({}))
         }
@@ -229,7 +229,7 @@ async fn update_shard_count_up_and_down_keeps_every_keys_order_in_concurrent_lan
 async fn a_parent_whose_last_records_expire_lets_its_children_be_read_in_the_same_run() {
     let f = Scripted::new(
         |_, batch| match batch.iter().any(|r| r.key.starts_with("old")) {
-            true => Err(FunctionError("cannot read it".into())),
+            true => Err(FunctionError::Failed("cannot read it".into())),
             false => Ok(Value::Null),
         },
     );

@@ -196,7 +196,7 @@ async fn a_batching_window_gathers_messages_until_it_passes_or_the_batch_is_full
 #[tokio::test(start_paused = true)]
 async fn a_failing_message_returns_after_the_visibility_timeout_until_the_redrive_policy_moves_it()
 {
-    let f = Consumer::new(|_, _| Err(FunctionError("always".into())));
+    let f = Consumer::new(|_, _| Err(FunctionError::Failed("always".into())));
     let queue = "      VisibilityTimeout: 40\n      RedrivePolicy:\n        deadLetterTargetArn: !GetAtt Dead.Arn\n        maxReceiveCount: 3";
     let mut runtime = deploy(&stack(queue, "            BatchSize: 10"), &f).unwrap();
     send(&runtime, "Work", &["poison"]);
@@ -271,7 +271,7 @@ async fn a_malformed_partial_batch_response_fails_the_whole_batch_and_is_read_on
 #[tokio::test(start_paused = true)]
 async fn a_fifo_group_waits_while_its_failed_message_is_in_flight_and_other_groups_go_on() {
     let f = Consumer::new(|call, batch| match call {
-        0 => Err(FunctionError(format!("{} failed", batch[0].body))),
+        0 => Err(FunctionError::Failed(format!("{} failed", batch[0].body))),
         _ => Ok(Value::Null),
     });
     let queue =

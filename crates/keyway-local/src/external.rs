@@ -122,7 +122,7 @@ impl ExternalFunction {
     /// Starts the bootstrap with its runtime API on a port of its own.
     async fn start(&self) -> Result<Environment, FunctionError> {
         let failed = |e: std::io::Error| {
-            FunctionError(format!(
+            FunctionError::Failed(format!(
                 "{}: cannot start: {e}",
                 self.bootstrap.path.display()
             ))
@@ -336,13 +336,14 @@ impl Handler for ExternalFunction {
             Ok(Outcome::Response(body)) if body.iter().all(u8::is_ascii_whitespace) => {
                 Ok(Value::Null)
             }
-            Ok(Outcome::Response(body)) => serde_json::from_slice(&body)
-                .map_err(|e| FunctionError(format!("the function's response is not JSON: {e}"))),
-            Ok(Outcome::Error(error)) => Err(FunctionError(error)),
+            Ok(Outcome::Response(body)) => serde_json::from_slice(&body).map_err(|e| {
+                FunctionError::Failed(format!("the function's response is not JSON: {e}"))
+            }),
+            Ok(Outcome::Error(error)) => Err(FunctionError::Failed(error)),
             Err(Ended::Exited(why)) => {
                 // Lambda replaces an environment whose runtime exited.
                 *environment = None;
-                Err(FunctionError(why))
+                Err(FunctionError::Failed(why))
             }
             Err(Ended::TimedOut) => {
                 // Lambda stops an environment that timed out. Here the invocation then waits on

@@ -358,7 +358,7 @@ impl Handler for RekeyHandler {
             .sweeper
             .sweep(invocation.deadline_millis)
             .await
-            .map_err(|e| FunctionError(format!("the truncate sweep failed: {e}")))?;
+            .map_err(|e| FunctionError::Failed(format!("the truncate sweep failed: {e}")))?;
         Ok(serde_json::to_value(report).expect("a report serializes"))
     }
 }

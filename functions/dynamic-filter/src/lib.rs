@@ -149,7 +149,7 @@ impl Handler for FilterHandler {
     async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
         self.refresh()
             .await
-            .map_err(|e| FunctionError(format!("the filter state could not be read: {e}")))?;
+            .map_err(FunctionError::store("reading the filter state"))?;
         let response = self.inner.handle(event, invocation).await;
         self.write_metrics();
         response

@@ -426,7 +426,7 @@ struct Lookup {
 impl Handler for Lookup {
     async fn handle(&self, event: &str, _: &Invocation) -> Result<Value, FunctionError> {
         let records = keyway::sources::kinesis::decode_event(event)
-            .map_err(|e| FunctionError(e.to_string()))?;
+            .map_err(|e| FunctionError::Failed(e.to_string()))?;
         let mut outputs = Vec::new();
         for record in records.into_iter().flatten() {
             let Payload::Bytes(data) = &record.payload else {
@@ -443,7 +443,7 @@ impl Handler for Lookup {
                     sk: "subscriptions".into(),
                 })
                 .await
-                .map_err(|e| FunctionError(e.to_string()))?;
+                .map_err(|e| FunctionError::Failed(e.to_string()))?;
             let mut keyed: Vec<(Subscription, Pattern)> = Vec::new();
             if let Some(text) = found
                 .as_ref()
@@ -451,7 +451,7 @@ impl Handler for Lookup {
                 .and_then(AttrValue::as_s)
             {
                 let subs: Vec<Subscription> =
-                    serde_json::from_str(text).map_err(|e| FunctionError(e.to_string()))?;
+                    serde_json::from_str(text).map_err(|e| FunctionError::Failed(e.to_string()))?;
                 keyed = subs
                     .into_iter()
                     .map(|s| {
@@ -459,7 +459,7 @@ impl Handler for Lookup {
                         p.map(|p| (s, p))
                     })
                     .collect::<Result<_, _>>()
-                    .map_err(|e| FunctionError(e.to_string()))?;
+                    .map_err(|e| FunctionError::Failed(e.to_string()))?;
             }
             let mut consumers = Vec::new();
             for (s, pattern) in keyed.iter().chain(&self.all) {
@@ -483,7 +483,10 @@ impl Handler for Lookup {
         }
         let failed = self.router.send(&outputs).await;
         if !failed.is_empty() {
-            return Err(FunctionError(format!("{} deliveries failed", failed.len())));
+            return Err(FunctionError::Failed(format!(
+                "{} deliveries failed",
+                failed.len()
+            )));
         }
         Ok(json!({"batchItemFailures": []}))
     }

@@ -12,13 +12,35 @@ use serde_json::Value;
 use crate::domain::InvalidInput;
 use crate::executor::{BatchReport, Executor};
 use crate::operator::KeyedOperator;
+use crate::ports::StoreError;
 use crate::sources::kinesis::KinesisBatch;
 use crate::sources::{dynamodb, event_source, kinesis, records_of, DecodedBatch, Envelope};
 
-/// An invocation failed: Lambda retries the batch (or bisects it).
+/// An invocation failed as a whole: Lambda retries the batch (or bisects it).
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct FunctionError(pub String);
+pub enum FunctionError {
+    /// The event is not a batch the function runs, or a record of it could not be reported.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// A table the invocation needs failed `during` its work (a timer sweep, reading a filter's
+    /// state).
+    #[error("{during} failed: {source}")]
+    Store {
+        during: &'static str,
+        source: StoreError,
+    },
+    /// The function failed for a reason of its own, in its words: an error response of a function
+    /// behind the Runtime API, a handler that is not keyway's runtime.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl FunctionError {
+    /// A failure of `source` during the invocation's `during`.
+    pub fn store(during: &'static str) -> impl FnOnce(StoreError) -> Self {
+        move |source| Self::Store { during, source }
+    }
+}
 
 /// What Lambda says of one invocation besides its event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -67,7 +89,7 @@ impl<O: KeyedOperator> StreamHandler<O> {
 #[async_trait]
 impl<O: KeyedOperator> Handler for StreamHandler<O> {
     async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
-        let failed = |e: InvalidInput| FunctionError(SourceError::Event(e).to_string());
+        let failed = |e: InvalidInput| FunctionError::Source(SourceError::Event(e));
         let Some(records) = Envelope::parse(event).map_err(failed)? else {
             // JSON, as the envelope read it; but a member the envelope skipped may nest past
             // what a tree can be built of.
@@ -82,7 +104,7 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
                 .executor
                 .fire_timers(invocation.deadline_millis)
                 .await
-                .map_err(|e| FunctionError(format!("the timer sweep failed: {e}")))?;
+                .map_err(FunctionError::store("the timer sweep"))?;
             return Ok(serde_json::to_value(sweep).expect("a sweep serializes"));
         };
         let started = std::time::Instant::now();
@@ -121,7 +143,7 @@ impl<O: KeyedOperator> StreamHandler<O> {
             .await;
         // Logged before the verdict: an invocation that fails as a whole has its line too.
         source.log(self.executor.namespace(), &report, started.elapsed());
-        let report = checked(report).map_err(|e| FunctionError(e.to_string()))?;
+        let report = checked(report)?;
         let response = match dynamodb {
             true => serde_json::to_value(dynamodb_response(&report)),
             false => serde_json::to_value(kinesis_response(&report)),
@@ -339,8 +361,12 @@ mod tests {
         let call = |event: &'static str| handler.handle(event, &invocation);
         let not_json = call("{\"Records\": [").await.unwrap_err();
         assert!(
+            matches!(not_json, FunctionError::Source(SourceError::Event(_))),
+            "{not_json:?}"
+        );
+        assert!(
             not_json
-                .0
+                .to_string()
                 .starts_with("the event's Records: the event is not JSON"),
             "{not_json}"
         );
@@ -348,7 +374,14 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(
-            no_records.0,
+            no_records,
+            FunctionError::Source(SourceError::Event(InvalidInput::new(
+                "Records",
+                "the event has no Records array"
+            )))
+        );
+        assert_eq!(
+            no_records.to_string(),
             "the event's Records: the event has no Records array"
         );
         let empty = call("{\"Records\": []}").await.unwrap();
