@@ -204,9 +204,10 @@ impl FilterStack {
         }
         let registry = match &settings.registry {
             Some(text) => QueueOwnership::default().with_registry(text).map_err(|e| {
-                LocalError::Template(keyway_local::template::TemplateError(format!(
-                    "ConsumerQueues: {e}"
-                )))
+                LocalError::Template(keyway_local::template::TemplateError::at(
+                    "ConsumerQueues",
+                    e,
+                ))
             })?,
             None => QueueOwnership::default(),
         };

@@ -14,7 +14,7 @@ pub(super) fn external_mappings(
     let mut mappings = Vec::new();
     for (mapping_id, p) in of_type(resources, "AWS::Lambda::EventSourceMapping") {
         let function = get(&p, "FunctionName")
-            .ok_or_else(|| TemplateError(format!("{mapping_id}: no FunctionName")))?;
+            .ok_or_else(|| TemplateError::at(mapping_id, "no FunctionName"))?;
         let referenced = logical_id(function);
         if referenced
             .as_deref()
@@ -23,7 +23,7 @@ pub(super) fn external_mappings(
             continue; // the mapping of one of this template's functions
         }
         let function = resolve(function, template, &ParametersOnly)
-            .map_err(|e| TemplateError(format!("{mapping_id}.FunctionName: {}", e.0)))?;
+            .map_err(|e| e.through(format!("{mapping_id}.FunctionName")))?;
         let source = mapping_source(resources, mapping_id, &p)?;
         honoured::check_mapping_properties(mapping_id, &p, ESM_SOURCE)?;
         let mut event = event_def(
@@ -41,13 +41,10 @@ pub(super) fn external_mappings(
         let mut on_failure_arn = None;
         if let (Some(queue), Some(destination)) = (&event.on_failure, destination) {
             if !wiring.resources.contains_key(queue) {
-                let arn = resolve(destination, template, &ParametersOnly).map_err(|e| {
-                    TemplateError(format!("{mapping_id}.DestinationConfig: {}", e.0))
-                })?;
+                let arn = resolve(destination, template, &ParametersOnly)
+                    .map_err(|e| e.through(format!("{mapping_id}.DestinationConfig")))?;
                 if arn.ends_with(".fifo") {
-                    return err(format!(
-                        "{mapping_id}.DestinationConfig: {arn} is a FIFO queue, which Lambda refuses as an on-failure destination"
-                    ));
+                    return err_at(format!("{mapping_id}.DestinationConfig"), format!("{arn} is a FIFO queue, which Lambda refuses as an on-failure destination"));
                 }
                 on_failure_arn = Some(arn);
                 event.on_failure = None;
@@ -72,9 +69,10 @@ pub(super) fn mapping_source(
     let source_id = get(p, "EventSourceArn")
         .and_then(logical_id)
         .ok_or_else(|| {
-            TemplateError(format!(
-                "{mapping_id}.EventSourceArn: expected !GetAtt of a stream or table"
-            ))
+            TemplateError::at(
+                format!("{mapping_id}.EventSourceArn"),
+                "expected !GetAtt of a stream or table",
+            )
         })?;
     Ok(
         match resources
@@ -86,14 +84,10 @@ pub(super) fn mapping_source(
             Some("AWS::DynamoDB::Table") => SourceRef::DynamoDb(source_id),
             Some("AWS::SQS::Queue") => SourceRef::Sqs(source_id),
             Some(kind) => {
-                return err(format!(
-                    "{mapping_id}.EventSourceArn: a {kind} source is not run by the embedded runtime (it runs Kinesis streams, DynamoDB tables' streams and SQS queues)"
-                ))
+                return err_at(format!("{mapping_id}.EventSourceArn"), format!("a {kind} source is not run by the embedded runtime (it runs Kinesis streams, DynamoDB tables' streams and SQS queues)"))
             }
             None => {
-                return err(format!(
-                    "{mapping_id}.EventSourceArn: {source_id} is not a resource of the template"
-                ))
+                return err_at(format!("{mapping_id}.EventSourceArn"), format!("{source_id} is not a resource of the template"))
             }
         },
     )
@@ -179,9 +173,9 @@ pub(super) fn event_def(
         }
         _ => settings(p, &source, timeout),
     }
-    .map_err(|e| TemplateError(format!("{path}: {}", e.0)))?;
+    .map_err(|e| e.through(&path))?;
     let on_failure = on_failure_queue(template, p)
-        .map_err(|e| TemplateError(format!("{path}.DestinationConfig: {}", e.0)))?;
+        .map_err(|e| e.through(format!("{path}.DestinationConfig")))?;
     Ok(EventDef {
         name,
         source,
@@ -204,16 +198,17 @@ pub(super) fn on_failure_queue(
     match get(on_failure, "Type").and_then(Value::as_str) {
         None | Some("SQS") => {}
         Some(other) => {
-            return err(format!(
-                "OnFailure.Type {other}: only SQS on-failure destinations are reproduced by the embedded runtime"
-            ))
+            return err_at(
+                format!("OnFailure.Type {other}"),
+                "only SQS on-failure destinations are reproduced by the embedded runtime",
+            )
         }
     }
     let Some(destination) = get(on_failure, "Destination") else {
-        return err("OnFailure needs a Destination");
+        return err_at("OnFailure", "needs a Destination");
     };
     let id = logical_id(destination)
-        .ok_or_else(|| TemplateError("OnFailure.Destination must reference a queue".into()))?;
+        .ok_or_else(|| TemplateError::at("OnFailure.Destination", "must reference a queue"))?;
     let Some(resource) = get(template, "Resources").and_then(|r| get(r, &id)) else {
         // A parameter's value: an external mapping resolves it.
         return Ok(Some(id));
@@ -221,15 +216,10 @@ pub(super) fn on_failure_queue(
     let props = get(resource, "Properties");
     match get(resource, "Type").and_then(Value::as_str) {
         Some("AWS::SQS::Queue") if props.is_some_and(is_fifo) => {
-            err(format!(
-                "OnFailure.Destination {id}: a FIFO queue, which Lambda refuses as an on-failure destination"
-            ))
+            err_at(format!("OnFailure.Destination {id}"), "a FIFO queue, which Lambda refuses as an on-failure destination")
         }
         Some("AWS::SQS::Queue") => Ok(Some(id)),
-        other => err(format!(
-            "OnFailure.Destination {id}: a {} is not an on-failure destination the embedded runtime reproduces (an SQS queue is)",
-            other.unwrap_or("resource of no type")
-        )),
+        other => err_at(format!("OnFailure.Destination {id}"), format!("a {} is not an on-failure destination the embedded runtime reproduces (an SQS queue is)", other.unwrap_or("resource of no type"))),
     }
 }
 
@@ -259,11 +249,12 @@ pub(super) fn sam_function(
         let p = get(event, "Properties").cloned().unwrap_or(Value::Null);
         let stream = || -> Result<String, TemplateError> {
             let value = get(&p, "Stream")
-                .ok_or_else(|| TemplateError(format!("{id}.{event_name}: no Stream")))?;
+                .ok_or_else(|| TemplateError::at(format!("{id}.{event_name}"), "no Stream"))?;
             logical_id(value).ok_or_else(|| {
-                TemplateError(format!(
-                    "{id}.{event_name}.Stream: expected !GetAtt or !Ref of a resource"
-                ))
+                TemplateError::at(
+                    format!("{id}.{event_name}.Stream"),
+                    "expected !GetAtt or !Ref of a resource",
+                )
             })
         };
         let source = match kind {
@@ -271,11 +262,12 @@ pub(super) fn sam_function(
             "DynamoDB" => SourceRef::DynamoDb(stream()?),
             "SQS" => {
                 let queue = get(&p, "Queue")
-                    .ok_or_else(|| TemplateError(format!("{id}.{event_name}: no Queue")))?;
+                    .ok_or_else(|| TemplateError::at(format!("{id}.{event_name}"), "no Queue"))?;
                 SourceRef::Sqs(logical_id(queue).ok_or_else(|| {
-                    TemplateError(format!(
-                        "{id}.{event_name}.Queue: expected !GetAtt of a queue of the template"
-                    ))
+                    TemplateError::at(
+                        format!("{id}.{event_name}.Queue"),
+                        "expected !GetAtt of a queue of the template",
+                    )
                 })?)
             }
             "Schedule" | "ScheduleV2" => {
@@ -294,10 +286,13 @@ pub(super) fn sam_function(
                 continue;
             }
             other => {
-                return err(format!(
-                    "{id}.{event_name}: event type {other:?} is not run by the embedded runtime (it runs {})",
-                    honoured::EVENT_TYPES.join(", ")
-                ))
+                return err_at(
+                    format!("{id}.{event_name}"),
+                    format!(
+                        "event type {other:?} is not run by the embedded runtime (it runs {})",
+                        honoured::EVENT_TYPES.join(", ")
+                    ),
+                )
             }
         };
         honoured::check_mapping_properties(
@@ -406,13 +401,11 @@ pub(super) fn schedule(
     }
     let expression = get(p, field)
         .and_then(Value::as_str)
-        .ok_or_else(|| TemplateError(format!("{path}: expected a schedule expression")))?;
+        .ok_or_else(|| TemplateError::at(path, "expected a schedule expression"))?;
     parse_rate(expression)
         .map(Some)
         .ok_or_else(|| {
-            TemplateError(format!(
-                "{path}: {expression:?} is not rate(<n> minute[s]|hour[s]|day[s]); the embedded runtime runs only rate() schedules"
-            ))
+            TemplateError::at(path, format!("{expression:?} is not rate(<n> minute[s]|hour[s]|day[s]); the embedded runtime runs only rate() schedules"))
         })
 }
 

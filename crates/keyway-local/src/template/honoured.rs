@@ -73,10 +73,10 @@ pub(super) fn check_resource_types(resources: &Mapping) -> Result<(), TemplateEr
             .and_then(Value::as_str)
             .unwrap_or_default();
         if !RUN.contains(&kind) && !INERT.contains(&kind) {
-            return Err(TemplateError(format!(
-                "{}: resource type {kind:?} is not reproduced by the embedded runtime",
-                id.as_str().unwrap_or_default()
-            )));
+            return Err(TemplateError::at(
+                id.as_str().unwrap_or_default(),
+                format!("resource type {kind:?} is not reproduced by the embedded runtime"),
+            ));
         }
     }
     Ok(())
@@ -92,10 +92,13 @@ pub(super) fn check_mapping_properties(
     for (key, value) in p.as_mapping().into_iter().flatten() {
         let key = key.as_str().unwrap_or_default();
         if !HONOURED.contains(&key) && !INERT_PROPERTIES.contains(&key) && !source.contains(&key) {
-            return Err(TemplateError(format!(
-                "{path}.{key}: {} is not reproduced by the embedded runtime",
-                long_form(value)
-            )));
+            return Err(TemplateError::at(
+                format!("{path}.{key}"),
+                format!(
+                    "{} is not reproduced by the embedded runtime",
+                    long_form(value)
+                ),
+            ));
         }
     }
     Ok(())
@@ -117,10 +120,13 @@ pub(super) fn ranged(
                     false => format!("{}-{}", r.start(), r.end()),
                 })
                 .collect();
-            Err(TemplateError(format!(
-                "{key}: {v} is outside what Lambda accepts ({})",
-                ranges.join(" or ")
-            )))
+            Err(TemplateError::at(
+                key,
+                format!(
+                    "{v} is outside what Lambda accepts ({})",
+                    ranges.join(" or ")
+                ),
+            ))
         }
         other => Ok(other),
     }
@@ -132,10 +138,10 @@ pub(super) fn boolean(p: &Value, key: &str, default: bool) -> Result<bool, Templ
         None => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
         Some(Value::String(s)) if s == "true" || s == "false" => Ok(s == "true"),
-        Some(other) => Err(TemplateError(format!(
-            "{key}: {} is not true or false",
-            long_form(other)
-        ))),
+        Some(other) => Err(TemplateError::at(
+            key,
+            format!("{} is not true or false", long_form(other)),
+        )),
     }
 }
 
@@ -179,7 +185,7 @@ mod tests {
         parse(&stack(extra, ""))
             .map(|_| panic!("{extra:?} was accepted"))
             .unwrap_err()
-            .0
+            .text()
     }
 
     /// CreateEventSourceMapping: "StartingPosition ... Required for Amazon Kinesis, Amazon
@@ -206,7 +212,8 @@ mod tests {
 ";
         let e = parse(&stack(&["StartingPosition: LATEST"], table)).unwrap_err();
         assert!(
-            e.0.starts_with("Counter.Sync: StartingPosition: AT_TIMESTAMP is for Kinesis"),
+            e.text()
+                .starts_with("Counter.Sync: StartingPosition: AT_TIMESTAMP is for Kinesis"),
             "{e}"
         );
     }
@@ -314,7 +321,7 @@ mod tests {
             .replace("      Events:\n", &format!("      Events:\n{topic_event}"));
         let e = parse(&text).unwrap_err();
         assert!(
-            e.0.starts_with(
+            e.text().starts_with(
                 "Counter.Alerts: event type \"SNS\" is not run by the embedded runtime"
             ),
             "{e}"
@@ -325,7 +332,7 @@ mod tests {
 ";
         let e = parse(&stack(&["StartingPosition: LATEST"], consumer)).unwrap_err();
         assert_eq!(
-            e.0,
+            e.text(),
             "Fanout: resource type \"AWS::Kinesis::StreamConsumer\" is not reproduced by the embedded runtime"
         );
         let mapping = |source: &str| {
@@ -340,7 +347,8 @@ mod tests {
         };
         let e = parse(&stack(&["StartingPosition: LATEST"], &mapping("Alarms"))).unwrap_err();
         assert!(
-            e.0.starts_with("Drain.EventSourceArn: a AWS::SNS::Topic source is not run"),
+            e.text()
+                .starts_with("Drain.EventSourceArn: a AWS::SNS::Topic source is not run"),
             "{e}"
         );
         // A queue is a source the runtime runs.
@@ -385,7 +393,7 @@ mod tests {
         assert_eq!(*stream, Some(StreamView::KeysOnly));
         let e = parse(&stack(&at, &table("NEW_IMAGES"))).unwrap_err();
         assert_eq!(
-            e.0,
+            e.text(),
             "Live.StreamSpecification.StreamViewType: \"NEW_IMAGES\" is not one of KEYS_ONLY, NEW_IMAGE, OLD_IMAGE, NEW_AND_OLD_IMAGES"
         );
     }

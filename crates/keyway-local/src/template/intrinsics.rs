@@ -117,17 +117,17 @@ pub fn resolve(
                 .reference(name)
                 .or_else(|| parameter(name))
                 .ok_or_else(|| {
-                    TemplateError(format!("!Ref {name}: no such resource or parameter"))
+                    TemplateError::at(format!("!Ref {name}"), "no such resource or parameter")
                 }),
         }
     };
     let attribute = |path: &str| -> Result<String, TemplateError> {
-        let (id, attr) = path
-            .split_once('.')
-            .ok_or_else(|| TemplateError(format!("!GetAtt {path}: expected Resource.Attribute")))?;
+        let (id, attr) = path.split_once('.').ok_or_else(|| {
+            TemplateError::at(format!("!GetAtt {path}"), "expected Resource.Attribute")
+        })?;
         resolver
             .attribute(id, attr)
-            .ok_or_else(|| TemplateError(format!("!GetAtt {path}: unknown")))
+            .ok_or_else(|| TemplateError::at(format!("!GetAtt {path}"), "unknown"))
     };
     let substitute = |text: &str| -> Result<String, TemplateError> {
         let mut out = String::new();
@@ -136,7 +136,7 @@ pub fn resolve(
             out.push_str(&rest[..start]);
             let end = rest[start..]
                 .find('}')
-                .ok_or_else(|| TemplateError(format!("!Sub {text:?}: unclosed ${{")))?
+                .ok_or_else(|| TemplateError::at(format!("!Sub {text:?}"), "unclosed ${"))?
                 + start;
             let name = &rest[start + 2..end];
             out.push_str(&if name.contains('.') && !name.starts_with("AWS::") {
@@ -155,12 +155,12 @@ pub fn resolve(
             let inner = tagged
                 .value
                 .as_str()
-                .ok_or_else(|| TemplateError(format!("{tag}: expected a string")))?;
+                .ok_or_else(|| TemplateError::at(&tag, "expected a string"))?;
             match tag.as_str() {
                 "!Ref" => reference(inner),
                 "!GetAtt" => attribute(inner),
                 "!Sub" => substitute(inner),
-                other => err(format!("{other} is not supported here")),
+                other => err_at(other, "not supported here"),
             }
         }
         Value::Mapping(m) => {
@@ -184,7 +184,7 @@ pub fn resolve(
                 let parts = join.as_sequence().filter(|p| p.len() == 2);
                 let (delimiter, values) = match parts.map(|p| (p[0].as_str(), p[1].as_sequence())) {
                     Some((Some(d), Some(v))) => (d, v),
-                    _ => return err("Fn::Join: expected [delimiter, [values]]"),
+                    _ => return err_at("Fn::Join", "expected [delimiter, [values]]"),
                 };
                 Ok(values
                     .iter()
@@ -192,7 +192,7 @@ pub fn resolve(
                     .collect::<Result<Vec<_>, _>>()?
                     .join(delimiter))
             } else {
-                err(format!("unsupported value {value:?}"))
+                Err(TemplateError::whole(format!("unsupported value {value:?}")))
             }
         }
         other => Ok(scalar(other)),
@@ -232,9 +232,9 @@ pub fn outputs(
         .map(|(name, output)| {
             let name = name.as_str().unwrap_or_default().to_owned();
             let value = get(output, "Value")
-                .ok_or_else(|| TemplateError(format!("Outputs.{name}: no Value")))?;
+                .ok_or_else(|| TemplateError::at(format!("Outputs.{name}"), "no Value"))?;
             let resolved = resolve(value, template, resolver)
-                .map_err(|e| TemplateError(format!("Outputs.{name}: {}", e.0)))?;
+                .map_err(|e| e.through(format!("Outputs.{name}")))?;
             Ok((name, resolved))
         })
         .collect()
@@ -275,9 +275,9 @@ impl FunctionDef {
             .iter()
             .map(|(name, raw)| {
                 let value: Value = serde_yaml::from_str(raw)
-                    .map_err(|e| TemplateError(format!("{}.{name}: {e}", self.logical_id)))?;
+                    .map_err(|e| TemplateError::at(format!("{}.{name}", self.logical_id), e))?;
                 let resolved = resolve(&value, template, resolver)
-                    .map_err(|e| TemplateError(format!("{}.{name}: {}", self.logical_id, e.0)))?;
+                    .map_err(|e| e.through(format!("{}.{name}", self.logical_id)))?;
                 Ok((name.clone(), resolved))
             })
             .collect()

@@ -159,12 +159,63 @@ pub trait Resolver {
     fn attribute(&self, logical_id: &str, attribute: &str) -> Option<String>;
 }
 
+/// What a template holds that the embedded runtime does not take or AWS would refuse: where (a
+/// resource's logical id and the path to its property, `Counter.Clicks.StartingPosition`; empty
+/// for the template as a whole) and what is wrong.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
-#[error("template: {0}")]
-pub struct TemplateError(pub String);
+#[error("template: {}{problem}", place(at))]
+pub struct TemplateError {
+    pub at: String,
+    pub problem: String,
+}
 
-fn err<T>(message: impl Into<String>) -> Result<T, TemplateError> {
-    Err(TemplateError(message.into()))
+fn place(at: &str) -> String {
+    if at.is_empty() {
+        String::new()
+    } else {
+        format!("{at}: ")
+    }
+}
+
+impl TemplateError {
+    pub fn at(at: impl std::fmt::Display, problem: impl ToString) -> Self {
+        Self {
+            at: at.to_string(),
+            problem: problem.to_string(),
+        }
+    }
+
+    /// A problem of the template as a whole.
+    pub fn whole(problem: impl ToString) -> Self {
+        Self::at("", problem)
+    }
+
+    /// The same problem at a property of `path`: `path.at`.
+    pub fn under(self, path: impl std::fmt::Display) -> Self {
+        let at = match self.at.is_empty() {
+            true => path.to_string(),
+            false => format!("{path}.{}", self.at),
+        };
+        Self { at, ..self }
+    }
+
+    /// The same problem, met in resolving `path`: `path: at`.
+    pub fn through(self, path: impl std::fmt::Display) -> Self {
+        let at = match self.at.is_empty() {
+            true => path.to_string(),
+            false => format!("{path}: {}", self.at),
+        };
+        Self { at, ..self }
+    }
+
+    /// Where and what, without the word "template".
+    pub fn text(&self) -> String {
+        format!("{}{}", place(&self.at), self.problem)
+    }
+}
+
+fn err_at<T>(at: impl std::fmt::Display, problem: impl ToString) -> Result<T, TemplateError> {
+    Err(TemplateError::at(&at, problem))
 }
 
 fn get<'a>(value: &'a Value, key: &str) -> Option<&'a Value> {
@@ -184,24 +235,24 @@ pub fn parse_with(
     parameters: &BTreeMap<String, String>,
 ) -> Result<(Wiring, Value), TemplateError> {
     let mut template: Value =
-        serde_yaml::from_str(text).map_err(|e| TemplateError(format!("not YAML: {e}")))?;
+        serde_yaml::from_str(text).map_err(|e| TemplateError::whole(format!("not YAML: {e}")))?;
     for (name, value) in parameters {
         let declared = template
             .get_mut("Parameters")
             .and_then(|p| p.get_mut(name.as_str()))
             .and_then(Value::as_mapping_mut)
-            .ok_or_else(|| TemplateError(format!("parameter {name}: not in the template")))?;
+            .ok_or_else(|| TemplateError::at(format!("parameter {name}"), "not in the template"))?;
         declared.insert("Default".into(), Value::String(value.clone()));
     }
     let resources = get(&template, "Resources")
         .and_then(Value::as_mapping)
-        .ok_or_else(|| TemplateError("no Resources".into()))?;
+        .ok_or_else(|| TemplateError::whole("no Resources"))?;
     honoured::check_resource_types(resources)?;
     let mut wiring = Wiring::default();
     for (id, resource) in resources {
         let id = id
             .as_str()
-            .ok_or_else(|| TemplateError("a resource id is not a string".into()))?
+            .ok_or_else(|| TemplateError::whole("a resource id is not a string"))?
             .to_owned();
         let kind = get(resource, "Type")
             .and_then(Value::as_str)
@@ -212,7 +263,7 @@ pub fn parse_with(
             get(&props, key)
                 .map(|v| resolve(v, &template, &ParametersOnly))
                 .transpose()
-                .map_err(|e| TemplateError(format!("{id}.{key}: {}", e.0)))
+                .map_err(|e| e.through(format!("{id}.{key}")))
         };
         match kind {
             "AWS::DynamoDB::Table" => {
@@ -229,7 +280,7 @@ pub fn parse_with(
                         .map(str::to_owned)
                 };
                 let hash_key = key_of("HASH")
-                    .ok_or_else(|| TemplateError(format!("{id}: KeySchema has no HASH key")))?;
+                    .ok_or_else(|| TemplateError::at(&id, "KeySchema has no HASH key"))?;
                 let ttl = get(&props, "TimeToLiveSpecification");
                 let ttl_attribute = ttl
                     .filter(|t| get(t, "Enabled").and_then(Value::as_bool) == Some(true))
@@ -251,8 +302,9 @@ pub fn parse_with(
             }
             "AWS::Kinesis::Stream" => {
                 let shards = match get(&props, "ShardCount") {
-                    Some(count) => whole_number(count, &template)
-                        .ok_or_else(|| TemplateError(format!("{id}.ShardCount: not a number")))?,
+                    Some(count) => whole_number(count, &template).ok_or_else(|| {
+                        TemplateError::at(format!("{id}.ShardCount"), "not a number")
+                    })?,
                     None => 1,
                 } as usize;
                 let name = literal("Name")?.unwrap_or_else(|| id.clone());
@@ -261,7 +313,7 @@ pub fn parse_with(
                     .unwrap_or(24);
                 let retention = Duration::from_secs(hours * 3600);
                 let max_record_kib = int_setting(&props, "MaxRecordSizeInKiB", &[1024..=10_240])
-                    .map_err(|e| TemplateError(format!("{id}.{}", e.0)))?
+                    .map_err(|e| e.under(&id))?
                     .unwrap_or(1024) as usize;
                 wiring.resources.insert(
                     id.clone(),

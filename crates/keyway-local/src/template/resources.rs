@@ -32,12 +32,13 @@ pub(super) fn queue_attributes(
     let seconds = |key: &str, allowed: RangeInclusive<i64>| {
         int_setting(props, key, &[allowed])
             .map(|v| v.map(|v| Duration::from_secs(v as u64)))
-            .map_err(|e| TemplateError(format!("{id}.{}", e.0)))
+            .map_err(|e| e.under(id))
     };
     if seconds("DelaySeconds", 0..=900)?.is_some_and(|d| !d.is_zero()) {
-        return err(format!(
-            "{id}.DelaySeconds: delayed messages are not reproduced by the embedded runtime"
-        ));
+        return err_at(
+            format!("{id}.DelaySeconds"),
+            "delayed messages are not reproduced by the embedded runtime",
+        );
     }
     let defaults = QueueConfig::default();
     let config = QueueConfig {
@@ -45,7 +46,7 @@ pub(super) fn queue_attributes(
             .unwrap_or(defaults.visibility_timeout),
         retention: seconds("MessageRetentionPeriod", 60..=1_209_600)?.unwrap_or(defaults.retention),
         content_based_deduplication: honoured::boolean(props, "ContentBasedDeduplication", false)
-            .map_err(|e| TemplateError(format!("{id}.{}", e.0)))?,
+            .map_err(|e| e.under(id))?,
         redrive: None,
     };
     let Some(policy) = get(props, "RedrivePolicy") else {
@@ -53,21 +54,22 @@ pub(super) fn queue_attributes(
     };
     // CloudFormation takes the policy as an object or as its JSON text.
     let policy: Value = match policy.as_str() {
-        Some(text) => serde_yaml::from_str(text)
-            .map_err(|e| TemplateError(format!("{id}.RedrivePolicy: not JSON: {e}")))?,
+        Some(text) => serde_yaml::from_str(text).map_err(|e| {
+            TemplateError::at(format!("{id}.RedrivePolicy"), format!("not JSON: {e}"))
+        })?,
         None => policy.clone(),
     };
-    let target = get(&policy, "deadLetterTargetArn")
-        .ok_or_else(|| TemplateError(format!("{id}.RedrivePolicy: no deadLetterTargetArn")))?;
+    let target = get(&policy, "deadLetterTargetArn").ok_or_else(|| {
+        TemplateError::at(format!("{id}.RedrivePolicy"), "no deadLetterTargetArn")
+    })?;
     let target = match logical_id(target) {
         Some(queue) => queue,
-        None => resolve(target, template, &ParametersOnly).map_err(|e| {
-            TemplateError(format!("{id}.RedrivePolicy.deadLetterTargetArn: {}", e.0))
-        })?,
+        None => resolve(target, template, &ParametersOnly)
+            .map_err(|e| e.through(format!("{id}.RedrivePolicy.deadLetterTargetArn")))?,
     };
     let most = int_setting(&policy, "maxReceiveCount", &[1..=1_000])
-        .map_err(|e| TemplateError(format!("{id}.RedrivePolicy.{}", e.0)))?
-        .ok_or_else(|| TemplateError(format!("{id}.RedrivePolicy: no maxReceiveCount")))?;
+        .map_err(|e| e.under(format!("{id}.RedrivePolicy")))?
+        .ok_or_else(|| TemplateError::at(format!("{id}.RedrivePolicy"), "no maxReceiveCount"))?;
     Ok((config, Some((target, most as u32))))
 }
 
@@ -79,11 +81,14 @@ pub(super) fn stream_view(id: &str, props: &Value) -> Result<Option<StreamView>,
     let view = get(specification, "StreamViewType").and_then(Value::as_str);
     match view.and_then(StreamView::parse) {
         Some(view) => Ok(Some(view)),
-        None => err(format!(
-            "{id}.StreamSpecification.StreamViewType: {} is not one of {}",
-            view.map_or("nothing".to_owned(), |v| format!("{v:?}")),
-            StreamView::ALL.map(StreamView::name).join(", ")
-        )),
+        None => err_at(
+            format!("{id}.StreamSpecification.StreamViewType"),
+            format!(
+                "{} is not one of {}",
+                view.map_or("nothing".to_owned(), |v| format!("{v:?}")),
+                StreamView::ALL.map(StreamView::name).join(", ")
+            ),
+        ),
     }
 }
 

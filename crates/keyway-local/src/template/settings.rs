@@ -10,7 +10,7 @@ pub(super) fn settings(
 ) -> Result<MappingSettings, TemplateError> {
     let int = |key: &str, allowed: &[RangeInclusive<i64>]| int_setting(p, key, allowed);
     if get(p, "ScalingConfig").is_some() {
-        return err("ScalingConfig: a setting of SQS event sources only");
+        return err_at("ScalingConfig", "a setting of SQS event sources only");
     }
     // -1 is Lambda's "no limit".
     let limit = |v: i64| u64::try_from(v).ok();
@@ -47,7 +47,7 @@ pub(super) fn int_setting(
         .map(|v| {
             v.as_i64()
                 .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
-                .ok_or_else(|| TemplateError(format!("{key}: {v:?} is not a whole number")))
+                .ok_or_else(|| TemplateError::at(key, format!("{v:?} is not a whole number")))
         })
         .transpose()?;
     honoured::ranged(key, value, allowed)
@@ -74,25 +74,28 @@ pub(super) fn queue_settings(
     timeout: Duration,
 ) -> Result<MappingSettings, TemplateError> {
     if let Some(key) = STREAM_ONLY.iter().find(|key| get(p, key).is_some()) {
-        return err(format!(
-            "{key}: a setting of stream event sources, not of an SQS queue"
-        ));
+        return err_at(
+            key,
+            "a setting of stream event sources, not of an SQS queue",
+        );
     }
     let batch_size = int_setting(p, "BatchSize", &[1..=10_000])?.unwrap_or(10);
     let window = int_setting(p, "MaximumBatchingWindowInSeconds", &[0..=300])?.unwrap_or(0);
     if fifo && batch_size > 10 {
-        return err(format!(
-            "BatchSize: {batch_size} is more than a FIFO queue's 10"
-        ));
+        return err_at(
+            "BatchSize",
+            format!("{batch_size} is more than a FIFO queue's 10"),
+        );
     }
     if batch_size > 10 && window < 1 {
-        return err(format!(
-            "BatchSize: {batch_size} needs a MaximumBatchingWindowInSeconds of at least 1"
-        ));
+        return err_at(
+            "BatchSize",
+            format!("{batch_size} needs a MaximumBatchingWindowInSeconds of at least 1"),
+        );
     }
     if let Some(scaling) = get(p, "ScalingConfig") {
         int_setting(scaling, "MaximumConcurrency", &[2..=1_000])
-            .map_err(|e| TemplateError(format!("ScalingConfig.{}", e.0)))?;
+            .map_err(|e| e.under("ScalingConfig"))?;
     }
     Ok(MappingSettings {
         batch_size: batch_size as usize,
@@ -114,20 +117,21 @@ pub(super) fn starting_position(
         Some("TRIM_HORIZON") => Ok(StartingPosition::TrimHorizon),
         Some("LATEST") => Ok(StartingPosition::Latest),
         Some("AT_TIMESTAMP") if matches!(source, SourceRef::DynamoDb(_)) => {
-            err("StartingPosition: AT_TIMESTAMP is for Kinesis streams only; DynamoDB Streams take TRIM_HORIZON or LATEST")
+            err_at("StartingPosition", "AT_TIMESTAMP is for Kinesis streams only; DynamoDB Streams take TRIM_HORIZON or LATEST")
         }
         Some("AT_TIMESTAMP") => {
             let t = get(p, "StartingPositionTimestamp")
                 .and_then(Value::as_f64)
                 .ok_or_else(|| {
-                    TemplateError("AT_TIMESTAMP needs StartingPositionTimestamp".into())
+                    TemplateError::at("StartingPosition", "AT_TIMESTAMP needs StartingPositionTimestamp")
                 })?;
             Ok(StartingPosition::AtTimestamp((t * 1000.0) as i64))
         }
-        Some(other) => err(format!(
-            "StartingPosition {other:?} is not TRIM_HORIZON, LATEST or AT_TIMESTAMP"
-        )),
-        None => err("StartingPosition: required for a Kinesis or DynamoDB Streams source"),
+        Some(other) => err_at(
+            "StartingPosition",
+            format!("{other:?} is not TRIM_HORIZON, LATEST or AT_TIMESTAMP"),
+        ),
+        None => err_at("StartingPosition", "required for a Kinesis or DynamoDB Streams source"),
     }
 }
 
@@ -143,9 +147,10 @@ pub(super) fn function_response_types(p: &Value) -> Result<bool, TemplateError> 
             Some("ReportBatchItemFailures") => report_batch_item_failures = true,
             // Linters accept any string here; Lambda does not.
             other => {
-                return err(format!(
-                    "FunctionResponseTypes: {other:?} is not ReportBatchItemFailures"
-                ))
+                return err_at(
+                    "FunctionResponseTypes",
+                    format!("{other:?} is not ReportBatchItemFailures"),
+                )
             }
         }
     }
@@ -161,13 +166,13 @@ pub(super) fn filter_criteria(p: &Value) -> Result<Vec<Pattern>, TemplateError> 
         return Ok(Vec::new());
     };
     let Some(filters) = get(criteria, "Filters").and_then(Value::as_sequence) else {
-        return err("FilterCriteria needs a list of Filters");
+        return err_at("FilterCriteria", "needs a list of Filters");
     };
     if filters.len() > MAX_FILTERS {
-        return err(format!(
-            "FilterCriteria has {} filters; Lambda allows {MAX_FILTERS}",
-            filters.len()
-        ));
+        return err_at(
+            "FilterCriteria",
+            format!("{} filters; Lambda allows {MAX_FILTERS}", filters.len()),
+        );
     }
     filters
         .iter()
@@ -176,12 +181,13 @@ pub(super) fn filter_criteria(p: &Value) -> Result<Vec<Pattern>, TemplateError> 
             let text = get(filter, "Pattern")
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
-                    TemplateError(format!(
-                        "FilterCriteria.Filters[{i}].Pattern must be a JSON string"
-                    ))
+                    TemplateError::at(
+                        format!("FilterCriteria.Filters[{i}].Pattern"),
+                        "must be a JSON string",
+                    )
                 })?;
             Pattern::parse_str(text, Dialect::EventBridge)
-                .map_err(|e| TemplateError(format!("FilterCriteria.Filters[{i}].Pattern: {e}")))
+                .map_err(|e| TemplateError::at(format!("FilterCriteria.Filters[{i}].Pattern"), e))
         })
         .collect()
 }

@@ -97,7 +97,7 @@ fn parameters_given_at_deployment_replace_their_defaults_and_an_unknown_one_is_n
     assert_eq!(resolve(&value, &template, &Nothing).unwrap(), "prod");
     let unknown: BTreeMap<String, String> = [("Region".to_owned(), "x".to_owned())].into();
     assert_eq!(
-        parse_with(&text, &unknown).unwrap_err().0,
+        parse_with(&text, &unknown).unwrap_err().text(),
         "parameter Region: not in the template"
     );
 }
@@ -124,7 +124,7 @@ fn a_mapping_setting_made_a_parameter_takes_its_value_and_one_no_number_is_refus
     let attribute = text.replace("!Ref MaxAge", "!GetAtt Failed.Arn");
     let e = parse(&attribute).unwrap_err();
     assert!(
-        e.0.contains("Counter.Clicks") && e.0.contains("MaximumRecordAgeInSeconds"),
+        e.text().contains("Counter.Clicks") && e.text().contains("MaximumRecordAgeInSeconds"),
         "{e}"
     );
 }
@@ -295,7 +295,7 @@ fn a_mapping_whose_source_is_not_a_resource_is_an_error_naming_it() {
         r#""EventSourceArn": "arn:aws:kinesis:us-east-1:000000000000:stream/x""#,
     );
     let e = parse(&broken).unwrap_err();
-    assert!(e.0.contains("CounterClicks.EventSourceArn"), "{e}");
+    assert!(e.text().contains("CounterClicks.EventSourceArn"), "{e}");
 }
 
 #[test]
@@ -303,7 +303,7 @@ fn a_misspelled_response_type_is_an_error_naming_the_event() {
     let broken = TEMPLATE.replace("[ReportBatchItemFailures]", "[ReportBatchItemFailure]");
     let e = parse(&broken).unwrap_err();
     assert!(
-        e.0.contains("Counter.Clicks") && e.0.contains("ReportBatchItemFailure"),
+        e.text().contains("Counter.Clicks") && e.text().contains("ReportBatchItemFailure"),
         "{e}"
     );
 }
@@ -328,10 +328,10 @@ fn filter_criteria_are_compiled_and_a_malformed_pattern_is_refused_naming_event_
     assert!(!filters[0].matches(&serde_json::json!({"data": {"kind": "view"}})));
     let e = parse(&with(r#"{"data": {"kind": [{"prefx": "c"}]}}"#)).unwrap_err();
     assert!(
-        e.0.contains("Counter.Clicks")
-            && e.0.contains("Filters[0]")
-            && e.0.contains("/data/kind/0/prefx")
-            && e.0.contains("unknown operator"),
+        e.text().contains("Counter.Clicks")
+            && e.text().contains("Filters[0]")
+            && e.text().contains("/data/kind/0/prefx")
+            && e.text().contains("unknown operator"),
         "{e}"
     );
 }
@@ -373,7 +373,7 @@ fn rate_schedules_are_read_and_a_cron_or_misspelled_rate_is_refused_naming_the_e
     assert_eq!(counter.events.len(), 1, "a schedule is no stream event");
     let e = parse(&with("cron(0 12 * * ? *)")).unwrap_err();
     assert!(
-        e.0.starts_with("Counter.Sweep.Schedule:") && e.0.contains("cron(0 12"),
+        e.text().starts_with("Counter.Sweep.Schedule:") && e.text().contains("cron(0 12"),
         "{e}"
     );
     let off = with("rate(1 minute)\n            Enabled: false");
@@ -395,7 +395,8 @@ fn a_stream_opting_into_large_records_is_read_and_a_size_outside_kinesis_range_r
     ));
     let e = parse(&stream("512")).unwrap_err();
     assert!(
-        e.0.starts_with("Big.MaxRecordSizeInKiB: 512 is outside"),
+        e.text()
+            .starts_with("Big.MaxRecordSizeInKiB: 512 is outside"),
         "{e}"
     );
 }
