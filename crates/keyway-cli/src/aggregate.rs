@@ -76,9 +76,9 @@ pub struct Args {
 pub fn run(options: Args) -> Result<(), CliError> {
     crate::allocator::keep_freed_memory();
     let settings = settings(&options)?;
-    let key = Pointer::parse(&options.key).map_err(|e| format!("--key: {e}"))?;
+    let key = Pointer::parse(&options.key).map_err(|e| CliError::option("--key", e))?;
     let time = match &settings.windows {
-        Some(w) => Some(Pointer::parse(&w.time).map_err(|e| format!("--time: {e}"))?),
+        Some(w) => Some(Pointer::parse(&w.time).map_err(|e| CliError::option("--time", e))?),
         None => None,
     };
     let progress = indicatif::ProgressBar::new_spinner();
@@ -108,10 +108,9 @@ pub fn run(options: Args) -> Result<(), CliError> {
     progress.finish_and_clear();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for line in &finished.results {
-        writeln!(out, "{line}").map_err(|e| format!("writing the results: {e}"))?;
+        writeln!(out, "{line}").map_err(CliError::writing("the results"))?;
     }
-    out.flush()
-        .map_err(|e| format!("writing the results: {e}"))?;
+    out.flush().map_err(CliError::writing("the results"))?;
     eprint!("{}", summary(&finished, &read, started.elapsed()));
     Ok(())
 }
@@ -293,22 +292,32 @@ fn deployed<'a>(
 fn settings(options: &Args) -> Result<Settings, CliError> {
     let mut aggregates = vec![Aggregate::Count];
     for name in &options.agg {
-        let aggregate = Aggregate::parse(name.trim())
-            .ok_or_else(|| format!("--agg {name}: expected count, sum, min, max or mean"))?;
+        let aggregate = Aggregate::parse(name.trim()).ok_or_else(|| {
+            CliError::option(
+                format!("--agg {name}"),
+                "expected count, sum, min, max or mean",
+            )
+        })?;
         if !aggregates.contains(&aggregate) {
             aggregates.push(aggregate);
         }
     }
     if options.value.is_none() {
         if let Some(needs) = aggregates.iter().find(|a| a.needs_values()) {
-            return Err(format!("--agg {}: needs --value", needs.name()).into());
+            return Err(CliError::option(
+                format!("--agg {}", needs.name()),
+                "needs --value",
+            ));
         }
     }
     if options.shards == 0 {
-        return Err("--shards must be at least 1".into());
+        return Err(CliError::option("--shards", "must be at least 1"));
     }
     if !(1..=10_000).contains(&options.batch_size) {
-        return Err("--batch-size must be from 1 to 10000, as Lambda takes it".into());
+        return Err(CliError::option(
+            "--batch-size",
+            "must be from 1 to 10000, as Lambda takes it",
+        ));
     }
     let windows = options.window.map(|seconds| Windowing {
         seconds,

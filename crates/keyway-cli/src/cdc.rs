@@ -63,13 +63,12 @@ pub fn run(options: Args) -> Result<(), CliError> {
         "left" => JoinKind::LeftOuter,
         _ => JoinKind::Inner,
     };
-    let spec =
-        JoinSpec::parse(&options.join, kind).map_err(|e| CliError::from(format!("--join: {e}")))?;
+    let spec = JoinSpec::parse(&options.join, kind).map_err(|e| CliError::option("--join", e))?;
     let filter = Filter::parse(options.filter.as_deref().unwrap_or_default())
-        .map_err(|e| CliError::from(format!("--filter: {e}")))?;
+        .map_err(|e| CliError::option("--filter", e))?;
     let spec = spec
         .with_filter(filter)
-        .map_err(|e| CliError::from(format!("--filter: {e}")))?;
+        .map_err(|e| CliError::option("--filter", e))?;
     let mut problems = Vec::new();
     let mut events = Vec::new();
     for path in &options.paths {

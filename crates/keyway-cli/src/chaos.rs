@@ -50,13 +50,19 @@ pub fn run(args: Args) -> Result<(), CliError> {
         metering: Default::default(),
     };
     if !(1..=16).contains(&settings.shards) {
-        return Err("--shards must be 1 to 16".into());
+        return Err(CliError::option("--shards", "must be 1 to 16"));
     }
     if !(1..=10).contains(&settings.lanes) {
-        return Err("--lanes must be 1 to 10 (Lambda's ParallelizationFactor)".into());
+        return Err(CliError::option(
+            "--lanes",
+            "must be 1 to 10 (Lambda's ParallelizationFactor)",
+        ));
     }
     if !(0.0..=0.5).contains(&settings.fault_rate) {
-        return Err("--fault-rate must be a probability of at most 0.5".into());
+        return Err(CliError::option(
+            "--fault-rate",
+            "must be a probability of at most 0.5",
+        ));
     }
     crate::allocator::keep_freed_memory();
     let mut dirty = Vec::new();

@@ -359,7 +359,7 @@ impl Run {
             }
             out.write_all(&record.data)
                 .and_then(|()| out.write_all(b"\n"))
-                .map_err(|e| format!("writing the enriched records: {e}"))?;
+                .map_err(CliError::writing("the enriched records"))?;
         }
         for message in services.sqs.receive(&self.dead_letters, usize::MAX) {
             let letter: DeadLetter =
@@ -460,15 +460,17 @@ pub struct Args {
 /// to standard error.
 pub fn run(options: Args) -> Result<(), CliError> {
     if options.shards == 0 {
-        return Err("--shards must be at least 1".into());
+        return Err(CliError::option("--shards", "must be at least 1"));
     }
     let lateness = Duration::from_secs(options.lateness);
     if lateness < Duration::from_secs(60) {
-        return Err("--lateness must be at least 60 seconds, as a mapping's record age".into());
+        return Err(CliError::option(
+            "--lateness",
+            "must be at least 60 seconds, as a mapping's record age",
+        ));
     }
     let customer_map = match &options.customer_map {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("--customer-map {}: {e}", path.display()))?,
+        Some(path) => std::fs::read_to_string(path).map_err(CliError::file(path))?,
         None => "{}".to_owned(),
     };
     let trail = identity_enricher::log_files::Trail::open(&options.paths)?
@@ -509,7 +511,7 @@ pub fn run(options: Args) -> Result<(), CliError> {
             .await
     })?;
     out.flush()
-        .map_err(|e| format!("writing the enriched records: {e}"))?;
+        .map_err(CliError::writing("the enriched records"))?;
     progress.finish_and_clear();
     eprint!("{}", report(&summary, &settings, started.elapsed()));
     Ok(())

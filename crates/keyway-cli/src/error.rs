@@ -1,58 +1,91 @@
-//! The command's error: what failed, in words for whoever ran it. A command does its whole job
-//! or stops with one of these and a failing exit status; it retries nothing itself.
+//! The command's error: what failed, in words for whoever ran it, by kind: an option it cannot
+//! use, a file it could not read or write, input it cannot read, the embedded runtime or a
+//! function's setup, or the job itself. A command does its whole job or stops with one of these
+//! and a failing exit status; it retries nothing itself.
 
-use std::fmt;
+use std::path::{Path, PathBuf};
 
-#[derive(Debug)]
-pub struct CliError(String);
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// An option the command cannot use: the option as given, and why.
+    #[error("{option}: {problem}")]
+    Option { option: String, problem: String },
+    /// A file or directory the command could not read or write.
+    #[error("{}: {source}", path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Input the command cannot read: where (a file, `file:line`), and why.
+    #[error("{at}: {problem}")]
+    Input { at: String, problem: String },
+    /// The command's output could not be written (`what`: standard output, the results).
+    #[error("writing {what}: {source}")]
+    Write {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The embedded runtime could not run the job.
+    #[error(transparent)]
+    Local(#[from] keyway_local::LocalError),
+    /// A function's ports could not be built from its environment.
+    #[error(transparent)]
+    Port(#[from] keyway::lambda::PortError),
+    /// The state signatures' lock file.
+    #[error(transparent)]
+    Lock(#[from] keyway::operator::lock::LockError),
+    /// An operator's sinks or inputs are not the wired ones.
+    #[error(transparent)]
+    Wiring(#[from] keyway::WiringError),
+    /// A CloudTrail log file could not be read.
+    #[error(transparent)]
+    Trail(#[from] identity_enricher::log_files::ReadError),
+    /// The job ran and did not do what it must (a run that is not clean, a benchmark that could
+    /// not measure), in its words.
+    #[error("{0}")]
+    Job(String),
+}
 
-impl fmt::Display for CliError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+impl CliError {
+    /// An option the command cannot use.
+    pub fn option(option: impl Into<String>, problem: impl ToString) -> Self {
+        Self::Option {
+            option: option.into(),
+            problem: problem.to_string(),
+        }
+    }
+
+    /// A failure to read or write `path`, for `map_err`.
+    pub fn file(path: impl AsRef<Path>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.as_ref().to_owned();
+        move |source| Self::File { path, source }
+    }
+
+    /// A failure to write `what`, for `map_err`.
+    pub fn writing(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| Self::Write { what, source }
+    }
+
+    /// Input the command cannot read at `at`.
+    pub fn input(at: impl ToString, problem: impl ToString) -> Self {
+        Self::Input {
+            at: at.to_string(),
+            problem: problem.to_string(),
+        }
     }
 }
 
-impl std::error::Error for CliError {}
-
-/// The subcommands describe their failures as they go (`line 3: sequence: …`).
+/// What a job says of its own failure.
 impl From<String> for CliError {
     fn from(message: String) -> Self {
-        Self(message)
+        Self::Job(message)
     }
 }
 
 impl From<&str> for CliError {
     fn from(message: &str) -> Self {
-        Self(message.to_owned())
-    }
-}
-
-impl From<keyway_local::LocalError> for CliError {
-    fn from(err: keyway_local::LocalError) -> Self {
-        Self(err.to_string())
-    }
-}
-
-impl From<keyway::lambda::PortError> for CliError {
-    fn from(err: keyway::lambda::PortError) -> Self {
-        Self(err.to_string())
-    }
-}
-
-impl From<keyway::operator::lock::LockError> for CliError {
-    fn from(err: keyway::operator::lock::LockError) -> Self {
-        Self(err.to_string())
-    }
-}
-
-impl From<keyway::WiringError> for CliError {
-    fn from(err: keyway::WiringError) -> Self {
-        Self(err.to_string())
-    }
-}
-
-impl From<identity_enricher::log_files::ReadError> for CliError {
-    fn from(err: identity_enricher::log_files::ReadError) -> Self {
-        Self(err.to_string())
+        Self::Job(message.to_owned())
     }
 }

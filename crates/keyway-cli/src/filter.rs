@@ -85,10 +85,9 @@ pub fn run(options: Args) -> Result<(), CliError> {
             }
         },
     ))?;
-    out.flush()
-        .map_err(|e| CliError::from(format!("standard output: {e}")))?;
+    out.flush().map_err(CliError::writing("standard output"))?;
     if let Some(e) = write_failed {
-        return Err(format!("standard output: {e}").into());
+        return Err(CliError::writing("standard output")(e));
     }
     eprint!("{}", summary(&outcome, started.elapsed()));
     Ok(())
@@ -101,10 +100,10 @@ fn read_lines<T>(
     parse: impl Fn(&str, usize) -> Result<T, String>,
     problems: &mut Vec<String>,
 ) -> Result<Vec<T>, CliError> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = std::fs::File::open(path).map_err(CliError::file(&path))?;
     let mut parsed = Vec::new();
     for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        let line = line.map_err(CliError::file(&path))?;
         if line.trim().is_empty() {
             continue;
         }

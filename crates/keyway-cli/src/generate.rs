@@ -80,8 +80,7 @@ pub fn trail(options: &TrailOptions, out: &mut dyn Write) -> Result<(), CliError
         ..TrafficConfig::default()
     };
     if let Some(path) = &options.customer_map {
-        std::fs::write(path, Traffic::customer_map_json(&config))
-            .map_err(|e| format!("--customer-map {}: {e}", path.display()))?;
+        std::fs::write(path, Traffic::customer_map_json(&config)).map_err(CliError::file(path))?;
     }
     let traffic =
         Traffic::new(config, options.records).map_err(|e| format!("generated traffic: {e}"))?;
@@ -89,9 +88,9 @@ pub fn trail(options: &TrailOptions, out: &mut dyn Write) -> Result<(), CliError
         serde_json::to_writer(&mut *out, &record)
             .map_err(std::io::Error::from)
             .and_then(|()| out.write_all(b"\n"))
-            .map_err(|e| format!("writing the trail: {e}"))?;
+            .map_err(CliError::writing("the trail"))?;
     }
-    out.flush().map_err(|e| format!("writing the trail: {e}"))?;
+    out.flush().map_err(CliError::writing("the trail"))?;
     Ok(())
 }
 
@@ -99,10 +98,9 @@ pub fn trail(options: &TrailOptions, out: &mut dyn Write) -> Result<(), CliError
 pub fn cdc(workload: &Workload, out: &mut dyn Write) -> Result<(), CliError> {
     for event in generate(workload) {
         let record = json!({"topic": event.topic, "key": event.key, "value": event.value});
-        writeln!(out, "{record}").map_err(|e| format!("writing the changes: {e}"))?;
+        writeln!(out, "{record}").map_err(CliError::writing("the changes"))?;
     }
-    out.flush()
-        .map_err(|e| format!("writing the changes: {e}"))?;
+    out.flush().map_err(CliError::writing("the changes"))?;
     Ok(())
 }
 

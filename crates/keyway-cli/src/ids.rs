@@ -24,14 +24,14 @@ pub fn run() -> Result<(), CliError> {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     for (n, line) in stdin.lock().lines().enumerate() {
-        let line = line.map_err(|e| format!("standard input: {e}"))?;
+        let line = line.map_err(|e| CliError::input("standard input", e))?;
         if line.trim().is_empty() {
             continue;
         }
-        let position: Position =
-            serde_json::from_str(&line).map_err(|e| format!("line {}: {e}", n + 1))?;
+        let position: Position = serde_json::from_str(&line)
+            .map_err(|e| CliError::input(format!("line {}", n + 1), e))?;
         let sequence = SequenceNumber::parse(&position.sequence)
-            .map_err(|e| format!("line {}: sequence: {e}", n + 1))?;
+            .map_err(|e| CliError::input(format!("line {}: sequence", n + 1), e))?;
         let id = OutputId::derive(
             &position.operator,
             &position.sink,
@@ -39,7 +39,7 @@ pub fn run() -> Result<(), CliError> {
             &sequence,
             position.index,
         );
-        writeln!(out, "{id}").map_err(|e| format!("standard output: {e}"))?;
+        writeln!(out, "{id}").map_err(CliError::writing("standard output"))?;
     }
     Ok(())
 }

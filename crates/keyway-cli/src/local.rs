@@ -70,8 +70,8 @@ pub fn run(options: Args) -> Result<(), CliError> {
 }
 
 async fn local(options: Args) -> Result<(), CliError> {
-    let text = std::fs::read_to_string(&options.template)
-        .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
+    let text =
+        std::fs::read_to_string(&options.template).map_err(CliError::file(&options.template))?;
     let parameters: BTreeMap<String, String> = pairs("--parameter", &options.parameters)?
         .into_iter()
         .collect();
@@ -104,7 +104,10 @@ async fn local(options: Args) -> Result<(), CliError> {
         )?;
     }
     if let Some(id) = reshards.keys().next() {
-        return Err(format!("--reshard {id}: no --put file for it").into());
+        return Err(CliError::option(
+            format!("--reshard {id}"),
+            "no --put file for it",
+        ));
     }
     let report = runtime.run_until_idle(RUN_LIMIT).await?;
     print_summary(&options, &runtime, &services, &report, put);
@@ -122,7 +125,10 @@ fn reshards(options: &Args) -> Result<BTreeMap<String, usize>, CliError> {
         .into_iter()
         .map(|(id, count)| match count.parse::<usize>() {
             Ok(n) if n > 0 => Ok((id, n)),
-            _ => Err(format!("--reshard {id}={count}: the count is not a number of shards").into()),
+            _ => Err(CliError::option(
+                format!("--reshard {id}={count}"),
+                "the count is not a number of shards",
+            )),
         })
         .collect()
 }
@@ -136,16 +142,17 @@ fn factories(
     logs: Option<PathBuf>,
 ) -> Result<BTreeMap<String, Factory>, CliError> {
     let (wiring, _) = keyway_local::template::parse_with(text, parameters)
-        .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
+        .map_err(|e| CliError::input(options.template.display(), e))?;
     let mut factories: BTreeMap<String, Factory> = stack::functions();
     for (id, path) in pairs("--function", &options.functions)? {
         if !wiring.functions.iter().any(|f| f.logical_id == id) {
-            return Err(
-                format!("--function {id}={path}: the template has no function {id}").into(),
-            );
+            return Err(CliError::option(
+                format!("--function {id}={path}"),
+                format!("the template has no function {id}"),
+            ));
         }
-        let path =
-            std::fs::canonicalize(&path).map_err(|e| format!("--function {id}={path}: {e}"))?;
+        let path = std::fs::canonicalize(&path)
+            .map_err(|e| CliError::option(format!("--function {id}={path}"), e))?;
         factories.insert(
             id,
             external::factory(path, api.endpoint.clone(), logs.clone()),
@@ -219,11 +226,13 @@ fn put_file(
     pointer: Option<&str>,
     reshard: Option<usize>,
 ) -> Result<usize, CliError> {
-    let name = runtime
-        .resource(id)
-        .ok_or_else(|| format!("--put {id}: the template has no resource {id}"))?;
-    let opened =
-        std::fs::File::open(file).map_err(|e| format!("--put {id}={}: {e}", file.display()))?;
+    let name = runtime.resource(id).ok_or_else(|| {
+        CliError::option(
+            format!("--put {id}"),
+            format!("the template has no resource {id}"),
+        )
+    })?;
+    let opened = std::fs::File::open(file).map_err(CliError::file(file))?;
     let target = if let Some(table) = services.dynamodb.table(&name) {
         Target::Table(table)
     } else if services.kinesis.stream_arn(&name).is_some() {
@@ -233,18 +242,25 @@ fn put_file(
             fifo: services.sqs.is_fifo(&name),
         }
     } else {
-        return Err(format!("--put {id}: not a stream, a table or a queue").into());
+        return Err(CliError::option(
+            format!("--put {id}"),
+            "not a stream, a table or a queue",
+        ));
     };
-    let read_error = |e: std::io::Error| format!("--put {id}={}: {e}", file.display());
     // Halfway through the file: counted in a first pass, only when a reshard asks for it.
     let mut reshard_at = match (reshard, &target) {
         (None, _) => None,
         (Some(count), Target::Stream) => {
-            let counted = std::fs::File::open(file).map_err(read_error)?;
+            let counted = std::fs::File::open(file).map_err(CliError::file(file))?;
             let lines = std::io::BufReader::new(counted).lines().count();
             Some((lines / 2, count))
         }
-        (Some(_), _) => return Err(format!("--reshard {id}: not a Kinesis stream").into()),
+        (Some(_), _) => {
+            return Err(CliError::option(
+                format!("--reshard {id}"),
+                "not a Kinesis stream",
+            ))
+        }
     };
     let mut count = 0;
     for (i, line) in std::io::BufReader::new(opened).lines().enumerate() {
@@ -252,7 +268,7 @@ fn put_file(
             reshard_stream(services, id, &name, reshard_at.take())?;
         }
         let at = format!("{}:{}", file.display(), i + 1);
-        let line = line.map_err(|e| format!("{at}: {e}"))?;
+        let line = line.map_err(|e| CliError::input(&at, e))?;
         if line.trim().is_empty() {
             continue;
         }
@@ -261,7 +277,7 @@ fn put_file(
         while let Err(failed) = put_line(services, &name, &target, &line, pointer, (i, &at)) {
             attempts += 1;
             if !failed.retryable || attempts == PUT_ATTEMPTS {
-                return Err(format!("{at}: {}", failed.problem).into());
+                return Err(CliError::input(at, failed.problem));
             }
         }
         count += 1;
@@ -284,7 +300,7 @@ fn reshard_stream(
     services
         .kinesis
         .update_shard_count(name, shards)
-        .map_err(|e| format!("--reshard {id}={shards}: {e}"))?;
+        .map_err(|e| CliError::option(format!("--reshard {id}={shards}"), e))?;
     Ok(())
 }
 
@@ -450,19 +466,17 @@ fn write_out(runtime: &LocalRuntime, services: &LocalServices, out: &Path) -> Re
             )
         };
         let path = created(&out.join(folder))?.join(format!("{id}.jsonl"));
-        let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let file = std::fs::File::create(&path).map_err(CliError::file(&path))?;
         let mut writer = std::io::BufWriter::new(file);
         for line in lines {
-            writeln!(writer, "{line}").map_err(|e| format!("{}: {e}", path.display()))?;
+            writeln!(writer, "{line}").map_err(CliError::file(&path))?;
         }
-        writer
-            .flush()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        writer.flush().map_err(CliError::file(&path))?;
     }
     Ok(())
 }
 
 fn created(dir: &Path) -> Result<PathBuf, CliError> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()).into())
+    std::fs::create_dir_all(dir).map_err(CliError::file(&dir))?;
+    std::fs::canonicalize(dir).map_err(CliError::file(&dir))
 }

@@ -97,8 +97,7 @@ fn init_logging(file: Option<&std::path::Path>) -> Result<(), error::CliError> {
     );
     match file {
         Some(path) => {
-            let file = std::fs::File::create(path)
-                .map_err(|e| format!("--log {}: {e}", path.display()))?;
+            let file = std::fs::File::create(path).map_err(error::CliError::file(path))?;
             logs.with_ansi(false)
                 .with_writer(std::sync::Mutex::new(file))
                 .init();

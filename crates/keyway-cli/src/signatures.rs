@@ -43,7 +43,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         }
         Mode::Update => {
             std::fs::write(lock_path, lock::render(&current))
-                .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+                .map_err(CliError::file(&lock_path))?;
             println!(
                 "wrote {} ({} operators)",
                 lock_path.display(),
@@ -52,8 +52,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             Ok(())
         }
         Mode::Check => {
-            let text = std::fs::read_to_string(lock_path)
-                .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+            let text = std::fs::read_to_string(lock_path).map_err(CliError::file(&lock_path))?;
             let changes = lock::check(&lock::parse(&text)?, &current);
             if changes.is_empty() {
                 println!(

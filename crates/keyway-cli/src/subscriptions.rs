@@ -66,11 +66,10 @@ pub fn run(options: Args) -> Result<(), CliError> {
     let registry = match &options.queues {
         None => ownership,
         Some(path) => {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let text = std::fs::read_to_string(path).map_err(CliError::file(path))?;
             ownership
                 .with_registry(&text)
-                .map_err(|e| format!("{}: {e}", path.display()))?
+                .map_err(|e| CliError::input(path.display(), e))?
         }
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

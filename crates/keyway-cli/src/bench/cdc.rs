@@ -185,7 +185,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         json,
     } = args;
     if changes == 0 {
-        return Err("--changes must be at least 1".into());
+        return Err(CliError::option("--changes", "must be at least 1"));
     }
     let workload = Workload {
         changes,

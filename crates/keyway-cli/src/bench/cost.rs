@@ -326,7 +326,10 @@ fn app_cost(app: App, batching: Option<Batching>, args: &Args) -> Result<AppCost
 
 pub fn run(args: Args) -> Result<(), CliError> {
     if args.events == 0 || !(1..=16).contains(&args.shards) || !(1..=10).contains(&args.lanes) {
-        return Err("--events must be at least 1, --shards 1 to 16, --lanes 1 to 10".into());
+        return Err(CliError::option(
+            "--events, --shards, --lanes",
+            "must be at least 1, 1 to 16 and 1 to 10",
+        ));
     }
     if !(1..=10_000).contains(&args.counter_batch_size) || args.counter_window_seconds > 300 {
         return Err(

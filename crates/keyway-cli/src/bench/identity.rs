@@ -316,7 +316,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
         json,
     } = args;
     if records == 0 || enrich_records == 0 {
-        return Err("--records and --enrich-records must be at least 1".into());
+        return Err(CliError::option(
+            "--records, --enrich-records",
+            "each must be at least 1",
+        ));
     }
     let runtime = crate::job::runtime_builder(true);
     let (enrich_rate, enrich_peak) = throughput(&runtime, enrich_records, seed + 1)?;

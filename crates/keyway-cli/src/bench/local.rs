@@ -109,7 +109,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), CliError> {
     let Args { events, seed, json } = args;
     if events == 0 {
-        return Err("--events must be at least 1".into());
+        return Err(CliError::option("--events", "must be at least 1"));
     }
     let records: Vec<(String, Vec<u8>)> = crate::workload::zipf_keys(events, KEYS, EXPONENT, seed)
         .into_iter()

@@ -127,10 +127,10 @@ struct Function {
 
 pub fn run(options: Args) -> Result<(), CliError> {
     if options.starts == 0 {
-        return Err("--starts must be at least 1".into());
+        return Err(CliError::option("--starts", "must be at least 1"));
     }
-    let text = std::fs::read_to_string(&options.template)
-        .map_err(|e| format!("--template {}: {e}", options.template.display()))?;
+    let text =
+        std::fs::read_to_string(&options.template).map_err(CliError::file(&options.template))?;
     let functions = functions(&text)?;
     // CodeUri is relative to the template's folder, as SAM reads it.
     let stack_root = match options.template.parent() {
@@ -243,7 +243,7 @@ fn print_table(r: &PackageBench) {
 /// The template's functions and the binary each is built from.
 fn functions(text: &str) -> Result<Vec<Function>, CliError> {
     let (wiring, template) = keyway_local::template::parse_with(text, &BTreeMap::new())
-        .map_err(|e| format!("--template: {e}"))?;
+        .map_err(|e| CliError::option("--template", e))?;
     wiring
         .functions
         .iter()
@@ -287,7 +287,7 @@ fn package(build: &Path, function: &Function) -> Result<Package, CliError> {
                 build.display()
             )
         })?;
-    let binary = std::fs::read(&bootstrap).map_err(|e| format!("{}: {e}", bootstrap.display()))?;
+    let binary = std::fs::read(&bootstrap).map_err(CliError::file(&bootstrap))?;
     let architecture = elf_architecture(&binary).ok_or_else(|| {
         format!(
             "{}: not an x86_64 or arm64 ELF executable",
@@ -442,11 +442,11 @@ struct Launched {
 /// Starts `package`'s bootstrap afresh, as the template deploys its function.
 async fn launch(text: &str, package: &Package) -> Result<Launched, CliError> {
     // Absolute: the process starts in its own folder, as Lambda's does.
-    let bootstrap = std::fs::canonicalize(&package.bootstrap)
-        .map_err(|e| format!("{}: {e}", package.bootstrap.display()))?;
+    let bootstrap =
+        std::fs::canonicalize(&package.bootstrap).map_err(CliError::file(&package.bootstrap))?;
     // Beside the builds, not in them: a build's folder is what the CDK app zips.
     let logs = workspace_root()?.join("target/bench-package");
-    std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+    std::fs::create_dir_all(&logs).map_err(CliError::file(&logs))?;
     let log = logs.join(format!("{}-{}.log", package.function, package.architecture));
     let services = LocalServices::new(EPOCH, FaultPlan::default());
     let api = AwsApi::start(services.clone())
@@ -514,7 +514,7 @@ fn deployed_env(
 ) -> Result<Env, CliError> {
     let recorded: Arc<Mutex<Option<Env>>> = Arc::default();
     let (wiring, _) = keyway_local::template::parse_with(text, &BTreeMap::new())
-        .map_err(|e| format!("--template: {e}"))?;
+        .map_err(|e| CliError::option("--template", e))?;
     let mut factories: BTreeMap<String, Factory> = BTreeMap::new();
     for f in &wiring.functions {
         let inner = external::factory(bootstrap.to_owned(), api.endpoint.clone(), None);
@@ -541,7 +541,7 @@ fn payload(binary: &str) -> Result<String, CliError> {
         .find(|(b, _)| *b == binary)
         .ok_or_else(|| format!("{binary}: no payload to start it with (package.rs PAYLOADS)"))?;
     let path = workspace_root()?.join(path);
-    std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()).into())
+    std::fs::read_to_string(&path).map_err(CliError::file(&path))
 }
 
 fn median_ms(times: &mut [Duration]) -> f64 {

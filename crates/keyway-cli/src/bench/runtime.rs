@@ -238,7 +238,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         json,
     } = args;
     if batches == 0 {
-        return Err("--batches must be at least 1".into());
+        return Err(CliError::option("--batches", "must be at least 1"));
     }
     let payloads = zipf_batches(batches, KEYS, EXPONENT, seed);
     let events = batches * BATCH_SIZE;

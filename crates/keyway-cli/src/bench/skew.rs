@@ -82,7 +82,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), CliError> {
     let Args { events, seed, json } = args;
     if events < 2 {
-        return Err("--events must be at least 2".into());
+        return Err(CliError::option("--events", "must be at least 2"));
     }
     let workload = workload(events, seed);
     let settings = Settings {

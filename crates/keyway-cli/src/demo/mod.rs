@@ -76,7 +76,7 @@ fn default_log() -> PathBuf {
 
 pub fn run(options: Args) -> Result<(), CliError> {
     if options.events == 0 {
-        return Err("--events must be at least 1".into());
+        return Err(CliError::option("--events", "must be at least 1"));
     }
     // Virtual time: batching windows and retries pass instantly, and the seed fixes the run.
     let runtime = crate::job::runtime_builder(true);

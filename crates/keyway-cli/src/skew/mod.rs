@@ -242,21 +242,30 @@ fn settings(options: &Args) -> Result<Settings, CliError> {
         return Err(format!("{name} must be at least 1").into());
     }
     if settings.buckets > MAX_BUCKETS {
-        return Err(format!("--buckets must be at most {MAX_BUCKETS}").into());
+        return Err(CliError::option(
+            "--buckets",
+            format!("must be at most {MAX_BUCKETS}"),
+        ));
     }
     Ok(settings)
 }
 
 fn strategy(options: &Args) -> Result<Strategy, CliError> {
     if !options.hot.is_empty() && options.strategy != StrategyName::Sidetrack {
-        return Err("--hot names the keys of --strategy sidetrack".into());
+        return Err(CliError::option(
+            "--hot",
+            "names the keys of --strategy sidetrack",
+        ));
     }
     Ok(match options.strategy {
         StrategyName::None => Strategy::None,
         StrategyName::PreAggregate => Strategy::PreAggregate,
         StrategyName::Salt => Strategy::Salt,
         StrategyName::Sidetrack if options.hot.is_empty() => {
-            return Err("--strategy sidetrack needs --hot KEY[,KEY...]".into())
+            return Err(CliError::option(
+                "--strategy",
+                "sidetrack needs --hot KEY[,KEY...]",
+            ))
         }
         StrategyName::Sidetrack => Strategy::Sidetrack(options.hot.iter().cloned().collect()),
         StrategyName::Adaptive => {

@@ -68,7 +68,7 @@ pub struct Workload {
 pub(super) fn load(options: &Args) -> Result<Workload, CliError> {
     if let Some(path) = &options.partition_keys {
         let (events, bad) = read_partition_keys(open(path)?, options.record_bytes)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(CliError::file(&path))?;
         return Ok(Workload {
             source: path.display().to_string(),
             events,
@@ -76,9 +76,9 @@ pub(super) fn load(options: &Args) -> Result<Workload, CliError> {
         });
     }
     if let (Some(path), Some(key)) = (&options.json_lines, &options.key) {
-        let pointer = Pointer::parse(key).map_err(|e| format!("--key: {e}"))?;
-        let (events, bad) = read_json_lines(open(path)?, &pointer)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let pointer = Pointer::parse(key).map_err(|e| CliError::option("--key", e))?;
+        let (events, bad) =
+            read_json_lines(open(path)?, &pointer).map_err(CliError::file(&path))?;
         return Ok(Workload {
             source: path.display().to_string(),
             events,
@@ -86,10 +86,13 @@ pub(super) fn load(options: &Args) -> Result<Workload, CliError> {
         });
     }
     if !(0.0..=1.0).contains(&options.hot_share) {
-        return Err("--hot-share must be between 0 and 1".into());
+        return Err(CliError::option("--hot-share", "must be between 0 and 1"));
     }
     if options.keys == 0 || !(options.zipf >= 0.0 && options.zipf.is_finite()) {
-        return Err("--keys must be at least 1 and --zipf at least 0".into());
+        return Err(CliError::option(
+            "--keys",
+            "must be at least 1 and --zipf at least 0",
+        ));
     }
     let hot_from_event = options.hot_from.saturating_mul(options.rate.max(1));
     let keys = generated_keys(
