@@ -46,7 +46,7 @@ pub fn run(options: Args) -> Result<(), CliError> {
     changes.sort_by_key(|c| c.at);
     let mut events = read_lines(
         &options.events,
-        |text, _| serde_json::from_str::<TimedEvent>(text).map_err(|e| e.to_string()),
+        |text, _| serde_json::from_str::<TimedEvent>(text),
         &mut problems,
     )?;
     events.sort_by_key(|e| e.at);
@@ -95,9 +95,9 @@ pub fn run(options: Args) -> Result<(), CliError> {
 
 /// Each line of `path` read by `parse`; lines that do not parse are reported in `problems` and
 /// left out, so that the run goes on.
-fn read_lines<T>(
+fn read_lines<T, E: std::fmt::Display>(
     path: &Path,
-    parse: impl Fn(&str, usize) -> Result<T, String>,
+    parse: impl Fn(&str, usize) -> Result<T, E>,
     problems: &mut Vec<String>,
 ) -> Result<Vec<T>, CliError> {
     let file = std::fs::File::open(path).map_err(CliError::file(&path))?;

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use keyway::domain::item::{item_from_dynamodb_json, item_to_dynamodb_json};
+use keyway::domain::InvalidInput;
 use keyway_local::{external, AwsApi, Factory, FaultPlan, LocalRuntime, LocalServices};
 use keyway_stack as stack;
 use serde_json::{json, Value};
@@ -392,16 +393,24 @@ fn put_line(
     }
 }
 
-fn partition_key(line: &str, pointer: Option<&str>, index: usize) -> Result<String, String> {
+/// The partition key of a line: the value at `pointer`, or the line's index without one.
+fn partition_key(line: &str, pointer: Option<&str>, index: usize) -> Result<String, InvalidInput> {
     let Some(pointer) = pointer else {
         return Ok(index.to_string());
     };
-    let value: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    let value: Value = serde_json::from_str(line)
+        .map_err(|e| InvalidInput::new("line", format!("not JSON: {e}")))?;
     match value.pointer(pointer) {
         Some(Value::String(key)) if !key.is_empty() => Ok(key.clone()),
         Some(key @ (Value::Number(_) | Value::Bool(_))) => Ok(key.to_string()),
-        Some(other) => Err(format!("{pointer}: {other} cannot be a partition key")),
-        None => Err(format!("{pointer}: no such field for the partition key")),
+        Some(other) => Err(InvalidInput::new(
+            pointer,
+            format!("{other} cannot be a partition key"),
+        )),
+        None => Err(InvalidInput::new(
+            pointer,
+            "no such field for the partition key",
+        )),
     }
 }
 

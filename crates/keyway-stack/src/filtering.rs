@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dynamic_filter::client::SubscriptionClient;
+use dynamic_filter::client::{ClientError, SubscriptionClient};
 use dynamic_filter::store::{journal_position, FilterState};
 use dynamic_filter::subscription::QueueOwnership;
 use dynamic_filter::{FilterHandler, Refreshes};
@@ -89,11 +89,28 @@ struct ChangeLine {
     op: Op,
 }
 
+/// A line of a subscriptions file that is not a change.
+#[derive(Debug, thiserror::Error)]
+#[error("not a subscription change: {0}")]
+pub struct NotAChange(#[from] serde_json::Error);
+
+/// Why a change was not made: the consumer's stack could not be deployed, or the client refused
+/// the change.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("consumer {consumer:?}: its stack: {source}")]
+    Stack {
+        consumer: String,
+        source: LocalError,
+    },
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
 impl Change {
     /// A line of a subscriptions file, or what is wrong with it.
-    pub fn parse(text: &str, line: usize) -> Result<Self, String> {
-        let parsed: ChangeLine =
-            serde_json::from_str(text).map_err(|e| format!("not a subscription change: {e}"))?;
+    pub fn parse(text: &str, line: usize) -> Result<Self, NotAChange> {
+        let parsed: ChangeLine = serde_json::from_str(text)?;
         Ok(Self {
             at: parsed.at,
             op: parsed.op,
@@ -246,7 +263,7 @@ impl FilterStack {
     }
 
     /// The client of `consumer`'s subscriptions, in the table they go to.
-    fn client(&mut self, consumer: &str) -> Result<SubscriptionClient, String> {
+    fn client(&mut self, consumer: &str) -> Result<SubscriptionClient, Refused> {
         let table = self.policy_table(consumer)?;
         let services = &self.runtime.services;
         let table = services.dynamodb.table(&table).expect("the policy table");
@@ -259,7 +276,7 @@ impl FilterStack {
     }
 
     /// The shared policy table, or `consumer`'s own, whose stack is deployed the first time.
-    fn policy_table(&mut self, consumer: &str) -> Result<String, String> {
+    fn policy_table(&mut self, consumer: &str) -> Result<String, Refused> {
         if self.shared_table {
             return Ok(self
                 .runtime
@@ -269,8 +286,12 @@ impl FilterStack {
         if let Some(table) = self.consumer_tables.get(consumer) {
             return Ok(table.clone());
         }
-        let table = crate::deploy_consumer(&mut self.runtime, consumer)
-            .map_err(|e| format!("consumer {consumer:?}: its stack: {e}"))?;
+        let table = crate::deploy_consumer(&mut self.runtime, consumer).map_err(|source| {
+            Refused::Stack {
+                consumer: consumer.to_owned(),
+                source,
+            }
+        })?;
         self.consumer_tables
             .insert(consumer.to_owned(), table.clone());
         Ok(table)
@@ -300,7 +321,7 @@ impl FilterStack {
     }
 
     /// Makes `change` through the client; says why if the client refused it.
-    async fn change(&mut self, change: &Change) -> Result<(), String> {
+    async fn change(&mut self, change: &Change) -> Result<(), Refused> {
         let client = self.client(change.op.consumer())?;
         let queue = match &change.op {
             Op::Subscribe {
@@ -318,8 +339,7 @@ impl FilterStack {
                 .map(|_| Some(queue)),
             Op::Unsubscribe { key, .. } => client.unsubscribe(key).await.map(|_| None),
             Op::UnsubscribeAll { .. } => client.stop_listening_to_all().await.map(|_| None),
-        }
-        .map_err(|e| e.to_string())?;
+        }?;
         if let Some(queue) = queue {
             let sqs = &self.runtime.services.sqs;
             if !self.queues.contains_key(queue) {
@@ -339,7 +359,7 @@ impl FilterStack {
         let mut made = 0;
         for change in changes {
             match self.change(change).await {
-                Err(why) => outcome.refused.push((change.line, why)),
+                Err(why) => outcome.refused.push((change.line, why.to_string())),
                 Ok(()) => made += 1,
             }
         }

@@ -67,13 +67,9 @@ const OPERATORS: [(&str, Compare); 7] = [
 impl Filter {
     /// Reads conditions joined by `AND`; empty text is no filter.
     pub fn parse(text: &str) -> Result<Self, FilterError> {
-        let problem = |problem: String| FilterError {
-            text: text.to_owned(),
-            problem,
-        };
         let mut conditions = Vec::new();
         for part in split_and(text) {
-            conditions.push(Condition::parse(part).map_err(problem)?);
+            conditions.push(Condition::parse(part, text)?);
         }
         Ok(Self { conditions })
     }
@@ -132,24 +128,29 @@ fn split_and(text: &str) -> Vec<&str> {
 }
 
 impl Condition {
-    fn parse(text: &str) -> Result<Self, String> {
+    /// One condition, `text`, of the filter `filter`.
+    fn parse(text: &str, filter: &str) -> Result<Self, FilterError> {
+        let problem = |problem: String| FilterError {
+            text: filter.to_owned(),
+            problem: format!("{text:?}: {problem}"),
+        };
         let (at, op, compare) = OPERATORS
             .iter()
             .filter_map(|(op, compare)| text.find(op).map(|at| (at, *op, *compare)))
             .min_by_key(|(at, op, _)| (*at, std::cmp::Reverse(op.len())))
             .ok_or_else(|| {
-                format!("{text:?}: expected TABLE.COLUMN OP VALUE, OP one of = != < <= > >=")
+                problem("expected TABLE.COLUMN OP VALUE, OP one of = != < <= > >=".into())
             })?;
         let (column, value) = (text[..at].trim(), text[at + op.len()..].trim());
         let (table, column) = column
             .split_once('.')
             .filter(|(t, c)| !t.is_empty() && !c.is_empty())
-            .ok_or_else(|| format!("{text:?}: expected TABLE.COLUMN before {op:?}"))?;
+            .ok_or_else(|| problem(format!("expected TABLE.COLUMN before {op:?}")))?;
         Ok(Self {
             table: table.to_owned(),
             column: column.to_owned(),
             compare,
-            value: literal(value).map_err(|problem| format!("{text:?}: {problem}"))?,
+            value: literal(value, problem)?,
         })
     }
 
@@ -180,8 +181,9 @@ impl Condition {
     }
 }
 
-/// A value as written: a JSON literal, or a string in single quotes.
-fn literal(text: &str) -> Result<Value, String> {
+/// A value as written: a JSON literal, or a string in single quotes; what is wrong with it goes
+/// to `problem`, which says where it is.
+fn literal(text: &str, problem: impl Fn(String) -> FilterError) -> Result<Value, FilterError> {
     if let Some(inner) = text
         .strip_prefix('\'')
         .and_then(|t| t.strip_suffix('\''))
@@ -190,18 +192,18 @@ fn literal(text: &str) -> Result<Value, String> {
         return Ok(Value::String(inner.replace("''", "'")));
     }
     match serde_json::from_str::<Value>(text) {
-        Ok(Value::Array(_) | Value::Object(_)) => {
-            Err("a value is a number, a string, true, false or null".into())
-        }
+        Ok(Value::Array(_) | Value::Object(_)) => Err(problem(
+            "a value is a number, a string, true, false or null".into(),
+        )),
         Ok(Value::Number(n)) if Number::of(&n).inexact().is_some() => {
             let why = Number::of(&n).inexact().unwrap_or_default();
-            Err(format!("{text} {why}"))
+            Err(problem(format!("{text} {why}")))
         }
         Ok(value) => Ok(value),
-        Err(_) if text.is_empty() => Err("the value is missing".into()),
-        Err(_) => Err(format!(
+        Err(_) if text.is_empty() => Err(problem("the value is missing".into())),
+        Err(_) => Err(problem(format!(
             "{text} is not a value: quote a string (\"{text}\" or '{text}')"
-        )),
+        ))),
     }
 }
 
