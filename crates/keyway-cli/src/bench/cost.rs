@@ -377,6 +377,13 @@ pub fn run(args: Args) -> Result<(), CliError> {
 }
 
 fn print_table(r: &CostBench) {
+    print_assumptions(r);
+    print_dollars(r);
+    print_quantities(r);
+    print_verdict(r);
+}
+
+fn print_assumptions(r: &CostBench) {
     let a = &r.assumptions;
     println!(
         "keyway bench cost: {} input events an application, seed {}, {} shard(s) of {} lanes; \
@@ -394,6 +401,10 @@ fn print_table(r: &CostBench) {
         a.events_per_second,
         a.flink_events_per_kpu_second
     );
+}
+
+/// Each application's dollars per million events, by service, beside Managed Flink.
+fn print_dollars(r: &CostBench) {
     println!();
     println!(
         "{:<10} {:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}   {:>9} {:>14}",
@@ -427,6 +438,10 @@ fn print_table(r: &CostBench) {
             above
         );
     }
+}
+
+/// What each application used per 1,000 events, the quantities the dollars come from.
+fn print_quantities(r: &CostBench) {
     println!();
     println!(
         "{:<10} {:<28} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9}",
@@ -446,6 +461,9 @@ fn print_table(r: &CostBench) {
             q.lambda_gb_seconds
         );
     }
+}
+
+fn print_verdict(r: &CostBench) {
     println!();
     println!(
         "a naive Lambda's DynamoDB alone (a read and a write per event): {:.4} USD per M",

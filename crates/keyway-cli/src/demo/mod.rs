@@ -25,7 +25,9 @@ use keyway::executor::SIGNATURE_HISTORY;
 use keyway::lambda::Platform;
 use keyway::ports::Namespace;
 use keyway::KeyedOperator;
-use keyway_local::{FaultPlan, LocalRuntime, LocalServices, LocalTable, MappingStats};
+use keyway_local::{
+    FaultPlan, LocalRuntime, LocalServices, LocalTable, MappingStats, QueuedMessage,
+};
 
 use crate::workload::zipf_keys;
 use keyway_stack as stack;
@@ -127,9 +129,34 @@ async fn demo(options: Args) -> Result<(), CliError> {
     );
     println!("  faults: throttling, partial failures, write conflicts, lost responses, crashes before commit, timeouts and duplicate deliveries, each at {}%, seed {}\n", options.faults * 100.0, options.seed);
 
-    let keys = zipf_keys(options.events, 1_000, 1.1, options.seed);
+    let (records, expected) = clicks(options.events, options.seed);
+    produce(&mut runtime, &services, &stream, &records).await?;
+    let virtual_time = Duration::from_millis(
+        (keyway::ports::Clock::now_millis(services.clock.as_ref()) - EPOCH) as u64,
+    );
+    let table = runtime.resource("StateTable").ok_or("no StateTable")?;
+    let namespace = Namespace {
+        operator: "keyed-counter".into(),
+        signature: keyway::operator::state_signature(&KeyedCounter.states()),
+    };
+    let mismatches = mismatched_counts(&services, &table, &namespace, &expected).await?;
+    let out = CounterOutputs::of(&runtime, &services);
+
+    print_functions(&runtime, virtual_time);
+    out.print();
+    println!(
+        "  StateTable          {}",
+        state_items(&services, &table, &namespace, &expected)
+    );
+    out.verify(mismatches, records.len(), &expected)
+}
+
+/// `events` clicks of users drawn from Zipf(1.1), one in 10,000 malformed, and each user's
+/// count of valid clicks.
+fn clicks(events: usize, seed: u64) -> (Vec<(String, Vec<u8>)>, BTreeMap<String, u64>) {
+    let keys = zipf_keys(events, 1_000, 1.1, seed);
     let mut expected: BTreeMap<String, u64> = BTreeMap::new();
-    let records: Vec<(String, Vec<u8>)> = keys
+    let records = keys
         .iter()
         .enumerate()
         .map(|(i, key)| {
@@ -141,17 +168,26 @@ async fn demo(options: Args) -> Result<(), CliError> {
             }
         })
         .collect();
+    (records, expected)
+}
 
+/// Puts `records` on `stream` and runs the stack until it is idle, in slices, as a live stream
+/// would be produced and processed.
+async fn produce(
+    runtime: &mut LocalRuntime,
+    services: &LocalServices,
+    stream: &str,
+    records: &[(String, Vec<u8>)],
+) -> Result<(), CliError> {
     let progress = ProgressBar::new(records.len() as u64);
     progress.set_style(
         ProgressStyle::with_template("  {bar:40} {pos}/{len} events {msg}")
             .map_err(|e| e.to_string())?,
     );
-    // Produced and processed in slices, as a live stream would be.
     for slice in records.chunks(5_000) {
         services
             .kinesis
-            .put_in_order(&stream, slice)
+            .put_in_order(stream, slice)
             .await
             .map_err(|e| e.to_string())?;
         runtime
@@ -161,22 +197,23 @@ async fn demo(options: Args) -> Result<(), CliError> {
     }
     progress.finish_and_clear();
     runtime.run_until_idle(Duration::from_secs(3600)).await?;
-    let virtual_time = Duration::from_millis(
-        (keyway::ports::Clock::now_millis(services.clock.as_ref()) - EPOCH) as u64,
-    );
+    Ok(())
+}
 
-    let table = runtime.resource("StateTable").ok_or("no StateTable")?;
-    let store = services.state_store(&table)?;
-    let namespace = Namespace {
-        operator: "keyed-counter".into(),
-        signature: keyway::operator::state_signature(&KeyedCounter.states()),
-    };
+/// How many users' stored counts differ from their valid clicks.
+async fn mismatched_counts(
+    services: &LocalServices,
+    table: &str,
+    namespace: &Namespace,
+    expected: &BTreeMap<String, u64>,
+) -> Result<usize, CliError> {
+    let store = services.state_store(table)?;
     let key_list: Vec<String> = expected.keys().cloned().collect();
     let stored = store
-        .load(&namespace, &key_list)
+        .load(namespace, &key_list)
         .await
         .map_err(|e| e.to_string())?;
-    let mismatches = expected
+    Ok(expected
         .iter()
         .filter(|(key, want)| {
             stored[*key]
@@ -186,28 +223,16 @@ async fn demo(options: Args) -> Result<(), CliError> {
                 .and_then(|e| e.get().parse::<u64>().ok())
                 != Some(**want)
         })
-        .count();
+        .count())
+}
 
-    let queue = |id: &str| {
-        runtime
-            .resource(id)
-            .map(|url| services.sqs.messages(&url))
-            .unwrap_or_default()
-    };
-    let counts = queue("CountsQueue");
-    let distinct: HashSet<&str> = counts
-        .iter()
-        .filter_map(|m| m.output_id.as_deref())
-        .collect();
-    let dead = queue("DeadLetterQueue");
-    let failed = queue("FailedBatchesQueue");
-
+/// What each mapping that ran did; the counter's section drives only its own stream, the stack's
+/// other functions run in the sections after it.
+fn print_functions(runtime: &LocalRuntime, virtual_time: Duration) {
     println!(
         "what each function did, in {:.0} s of virtual time",
         virtual_time.as_secs_f64()
     );
-    // The counter's section drives only its own stream: the stack's other functions run in the
-    // sections after it.
     let (ran, idle): (Vec<_>, Vec<_>) = runtime
         .mappings()
         .iter()
@@ -221,39 +246,77 @@ async fn demo(options: Args) -> Result<(), CliError> {
             idle.len()
         );
     }
-    println!("\nwhat came out");
-    println!("  CountsQueue         {:>8} messages, {} distinct output ids (a retry repeats an id, never a count)", counts.len(), distinct.len());
-    let dead_ids: HashSet<&str> = dead.iter().filter_map(|m| m.output_id.as_deref()).collect();
-    println!(
-        "  DeadLetterQueue     {:>8} messages, {} distinct ids (a batch retried after a fault sends its dead letters again, under the same ids)",
-        dead.len(),
-        dead_ids.len()
-    );
-    if let Some(first) = dead.first() {
-        println!("                      first: {}", reason(&first.body));
+}
+
+/// The counter section's queues.
+struct CounterOutputs {
+    counts: Vec<QueuedMessage>,
+    dead: Vec<QueuedMessage>,
+    failed: Vec<QueuedMessage>,
+}
+
+impl CounterOutputs {
+    fn of(runtime: &LocalRuntime, services: &LocalServices) -> Self {
+        let queue = |id: &str| {
+            runtime
+                .resource(id)
+                .map(|url| services.sqs.messages(&url))
+                .unwrap_or_default()
+        };
+        Self {
+            counts: queue("CountsQueue"),
+            dead: queue("DeadLetterQueue"),
+            failed: queue("FailedBatchesQueue"),
+        }
     }
-    println!(
-        "  FailedBatchesQueue  {:>8} messages (batches given up: none while retries last)",
-        failed.len()
-    );
-    println!(
-        "  StateTable          {}",
-        state_items(&services, &table, &namespace, &expected)
-    );
-    println!("\nverification");
-    let malformed = records.len() - expected.values().sum::<u64>() as usize;
-    if mismatches == 0 && distinct.len() == records.len() - malformed && dead_ids.len() == malformed
-    {
-        println!("  every one of the {} users' counts equals its clicks in the input; every valid click left", expected.len());
-        println!("  exactly one output id and each of the {malformed} malformed ones exactly one dead letter");
-        Ok(())
-    } else {
-        Err(format!(
-            "{mismatches} stored counts differ from the input; {} distinct outputs for {} valid clicks; {} dead letters for {malformed} malformed clicks",
-            distinct.len(),
-            records.len() - malformed,
-            dead_ids.len()
-        ).into())
+
+    fn distinct(messages: &[QueuedMessage]) -> HashSet<&str> {
+        messages
+            .iter()
+            .filter_map(|m| m.output_id.as_deref())
+            .collect()
+    }
+
+    fn print(&self) {
+        let (counts, dead) = (&self.counts, &self.dead);
+        println!("\nwhat came out");
+        println!("  CountsQueue         {:>8} messages, {} distinct output ids (a retry repeats an id, never a count)", counts.len(), Self::distinct(counts).len());
+        println!(
+            "  DeadLetterQueue     {:>8} messages, {} distinct ids (a batch retried after a fault sends its dead letters again, under the same ids)",
+            dead.len(),
+            Self::distinct(dead).len()
+        );
+        if let Some(first) = dead.first() {
+            println!("                      first: {}", reason(&first.body));
+        }
+        println!(
+            "  FailedBatchesQueue  {:>8} messages (batches given up: none while retries last)",
+            self.failed.len()
+        );
+    }
+
+    /// Every user's count equals its clicks, every valid click left one output id and every
+    /// malformed one one dead letter; or what differs.
+    fn verify(
+        &self,
+        mismatches: usize,
+        clicks: usize,
+        expected: &BTreeMap<String, u64>,
+    ) -> Result<(), CliError> {
+        println!("\nverification");
+        let malformed = clicks - expected.values().sum::<u64>() as usize;
+        let distinct = Self::distinct(&self.counts).len();
+        let dead_ids = Self::distinct(&self.dead).len();
+        if mismatches == 0 && distinct == clicks - malformed && dead_ids == malformed {
+            println!("  every one of the {} users' counts equals its clicks in the input; every valid click left", expected.len());
+            println!("  exactly one output id and each of the {malformed} malformed ones exactly one dead letter");
+            Ok(())
+        } else {
+            Err(format!(
+                "{mismatches} stored counts differ from the input; {distinct} distinct outputs for {} valid clicks; {dead_ids} dead letters for {malformed} malformed clicks",
+                clicks - malformed,
+            ).into())
+        }
     }
 }
 
