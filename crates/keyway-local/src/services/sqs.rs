@@ -97,6 +97,51 @@ struct Queue {
 }
 
 impl Queue {
+    /// The deduplication id of `entry`: its own, or, with ContentBasedDeduplication on a FIFO
+    /// queue, the body's SHA-256.
+    fn deduplication_id<'a>(&self, entry: &SqsEntry<'a>) -> Option<std::borrow::Cow<'a, str>> {
+        match entry.deduplication_id {
+            None if self.fifo && self.config.content_based_deduplication => {
+                Some(keyway::domain::hash::sha256_hex(&[entry.body.as_bytes()], 64).into())
+            }
+            given => given.map(Into::into),
+        }
+    }
+
+    /// Takes `entry` as message `sequence`, unless a FIFO queue saw its deduplication id within
+    /// the window; SQS answers a deduplicated message as sent.
+    fn accept(
+        &mut self,
+        entry: &SqsEntry<'_>,
+        deduplication_id: Option<&str>,
+        sequence: u64,
+        now: i64,
+    ) -> SqsOutcome {
+        let message_id = sequence.to_string();
+        let duplicate = self.fifo && deduplication_id.is_some_and(|d| self.seen.contains_key(d));
+        if !duplicate {
+            if let Some(d) = deduplication_id {
+                self.seen.insert(d.to_owned(), now);
+            }
+            let message = QueuedMessage {
+                message_id: message_id.clone(),
+                body: entry.body.to_owned(),
+                output_id: entry.output_id.map(str::to_owned),
+                group_id: entry.group_id.map(str::to_owned),
+                deduplication_id: deduplication_id.map(str::to_owned),
+            };
+            self.waiting.push_back(Held {
+                sequence,
+                message: message.clone(),
+                sent_millis: now,
+                receive_count: 0,
+                first_receive_millis: None,
+            });
+            self.accepted.push(message);
+        }
+        SqsOutcome::Sent { message_id }
+    }
+
     /// Brings back the messages whose visibility timeout passed, and drops those past retention.
     fn refresh(&mut self, now: i64) {
         let back: Vec<u64> = self
@@ -382,33 +427,7 @@ impl LocalSqs {
         queue_url: &str,
         entries: &[SqsEntry<'_>],
     ) -> Result<Vec<SqsOutcome>, SinkError> {
-        if entries.is_empty() || entries.len() > BATCH_MAX_ENTRIES {
-            return Err(SinkError::Rejected(format!(
-                "AWS.SimpleQueueService.TooManyEntriesInBatchRequest: {} entries",
-                entries.len()
-            )));
-        }
-        // The batch limit counts message attributes: name, data type and value.
-        let total: usize = entries
-            .iter()
-            .map(|e| {
-                e.body.len()
-                    + e.output_id.map_or(0, |id| {
-                        OUTPUT_ID_ATTRIBUTE.len() + "String".len() + id.len()
-                    })
-            })
-            .sum();
-        if total > BATCH_MAX_BYTES {
-            return Err(SinkError::Rejected(format!(
-                "AWS.SimpleQueueService.BatchRequestTooLong: {total} bytes"
-            )));
-        }
-        let ids: HashSet<&str> = entries.iter().map(|e| e.id).collect();
-        if ids.len() != entries.len() {
-            return Err(SinkError::Rejected(
-                "AWS.SimpleQueueService.BatchEntryIdsNotDistinct".into(),
-            ));
-        }
+        check_batch(entries)?;
         let now = self.clock.now_millis();
         if self.faults.in_outage(now) {
             return Err(SinkError::Unavailable(
@@ -430,62 +449,64 @@ impl LocalSqs {
             .seen
             .retain(|_, at| now - *at < FIFO_DEDUPLICATION_WINDOW_MILLIS);
         let mut next_id = self.next_id.lock().expect("id lock");
-        let mut outcomes = Vec::with_capacity(entries.len());
-        for entry in entries {
-            // ContentBasedDeduplication: the body's SHA-256 stands for a missing id.
-            let content_id;
-            let deduplication_id = match entry.deduplication_id {
-                None if queue.fifo && queue.config.content_based_deduplication => {
-                    content_id = keyway::domain::hash::sha256_hex(&[entry.body.as_bytes()], 64);
-                    Some(content_id.as_str())
+        let outcomes = entries
+            .iter()
+            .map(|entry| {
+                let deduplication_id = queue.deduplication_id(entry);
+                if queue.fifo && (entry.group_id.is_none() || deduplication_id.is_none()) {
+                    return SqsOutcome::Failed {
+                        code: "MissingParameter".into(),
+                        message: "FIFO queues need MessageGroupId and MessageDeduplicationId"
+                            .into(),
+                        sender_fault: true,
+                    };
                 }
-                given => given,
-            };
-            if queue.fifo && (entry.group_id.is_none() || deduplication_id.is_none()) {
-                outcomes.push(SqsOutcome::Failed {
-                    code: "MissingParameter".into(),
-                    message: "FIFO queues need MessageGroupId and MessageDeduplicationId".into(),
-                    sender_fault: true,
-                });
-                continue;
-            }
-            if self.faults.draw(Fault::PartialFailure) {
-                outcomes.push(SqsOutcome::Failed {
-                    code: "InternalError".into(),
-                    message: "injected".into(),
-                    sender_fault: false,
-                });
-                continue;
-            }
-            *next_id += 1;
-            let message_id = next_id.to_string();
-            let duplicate =
-                queue.fifo && deduplication_id.is_some_and(|d| queue.seen.contains_key(d));
-            if !duplicate {
-                if let Some(d) = deduplication_id {
-                    queue.seen.insert(d.to_owned(), now);
+                if self.faults.draw(Fault::PartialFailure) {
+                    return SqsOutcome::Failed {
+                        code: "InternalError".into(),
+                        message: "injected".into(),
+                        sender_fault: false,
+                    };
                 }
-                let message = QueuedMessage {
-                    message_id: message_id.clone(),
-                    body: entry.body.to_owned(),
-                    output_id: entry.output_id.map(str::to_owned),
-                    group_id: entry.group_id.map(str::to_owned),
-                    deduplication_id: deduplication_id.map(str::to_owned),
-                };
-                queue.waiting.push_back(Held {
-                    sequence: *next_id,
-                    message: message.clone(),
-                    sent_millis: now,
-                    receive_count: 0,
-                    first_receive_millis: None,
-                });
-                queue.accepted.push(message);
-            }
-            // SQS answers a deduplicated message as sent.
-            outcomes.push(SqsOutcome::Sent { message_id });
-        }
+                *next_id += 1;
+                queue.accept(entry, deduplication_id.as_deref(), *next_id, now)
+            })
+            .collect();
         Ok(outcomes)
     }
+}
+
+/// SendMessageBatch's own limits: 1 to 10 entries, 256 KiB in all (message attributes count),
+/// distinct entry ids.
+fn check_batch(entries: &[SqsEntry<'_>]) -> Result<(), SinkError> {
+    if entries.is_empty() || entries.len() > BATCH_MAX_ENTRIES {
+        return Err(SinkError::Rejected(format!(
+            "AWS.SimpleQueueService.TooManyEntriesInBatchRequest: {} entries",
+            entries.len()
+        )));
+    }
+    // The batch limit counts message attributes: name, data type and value.
+    let total: usize = entries
+        .iter()
+        .map(|e| {
+            e.body.len()
+                + e.output_id.map_or(0, |id| {
+                    OUTPUT_ID_ATTRIBUTE.len() + "String".len() + id.len()
+                })
+        })
+        .sum();
+    if total > BATCH_MAX_BYTES {
+        return Err(SinkError::Rejected(format!(
+            "AWS.SimpleQueueService.BatchRequestTooLong: {total} bytes"
+        )));
+    }
+    let ids: HashSet<&str> = entries.iter().map(|e| e.id).collect();
+    if ids.len() != entries.len() {
+        return Err(SinkError::Rejected(
+            "AWS.SimpleQueueService.BatchEntryIdsNotDistinct".into(),
+        ));
+    }
+    Ok(())
 }
 
 #[async_trait]
