@@ -101,35 +101,69 @@ pub fn resolve(
     template: &Value,
     resolver: &dyn Resolver,
 ) -> Result<String, TemplateError> {
-    let parameter = |name: &str| {
-        get(template, "Parameters")
+    let intrinsics = Intrinsics { template, resolver };
+    match value {
+        Value::Tagged(tagged) => {
+            let tag = tagged.tag.to_string();
+            let inner = tagged
+                .value
+                .as_str()
+                .ok_or_else(|| TemplateError::at(&tag, "expected a string"))?;
+            match tag.as_str() {
+                "!Ref" => intrinsics.reference(inner),
+                "!GetAtt" => intrinsics.attribute(inner),
+                "!Sub" => intrinsics.substitute(inner),
+                other => err_at(other, "not supported here"),
+            }
+        }
+        Value::Mapping(m) => intrinsics.function(m, value),
+        other => Ok(scalar(other)),
+    }
+}
+
+/// The intrinsic functions of one template, resolving names through `resolver`.
+struct Intrinsics<'a> {
+    template: &'a Value,
+    resolver: &'a dyn Resolver,
+}
+
+impl Intrinsics<'_> {
+    fn parameter(&self, name: &str) -> Option<String> {
+        get(self.template, "Parameters")
             .and_then(|p| get(p, name))
             .and_then(|p| get(p, "Default"))
             .map(scalar)
-    };
-    let reference = |name: &str| -> Result<String, TemplateError> {
+    }
+
+    /// `!Ref name`: a pseudo parameter, a resource or a parameter.
+    fn reference(&self, name: &str) -> Result<String, TemplateError> {
         match name {
             "AWS::Region" => Ok("us-east-1".into()),
             "AWS::AccountId" => Ok("000000000000".into()),
             "AWS::StackName" => Ok("keyway-local".into()),
             "AWS::Partition" => Ok("aws".into()),
-            _ => resolver
+            _ => self
+                .resolver
                 .reference(name)
-                .or_else(|| parameter(name))
+                .or_else(|| self.parameter(name))
                 .ok_or_else(|| {
                     TemplateError::at(format!("!Ref {name}"), "no such resource or parameter")
                 }),
         }
-    };
-    let attribute = |path: &str| -> Result<String, TemplateError> {
+    }
+
+    /// `!GetAtt Resource.Attribute`.
+    fn attribute(&self, path: &str) -> Result<String, TemplateError> {
         let (id, attr) = path.split_once('.').ok_or_else(|| {
             TemplateError::at(format!("!GetAtt {path}"), "expected Resource.Attribute")
         })?;
-        resolver
+        self.resolver
             .attribute(id, attr)
             .ok_or_else(|| TemplateError::at(format!("!GetAtt {path}"), "unknown"))
-    };
-    let substitute = |text: &str| -> Result<String, TemplateError> {
+    }
+
+    /// `!Sub text`: each `${name}` a reference, each `${Resource.Attribute}` an attribute.
+    fn substitute(&self, text: &str) -> Result<String, TemplateError> {
         let mut out = String::new();
         let mut rest = text;
         while let Some(start) = rest.find("${") {
@@ -140,62 +174,48 @@ pub fn resolve(
                 + start;
             let name = &rest[start + 2..end];
             out.push_str(&if name.contains('.') && !name.starts_with("AWS::") {
-                attribute(name)?
+                self.attribute(name)?
             } else {
-                reference(name)?
+                self.reference(name)?
             });
             rest = &rest[end + 1..];
         }
         out.push_str(rest);
         Ok(out)
-    };
-    match value {
-        Value::Tagged(tagged) => {
-            let tag = tagged.tag.to_string();
-            let inner = tagged
-                .value
-                .as_str()
-                .ok_or_else(|| TemplateError::at(&tag, "expected a string"))?;
-            match tag.as_str() {
-                "!Ref" => reference(inner),
-                "!GetAtt" => attribute(inner),
-                "!Sub" => substitute(inner),
-                other => err_at(other, "not supported here"),
+    }
+
+    /// An intrinsic function in its long form (`Ref`, `Fn::GetAtt`, `Fn::Sub`, `Fn::Join`).
+    fn function(&self, m: &serde_yaml::Mapping, value: &Value) -> Result<String, TemplateError> {
+        if let Some(name) = m.get("Ref").and_then(Value::as_str) {
+            self.reference(name)
+        } else if let Some(v) = m.get("Fn::GetAtt") {
+            match v {
+                Value::Sequence(parts) => self.attribute(
+                    &parts
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join("."),
+                ),
+                other => self.attribute(other.as_str().unwrap_or_default()),
             }
+        } else if let Some(text) = m.get("Fn::Sub").and_then(Value::as_str) {
+            self.substitute(text)
+        } else if let Some(join) = m.get("Fn::Join") {
+            // [delimiter, [values...]], as the CDK writes string interpolations.
+            let parts = join.as_sequence().filter(|p| p.len() == 2);
+            let (delimiter, values) = match parts.map(|p| (p[0].as_str(), p[1].as_sequence())) {
+                Some((Some(d), Some(v))) => (d, v),
+                _ => return err_at("Fn::Join", "expected [delimiter, [values]]"),
+            };
+            Ok(values
+                .iter()
+                .map(|v| resolve(v, self.template, self.resolver))
+                .collect::<Result<Vec<_>, _>>()?
+                .join(delimiter))
+        } else {
+            Err(TemplateError::whole(format!("unsupported value {value:?}")))
         }
-        Value::Mapping(m) => {
-            if let Some(name) = m.get("Ref").and_then(Value::as_str) {
-                reference(name)
-            } else if let Some(v) = m.get("Fn::GetAtt") {
-                match v {
-                    Value::Sequence(parts) => attribute(
-                        &parts
-                            .iter()
-                            .filter_map(Value::as_str)
-                            .collect::<Vec<_>>()
-                            .join("."),
-                    ),
-                    other => attribute(other.as_str().unwrap_or_default()),
-                }
-            } else if let Some(text) = m.get("Fn::Sub").and_then(Value::as_str) {
-                substitute(text)
-            } else if let Some(join) = m.get("Fn::Join") {
-                // [delimiter, [values...]], as the CDK writes string interpolations.
-                let parts = join.as_sequence().filter(|p| p.len() == 2);
-                let (delimiter, values) = match parts.map(|p| (p[0].as_str(), p[1].as_sequence())) {
-                    Some((Some(d), Some(v))) => (d, v),
-                    _ => return err_at("Fn::Join", "expected [delimiter, [values]]"),
-                };
-                Ok(values
-                    .iter()
-                    .map(|v| resolve(v, template, resolver))
-                    .collect::<Result<Vec<_>, _>>()?
-                    .join(delimiter))
-            } else {
-                Err(TemplateError::whole(format!("unsupported value {value:?}")))
-            }
-        }
-        other => Ok(scalar(other)),
     }
 }
 

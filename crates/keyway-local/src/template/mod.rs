@@ -228,12 +228,11 @@ pub fn parse(text: &str) -> Result<(Wiring, Value), TemplateError> {
     parse_with(text, &BTreeMap::new())
 }
 
-/// Parses a template as `parse` does, with `parameters` given values, as a deployment would give
-/// them; each must be one the template declares.
-pub fn parse_with(
+/// The template of `text`, each parameter of `parameters` given as its default.
+fn given_parameters(
     text: &str,
     parameters: &BTreeMap<String, String>,
-) -> Result<(Wiring, Value), TemplateError> {
+) -> Result<Value, TemplateError> {
     let mut template: Value =
         serde_yaml::from_str(text).map_err(|e| TemplateError::whole(format!("not YAML: {e}")))?;
     for (name, value) in parameters {
@@ -244,6 +243,16 @@ pub fn parse_with(
             .ok_or_else(|| TemplateError::at(format!("parameter {name}"), "not in the template"))?;
         declared.insert("Default".into(), Value::String(value.clone()));
     }
+    Ok(template)
+}
+
+/// Parses a template as `parse` does, with `parameters` given values, as a deployment would give
+/// them; each must be one the template declares.
+pub fn parse_with(
+    text: &str,
+    parameters: &BTreeMap<String, String>,
+) -> Result<(Wiring, Value), TemplateError> {
+    let template = given_parameters(text, parameters)?;
     let resources = get(&template, "Resources")
         .and_then(Value::as_mapping)
         .ok_or_else(|| TemplateError::whole("no Resources"))?;
@@ -252,99 +261,9 @@ pub fn parse_with(
     for (id, resource) in resources {
         let id = id
             .as_str()
-            .ok_or_else(|| TemplateError::whole("a resource id is not a string"))?
-            .to_owned();
-        let kind = get(resource, "Type")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
-        // A name the template gives: literal, or made of parameters (`!Sub "${Prefix}x"`).
-        let literal = |key: &str| {
-            get(&props, key)
-                .map(|v| resolve(v, &template, &ParametersOnly))
-                .transpose()
-                .map_err(|e| e.through(format!("{id}.{key}")))
-        };
-        match kind {
-            "AWS::DynamoDB::Table" => {
-                let schema = get(&props, "KeySchema")
-                    .and_then(Value::as_sequence)
-                    .cloned()
-                    .unwrap_or_default();
-                let key_of = |role: &str| {
-                    schema
-                        .iter()
-                        .find(|k| get(k, "KeyType").and_then(Value::as_str) == Some(role))
-                        .and_then(|k| get(k, "AttributeName"))
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                };
-                let hash_key = key_of("HASH")
-                    .ok_or_else(|| TemplateError::at(&id, "KeySchema has no HASH key"))?;
-                let ttl = get(&props, "TimeToLiveSpecification");
-                let ttl_attribute = ttl
-                    .filter(|t| get(t, "Enabled").and_then(Value::as_bool) == Some(true))
-                    .and_then(|t| get(t, "AttributeName"))
-                    .and_then(Value::as_str)
-                    .map(str::to_owned);
-                let stream = stream_view(&id, &props)?;
-                let name = literal("TableName")?.unwrap_or_else(|| id.clone());
-                wiring.resources.insert(
-                    id.clone(),
-                    Resource::Table {
-                        name,
-                        hash_key,
-                        range_key: key_of("RANGE"),
-                        ttl_attribute,
-                        stream,
-                    },
-                );
-            }
-            "AWS::Kinesis::Stream" => {
-                let shards = match get(&props, "ShardCount") {
-                    Some(count) => whole_number(count, &template).ok_or_else(|| {
-                        TemplateError::at(format!("{id}.ShardCount"), "not a number")
-                    })?,
-                    None => 1,
-                } as usize;
-                let name = literal("Name")?.unwrap_or_else(|| id.clone());
-                let hours = get(&props, "RetentionPeriodHours")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(24);
-                let retention = Duration::from_secs(hours * 3600);
-                let max_record_kib = int_setting(&props, "MaxRecordSizeInKiB", &[1024..=10_240])
-                    .map_err(|e| e.under(&id))?
-                    .unwrap_or(1024) as usize;
-                wiring.resources.insert(
-                    id.clone(),
-                    Resource::Stream {
-                        name,
-                        shards,
-                        retention,
-                        max_record_kib,
-                    },
-                );
-            }
-            "AWS::SQS::Queue" => {
-                let fifo = is_fifo(&props);
-                let name = literal("QueueName")?.unwrap_or_else(|| {
-                    if fifo {
-                        format!("{id}.fifo")
-                    } else {
-                        id.clone()
-                    }
-                });
-                let (config, dead_letter) = queue_attributes(&id, &props, &template)?;
-                wiring.resources.insert(
-                    id.clone(),
-                    Resource::Queue {
-                        name,
-                        config,
-                        dead_letter,
-                    },
-                );
-            }
-            _ => {}
+            .ok_or_else(|| TemplateError::whole("a resource id is not a string"))?;
+        if let Some(made) = made_resource(&template, id, resource)? {
+            wiring.resources.insert(id.to_owned(), made);
         }
     }
     for (id, resource) in resources {

@@ -3,6 +3,102 @@
 
 use super::*;
 
+/// The resource the runtime creates for `resource` (logical id `id`): a table, a stream or a
+/// queue; none for any other type.
+pub(super) fn made_resource(
+    template: &Value,
+    id: &str,
+    resource: &Value,
+) -> Result<Option<Resource>, TemplateError> {
+    let props = get(resource, "Properties").cloned().unwrap_or(Value::Null);
+    let made = match get(resource, "Type").and_then(Value::as_str) {
+        Some("AWS::DynamoDB::Table") => table(template, id, &props)?,
+        Some("AWS::Kinesis::Stream") => stream(template, id, &props)?,
+        Some("AWS::SQS::Queue") => queue(template, id, &props)?,
+        _ => return Ok(None),
+    };
+    Ok(Some(made))
+}
+
+/// A name the template gives `key`: literal, or made of parameters (`!Sub "${Prefix}x"`).
+fn literal(
+    template: &Value,
+    id: &str,
+    props: &Value,
+    key: &str,
+) -> Result<Option<String>, TemplateError> {
+    get(props, key)
+        .map(|v| resolve(v, template, &ParametersOnly))
+        .transpose()
+        .map_err(|e| e.through(format!("{id}.{key}")))
+}
+
+fn table(template: &Value, id: &str, props: &Value) -> Result<Resource, TemplateError> {
+    let schema = get(props, "KeySchema")
+        .and_then(Value::as_sequence)
+        .cloned()
+        .unwrap_or_default();
+    let key_of = |role: &str| {
+        schema
+            .iter()
+            .find(|k| get(k, "KeyType").and_then(Value::as_str) == Some(role))
+            .and_then(|k| get(k, "AttributeName"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let hash_key =
+        key_of("HASH").ok_or_else(|| TemplateError::at(id, "KeySchema has no HASH key"))?;
+    let ttl_attribute = get(props, "TimeToLiveSpecification")
+        .filter(|t| get(t, "Enabled").and_then(Value::as_bool) == Some(true))
+        .and_then(|t| get(t, "AttributeName"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Ok(Resource::Table {
+        name: literal(template, id, props, "TableName")?.unwrap_or_else(|| id.to_owned()),
+        hash_key,
+        range_key: key_of("RANGE"),
+        ttl_attribute,
+        stream: stream_view(id, props)?,
+    })
+}
+
+fn stream(template: &Value, id: &str, props: &Value) -> Result<Resource, TemplateError> {
+    let shards = match get(props, "ShardCount") {
+        Some(count) => whole_number(count, template)
+            .ok_or_else(|| TemplateError::at(format!("{id}.ShardCount"), "not a number"))?,
+        None => 1,
+    } as usize;
+    let hours = get(props, "RetentionPeriodHours")
+        .and_then(Value::as_u64)
+        .unwrap_or(24);
+    let max_record_kib = int_setting(props, "MaxRecordSizeInKiB", &[1024..=10_240])
+        .map_err(|e| e.under(id))?
+        .unwrap_or(1024) as usize;
+    Ok(Resource::Stream {
+        name: literal(template, id, props, "Name")?.unwrap_or_else(|| id.to_owned()),
+        shards,
+        retention: Duration::from_secs(hours * 3600),
+        max_record_kib,
+    })
+}
+
+fn queue(template: &Value, id: &str, props: &Value) -> Result<Resource, TemplateError> {
+    let fifo = is_fifo(props);
+    let name = literal(template, id, props, "QueueName")?.unwrap_or_else(|| {
+        if fifo {
+            format!("{id}.fifo")
+        } else {
+            id.to_owned()
+        }
+    });
+    let (config, dead_letter) = queue_attributes(id, props, template)?;
+    Ok(Resource::Queue {
+        name,
+        config,
+        dead_letter,
+    })
+}
+
 /// The resources of type `kind`: logical id and properties.
 pub(super) fn of_type<'a>(
     resources: &'a serde_yaml::Mapping,
