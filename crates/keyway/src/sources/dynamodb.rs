@@ -81,34 +81,11 @@ fn parse(raw: &Value) -> Result<(Origin, SequenceNumber, Option<i64>, Change), P
         .and_then(|c| c.get("Keys"))
         .ok_or_else(|| InvalidInput::new("dynamodb.Keys", "missing"))
         .and_then(|k| item_from_dynamodb_json(k, "dynamodb.Keys"));
-    let sequence_field = "dynamodb.SequenceNumber";
-    let sequence = match change.and_then(|c| c.get("SequenceNumber")) {
-        Some(Value::String(s)) => {
-            SequenceNumber::parse(s).map_err(|e| InvalidInput::new(sequence_field, e.to_string()))
-        }
-        Some(other) => Err(InvalidInput::new(
-            sequence_field,
-            format!("expected a string, got {other}"),
-        )),
-        None => Err(InvalidInput::new(sequence_field, "missing")),
-    };
-    // All changes of one item are ordered, so the item is the origin (see `Origin`), within one
-    // stream of the table: a new stream's sequence numbers start over.
-    let label = raw
-        .get("eventSourceARN")
-        .and_then(Value::as_str)
-        .and_then(stream_label);
-    let origin = keys.as_ref().ok().map(|keys| {
-        let canonical = item_to_dynamodb_json(keys).to_string();
-        let mut text = table.as_deref().unwrap_or("").to_owned();
-        if let Some(label) = label {
-            text.push('@');
-            text.push_str(label);
-        }
-        text.push('/');
-        text.push_str(&xxh3_128_hex(&[canonical.as_bytes()]));
-        Origin(text)
-    });
+    let sequence = sequence_number(change);
+    let origin = keys
+        .as_ref()
+        .ok()
+        .map(|keys| origin_of(raw, table.as_deref(), keys));
     let (keys, sequence, origin) = match (keys, sequence, origin) {
         (Ok(k), Ok(s), Some(o)) => (k, s, o),
         (k, s, o) => {
@@ -127,43 +104,16 @@ fn parse(raw: &Value) -> Result<(Origin, SequenceNumber, Option<i64>, Change), P
         invalid,
     };
 
-    let kind = match raw.get("eventName").and_then(Value::as_str) {
-        Some("INSERT") => ChangeKind::Insert,
-        Some("MODIFY") => ChangeKind::Modify,
-        Some("REMOVE") => ChangeKind::Remove,
-        other => {
-            return Err(at(InvalidInput::new(
-                "eventName",
-                format!("expected INSERT, MODIFY or REMOVE, got {other:?}"),
-            )))
-        }
-    };
-    let image = |name: &str| -> Result<Option<crate::domain::Item>, InvalidInput> {
-        match change.and_then(|c| c.get(name)) {
-            None | Some(Value::Null) => Ok(None),
-            // An item always has its key attributes, so an empty image is no image: senders that
-            // serialize through aws_lambda_events write `{}` for an absent one.
-            Some(Value::Object(map)) if map.is_empty() => Ok(None),
-            Some(v) => item_from_dynamodb_json(v, &format!("dynamodb.{name}")).map(Some),
-        }
-    };
-    let new_image = image("NewImage").map_err(at)?;
-    let old_image = image("OldImage").map_err(at)?;
+    let kind = event_kind(raw).map_err(at)?;
+    let new_image = image(change, "NewImage").map_err(at)?;
+    let old_image = image(change, "OldImage").map_err(at)?;
     let arrival_millis = change
         .and_then(|c| c.get("ApproximateCreationDateTime"))
         .filter(|v| !v.is_null())
         .map(|v| epoch_seconds_to_millis(v, "dynamodb.ApproximateCreationDateTime"))
         .transpose()
         .map_err(at)?;
-    // DynamoDB's TTL process deletes as the service principal (Developer Guide, "Working with
-    // expired items and time to live").
-    let identity = raw.get("userIdentity");
-    let ttl_deletion = identity.and_then(|u| u.get("type")).and_then(Value::as_str)
-        == Some("Service")
-        && identity
-            .and_then(|u| u.get("principalId"))
-            .and_then(Value::as_str)
-            == Some("dynamodb.amazonaws.com");
+    let ttl_deletion = is_ttl_deletion(raw);
     Ok((
         origin,
         sequence,
@@ -177,6 +127,72 @@ fn parse(raw: &Value) -> Result<(Origin, SequenceNumber, Option<i64>, Change), P
             ttl_deletion,
         },
     ))
+}
+
+fn sequence_number(change: Option<&Value>) -> Result<SequenceNumber, InvalidInput> {
+    let field = "dynamodb.SequenceNumber";
+    match change.and_then(|c| c.get("SequenceNumber")) {
+        Some(Value::String(s)) => {
+            SequenceNumber::parse(s).map_err(|e| InvalidInput::new(field, e.to_string()))
+        }
+        Some(other) => Err(InvalidInput::new(
+            field,
+            format!("expected a string, got {other}"),
+        )),
+        None => Err(InvalidInput::new(field, "missing")),
+    }
+}
+
+/// All changes of one item are ordered, so the item is the origin (see `Origin`), within one
+/// stream of the table: a new stream's sequence numbers start over.
+fn origin_of(raw: &Value, table: Option<&str>, keys: &crate::domain::Item) -> Origin {
+    let label = raw
+        .get("eventSourceARN")
+        .and_then(Value::as_str)
+        .and_then(stream_label);
+    let canonical = item_to_dynamodb_json(keys).to_string();
+    let mut text = table.unwrap_or("").to_owned();
+    if let Some(label) = label {
+        text.push('@');
+        text.push_str(label);
+    }
+    text.push('/');
+    text.push_str(&xxh3_128_hex(&[canonical.as_bytes()]));
+    Origin(text)
+}
+
+fn event_kind(raw: &Value) -> Result<ChangeKind, InvalidInput> {
+    match raw.get("eventName").and_then(Value::as_str) {
+        Some("INSERT") => Ok(ChangeKind::Insert),
+        Some("MODIFY") => Ok(ChangeKind::Modify),
+        Some("REMOVE") => Ok(ChangeKind::Remove),
+        other => Err(InvalidInput::new(
+            "eventName",
+            format!("expected INSERT, MODIFY or REMOVE, got {other:?}"),
+        )),
+    }
+}
+
+/// The change's image `name` (`NewImage`, `OldImage`), if it has one.
+fn image(change: Option<&Value>, name: &str) -> Result<Option<crate::domain::Item>, InvalidInput> {
+    match change.and_then(|c| c.get(name)) {
+        None | Some(Value::Null) => Ok(None),
+        // An item always has its key attributes, so an empty image is no image: senders that
+        // serialize through aws_lambda_events write `{}` for an absent one.
+        Some(Value::Object(map)) if map.is_empty() => Ok(None),
+        Some(v) => item_from_dynamodb_json(v, &format!("dynamodb.{name}")).map(Some),
+    }
+}
+
+/// DynamoDB's TTL process deletes as the service principal (Developer Guide, "Working with
+/// expired items and time to live").
+fn is_ttl_deletion(raw: &Value) -> bool {
+    let identity = raw.get("userIdentity");
+    identity.and_then(|u| u.get("type")).and_then(Value::as_str) == Some("Service")
+        && identity
+            .and_then(|u| u.get("principalId"))
+            .and_then(Value::as_str)
+            == Some("dynamodb.amazonaws.com")
 }
 
 #[cfg(test)]

@@ -78,47 +78,7 @@ pub fn lay_out<'a>(
     // the outbox's never expire: it holds outputs already promised.
     let segment_ttl = expires_at.map(|h| h + (h - now_secs).max(0));
     let mut layout = Layout::default();
-    let mut drafts: BTreeMap<ListName<'a>, Draft<'_>> = BTreeMap::new();
-
-    for (name, stored) in &loaded.slots {
-        let Some((name, slot)) = slots.get_key_value(name) else {
-            layout
-                .retired
-                .extend(stored.iter().map(|s| slot_segment_key(pk, name, s.id).sk));
-            continue;
-        };
-        // A stored segment stays only if every entry it holds is still as loaded (segments come
-        // first, so those that stay are a prefix).
-        let mut kept = Vec::new();
-        let mut offset = 0;
-        for segment in stored {
-            if offset + segment.len <= slot.kept {
-                kept.push(segment.clone());
-            } else {
-                layout
-                    .retired
-                    .push(slot_segment_key(pk, name, segment.id).sk);
-            }
-            offset += segment.len;
-        }
-        drafts.insert(
-            ListName::Slot(name.as_str()),
-            Draft {
-                sealed: kept.iter().map(|s| s.len).sum(),
-                segments: kept,
-                entries: &slot.entries,
-            },
-        );
-    }
-    for (name, slot) in slots {
-        drafts
-            .entry(ListName::Slot(name.as_str()))
-            .or_insert_with(|| Draft {
-                segments: Vec::new(),
-                entries: &slot.entries,
-                sealed: 0,
-            });
-    }
+    let mut drafts = slot_drafts(pk, slots, loaded, &mut layout.retired);
     layout.retired.extend(
         loaded
             .outbox
@@ -163,6 +123,54 @@ pub fn lay_out<'a>(
         }
     }
     Ok(layout)
+}
+
+/// Each slot's draft: the stored segments that stay (those whose entries are all still as
+/// loaded) and its entries; the keys of the segments that go, and those of slots no longer
+/// written, into `retired`.
+fn slot_drafts<'a>(
+    pk: &str,
+    slots: &'a BTreeMap<String, SlotData>,
+    loaded: &Loaded,
+    retired: &mut Vec<String>,
+) -> BTreeMap<ListName<'a>, Draft<'a>> {
+    let mut drafts: BTreeMap<ListName<'a>, Draft<'a>> = BTreeMap::new();
+    for (name, stored) in &loaded.slots {
+        let Some((name, slot)) = slots.get_key_value(name) else {
+            retired.extend(stored.iter().map(|s| slot_segment_key(pk, name, s.id).sk));
+            continue;
+        };
+        // A stored segment stays only if every entry it holds is still as loaded (segments come
+        // first, so those that stay are a prefix).
+        let mut kept = Vec::new();
+        let mut offset = 0;
+        for segment in stored {
+            if offset + segment.len <= slot.kept {
+                kept.push(segment.clone());
+            } else {
+                retired.push(slot_segment_key(pk, name, segment.id).sk);
+            }
+            offset += segment.len;
+        }
+        drafts.insert(
+            ListName::Slot(name.as_str()),
+            Draft {
+                sealed: kept.iter().map(|s| s.len).sum(),
+                segments: kept,
+                entries: &slot.entries,
+            },
+        );
+    }
+    for (name, slot) in slots {
+        drafts
+            .entry(ListName::Slot(name.as_str()))
+            .or_insert_with(|| Draft {
+                segments: Vec::new(),
+                entries: &slot.entries,
+                sealed: 0,
+            });
+    }
+    drafts
 }
 
 /// Rewrites the slots' segments whose TTL would end before the slots'.
