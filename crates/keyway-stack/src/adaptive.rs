@@ -109,21 +109,7 @@ impl Outcome {
 
 /// Runs the workload through the stack's keyed aggregation with an adaptive producer.
 pub async fn run(settings: &Settings) -> Result<Outcome, LocalError> {
-    let services = LocalServices::new(1_767_225_600_000, settings.faults.clone());
-    let parameters = BTreeMap::from([
-        ("Aggregates".to_owned(), "count".to_owned()),
-        ("AggregateFlushSeconds".to_owned(), "30".to_owned()),
-        (
-            "HotKeyPeriodSeconds".to_owned(),
-            settings.period_seconds.to_string(),
-        ),
-    ]);
-    let mut runtime = LocalRuntime::from_template_with(
-        crate::TEMPLATE,
-        &parameters,
-        services.clone(),
-        &crate::functions(),
-    )?;
+    let (services, mut runtime) = deploy(settings)?;
     let resource = |name: &str| {
         runtime.resource(name).ok_or_else(|| LocalError::Function {
             path: format!("Resources/{name}"),
@@ -151,12 +137,7 @@ pub async fn run(settings: &Settings) -> Result<Outcome, LocalError> {
         for _ in 0..phase.seconds {
             let now = services.clock.now_millis();
             let mut routed = Vec::with_capacity(settings.rate as usize);
-            for _ in 0..settings.rate {
-                let key = if rng.random_bool(phase.hot_share) {
-                    HOT_KEY.to_owned()
-                } else {
-                    format!("k{}", rng.random_range(0..settings.keys.max(1)))
-                };
+            for key in draw_keys(&mut rng, phase.hot_share, settings) {
                 *oracle.entry(key.clone()).or_default() += 1;
                 let (partition_key, hash) = producer.route(&key, now).await;
                 routed.push((partition_key, hash, format!(r#"{{"key":"{key}"}}"#)));
@@ -170,16 +151,10 @@ pub async fn run(settings: &Settings) -> Result<Outcome, LocalError> {
                 .put_routed_in_order(&stream, &records)
                 .await
                 .map_err(failed("AggregateEventsStream"))?;
-            let mut shard_records = vec![0u64; shards.len()];
-            for (shard, _) in positions {
-                if let Some(i) = shards.iter().position(|s| *s == shard) {
-                    shard_records[i] += 1;
-                }
-            }
             seconds.push(Second {
                 hot_share: phase.hot_share,
                 salted: producer.salted().contains(HOT_KEY),
-                shard_records,
+                shard_records: per_shard(&shards, positions.into_iter().map(|(shard, _)| shard)),
             });
             runtime.run_for(Duration::from_secs(1)).await;
         }
@@ -193,6 +168,50 @@ pub async fn run(settings: &Settings) -> Result<Outcome, LocalError> {
         counts: last_counts(&services, &results)?,
         oracle,
     })
+}
+
+/// A second's keys: the hot key with the phase's share, the others uniform over the rest.
+fn draw_keys(rng: &mut StdRng, hot_share: f64, settings: &Settings) -> Vec<String> {
+    (0..settings.rate)
+        .map(|_| {
+            if rng.random_bool(hot_share) {
+                HOT_KEY.to_owned()
+            } else {
+                format!("k{}", rng.random_range(0..settings.keys.max(1)))
+            }
+        })
+        .collect()
+}
+
+/// How many of the records put went to each of `shards`.
+fn per_shard(shards: &[String], put_to: impl Iterator<Item = String>) -> Vec<u64> {
+    let mut counts = vec![0u64; shards.len()];
+    for shard in put_to {
+        if let Some(i) = shards.iter().position(|s| *s == shard) {
+            counts[i] += 1;
+        }
+    }
+    counts
+}
+
+/// The stack, with the keyed aggregation counting and the hot-key period of `settings`.
+fn deploy(settings: &Settings) -> Result<(Arc<LocalServices>, LocalRuntime), LocalError> {
+    let services = LocalServices::new(1_767_225_600_000, settings.faults.clone());
+    let parameters = BTreeMap::from([
+        ("Aggregates".to_owned(), "count".to_owned()),
+        ("AggregateFlushSeconds".to_owned(), "30".to_owned()),
+        (
+            "HotKeyPeriodSeconds".to_owned(),
+            settings.period_seconds.to_string(),
+        ),
+    ]);
+    let runtime = LocalRuntime::from_template_with(
+        crate::TEMPLATE,
+        &parameters,
+        services.clone(),
+        &crate::functions(),
+    )?;
+    Ok((services, runtime))
 }
 
 /// Each key's count as the results stream last gave it: the highest, as counts only grow.

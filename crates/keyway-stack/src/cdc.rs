@@ -14,6 +14,7 @@ use cdc_join::join::{Joined, JoinedId, Stamped};
 use cdc_join::oracle::Tables;
 use cdc_join::rekey::primary_key;
 use cdc_join::spec::{JoinKind, JoinSpec};
+use cdc_join::truncate::RekeyHandler;
 use cdc_join::view_table::joined_of;
 use cdc_join::wiring::{join_handler, rekey_handler};
 use keyway::adapters::dynamodb::TTL;
@@ -234,34 +235,10 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     runtime.add_mapping("join", Arc::new(join), source(CHANGELOG), mapping);
     put_all(&services, events).await?;
     runtime.run_until_idle(SETTLE_LIMIT).await?;
-    let mut sweeps_took = Duration::ZERO;
-    if events.iter().any(is_truncate) {
-        // Both sweeps of every truncate, and the changes they make: a sweep that a crash
-        // stopped goes on at the next minute's.
-        runtime.run_for(TRUNCATE_SETTLE).await;
-        let swept = || async {
-            rekey
-                .sweeper
-                .all_swept()
-                .await
-                .map_err(|e| LocalError::Function {
-                    path: "cdc-rekey/sweep".into(),
-                    problem: e.to_string(),
-                })
-        };
-        while !swept().await? {
-            if sweeps_took >= SETTLE_LIMIT {
-                return Err(LocalError::Function {
-                    path: "cdc-rekey/sweep".into(),
-                    problem: format!("the truncates are not swept twice after {SETTLE_LIMIT:?}"),
-                });
-            }
-            runtime.run_for(SWEEP_EVERY).await;
-            sweeps_took += SWEEP_EVERY;
-        }
-        runtime.run_until_idle(SETTLE_LIMIT).await?;
-        sweeps_took += TRUNCATE_SETTLE;
-    }
+    let sweeps_took = match events.iter().any(is_truncate) {
+        true => sweep_truncates(&mut runtime, &rekey).await?,
+        false => Duration::ZERO,
+    };
     if !settings.late.is_empty() {
         put_all(&services, &settings.late).await?;
         runtime.run_until_idle(SETTLE_LIMIT).await?;
@@ -271,6 +248,35 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     outcome.sweeps_took = sweeps_took;
     outcome.ending.usage = runtime.usage();
     Ok(outcome)
+}
+
+/// Runs the stack until both sweeps of every truncate, and the changes they make, are done: a
+/// sweep that a crash stopped goes on at the next minute's. Returns how long that took.
+async fn sweep_truncates(
+    runtime: &mut LocalRuntime,
+    rekey: &RekeyHandler,
+) -> Result<Duration, LocalError> {
+    let unswept = |problem: String| LocalError::Function {
+        path: "cdc-rekey/sweep".into(),
+        problem,
+    };
+    runtime.run_for(TRUNCATE_SETTLE).await;
+    let mut took = Duration::ZERO;
+    while !rekey
+        .sweeper
+        .all_swept()
+        .await
+        .map_err(|e| unswept(e.to_string()))?
+    {
+        if took >= SETTLE_LIMIT {
+            let problem = format!("the truncates are not swept twice after {SETTLE_LIMIT:?}");
+            return Err(unswept(problem));
+        }
+        runtime.run_for(SWEEP_EVERY).await;
+        took += SWEEP_EVERY;
+    }
+    runtime.run_until_idle(SETTLE_LIMIT).await?;
+    Ok(took + TRUNCATE_SETTLE)
 }
 
 /// Rows `operator` keeps in the state table's `items`: the entries of its slots named `slots`,
