@@ -1,6 +1,10 @@
 //! The `keyway` command. `main` only parses arguments and hands over to the commands, one
 //! module each (`bench` and `demo` hold several files); what their jobs share is in `job`.
 
+// Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
+// are left out).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 mod aggregate;
 mod allocator;
 mod bench;

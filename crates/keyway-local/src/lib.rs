@@ -16,6 +16,10 @@
 //! Lambda Runtime API; its SDK reaches the same services through their AWS APIs over HTTP
 //! (`aws_api`), and only it pays for the serialization.
 
+// Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
+// are left out).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 pub mod aws_api;
 pub mod external;
 mod http;

@@ -1,6 +1,10 @@
 //! The stack the embedded runtime runs: template.yaml (and consumer.yaml, a consumer's own stack),
 //! compiled in, and the functions it names, for the `keyway` command and the tests alike.
 
+// Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
+// are left out).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 pub mod adaptive;
 pub mod aggregation;
 pub mod cdc;

@@ -9,6 +9,10 @@
 //! before it. The embedded runtime that runs them in memory is the `keyway-local` crate, which no
 //! function binary links.
 
+// Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
+// are left out).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 pub mod adapters;
 pub mod domain;
 pub mod executor;

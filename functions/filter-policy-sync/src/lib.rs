@@ -27,6 +27,10 @@
 //! `dynamic_filter::subscription::QueueOwnership`), `POLICY_TABLE_PREFIX`, and the executor's
 //! variables (see `keyway::lambda::executor_config`).
 
+// Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
+// are left out).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 use dynamic_filter::index::{stream_revision, Revised};
 use dynamic_filter::queue_ownership;
 use dynamic_filter::store::FilterState;

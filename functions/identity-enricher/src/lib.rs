@@ -19,6 +19,10 @@
 //! `keyway::lambda::executor_config`), of which `KEYWAY_REDELIVERY_WINDOW_SECONDS` is also how late
 //! a record can come: how long the enricher keeps a key's state past its last change.
 
+// Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
+// are left out).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 pub mod cloudtrail;
 pub mod enricher;
 pub mod identity;

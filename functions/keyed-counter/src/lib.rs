@@ -8,6 +8,10 @@
 //! (`kinesis:<stream>` or `sqs:<queue URL>`), and optionally `KEYWAY_LINEAGE` and
 //! `KEYWAY_REDELIVERY_WINDOW_SECONDS` (see `keyway::lambda::executor_config`).
 
+// Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
+// are left out).
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 use serde::{Deserialize, Serialize};
 
 use keyway::domain::{Payload, SourceRecord};

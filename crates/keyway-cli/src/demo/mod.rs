@@ -151,9 +151,12 @@ async fn demo(options: Args) -> Result<(), CliError> {
     out.verify(mismatches, records.len(), &expected)
 }
 
+/// Records as a producer puts them: partition key and data.
+type Records = Vec<(String, Vec<u8>)>;
+
 /// `events` clicks of users drawn from Zipf(1.1), one in 10,000 malformed, and each user's
 /// count of valid clicks.
-fn clicks(events: usize, seed: u64) -> (Vec<(String, Vec<u8>)>, BTreeMap<String, u64>) {
+fn clicks(events: usize, seed: u64) -> (Records, BTreeMap<String, u64>) {
     let keys = zipf_keys(events, 1_000, 1.1, seed);
     let mut expected: BTreeMap<String, u64> = BTreeMap::new();
     let records = keys

@@ -7,7 +7,18 @@ pub(super) async fn expiry<T: Table + 'static>(
     ns: &Namespace,
     clock: &ManualClock,
 ) {
-    // Slots past their TTL load empty but keep the version, the watermarks and the outbox.
+    slots_expire_and_what_guards_them_stays(store, ns, clock).await;
+    segments_outlive_their_state(store, ns, clock).await;
+    state_without_a_ttl_and_emptied_keys(store, ns, clock).await;
+}
+
+/// Slots past their TTL load empty but keep the version, the watermarks and the outbox; the
+/// replacing commit (outbox sent) sets a TTL that covers the watermarks' redeliveries.
+async fn slots_expire_and_what_guards_them_stays<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    clock: &ManualClock,
+) {
     let lineage = Origin("s/shardId-0/ttl".into());
     let mut expiring = state_with(&[("count", vec![raw("5")])]);
     let now_secs = clock.now_millis() / 1000;
@@ -39,7 +50,6 @@ pub(super) async fn expiry<T: Table + 'static>(
     );
     assert_eq!(loaded.outbox.len(), 1, "an outbox never expires");
 
-    // The replacing commit (outbox sent) sets a TTL that covers the watermarks' redeliveries.
     let mut replacing = loaded;
     replacing.outbox.clear();
     replacing
@@ -69,9 +79,15 @@ pub(super) async fn expiry<T: Table + 'static>(
         ttl >= now_secs + window.as_secs() as i64,
         "the head lives while its watermarks guard redeliveries: ttl {ttl}"
     );
+}
 
-    // Segments of state with a TTL outlive it, and are rewritten before they would expire
-    // under state whose TTL moved on, their entries intact.
+/// Segments of state with a TTL outlive it, and are rewritten before they would expire under
+/// state whose TTL moved on, their entries intact.
+async fn segments_outlive_their_state<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    clock: &ManualClock,
+) {
     let entry = |i: usize| raw(&format!("\"{i:05}{}\"", "z".repeat(2043)));
     let mut large = state_with(&[("buffer", (0..300).map(entry).collect())]);
     let exp = clock.now_millis() / 1000 + 60;
@@ -128,8 +144,15 @@ pub(super) async fn expiry<T: Table + 'static>(
         .iter()
         .enumerate()
         .all(|(i, e)| e.get().starts_with(&format!("\"{i:05}"))));
+}
 
-    // State without a TTL has no ttl attribute.
+/// State without a TTL has no ttl attribute; a key emptied of its state keeps its watermarks as
+/// long as a redelivery can come, then goes: nothing of a deleted row stays for ever.
+async fn state_without_a_ttl_and_emptied_keys<T: Table + 'static>(
+    store: &DynamoStateStore<T>,
+    ns: &Namespace,
+    clock: &ManualClock,
+) {
     commit_one(
         store,
         ns,
@@ -140,8 +163,6 @@ pub(super) async fn expiry<T: Table + 'static>(
     .unwrap();
     assert_eq!(head_ttl(store, ns, "forever").await, None);
 
-    // A key emptied of its state keeps its watermarks as long as a redelivery can come, then
-    // goes: nothing of a deleted row stays for ever.
     let mut emptied = load_one(store, ns, "forever").await;
     emptied.slots.clear();
     emptied

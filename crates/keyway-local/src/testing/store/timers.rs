@@ -63,8 +63,18 @@ pub(super) async fn timer_index<T: Table + 'static>(
     assert_eq!(keys(&rest), ["later", "late"], "forgotten entries are gone");
     assert_eq!(rest[1].timer, entries[0]);
     store.forget_timers("timed", &rest).await.unwrap();
-    // An entry postponed comes due again then, as the same timer, and not before. (Written by a
-    // clock as late as the sweeps above: the index trusts writers to lag no more than minutes.)
+    postponed_and_long_ago(store, now).await;
+}
+
+/// An entry postponed comes due again then, as the same timer, and not before. (Written by a
+/// clock as late as the sweeps of `timer_index`: the index trusts writers to lag no more than
+/// minutes.) One due long ago is found by a sweep after days without one.
+async fn postponed_and_long_ago<T: Table + 'static>(store: &DynamoStateStore<T>, now: i64) {
+    let minute = 60_000;
+    let entry = |key: &str, at_millis: i64| keyway::ports::TimerEntry {
+        at_millis,
+        key: key.to_owned(),
+    };
     let t = now + 180 * minute;
     let again = entry("again", t + minute);
     store
