@@ -35,7 +35,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     runtime.block_on(async move {
         let env: keyway::lambda::Env = std::env::vars().collect();
         let platform = keyway::lambda::AwsClients::from_env().await;
-        let handler = factory(&platform, &env).map_err(|e| e.to_string())?;
+        let handler = factory(&platform, &env)?;
         keyway::lambda::serve(Arc::clone(&handler))
             .await
             .map_err(|e| CliError::from(e.to_string()))

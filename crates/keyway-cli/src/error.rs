@@ -33,6 +33,9 @@ pub enum CliError {
     /// A function's ports could not be built from its environment.
     #[error(transparent)]
     Port(#[from] keyway::lambda::PortError),
+    /// A function could not be built from its environment.
+    #[error(transparent)]
+    Setup(#[from] keyway::lambda::SetupError),
     /// The state signatures' lock file.
     #[error(transparent)]
     Lock(#[from] keyway::operator::lock::LockError),

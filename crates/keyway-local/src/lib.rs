@@ -1,7 +1,8 @@
 //! keyway-local, the embedded runtime: Kinesis, DynamoDB (with streams and TTL) and SQS in memory (`services`),
 //! the event source mapping that invokes functions as Lambda does (`mapping`), the reader of a
 //! SAM or CloudFormation stack (`template`), and `runtime`, which deploys a stack on the services
-//! and runs it. `keyway demo` and most tests run on it. What a run's functions would be billed
+//! and runs it. `keyway demo` and most tests run on it. `testing` holds the ports' contract
+//! suites, which every implementation (in memory, the SDK against the emulator) passes. What a run's functions would be billed
 //! on AWS is metered as they run (`usage`).
 //!
 //! The services are emulated at the level of the narrow service APIs the adapters are written

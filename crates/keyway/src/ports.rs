@@ -1,7 +1,8 @@
 //! The ports the runtime depends on: keyed state, sinks and time. Narrow, async, `Send + Sync`.
 //!
-//! Every port has an in-memory implementation in `local` that passes the same contract
-//! suite (`testing`) as its AWS implementation.
+//! Every port has an in-memory implementation (the embedded runtime's, in the `keyway-local`
+//! crate, and `adapters::dynamodb::MemoryTable` here) that passes the same contract suite
+//! (`keyway_local::testing`) as its AWS implementation.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -26,7 +26,7 @@
 pub mod cloudtrail;
 pub mod enricher;
 pub mod identity;
-#[cfg(feature = "files")]
+#[cfg(feature = "log-files")]
 pub mod log_files;
 #[cfg(feature = "traffic")]
 pub mod traffic;

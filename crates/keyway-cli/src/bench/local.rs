@@ -54,44 +54,39 @@ struct LocalBench {
 /// keyed counter, on the embedded runtime under virtual time.
 fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliError> {
     let runtime = runtime_builder(true);
-    runtime
-        .block_on(async {
-            let services = keyway_local::LocalServices::new(
-                1_767_225_600_000,
-                keyway_local::FaultPlan::default(),
+    runtime.block_on(async {
+        let services =
+            keyway_local::LocalServices::new(1_767_225_600_000, keyway_local::FaultPlan::default());
+        let mut functions = keyway_stack::functions();
+        if noop {
+            functions.insert(
+                "KeyedCounterFunction".into(),
+                Box::new(|_, _| Ok(Arc::new(NoOp) as Arc<dyn keyway::lambda::Handler>)),
             );
-            let mut functions = keyway_stack::functions();
-            if noop {
-                functions.insert(
-                    "KeyedCounterFunction".into(),
-                    Box::new(|_, _| Ok(Arc::new(NoOp) as Arc<dyn keyway::lambda::Handler>)),
-                );
-            }
-            let mut runtime = keyway_local::LocalRuntime::from_template(
-                keyway_stack::TEMPLATE,
-                services.clone(),
-                &functions,
-            )
+        }
+        let mut runtime = keyway_local::LocalRuntime::from_template(
+            keyway_stack::TEMPLATE,
+            services.clone(),
+            &functions,
+        )?;
+        let stream = runtime.resource("ClicksStream").ok_or("no ClicksStream")?;
+        services
+            .kinesis
+            .put_in_order(&stream, records)
+            .await
             .map_err(|e| e.to_string())?;
-            let stream = runtime.resource("ClicksStream").ok_or("no ClicksStream")?;
-            services
-                .kinesis
-                .put_in_order(&stream, records)
-                .await
-                .map_err(|e| e.to_string())?;
-            let start = thread_cpu_time();
-            let report = runtime
-                .run_until_idle(Duration::from_secs(24 * 3600))
-                .await
-                .map_err(|e| e.to_string())?;
-            let spent = thread_cpu_time() - start;
-            let done: u64 = report.mappings.iter().map(|(_, s)| s.records_done).sum();
-            if done != records.len() as u64 {
-                return Err(format!("{done} of {} records processed", records.len()));
-            }
-            Ok(spent)
-        })
-        .map_err(CliError::from)
+        let start = thread_cpu_time();
+        let report = runtime
+            .run_until_idle(Duration::from_secs(24 * 3600))
+            .await?;
+        let spent = thread_cpu_time() - start;
+        let done: u64 = report.mappings.iter().map(|(_, s)| s.records_done).sum();
+        if done != records.len() as u64 {
+            let unfinished = format!("{done} of {} records processed", records.len());
+            return Err(CliError::Job(unfinished));
+        }
+        Ok(spent)
+    })
 }
 
 /// `keyway bench local`'s arguments.

@@ -2,9 +2,9 @@
 //! stack's Kinesis stream — a few malformed, every fault of the runtime injected at a low rate —
 //! and the functions run as Lambda would run them; then every stored count is checked against the
 //! input, and what each function did is printed. Further sections run generated CloudTrail
-//! traffic through the identity enricher (`demo_identity`), events through the dynamic filter
-//! (`demo_filter`), changes through the CDC join (`demo_cdc`), and a key turning hot through the
-//! keyed aggregation and its hot-key registry (`demo_skew`).
+//! traffic through the identity enricher (`identity`), events through the dynamic filter
+//! (`filter`), changes through the CDC join (`cdc`), and a key turning hot through the keyed
+//! aggregation and its hot-key registry (`skew`).
 
 mod cdc;
 mod filter;

@@ -2,7 +2,9 @@
 //! the template says, and their event source mappings, driven until every record is processed.
 //!
 //! `platform` is the services as a function's `Platform`, `deploy` reads a template onto them,
-//! `schedule` fires its schedules, and this module drives the mappings on the virtual clock.
+//! `schedule` fires its schedules, `crash` is the state store a crash fault stops between emit
+//! and commit, `error` says what cannot run, and this module drives the mappings on the virtual
+//! clock.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -203,8 +203,6 @@ pub fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-pub use keyway::adapters::dynamodb::rules::{read_units, write_units};
-
 /// Kinesis PUT payload units of a record of `size` bytes (data and partition key): one per
 /// 25 KB, at least one.
 pub fn put_payload_units(size: usize) -> f64 {
@@ -220,15 +218,6 @@ pub fn sqs_requests(size: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn units_round_each_item_up_to_the_next_block() {
-        assert_eq!(read_units(0), 1.0);
-        assert_eq!(read_units(4096), 1.0);
-        assert_eq!(read_units(4097), 2.0);
-        assert_eq!(write_units(1), 1.0);
-        assert_eq!(write_units(1025), 2.0);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn concurrent_calls_count_as_one_wave_and_sequential_ones_as_two() {

@@ -476,8 +476,8 @@ impl LocalSqs {
     }
 }
 
-/// SendMessageBatch's own limits: 1 to 10 entries, 256 KiB in all (message attributes count),
-/// distinct entry ids.
+/// SendMessageBatch's own limits: 1 to 10 entries, `BATCH_MAX_BYTES` in all (message attributes
+/// count), distinct entry ids.
 fn check_batch(entries: &[SqsEntry<'_>]) -> Result<(), SinkError> {
     if entries.is_empty() || entries.len() > BATCH_MAX_ENTRIES {
         return Err(SinkError::Rejected(format!(

@@ -160,8 +160,9 @@ pub trait Resolver {
 }
 
 /// What a template holds that the embedded runtime does not take or AWS would refuse: where (a
-/// resource's logical id and the path to its property, `Counter.Clicks.StartingPosition`; empty
-/// for the template as a whole) and what is wrong.
+/// resource's logical id and the path to its property, `Counter.Clicks.BatchSize`; a setting
+/// met through a reference or an event reads `Counter.Clicks: StartingPosition`; empty for the
+/// template as a whole) and what is wrong.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("template: {}{problem}", place(at))]
 pub struct TemplateError {

@@ -415,7 +415,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn state_or_a_sink_the_operator_never_declared_dead_letters_the_record_naming_it_and_its_key_goes_on(
+    async fn state_a_sink_or_timers_the_operator_never_declared_dead_letter_the_record_naming_it_and_its_key_goes_on(
     ) {
         let b = bench(Summer::default(), false);
         let report = b
@@ -423,16 +423,18 @@ mod tests {
             .run(vec![
                 record(1, "p", "a", 21),
                 record(2, "p", "a", 22),
-                record(3, "p", "a", 5),
+                record(3, "p", "a", 23),
+                record(4, "p", "a", 5),
             ])
             .await;
-        assert_eq!((report.applied, report.dead_lettered), (1, 2));
+        assert_eq!((report.applied, report.dead_lettered), (1, 3));
         assert_eq!(report.failed_from, None, "no record is held for a retry");
         assert_eq!(b.out.bodies().concat(), ["5"]);
         let letters = b.dead.bodies().concat().join("\n");
         for (field, problem) in [
             ("state.forgotten", "state \\\"forgotten\\\" is not declared"),
             ("output.forgotten", "sink \\\"forgotten\\\" is not declared"),
+            ("state.keyway.timers", "timers are not declared"),
         ] {
             assert!(letters.contains(field), "{field} in {letters}");
             assert!(letters.contains(problem), "{problem} in {letters}");

@@ -27,7 +27,8 @@ pub const START: i64 = 1_767_225_600_000;
 
 /// Sums `n` per `key` of records `{"key": .., "n": ..}` and emits the running sum to `out`.
 /// `n` of 0 changes nothing and emits nothing, 13 fails (retryably), 66 panics, a negative `n`
-/// is invalid, and 21 and 22 touch a state and a sink it never declared (a programming error).
+/// is invalid, and 21, 22 and 23 touch a state, a sink and timers it never declared (a
+/// programming error).
 #[derive(Clone, Copy, Default)]
 pub struct Summer {
     pub outbox: bool,
@@ -83,6 +84,7 @@ impl KeyedOperator for Summer {
                 ctx.value(&FORGOTTEN)?.set(n);
             }
             22 => return ctx.emit(&crate::Sink::<i64>::new("forgotten"), key, &n),
+            23 => return ctx.timer_at(START + 60_000),
             _ => {}
         }
         let mut sum = ctx.value(&SUM)?;

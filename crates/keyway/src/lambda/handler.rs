@@ -440,7 +440,7 @@ mod tests {
     #[tokio::test]
     async fn an_invocation_logs_one_info_line_of_counts_and_no_key_or_payload() {
         use crate::executor::testkit::{bench, Summer};
-        use base64::Engine as _;
+        use crate::sources::kinesis::{kinesis_event_json, KinesisEventRecord};
         use tracing::Instrument as _;
         let _alone = HANDLER_RUNS.lock().await;
         let (captured, _default) = Captured::on_this_thread();
@@ -448,26 +448,17 @@ mod tests {
         let handler = StreamHandler::new(bench(Summer::default(), false).executor);
         let good = br#"{"key":"customer-secret-7c1d","n":5}"#;
         let bad = br#"{"key":"customer-secret-7c1d","n":"payload-marker"}"#;
-        let record = |seq: &str, data: &[u8]| {
-            serde_json::json!({
-                "eventSource": "aws:kinesis",
-                "eventSourceARN": "arn:aws:kinesis:us-east-1:123456789012:stream/clicks",
-                "eventID": format!("shardId-000000000003:{seq}"),
-                "eventName": "aws:kinesis:record",
-                "eventVersion": "1.0",
-                "awsRegion": "us-east-1",
-                "invokeIdentityArn": "arn:aws:iam::123456789012:role/counter",
-                "kinesis": {
-                    "kinesisSchemaVersion": "1.0",
-                    "partitionKey": "customer-secret-7c1d",
-                    "sequenceNumber": seq,
-                    "data": base64::engine::general_purpose::STANDARD.encode(data),
-                    "approximateArrivalTimestamp": 1_767_225_600.0,
-                },
-            })
+        let record = |seq: &'static str, data: &'static [u8]| KinesisEventRecord {
+            shard_id: "shardId-000000000003",
+            sequence_number: seq,
+            partition_key: "customer-secret-7c1d",
+            data,
+            arrival_millis: 1_767_225_600_000,
         };
-        let event = serde_json::json!({"Records": [record("49001", good), record("49002", bad)]})
-            .to_string();
+        let event = kinesis_event_json(
+            "arn:aws:kinesis:us-east-1:123456789012:stream/clicks",
+            [record("49001", good), record("49002", bad)],
+        );
         let span = tracing::info_span!("invocation", request_id = "req-1", function = "counter");
         let invocation = Invocation::default();
         let response = handler.handle(&event, &invocation).instrument(span).await;

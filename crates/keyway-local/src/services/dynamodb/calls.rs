@@ -3,9 +3,6 @@
 //! a concurrent writer's commit, a lost response, a crash in a commit), and the capacity units
 //! each call is metered for.
 
-/// BatchGetItem returns at most 16 MB; DynamoDB leaves the rest unprocessed.
-const BATCH_GET_RESPONSE_MAX: usize = 16 * 1024 * 1024;
-
 use std::ops::Bound;
 
 use async_trait::async_trait;
@@ -14,7 +11,7 @@ use super::LocalTable;
 use crate::services::faults::{crash, Fault};
 use keyway::adapters::dynamodb::rules::{
     check_batch_get, check_batch_write, check_item_size, check_state_key, read_units, scan_page_of,
-    write_units,
+    write_units, BATCH_GET_RESPONSE_MAX,
 };
 use keyway::adapters::dynamodb::{
     BatchGetOutput, Expect, ItemKey, ScanPage, Table, WriteRequest, SK, VERSION,

@@ -2,7 +2,8 @@
 //! state store, of the executor and of an application's operators, without the embedded
 //! runtime. It keeps DynamoDB's rules (`rules`): strongly consistent reads, conditional writes,
 //! the batch and item limits, capacity units. What it leaves out (streams, TTL, faults, latency)
-//! is the embedded runtime's table, which passes the same contract suite.
+//! is the embedded runtime's table, which passes the same contract suite. Items are kept in
+//! (pk, sk) order, which is the order a Scan reads them in here.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -12,7 +13,7 @@ use async_trait::async_trait;
 
 use super::rules::{
     check_batch_get, check_batch_write, check_item_size, check_state_key, read_units, scan_page_of,
-    write_units,
+    write_units, BATCH_GET_RESPONSE_MAX,
 };
 use super::{BatchGetOutput, Expect, ItemKey, ScanPage, Table, WriteRequest};
 use crate::domain::item::item_size;
@@ -33,6 +34,15 @@ pub struct TableUsage {
 pub struct MemoryTable {
     items: Mutex<BTreeMap<ItemKey, Item>>,
     usage: Mutex<TableUsage>,
+}
+
+impl ItemKey {
+    fn of_pk(pk: &str, sk: &str) -> Self {
+        Self {
+            pk: pk.to_owned(),
+            sk: sk.to_owned(),
+        }
+    }
 }
 
 impl MemoryTable {
@@ -71,10 +81,7 @@ impl MemoryTable {
     }
 
     fn partition(&self, pk: &str) -> Vec<Item> {
-        let from = ItemKey {
-            pk: pk.to_owned(),
-            sk: String::new(),
-        };
+        let from = ItemKey::of_pk(pk, "");
         self.lock()
             .range(from..)
             .take_while(|(key, _)| key.pk == pk)
@@ -95,10 +102,16 @@ impl Table for MemoryTable {
         check_batch_get(keys)?;
         let items = self.lock();
         let mut output = BatchGetOutput::default();
-        let mut units = 0.0;
+        let (mut units, mut bytes) = (0.0, 0);
         for key in keys {
+            if bytes >= BATCH_GET_RESPONSE_MAX {
+                output.unprocessed.push(key.clone());
+                continue;
+            }
             let item = items.get(key);
-            units += read_units(item.map_or(0, item_size));
+            let size = item.map_or(0, item_size);
+            bytes += size;
+            units += read_units(size);
             output.items.extend(item.cloned());
         }
         drop(items);
@@ -206,6 +219,22 @@ impl Table for MemoryTable {
             .map(|(_, item)| item.clone())
             .collect();
         Ok(self.counted_query(items))
+    }
+
+    async fn query_last(&self, pk: &str) -> Result<Option<Item>, StoreError> {
+        // Every key of partition `pk` sorts before (pk + "\0", ""), the next partition's first.
+        let (from, to) = (
+            ItemKey::of_pk(pk, ""),
+            ItemKey::of_pk(&format!("{pk}\0"), ""),
+        );
+        let item = self
+            .lock()
+            .range(from..to)
+            .next_back()
+            .map(|(_, i)| i.clone());
+        let size = item.as_ref().map_or(0, item_size);
+        self.count("Query", read_units(size), 0.0);
+        Ok(item)
     }
 
     async fn scan_page(

@@ -3,7 +3,7 @@
 //!
 //! The state store's logic (item layout, batching, retries, segments) is written once against
 //! `Table`; the SDK, the in-memory table (`MemoryTable`) and the embedded runtime's table
-//! (`keyway_local::MemoryTable`) implement `Table` and pass the same contract suite, so the logic
+//! (`keyway_local::LocalTable`) implement `Table` and pass the same contract suite, so the logic
 //! that runs in tests is the logic that runs on AWS. The tables that are not DynamoDB follow its
 //! rules as `rules` writes them down.
 

@@ -35,6 +35,9 @@ impl Expect {
     }
 }
 
+/// BatchGetItem returns at most 16 MB; DynamoDB leaves the rest unprocessed.
+pub const BATCH_GET_RESPONSE_MAX: usize = 16 * 1024 * 1024;
+
 /// Read units of one strongly consistent read of an item of `size` bytes: one per 4 KB, at
 /// least one (reading an absent item consumes one too).
 pub fn read_units(size: usize) -> f64 {
@@ -136,4 +139,18 @@ fn duplicate_keys() -> StoreError {
     StoreError::Invalid(
         "ValidationException: Provided list of item keys contains duplicates".into(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_round_each_item_up_to_the_next_block() {
+        assert_eq!(read_units(0), 1.0);
+        assert_eq!(read_units(4096), 1.0);
+        assert_eq!(read_units(4097), 2.0);
+        assert_eq!(write_units(1), 1.0);
+        assert_eq!(write_units(1025), 2.0);
+    }
 }

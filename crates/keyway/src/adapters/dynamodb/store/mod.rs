@@ -492,13 +492,13 @@ mod tests {
         assert_eq!(partition_key(&ns, &longest), format!("op#abc#{longest}"));
     }
 
-    type LocalStore = DynamoStateStore<crate::adapters::dynamodb::MemoryTable>;
+    type MemoryStore = DynamoStateStore<crate::adapters::dynamodb::MemoryTable>;
 
     /// A namespace, and a store on an in-memory table.
     fn store_on_a_table() -> (
         Namespace,
         Arc<crate::adapters::dynamodb::MemoryTable>,
-        LocalStore,
+        MemoryStore,
     ) {
         let ns = Namespace {
             operator: "op".into(),
