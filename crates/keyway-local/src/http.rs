@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 
 /// A request read whole.
 #[derive(Debug)]
-pub struct Request {
+pub(crate) struct Request {
     pub method: String,
     pub path: String,
     pub headers: Vec<(String, String)>,
@@ -28,7 +28,7 @@ pub struct Request {
 
 impl Request {
     /// The first header of this name (names are compared without case).
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -38,14 +38,14 @@ impl Request {
 
 /// A response, sent whole with its length.
 #[derive(Debug)]
-pub struct Response {
+pub(crate) struct Response {
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
 }
 
 impl Response {
-    pub fn new(status: u16, body: impl Into<Vec<u8>>) -> Self {
+    pub(crate) fn new(status: u16, body: impl Into<Vec<u8>>) -> Self {
         Self {
             status,
             headers: Vec::new(),
@@ -53,7 +53,7 @@ impl Response {
         }
     }
 
-    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+    pub(crate) fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
         self.headers.push((name, value.into()));
         self
     }
@@ -62,10 +62,10 @@ impl Response {
 type Reply = Pin<Box<dyn Future<Output = Response> + Send>>;
 
 /// What answers each request.
-pub type Service = Arc<dyn Fn(Request) -> Reply + Send + Sync>;
+pub(crate) type Service = Arc<dyn Fn(Request) -> Reply + Send + Sync>;
 
 /// Binds a port on the loopback interface; `serve` answers on it.
-pub async fn bind() -> std::io::Result<(TcpListener, String)> {
+pub(crate) async fn bind() -> std::io::Result<(TcpListener, String)> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?.to_string();
     Ok((listener, address))
@@ -73,7 +73,7 @@ pub async fn bind() -> std::io::Result<(TcpListener, String)> {
 
 /// Answers every connection to `listener` with `service`, each on a task of its own, until the
 /// returned task is aborted.
-pub fn serve(listener: TcpListener, service: Service) -> tokio::task::JoinHandle<()> {
+pub(crate) fn serve(listener: TcpListener, service: Service) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let stream = match listener.accept().await {

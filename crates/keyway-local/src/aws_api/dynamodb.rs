@@ -18,7 +18,7 @@ use keyway::ports::StoreError;
 const BATCH_GET_MAX: usize = 100;
 const BATCH_WRITE_MAX: usize = 25;
 
-pub async fn call(
+pub(super) async fn call(
     dynamodb: &LocalDynamoDb,
     operation: &str,
     request: &Value,

@@ -14,7 +14,7 @@ use keyway::domain::hash::md5_hex;
 use keyway::ports::SinkError;
 
 /// Kinesis's operations.
-pub async fn kinesis(
+pub(super) async fn kinesis(
     kinesis: &LocalKinesis,
     operation: &str,
     request: &Value,
@@ -90,7 +90,11 @@ pub async fn kinesis(
 }
 
 /// SQS's operations.
-pub async fn sqs(sqs: &LocalSqs, operation: &str, request: &Value) -> Result<Value, ApiError> {
+pub(super) async fn sqs(
+    sqs: &LocalSqs,
+    operation: &str,
+    request: &Value,
+) -> Result<Value, ApiError> {
     let queue = request["QueueUrl"]
         .as_str()
         .ok_or_else(|| ApiError::validation("QueueUrl: required"))?;

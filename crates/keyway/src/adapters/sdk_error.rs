@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkErro
 
 /// What an SDK error means to the caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ErrorClass {
+pub(crate) enum ErrorClass {
     /// Throttled: back off and retry.
     Throttled(String),
     /// A transient failure (timeout, connection, 5xx) or a configuration being fixed: retry.
@@ -24,7 +24,7 @@ pub enum ErrorClass {
 
 /// What an error code says of a request, before any condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CodeClass {
+pub(crate) enum CodeClass {
     Throttled,
     Transient,
     /// Nothing in the tables: the request itself is at fault.
@@ -94,7 +94,7 @@ const TRANSIENT: &[&str] = &[
 ];
 
 /// The class of an error code.
-pub fn class_of(code: &str) -> CodeClass {
+pub(crate) fn class_of(code: &str) -> CodeClass {
     if THROTTLING.contains(&code) {
         CodeClass::Throttled
     } else if TRANSIENT.contains(&code) {
@@ -104,7 +104,7 @@ pub fn class_of(code: &str) -> CodeClass {
     }
 }
 
-pub fn classify<E, R>(err: &SdkError<E, R>) -> ErrorClass
+pub(crate) fn classify<E, R>(err: &SdkError<E, R>) -> ErrorClass
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
     R: std::fmt::Debug,

@@ -50,7 +50,7 @@ pub(super) struct Emission {
 }
 
 impl Emission {
-    pub fn push(&mut self, tag: Tag, output: Output) {
+    pub(super) fn push(&mut self, tag: Tag, output: Output) {
         match self.by_sink.get_mut(&output.sink) {
             Some(messages) => messages.push((tag, output)),
             None => {

@@ -37,7 +37,7 @@ pub(super) struct Observer {
 impl Observer {
     /// The line of the batch `plan` grouped, by `operator`, whose keys ran to `keys`, at `now`;
     /// none for an empty batch.
-    pub fn line(
+    pub(super) fn line(
         &self,
         operator: &str,
         plan: &Plan<'_>,
@@ -81,7 +81,7 @@ impl Observer {
     /// already, dead-lettered, sent, lost to a concurrent writer and left for Lambda to retry; how
     /// long it took, and the age of its newest record when it started (Lambda's IteratorAge, as
     /// the function saw it). None for an empty batch.
-    pub fn outcome_line(
+    pub(super) fn outcome_line(
         &self,
         operator: &str,
         plan: &Plan<'_>,

@@ -26,13 +26,13 @@ pub(super) struct Plan<'b> {
 
 impl<'b> Plan<'b> {
     /// The record at `index`, which decoded.
-    pub fn record(&self, index: usize) -> &'b SourceRecord {
+    pub(super) fn record(&self, index: usize) -> &'b SourceRecord {
         self.batch[index]
             .as_ref()
             .expect("keyed records are records")
     }
 
-    pub fn sequence_of(&self, index: usize) -> Option<&'b SequenceNumber> {
+    pub(super) fn sequence_of(&self, index: usize) -> Option<&'b SequenceNumber> {
         match &self.batch[index] {
             Ok(record) => Some(&record.sequence),
             Err(rejected) => rejected.sequence.as_ref(),
@@ -40,7 +40,7 @@ impl<'b> Plan<'b> {
     }
 
     /// The records of a key's group, in order.
-    pub fn records_of(&self, group: usize) -> Vec<&'b SourceRecord> {
+    pub(super) fn records_of(&self, group: usize) -> Vec<&'b SourceRecord> {
         self.groups[group]
             .records
             .iter()

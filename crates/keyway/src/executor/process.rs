@@ -35,7 +35,7 @@ pub(super) enum Outcome {
 
 impl Outcome {
     /// Whether the record's lineage watermark moves past it.
-    pub fn advances(&self) -> bool {
+    pub(super) fn advances(&self) -> bool {
         matches!(self, Outcome::Applied(_) | Outcome::Invalid(_))
     }
 }

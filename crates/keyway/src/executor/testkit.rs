@@ -18,19 +18,19 @@ use crate::operator::{
 use crate::ports::{ManualClock, Sink, SinkError};
 use crate::ValueState;
 
-pub const SUM: ValueState<i64> = ValueState::new("sum");
+pub(crate) const SUM: ValueState<i64> = ValueState::new("sum");
 /// A state `Summer` uses without declaring it.
 const FORGOTTEN: ValueState<i64> = ValueState::new("forgotten");
 /// Where `Summer` sends its running sums.
-pub const OUT: crate::Sink<i64> = crate::Sink::new("out");
-pub const START: i64 = 1_767_225_600_000;
+pub(crate) const OUT: crate::Sink<i64> = crate::Sink::new("out");
+pub(crate) const START: i64 = 1_767_225_600_000;
 
 /// Sums `n` per `key` of records `{"key": .., "n": ..}` and emits the running sum to `out`.
 /// `n` of 0 changes nothing and emits nothing, 13 fails (retryably), 66 panics, a negative `n`
 /// is invalid, and 21, 22 and 23 touch a state, a sink and timers it never declared (a
 /// programming error).
 #[derive(Clone, Copy, Default)]
-pub struct Summer {
+pub(crate) struct Summer {
     pub outbox: bool,
     /// Declares no sink: a version deployed without `out`.
     pub without_out: bool,
@@ -103,7 +103,7 @@ impl KeyedOperator for Summer {
 }
 
 /// The `(key, n)` of a record `record` made: what the test operators take as input.
-pub fn key_and_n(record: &SourceRecord) -> Result<(String, i64), InvalidInput> {
+pub(crate) fn key_and_n(record: &SourceRecord) -> Result<(String, i64), InvalidInput> {
     let Payload::Bytes(data) = &record.payload else {
         return Err(InvalidInput::new("record", "not Kinesis"));
     };
@@ -117,7 +117,12 @@ pub fn key_and_n(record: &SourceRecord) -> Result<(String, i64), InvalidInput> {
 
 /// A record of shard 0 of stream `s` under partition key `pk`, as a batch holds it.
 #[allow(clippy::result_large_err)]
-pub fn record(seq: u64, pk: &str, key: &str, n: i64) -> Result<SourceRecord, RejectedRecord> {
+pub(crate) fn record(
+    seq: u64,
+    pk: &str,
+    key: &str,
+    n: i64,
+) -> Result<SourceRecord, RejectedRecord> {
     let origin = Origin("s/shardId-0".into());
     Ok(SourceRecord {
         stream: "s".into(),
@@ -134,7 +139,7 @@ pub fn record(seq: u64, pk: &str, key: &str, n: i64) -> Result<SourceRecord, Rej
 
 /// A sink that records each call's messages, and fails those whose body a test names.
 #[derive(Default)]
-pub struct Recorder {
+pub(crate) struct Recorder {
     pub ordered: bool,
     pub calls: Mutex<Vec<Vec<Output>>>,
     pub failing: Mutex<HashSet<String>>,
@@ -144,11 +149,11 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn fail(&self, body: &str) {
+    pub(crate) fn fail(&self, body: &str) {
         self.failing.lock().unwrap().insert(body.into());
     }
 
-    pub fn bodies(&self) -> Vec<Vec<String>> {
+    pub(crate) fn bodies(&self) -> Vec<Vec<String>> {
         let calls = self.calls.lock().unwrap();
         calls
             .iter()
@@ -189,7 +194,7 @@ impl Sink for Recorder {
 }
 
 /// An executor of `operator` on a fresh in-memory table, its `out` and dead-letter sinks.
-pub struct Bench<O: KeyedOperator> {
+pub(crate) struct Bench<O: KeyedOperator> {
     pub executor: Executor<O>,
     pub clock: Arc<ManualClock>,
     pub table: Arc<MemoryTable>,
@@ -197,7 +202,7 @@ pub struct Bench<O: KeyedOperator> {
     pub dead: Arc<Recorder>,
 }
 
-pub fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
+pub(crate) fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
     let clock = ManualClock::at(START);
     let table = Arc::new(MemoryTable::new());
     let store = Arc::new(DynamoStateStore::new(table.clone(), clock.clone()));
@@ -218,7 +223,7 @@ pub fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
 
 /// Makes the stored head of a key unreadable, as a bad write or a hand edit leaves it: the head
 /// whose partition key `pk_matches` gets a document that is not JSON.
-pub fn corrupt_head(table: &MemoryTable, pk_matches: impl Fn(&str) -> bool) {
+pub(crate) fn corrupt_head(table: &MemoryTable, pk_matches: impl Fn(&str) -> bool) {
     let mut head = table
         .items()
         .into_iter()

@@ -58,7 +58,7 @@ fn config_level(env: &Env) -> Level {
 
 /// Why a function did not take its `RUST_LOG`.
 #[derive(Debug, thiserror::Error)]
-pub enum LogFilterError {
+pub(super) enum LogFilterError {
     #[error("`{0}`: span and field filters are not taken, only levels and targets")]
     SpanOrField(String),
     #[error("`{directive}` is neither a level, a target nor target=level: {source}")]
@@ -73,7 +73,7 @@ pub enum LogFilterError {
 /// takes levels and targets (`info, keyway=debug`), as `RUST_LOG` does, with no span or field
 /// filters: the regular expressions these need would weigh in every function's package, and
 /// taken as a target name such a filter would match nothing and silence the function.
-pub fn log_filter(env: &Env) -> (Targets, Option<LogFilterError>) {
+pub(super) fn log_filter(env: &Env) -> (Targets, Option<LogFilterError>) {
     let fallback = || Targets::new().with_default(config_level(env));
     match env.get("RUST_LOG").map(|value| targets(value)) {
         Some(Ok(Some(filter))) => (filter, None),

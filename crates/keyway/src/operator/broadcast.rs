@@ -21,7 +21,7 @@ use crate::domain::{KeyState, SlotData};
 pub const BROADCAST_KEY: &str = "$broadcast";
 
 /// The broadcast states as one load found them, with the typed values decoded from them.
-pub struct BroadcastSnapshot {
+pub(crate) struct BroadcastSnapshot {
     version: u64,
     slots: BTreeMap<String, SlotData>,
     typed: Mutex<HashMap<&'static str, Arc<dyn Any + Send + Sync>>>,

@@ -196,33 +196,33 @@ mod tests {
     mod before {
         use serde::Deserialize;
         #[derive(Deserialize)]
-        pub struct Profile {
+        pub(super) struct Profile {
             pub user: User,
         }
         #[derive(Deserialize)]
-        pub struct User {
+        pub(super) struct User {
             pub address: Address,
         }
         #[derive(Deserialize)]
-        pub struct Address {
+        pub(super) struct Address {
             pub street: String,
         }
         #[derive(Deserialize)]
-        pub struct Person {
+        pub(super) struct Person {
             pub name: String,
             pub age: u32,
         }
         #[derive(Deserialize)]
-        pub enum Status {
+        pub(super) enum Status {
             Active,
             Banned { reason: String },
         }
         #[derive(Deserialize)]
-        pub struct Wrapper<T> {
+        pub(super) struct Wrapper<T> {
             pub inner: T,
         }
         #[derive(Deserialize)]
-        pub struct Counter {
+        pub(super) struct Counter {
             pub count: u64,
             pub seen: Vec<String>,
         }
@@ -231,35 +231,35 @@ mod tests {
     mod after {
         use serde::Deserialize;
         #[derive(Deserialize)]
-        pub struct Profile {
+        pub(super) struct Profile {
             pub user: User,
         }
         #[derive(Deserialize)]
-        pub struct User {
+        pub(super) struct User {
             pub address: Address,
         }
         #[derive(Deserialize)]
-        pub struct Address {
+        pub(super) struct Address {
             pub street: String,
             pub zip: Option<String>,
         }
         #[derive(Deserialize)]
-        pub struct Population {
+        pub(super) struct Population {
             pub name: String,
             pub age: u32,
         }
         #[derive(Deserialize)]
-        pub enum Status {
+        pub(super) enum Status {
             Active,
             Banned { reason: String },
             Suspended,
         }
         #[derive(Deserialize)]
-        pub struct Wrapper<T> {
+        pub(super) struct Wrapper<T> {
             pub inner: T,
         }
         #[derive(Deserialize)]
-        pub struct Counter {
+        pub(super) struct Counter {
             pub total: u64,
             pub seen: Vec<String>,
         }
@@ -269,7 +269,7 @@ mod tests {
         use serde::Deserialize;
         /// The same counter as `before::Counter`, documented and with methods.
         #[derive(Deserialize)]
-        pub struct Counter {
+        pub(super) struct Counter {
             /// How many.
             pub count: u64,
             /// Who was seen.
@@ -277,7 +277,7 @@ mod tests {
         }
         impl Counter {
             #[allow(dead_code)]
-            pub fn total(&self) -> u64 {
+            pub(super) fn total(&self) -> u64 {
                 self.count
             }
         }

@@ -83,7 +83,7 @@ pub(crate) fn decode_all(
 pub(crate) struct StreamNames(Option<Arc<str>>);
 
 impl StreamNames {
-    pub fn get(&mut self, name: &str) -> Arc<str> {
+    pub(crate) fn get(&mut self, name: &str) -> Arc<str> {
         match &self.0 {
             Some(shared) if &**shared == name => shared.clone(),
             _ => {

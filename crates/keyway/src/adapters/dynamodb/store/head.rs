@@ -11,7 +11,7 @@ use crate::domain::{Origin, Watermark};
 
 /// An immutable run of a slot's (or the outbox's) entries stored outside the head item.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Segment {
+pub(super) struct Segment {
     pub id: u64,
     /// How many entries it holds.
     pub len: usize,
@@ -23,7 +23,7 @@ pub struct Segment {
 
 /// A list of entries as the head stores it: sealed segments first, then inline entries.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct ListDoc {
+pub(super) struct ListDoc {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seg: Vec<Segment>,
     #[serde(default)]
@@ -31,14 +31,14 @@ pub struct ListDoc {
 }
 
 impl ListDoc {
-    pub fn sealed_len(&self) -> usize {
+    pub(super) fn sealed_len(&self) -> usize {
         self.seg.iter().map(|s| s.len).sum()
     }
 }
 
 /// The head's `doc` attribute.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct HeadDoc {
+pub(super) struct HeadDoc {
     /// Watermarks kept in the head: those a recent commit advanced.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub wm: BTreeMap<Origin, Watermark>,
@@ -72,7 +72,7 @@ fn is_false(b: &bool) -> bool {
 
 /// A list as written: borrowed from the state being committed.
 #[derive(Clone, Copy, Debug)]
-pub struct ListRef<'a> {
+pub(super) struct ListRef<'a> {
     pub seg: &'a [Segment],
     pub e: &'a [Box<RawValue>],
 }
@@ -80,7 +80,7 @@ pub struct ListRef<'a> {
 /// The head's `doc` as written, borrowed from the commit: the fields of `HeadDoc`, written by
 /// hand into one buffer (it is written for every key of every batch).
 #[derive(Clone, Debug)]
-pub struct HeadDocRef<'a> {
+pub(super) struct HeadDocRef<'a> {
     pub wm: &'a BTreeMap<&'a Origin, &'a Watermark>,
     pub wx: bool,
     pub slots: &'a [(&'a str, ListRef<'a>)],
@@ -92,7 +92,7 @@ pub struct HeadDocRef<'a> {
 }
 
 impl HeadDocRef<'_> {
-    pub fn to_json(&self) -> String {
+    pub(super) fn to_json(&self) -> String {
         let mut out = String::with_capacity(256);
         out.push('{');
         let field = |out: &mut String, name: &str| {
@@ -211,7 +211,7 @@ pub const TOKENS_KEPT: usize = 4;
 
 /// What the store remembers of a key it loaded, for the commit that follows.
 #[derive(Clone, Debug, Default)]
-pub struct Loaded {
+pub(super) struct Loaded {
     /// The head as read (entries left out).
     pub slots: BTreeMap<String, Vec<Segment>>,
     pub outbox: Vec<Segment>,
@@ -231,7 +231,7 @@ pub struct Loaded {
 /// the sends: the head's doc without it, the item's `ttl` then, and the outbox's segments, which
 /// nothing references once it is cleared.
 #[derive(Clone, Debug)]
-pub struct Written {
+pub(super) struct Written {
     pub pk: String,
     pub doc_without_outbox: String,
     pub ttl: Option<i64>,
@@ -239,7 +239,7 @@ pub struct Written {
 }
 
 /// What a store keeps of a key it loaded: empty for a key it never stored.
-pub static NOTHING_LOADED: Loaded = Loaded {
+pub(super) static NOTHING_LOADED: Loaded = Loaded {
     slots: BTreeMap::new(),
     outbox: Vec::new(),
     garbage: Vec::new(),

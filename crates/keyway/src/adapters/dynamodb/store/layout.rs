@@ -21,13 +21,13 @@ enum ListName<'a> {
 
 /// A list laid out: its segments, and its entries left in the head.
 #[derive(Debug, Default)]
-pub struct Laid<'a> {
+pub(super) struct Laid<'a> {
     pub segments: Vec<Segment>,
     pub inline: &'a [Box<RawValue>],
 }
 
 impl<'a> Laid<'a> {
-    pub fn as_ref(&'a self) -> ListRef<'a> {
+    pub(super) fn as_ref(&'a self) -> ListRef<'a> {
         ListRef {
             seg: &self.segments,
             e: self.inline,
@@ -39,7 +39,7 @@ impl<'a> Laid<'a> {
 /// made), the segment items to write first, and the sort keys of stored segments the new head no
 /// longer references.
 #[derive(Default)]
-pub struct Layout<'a> {
+pub(super) struct Layout<'a> {
     pub slots: BTreeMap<&'a str, Laid<'a>>,
     pub outbox_segments: Vec<Segment>,
     pub outbox_inline: Vec<Box<RawValue>>,
@@ -66,7 +66,7 @@ impl Draft<'_> {
 }
 
 /// Lays out the slots and outbox of a commit of the key at `pk`, loaded as `loaded`.
-pub fn lay_out<'a>(
+pub(super) fn lay_out<'a>(
     pk: &str,
     slots: &'a BTreeMap<String, SlotData>,
     outbox: &[Output],

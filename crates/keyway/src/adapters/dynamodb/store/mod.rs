@@ -103,7 +103,7 @@ pub const WATERMARKS_INLINE: usize = 32;
 pub const LINEAGES_PER_COMMIT: usize = 256;
 /// The largest entry (or outbox output) a segment item can hold: the item limit less its key and
 /// attribute names.
-pub const ENTRY_MAX_BYTES: usize = ITEM_MAX_BYTES - 2 * 1024;
+pub(super) const ENTRY_MAX_BYTES: usize = ITEM_MAX_BYTES - 2 * 1024;
 /// Items a scan of `list_keys` reads per page.
 const SCAN_PAGE: usize = 1_000;
 /// Keys longer than this are stored under their hash (DynamoDB allows 2048 bytes of partition key).

@@ -112,7 +112,7 @@ fn due_of(due: &DueTimer) -> &str {
 
 /// The operators whose cursor this process has seen: their writes need not create it.
 #[derive(Default)]
-pub struct KnownCursors(Mutex<HashSet<String>>);
+pub(super) struct KnownCursors(Mutex<HashSet<String>>);
 
 impl KnownCursors {
     fn contains(&self, operator: &str) -> bool {

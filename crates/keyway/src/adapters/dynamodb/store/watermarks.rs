@@ -11,23 +11,23 @@ use crate::ports::StoreError;
 
 /// The attribute holding a watermark item's sequence number, zero-padded to `SEQUENCE_WIDTH`
 /// digits so that DynamoDB's string order is numeric order (conditions compare it).
-pub const SEQUENCE: &str = "s";
+pub(super) const SEQUENCE: &str = "s";
 const ARRIVAL: &str = "t";
 /// Kinesis and DynamoDB Streams sequence numbers have at most 128 digits.
 const SEQUENCE_WIDTH: usize = 128;
 
-pub fn item_key(pk: &str, lineage: &Origin) -> ItemKey {
+pub(super) fn item_key(pk: &str, lineage: &Origin) -> ItemKey {
     ItemKey {
         pk: pk.to_owned(),
         sk: format!("wm#{lineage}"),
     }
 }
 
-pub fn padded(sequence: &SequenceNumber) -> String {
+pub(super) fn padded(sequence: &SequenceNumber) -> String {
     format!("{:0>SEQUENCE_WIDTH$}", sequence.as_str())
 }
 
-pub fn parse_item(item: &Item) -> Option<Watermark> {
+pub(super) fn parse_item(item: &Item) -> Option<Watermark> {
     let sequence = SequenceNumber::parse(item.get(SEQUENCE)?.as_s()?).ok()?;
     let at_millis = item.get(ARRIVAL)?.as_n()?.parse().ok()?;
     Some(Watermark {
@@ -37,7 +37,7 @@ pub fn parse_item(item: &Item) -> Option<Watermark> {
 }
 
 /// The item for a watermark moved out of the head, expiring once no redelivery can reach it.
-pub fn make_item(pk: &str, lineage: &Origin, mark: &Watermark, retention_secs: i64) -> Item {
+pub(super) fn make_item(pk: &str, lineage: &Origin, mark: &Watermark, retention_secs: i64) -> Item {
     let mut item = item_key(pk, lineage).to_item();
     item.insert(SEQUENCE.into(), AttrValue::S(padded(&mark.sequence)));
     item.insert(ARRIVAL.into(), AttrValue::N(mark.at_millis.to_string()));
@@ -48,7 +48,7 @@ pub fn make_item(pk: &str, lineage: &Origin, mark: &Watermark, retention_secs: i
 
 /// Where a commit puts each watermark.
 #[derive(Debug, Default)]
-pub struct Placement<'a> {
+pub(super) struct Placement<'a> {
     pub inline: BTreeMap<&'a Origin, &'a Watermark>,
     /// Watermarks leaving the head for items.
     pub evicted: Vec<(&'a Origin, &'a Watermark)>,
@@ -60,7 +60,10 @@ pub struct Placement<'a> {
 /// stays in the head (no item may hold a value before a commit made it), and the head's
 /// `WATERMARKS_INLINE` most recent others; those left over move to items. Watermarks read from
 /// items and not changed stay where they are.
-pub fn place<'a>(marks: &'a Watermarks, loaded: &Loaded) -> Result<Placement<'a>, StoreError> {
+pub(super) fn place<'a>(
+    marks: &'a Watermarks,
+    loaded: &Loaded,
+) -> Result<Placement<'a>, StoreError> {
     let mut changed = BTreeMap::new();
     let mut old_inline = Vec::new();
     for (lineage, mark) in marks.iter() {
