@@ -255,3 +255,50 @@ impl Table for MemoryTable {
         Ok(page)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::AttrValue;
+
+    fn item(pk: &str, sk: &str, doc_bytes: usize) -> Item {
+        let mut item = ItemKey::of_pk(pk, sk).to_item();
+        item.insert("doc".into(), AttrValue::S("x".repeat(doc_bytes)));
+        item
+    }
+
+    #[tokio::test]
+    async fn a_batch_read_past_16_mb_leaves_the_rest_unprocessed_and_a_second_call_reads_it() {
+        let table = MemoryTable::new();
+        // Sixty states of 390 KB, each just under DynamoDB's item limit: 23 MB in all.
+        let keys: Vec<ItemKey> = (0..60)
+            .map(|i| ItemKey::of_pk(&format!("k{i:02}"), "head"))
+            .collect();
+        for key in &keys {
+            table.put_item(item(&key.pk, &key.sk, 390_000)).unwrap();
+        }
+        let first = table.batch_get(&keys).await.unwrap();
+        assert!(!first.unprocessed.is_empty(), "the response stops at 16 MB");
+        assert_eq!(first.items.len() + first.unprocessed.len(), keys.len());
+        let bytes: usize = first.items.iter().map(item_size).sum();
+        assert!(
+            (BATCH_GET_RESPONSE_MAX..BATCH_GET_RESPONSE_MAX + 400 * 1024).contains(&bytes),
+            "{bytes} bytes in one response"
+        );
+        let rest = table.batch_get(&first.unprocessed).await.unwrap();
+        assert!(rest.unprocessed.is_empty());
+        assert_eq!(rest.items.len(), first.unprocessed.len());
+    }
+
+    #[tokio::test]
+    async fn the_last_item_of_a_partition_is_its_own_and_not_the_next_partitions() {
+        let table = MemoryTable::new();
+        for (pk, sk) in [("a", "1"), ("a", "2"), ("a\0", "0"), ("ab", "0")] {
+            table.put_item(item(pk, sk, 1)).unwrap();
+        }
+        let last = table.query_last("a").await.unwrap().expect("an item");
+        assert_eq!(ItemKey::of(&last), Some(ItemKey::of_pk("a", "2")));
+        assert_eq!(table.query_last("none").await.unwrap(), None);
+        assert_eq!(table.usage().calls["Query"], 2, "one query each");
+    }
+}
