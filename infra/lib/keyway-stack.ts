@@ -367,6 +367,9 @@ export class KeywayStack extends Stack {
       {
         STATE_TABLE: stateTable.tableName,
         COUNTS_SINK: `sqs:${counts.queueUrl}`,
+        // "every": the count after each event; "latest": each key's count after its last event
+        // of an invocation, one message a key a batch.
+        COUNTS_EMIT: 'every',
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
         // Watermarks must outlive every redelivery: the stream keeps records 24 hours and the
         // mapping's MaximumRecordAgeInSeconds is a day; an hour more covers clock skew.

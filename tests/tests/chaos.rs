@@ -6,7 +6,7 @@
 //! kind to fire; the test command runs 200,000) and `KEYWAY_CHAOS_FAULT_RATE` the probability of
 //! each fault (3% by default).
 
-use keyway_stack::chaos::{run, App, Settings};
+use keyway_stack::chaos::{run, App, Settings, Variable};
 
 /// The `keyway` command runs the embedded runtime on mimalloc; so do these runs.
 #[global_allocator]
@@ -21,6 +21,7 @@ fn settings(shards: usize, lanes: u32, seed: u64) -> Settings {
         shards,
         lanes,
         metering: Default::default(),
+        variables: Vec::new(),
     }
 }
 
@@ -40,6 +41,29 @@ fn clean(app: App, settings: Settings) {
 #[test]
 fn the_keyed_counter_under_every_fault_loses_nothing_and_counts_nothing_twice() {
     clean(App::Counter, settings(4, 10, 31));
+}
+
+/// Sending each key's latest count of an invocation only, the counter still leaves every user's
+/// count, stored and sent, equal to the oracle's, and far fewer messages than events.
+#[test]
+fn the_keyed_counter_sending_latest_counts_under_every_fault_ends_with_each_users_count_sent() {
+    let settings = Settings {
+        variables: vec![Variable::new(
+            "KeyedCounterFunction",
+            "COUNTS_EMIT",
+            "latest",
+        )],
+        ..settings(4, 10, 36)
+    };
+    let report = run(App::Counter, &settings).expect("the run completes");
+    println!("{report}");
+    assert!(report.clean(), "{report}");
+    assert!(
+        report.fault_free.expected < settings.events as u64 / 2,
+        "latest counts only: {} messages for {} events",
+        report.fault_free.expected,
+        settings.events
+    );
 }
 
 #[test]

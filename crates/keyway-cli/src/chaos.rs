@@ -2,7 +2,7 @@
 //! without faults and an oracle (`keyway_stack::chaos`). Prints what was lost, applied twice or
 //! extra (JSON with `--json`), and fails unless the run is clean; the seed replays a failure.
 
-use keyway_stack::chaos::{run as run_app, App, Settings};
+use keyway_stack::chaos::{run as run_app, App, Settings, Variable};
 
 use crate::error::CliError;
 
@@ -25,9 +25,17 @@ pub struct Args {
     /// Lanes each shard is read in: the mappings' ParallelizationFactor (1-10).
     #[arg(long, default_value_t = 2)]
     lanes: u32,
+    /// An environment variable of a function of the stack, `Function.NAME=value`, set before
+    /// it is deployed (repeatable): `--set KeyedCounterFunction.COUNTS_EMIT=latest`.
+    #[arg(long = "set", value_name = "FUNCTION.NAME=VALUE", value_parser = parse_variable)]
+    variables: Vec<Variable>,
     /// A JSON line a run instead of the text report.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_variable(text: &str) -> Result<Variable, String> {
+    Variable::parse(text).ok_or_else(|| format!("{text:?} is not Function.NAME=value"))
 }
 
 /// The applications `name` names.
@@ -48,6 +56,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         shards: args.shards,
         lanes: args.lanes,
         metering: Default::default(),
+        variables: args.variables,
     };
     if !(1..=16).contains(&settings.shards) {
         return Err(CliError::option("--shards", "must be 1 to 16"));

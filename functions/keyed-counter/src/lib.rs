@@ -1,11 +1,16 @@
 //! The keyed counter: counts events per key from a Kinesis stream and emits each key's running
 //! count. Input records are JSON `{"key": "...", "amount": 3}` (`amount` defaults to 1).
 //!
+//! `COUNTS_EMIT` says which counts go out: `every` (the default) sends the count after each
+//! event; `latest` sends each key's count after the last of its events in an invocation, the
+//! others being superseded by it (one message a key a batch: at BatchSize 10,000 over 500 keys,
+//! 500 messages where `every` sends 10,000).
+//!
 //! One writer per key (its stream's shard), so emit-then-commit is safe: a retry recomputes the
 //! same counts with the same output ids.
 //!
 //! Environment: `STATE_TABLE` (the keyway state table), `COUNTS_SINK` and `DEAD_LETTER_SINK`
-//! (`kinesis:<stream>` or `sqs:<queue URL>`), and optionally `KEYWAY_LINEAGE` and
+//! (`kinesis:<stream>` or `sqs:<queue URL>`), and optionally `COUNTS_EMIT`, `KEYWAY_LINEAGE` and
 //! `KEYWAY_REDELIVERY_WINDOW_SECONDS` (see `keyway::lambda::executor_config`).
 
 // Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
@@ -16,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use keyway::domain::{Payload, SourceRecord};
 use keyway::lambda::{
-    executor_config, observed, sink_from, state_store_from, Env, Platform, SetupError,
+    executor_config, observed, sink_from, state_store_from, ConfigError, Env, Platform, SetupError,
     StreamHandler,
 };
 use keyway::operator::{SinkDescriptor, StateDescriptor};
@@ -122,17 +127,52 @@ impl KeyedOperator for KeyedCounter {
     }
 }
 
+/// Which counts go out: `COUNTS_EMIT`.
+pub const COUNTS_EMIT: &str = "COUNTS_EMIT";
+
+/// Whether `COUNTS_EMIT` asks for each key's latest count of an invocation only.
+fn latest_only(env: &Env) -> Result<bool, ConfigError> {
+    match env.get(COUNTS_EMIT).map(String::as_str) {
+        None | Some("" | "every") => Ok(false),
+        Some("latest") => Ok(true),
+        Some(other) => Err(ConfigError {
+            name: COUNTS_EMIT.into(),
+            problem: format!("{other:?} is neither \"every\" nor \"latest\""),
+        }),
+    }
+}
+
 /// The function: the keyed counter wired to the ports its environment names.
 pub fn handler(
     platform: &dyn Platform,
     env: &Env,
 ) -> Result<StreamHandler<KeyedCounter>, SetupError> {
-    let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
+    let mut sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
         .with(&COUNTS, sink_from(platform, env, "COUNTS_SINK")?);
+    if latest_only(env)? {
+        sinks = sinks.keep_latest(&COUNTS);
+    }
     let store = state_store_from(platform, env, "STATE_TABLE")?;
     let config = executor_config(env)?;
     let executor = Executor::new(KeyedCounter, store, sinks, platform.clock())?;
     Ok(StreamHandler::new(
         observed(executor, platform, env).with_config(config),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use keyway::lambda::env_of;
+
+    use super::*;
+
+    #[test]
+    fn counts_emit_is_every_unless_set_to_latest_and_anything_else_is_refused_by_name() {
+        assert!(!latest_only(&env_of(&[])).unwrap());
+        assert!(!latest_only(&env_of(&[(COUNTS_EMIT, "every")])).unwrap());
+        assert!(latest_only(&env_of(&[(COUNTS_EMIT, "latest")])).unwrap());
+        let err = latest_only(&env_of(&[(COUNTS_EMIT, "last")])).unwrap_err();
+        assert_eq!(err.name, COUNTS_EMIT);
+        assert!(err.to_string().contains("\"last\""), "{err}");
+    }
 }

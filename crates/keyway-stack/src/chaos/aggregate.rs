@@ -94,7 +94,7 @@ async fn run_once(
         ],
         &parameters,
         faults,
-        &settings.metering,
+        settings,
     )?;
     let stream = runtime
         .resource("AggregateEventsStream")

@@ -123,7 +123,7 @@ async fn run_once(
         ("CustomerMap".to_owned(), workload.map.clone()),
     ]);
     let lanes = [("IdentityEnricherFunction", settings.lanes)];
-    let mut runtime = deploy(&[], &lanes, &parameters, faults, &settings.metering)?;
+    let mut runtime = deploy(&[], &lanes, &parameters, faults, settings)?;
     let stream = runtime.resource("CloudTrailStream").expect("the stream");
     runtime
         .services

@@ -94,6 +94,35 @@ pub struct Settings {
     pub lanes: u32,
     /// How the run is metered, for `usage`; the default changes nothing.
     pub metering: Metering,
+    /// Environment variables set on the stack's functions before it is deployed: a variant of
+    /// template.yaml (none: the stack as the template has it).
+    pub variables: Vec<Variable>,
+}
+
+/// An environment variable of one of the stack's functions, set to `value` before the stack is
+/// deployed: `COUNTS_EMIT=latest` on `KeyedCounterFunction`, say. The template must list it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Variable {
+    pub function: String,
+    pub name: String,
+    pub value: String,
+}
+
+impl Variable {
+    pub fn new(function: &str, name: &str, value: &str) -> Self {
+        Self {
+            function: function.into(),
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+
+    /// `Function.NAME=value`, as `keyway chaos --set` takes it.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (target, value) = text.split_once('=')?;
+        let (function, name) = target.split_once('.')?;
+        (!function.is_empty() && !name.is_empty()).then(|| Self::new(function, name, value))
+    }
 }
 
 impl Settings {
@@ -491,17 +520,21 @@ impl Report {
 }
 
 /// template.yaml on a fresh embedded runtime, with `shards` shards for the streams named and
-/// `lanes` lanes for the functions named (`crate::template_with`), its `parameters`, and
-/// `faults`.
+/// `lanes` lanes for the functions named (`crate::template_with`), its `parameters`, `faults`,
+/// and the `settings`' metering and variables.
 pub(crate) fn deploy(
     shards: &[(&str, usize)],
     lanes: &[(&str, u32)],
     parameters: &BTreeMap<String, String>,
     faults: FaultPlan,
-    metering: &Metering,
+    settings: &Settings,
 ) -> Result<LocalRuntime, LocalError> {
+    let metering = &settings.metering;
     let functions: Vec<&str> = lanes.iter().map(|(function, _)| *function).collect();
-    let template = metering.batched(crate::template_with(shards, lanes)?, &functions)?;
+    let mut template = metering.batched(crate::template_with(shards, lanes)?, &functions)?;
+    for v in &settings.variables {
+        template = crate::set_in_resource(&template, &v.function, &v.name, &v.value)?;
+    }
     let services = LocalServices::new(EPOCH, faults);
     let runtime =
         LocalRuntime::from_template_with(&template, parameters, services, &crate::functions())?;
@@ -537,7 +570,15 @@ mod tests {
             &[],
             &BTreeMap::new(),
             FaultPlan::default(),
-            &Metering::default(),
+            &Settings {
+                events: 0,
+                fault_rate: 0.0,
+                seed: 0,
+                shards: 1,
+                lanes: 1,
+                metering: Metering::default(),
+                variables: Vec::new(),
+            },
         )
         .expect("the stack deploys");
         let schedules = runtime.schedules();

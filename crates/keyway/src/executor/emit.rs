@@ -123,6 +123,7 @@ impl<O: KeyedOperator> Executor<O> {
         }
         let emit_now = self.operator.delivery() == Delivery::EmitThenCommit;
         for (g, work) in keys.iter_mut().enumerate() {
+            keep_latest(&mut work.run.outcomes, |sink| self.sinks.keeps_latest(sink));
             for output in &work.base.outbox {
                 emission.push(Tag::Outbox { group: g }, output.clone());
             }
@@ -260,6 +261,43 @@ impl<O: KeyedOperator> Executor<O> {
     }
 }
 
+/// Leaves, of one key's outputs to a sink that keeps the latest, only the last of each partition
+/// key, moved to the first record that emitted one: if it cannot be sent, the key stops there,
+/// and no record whose output it stands for is committed without it.
+fn keep_latest(outcomes: &mut [Outcome], keeps_latest: impl Fn(&str) -> bool) {
+    // (sink, partition key) -> (the first position that emitted to it, the last output).
+    let mut latest: HashMap<(String, String), (usize, Output)> = HashMap::new();
+    for (position, outcome) in outcomes.iter_mut().enumerate() {
+        let Outcome::Applied(outputs) = outcome else {
+            continue;
+        };
+        if !outputs.iter().any(|o| keeps_latest(&o.sink)) {
+            continue;
+        }
+        let (superseded, kept): (Vec<Output>, Vec<Output>) = std::mem::take(outputs)
+            .into_iter()
+            .partition(|o| keeps_latest(&o.sink));
+        *outputs = kept;
+        for output in superseded {
+            let key = (output.sink.clone(), output.partition_key.clone());
+            latest
+                .entry(key)
+                .and_modify(|(_, last)| *last = output.clone())
+                .or_insert((position, output));
+        }
+    }
+    let mut kept: Vec<(usize, Output)> = latest.into_values().collect();
+    // In the order of their first records: the same order on every run of the same records.
+    kept.sort_by(|a, b| {
+        (a.0, &a.1.sink, &a.1.partition_key).cmp(&(b.0, &b.1.sink, &b.1.partition_key))
+    });
+    for (position, output) in kept {
+        if let Outcome::Applied(outputs) = &mut outcomes[position] {
+            outputs.push(output);
+        }
+    }
+}
+
 /// One call of a sink: counts what went out and keeps what did not; returns the indexes of the
 /// messages that may go out later.
 async fn send_once(
@@ -290,7 +328,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::super::testkit::Summer;
-    use super::super::testkit::{bench, record, Recorder, START};
+    use super::super::testkit::{bench, bench_with, record, Recorder, OUT, START};
     use super::super::{Executor, Sinks};
     use crate::adapters::dynamodb::DynamoStateStore;
     use crate::ports::ManualClock;
@@ -380,5 +418,58 @@ mod tests {
         let letters = b.dead.bodies();
         assert_eq!(letters.len(), 1);
         assert!(letters[0][0].contains("output.out"), "{letters:?}");
+    }
+
+    #[tokio::test]
+    async fn a_sink_that_keeps_the_latest_gets_only_each_keys_last_output_of_an_invocation() {
+        let b = bench_with(Summer::default(), true, |sinks| sinks.keep_latest(&OUT));
+        let batch = vec![
+            record(1, "p", "a", 1),
+            record(2, "q", "b", 5),
+            record(3, "p", "a", 2),
+            record(4, "p", "a", 3),
+        ];
+        let report = b.executor.run(batch).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(
+            b.out.bodies(),
+            [vec!["6", "5"]],
+            "a's 1 and 3 are superseded by 6"
+        );
+        assert_eq!(report.outputs_sent, 2);
+        // The output kept has the id of the record that emitted it last.
+        let last = crate::domain::OutputId::derive(
+            "summer",
+            "out",
+            &crate::domain::Origin("s/shardId-0".into()),
+            &crate::domain::SequenceNumber::parse("4").unwrap(),
+            0,
+        );
+        assert_eq!(b.out.calls.lock().unwrap()[0][0].id, last);
+    }
+
+    #[tokio::test]
+    async fn a_latest_output_that_fails_retries_every_record_it_stands_for_and_none_twice() {
+        let b = bench_with(Summer::default(), true, |sinks| sinks.keep_latest(&OUT));
+        b.out.fail("6");
+        let batch = || {
+            vec![
+                record(1, "p", "a", 1),
+                record(2, "p", "a", 2),
+                record(3, "p", "a", 3),
+                record(4, "q", "b", 5),
+            ]
+        };
+        let report = b.executor.run(batch()).await;
+        assert_eq!(
+            report.failed_from.unwrap().as_str(),
+            "1",
+            "a's first record waits: none of a's records is committed without its count"
+        );
+        b.out.failing.lock().unwrap().clear();
+        // Lambda retries from the first failed record; b's record is skipped as applied.
+        let report = b.executor.run(batch()).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(b.out.bodies(), [vec!["6", "5"], vec!["6"]]);
     }
 }

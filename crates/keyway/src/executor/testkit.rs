@@ -203,6 +203,15 @@ pub(crate) struct Bench<O: KeyedOperator> {
 }
 
 pub(crate) fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
+    bench_with(operator, ordered, |sinks| sinks)
+}
+
+/// `bench`, its sinks as `wire` leaves them.
+pub(crate) fn bench_with<O: KeyedOperator>(
+    operator: O,
+    ordered: bool,
+    wire: impl FnOnce(Sinks) -> Sinks,
+) -> Bench<O> {
     let clock = ManualClock::at(START);
     let table = Arc::new(MemoryTable::new());
     let store = Arc::new(DynamoStateStore::new(table.clone(), clock.clone()));
@@ -211,7 +220,7 @@ pub(crate) fn bench<O: KeyedOperator>(operator: O, ordered: bool) -> Bench<O> {
         ..Recorder::default()
     });
     let dead = Arc::new(Recorder::default());
-    let sinks = Sinks::new(dead.clone()).with(&OUT, out.clone());
+    let sinks = wire(Sinks::new(dead.clone()).with(&OUT, out.clone()));
     Bench {
         executor: Executor::new(operator, store, sinks, clock.clone()).expect("the bench is wired"),
         clock,
