@@ -2,7 +2,8 @@
 //! four records (Alice assumes role-1 and gets ASIA1; role-1 assumes role-2 and gets ASIA2; an
 //! action with each key) come out enriched with Alice as their original actor in every one of
 //! their 24 arrival orders, a record whose resolution never comes goes out unresolved when
-//! its timer fires, and a key's identity and items go once no record can need them.
+//! its timer fires, a key's identity read with nothing waiting answers its next records without
+//! a read, and a key's identity and items go once no record can need them.
 
 use identity_enricher::enricher::{
     reason, EnricherConfig, IdentityEnricher, ENRICHED, EVENTS, FEEDBACK, RESOLUTIONS,
@@ -295,6 +296,68 @@ async fn deliver(
             .run(decode_event(&batch.to_string()).unwrap())
             .await;
     }
+}
+
+/// Capacity units the world's table has been read for.
+fn reads(world: &World) -> f64 {
+    world.table.meter().snapshot().read_units
+}
+
+#[tokio::test]
+async fn a_keys_identity_read_with_nothing_waiting_answers_its_next_records_without_a_read() {
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let executor = enricher(&world, EnricherConfig::default());
+    let mut shards = (Shard::new("cloudtrail", 0), Shard::new("feedback", 0));
+    let assume = record("assume", alice(), "AssumeRole", Some(("role-1", "ASIA1")));
+    deliver(&world, &executor, (&mut shards.0, &mut shards.1), &assume).await;
+    let action = |key: &str, id: &str| record(id, session(key, "role-1"), "ListBuckets", None);
+    // The first action with ASIA1 reads its identity; the next ones are answered from memory.
+    deliver(
+        &world,
+        &executor,
+        (&mut shards.0, &mut shards.1),
+        &action("ASIA1", "a1"),
+    )
+    .await;
+    let before = reads(&world);
+    for id in ["a2", "a3"] {
+        deliver(
+            &world,
+            &executor,
+            (&mut shards.0, &mut shards.1),
+            &action("ASIA1", id),
+        )
+        .await;
+    }
+    assert_eq!(reads(&world), before, "no read of ASIA1's state");
+    let out = world.outputs(ENRICHED.name);
+    let enriched: Vec<Value> = out
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    assert_eq!(enriched.len(), 4);
+    for e in &enriched[1..] {
+        assert_eq!(e["enrichment"]["status"], "resolved", "{e}");
+        assert_eq!(e["enrichment"]["originalActor"]["userName"], "alice", "{e}");
+    }
+    // ASIA9's actions wait for a resolution that has not come: each reads the key's state.
+    deliver(
+        &world,
+        &executor,
+        (&mut shards.0, &mut shards.1),
+        &action("ASIA9", "w1"),
+    )
+    .await;
+    let before = reads(&world);
+    deliver(
+        &world,
+        &executor,
+        (&mut shards.0, &mut shards.1),
+        &action("ASIA9", "w2"),
+    )
+    .await;
+    assert!(reads(&world) > before, "a key with records waiting is read");
+    assert_eq!(world.outputs(ENRICHED.name).len(), 4, "both wait");
 }
 
 #[tokio::test]

@@ -16,7 +16,15 @@
 //! once is decided by itself and its key's identity, which never changes once written: its
 //! outputs are settled, sent before the commit and never stored, which saves a write of every
 //! output.
+//!
+//! For the same reason the enricher keeps in memory, for a while (`Remembered`), the identities
+//! it read of keys with nothing waiting: a key's next records, whose callers it identifies
+//! from the record or from memory, are answered without reading the key's state
+//! (`answer_without_state`), which saves a read of the key a batch. Function instances live
+//! across invocations, and the mapping gives a key's records to the same lane every time.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use keyway::domain::{Origin, SequenceNumber, SourceRecord};
@@ -101,8 +109,28 @@ impl Position {
 
 /// What the enricher takes in.
 pub enum Enrich {
-    Event(Box<CloudTrailRecord>),
+    /// An event, and the identity of its caller's key if the enricher remembers it
+    /// (`answer_without_state` sets it): then it is answered without the key's state.
+    Event(Box<CloudTrailRecord>, Option<Identity>),
     Resolved(Box<Resolution>),
+}
+
+/// How many keys' identities an instance remembers; past it, it forgets them all and starts
+/// again (a few hundred bytes a key: tens of MB at most).
+const REMEMBERED_KEYS: usize = 100_000;
+/// How long an identity is remembered after it was read, at most: a record answered from
+/// memory and redelivered later reads the key's state, which must still give the same answer;
+/// the state keeps an identity for as long as records of its credentials can come (the
+/// lateness), so this stays well within it.
+const REMEMBERED_AT_MOST: Duration = Duration::from_secs(15 * 60);
+
+/// A key's identity, as read from its state, and until when it may be answered from memory.
+#[derive(Clone, Debug)]
+struct Remembered {
+    known: Known,
+    /// Epoch milliseconds: `REMEMBERED_AT_MOST` after it was read (a quarter of the lateness if
+    /// shorter), and never past the time the state would drop it.
+    until: i64,
 }
 
 /// Settings of the enricher.
@@ -164,11 +192,48 @@ pub mod reason {
 
 pub struct IdentityEnricher {
     config: EnricherConfig,
+    /// Identities of keys with nothing waiting, by key, as last read.
+    remembered: Mutex<HashMap<String, Remembered>>,
 }
 
 impl IdentityEnricher {
     pub fn new(config: EnricherConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            remembered: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// How long an identity is remembered: a quarter of the lateness, 15 minutes at most.
+    fn remembered_for(&self) -> i64 {
+        (self.config.lateness / 4)
+            .min(REMEMBERED_AT_MOST)
+            .as_millis() as i64
+    }
+
+    /// The identity remembered of `key` that applies to a record of `time` at `now`.
+    fn recall(&self, key: &str, time: i64, now: i64) -> Option<Identity> {
+        let remembered = self.remembered.lock().expect("the remembered identities");
+        let entry = remembered.get(key)?;
+        let applies = entry.known.until.is_none_or(|until| time <= until);
+        (now < entry.until && applies).then(|| entry.known.identity.clone())
+    }
+
+    /// Remembers `known`, just read of `key` at `now`, until `gone` at the latest (when the
+    /// key's state drops it).
+    fn remember(&self, key: &str, known: &Known, now: i64, gone: Option<i64>) {
+        let until = (now + self.remembered_for()).min(gone.unwrap_or(i64::MAX));
+        let mut remembered = self.remembered.lock().expect("the remembered identities");
+        if remembered.len() >= REMEMBERED_KEYS && !remembered.contains_key(key) {
+            remembered.clear();
+        }
+        remembered.insert(
+            key.to_owned(),
+            Remembered {
+                known: known.clone(),
+                until,
+            },
+        );
     }
 
     /// Emits `record` (read at `at`) enriched with `identity`, and publishes the resolution of
@@ -272,13 +337,20 @@ impl IdentityEnricher {
         }
     }
 
-    /// The key's identity, if known and not expired at `at` (a record's time).
+    /// The key's identity, if known and not expired at `at` (a record's time). An identity read
+    /// of a key with nothing waiting, and no outbox still to go out, is remembered.
     fn known(&self, ctx: &mut Ctx<'_>, at: i64) -> Result<Option<Identity>, ProcessError> {
-        Ok(ctx
-            .value(&IDENTITY)?
-            .get()
-            .filter(|known| known.until.is_none_or(|until| at <= until))
-            .map(|known| known.identity.clone()))
+        let Some(known) = ctx.value(&IDENTITY)?.get().cloned() else {
+            return Ok(None);
+        };
+        if !ctx.outbox_pending() && ctx.list(&BUFFER)?.is_empty() {
+            let (key, now) = (ctx.key().to_owned(), ctx.now_millis());
+            self.remember(&key, &known, now, ctx.loaded_expiry(IDENTITY.name));
+        }
+        Ok(known
+            .until
+            .is_none_or(|until| at <= until)
+            .then_some(known.identity))
     }
 
     fn event(&self, ctx: &mut Ctx<'_>, record: CloudTrailRecord) -> Result<(), ProcessError> {
@@ -381,23 +453,43 @@ impl KeyedOperator for IdentityEnricher {
     fn decode(&self, record: &SourceRecord) -> Result<Enrich, InvalidInput> {
         record
             .route()
-            .input(&EVENTS, |r| Enrich::Event(Box::new(r)))
+            .input(&EVENTS, |r| Enrich::Event(Box::new(r), None))
             .input(&FEEDBACK, |r| Enrich::Resolved(Box::new(r)))
             .done()
     }
 
     fn key(&self, input: &Enrich) -> String {
         match input {
-            Enrich::Event(record) => record.partition_key(&self.config.customers),
+            Enrich::Event(record, _) => record.partition_key(&self.config.customers),
             Enrich::Resolved(resolution) => resolution.key(&self.config.customers),
         }
     }
 
     fn process(&self, ctx: &mut Ctx<'_>, input: Enrich) -> Result<(), ProcessError> {
         match input {
-            Enrich::Event(record) => self.event(ctx, *record),
+            Enrich::Event(record, None) => self.event(ctx, *record),
+            Enrich::Event(record, Some(identity)) => {
+                let at = Position::of(ctx.record());
+                self.resolved(ctx, *record, &at, &identity, Decided::ByFacts)
+            }
             Enrich::Resolved(resolution) => self.resolution(ctx, *resolution),
         }
+    }
+
+    /// An event whose caller the record identifies (or that no one could trace), or whose
+    /// caller's key has its identity remembered and applying at the record's time: nothing of
+    /// the key's state decides it.
+    fn answer_without_state(&self, key: &str, input: &mut Enrich, now_millis: i64) -> bool {
+        let Enrich::Event(record, remembered) = input else {
+            return false;
+        };
+        if remembered.is_some() || !matches!(record.caller, Caller::Session { .. }) {
+            return true;
+        }
+        *remembered = record
+            .event_time
+            .and_then(|time| self.recall(key, time, now_millis));
+        remembered.is_some()
     }
 
     /// Records that waited longer than the buffer TTL go out unresolved; the timer comes back for

@@ -275,6 +275,10 @@ impl<O: KeyedOperator> Executor<O> {
         records: &[&SourceRecord],
         now: i64,
     ) -> Option<(KeyState, Vec<Output>, Vec<i64>)> {
+        if work.without_state {
+            // Its state was not read, and the run could touch none of it: nothing to write.
+            return None;
+        }
         let mut state = std::mem::take(&mut work.base);
         let timers_before = pending_timers(&state.slots);
         let mut changed = work.migrated || work.expired || !state.outbox.is_empty();

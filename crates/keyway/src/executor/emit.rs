@@ -350,6 +350,7 @@ mod tests {
         let redeployed = Summer {
             outbox: true,
             without_out: true,
+            ..Summer::default()
         };
         let without = Executor::new(
             redeployed,

@@ -23,6 +23,16 @@ fn read(state: &KeyState) -> BTreeMap<String, i64> {
         .unwrap_or_default()
 }
 
+/// When the state `name` of `state`, as loaded, goes (epoch seconds): at its own time or at the
+/// key's, whichever comes first; `None` when neither is set.
+pub(crate) fn of(state: &KeyState, name: &str) -> Option<i64> {
+    let own = read(state).get(name).copied();
+    match (own, state.expires_at) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Drops the states of `base` whose time has passed at `now_secs`; says whether one was.
 pub(super) fn drop_expired(base: &mut KeyState, now_secs: i64) -> bool {
     let mut dropped = false;

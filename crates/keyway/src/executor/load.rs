@@ -31,13 +31,16 @@ impl<O: KeyedOperator> Executor<O> {
     pub(super) async fn load(
         &self,
         plan: &Plan<'_>,
+        answered: &[bool],
         now: i64,
         report: &mut BatchReport,
     ) -> Option<Vec<KeyWork>> {
         let requests: Vec<LoadKey<'_>> = plan
             .groups
             .iter()
-            .map(|group| {
+            .zip(answered)
+            .filter(|(_, answered)| !**answered)
+            .map(|(group, _)| {
                 let mut lineages: Vec<&Origin> = Vec::new();
                 for &i in &group.records {
                     let lineage = self.lineage_of(plan.record(i));
@@ -88,15 +91,38 @@ impl<O: KeyedOperator> Executor<O> {
         Some(
             plan.groups
                 .iter()
-                .map(|g| KeyWork {
+                .zip(answered)
+                .map(|(g, &without_state)| KeyWork {
                     base: loaded.remove(&g.key).unwrap_or_default(),
                     migrated: migrated.contains(&g.key),
                     broadcast: broadcast.clone(),
                     unreadable: unreadable.contains(&g.key),
+                    without_state,
                     ..KeyWork::default()
                 })
                 .collect(),
         )
+    }
+
+    /// Which keys the operator answers without their state (`answer_without_state`): those
+    /// whose every record it answers. A timer record, or a record whose input is not at hand,
+    /// needs the key's state.
+    pub(super) fn answered_without_state(
+        &self,
+        plan: &Plan<'_>,
+        inputs: &mut [Option<O::Input>],
+        now: i64,
+    ) -> Vec<bool> {
+        plan.groups
+            .iter()
+            .map(|group| {
+                group.key != BROADCAST_KEY
+                    && group.records.iter().all(|&i| match &mut inputs[i] {
+                        Some(input) => self.operator.answer_without_state(&group.key, input, now),
+                        None => false,
+                    })
+            })
+            .collect()
     }
 
     /// `reads` under `namespace`, in one load. When it meets a stored item that does not parse,
@@ -401,5 +427,119 @@ mod tests {
             .await;
         assert_eq!(report.failed_from.unwrap().as_str(), "3");
         assert_eq!(report.applied, 0);
+    }
+}
+
+/// Keys the operator answers without their state (`KeyedOperator::answer_without_state`).
+#[cfg(test)]
+mod without_state {
+    use super::super::testkit::{bench, record, Summer};
+
+    fn facts(outbox: bool) -> Summer {
+        Summer {
+            facts: true,
+            outbox,
+            ..Summer::default()
+        }
+    }
+
+    fn calls_of(b: &super::super::testkit::Bench<Summer>) -> u64 {
+        b.table.usage().calls.values().sum::<u64>()
+    }
+
+    /// A bench whose executor ran once already: the calls an executor makes once, at its first
+    /// batch (its signature history), are behind it.
+    async fn warm(outbox: bool) -> (super::super::testkit::Bench<Summer>, u64) {
+        let b = bench(facts(outbox), true);
+        b.executor.run(vec![record(100, "w", "w", 1)]).await;
+        b.out.calls.lock().unwrap().clear();
+        let calls = calls_of(&b);
+        (b, calls)
+    }
+
+    #[tokio::test]
+    async fn a_key_whose_every_record_the_operator_answers_is_neither_read_nor_written() {
+        let (b, before) = warm(false).await;
+        let report = b
+            .executor
+            .run(vec![record(1, "p", "a", 1000), record(2, "p", "a", 1001)])
+            .await;
+        assert_eq!((report.failed_from, report.applied), (None, 2));
+        assert_eq!(b.out.bodies(), [vec!["1000"], vec!["1001"]]);
+        assert_eq!(
+            calls_of(&b),
+            before,
+            "no call to the table: {:?}",
+            b.table.usage()
+        );
+        // A redelivery answers them again: the same outputs under the same ids.
+        let first: Vec<_> = b.out.calls.lock().unwrap().concat();
+        b.executor
+            .run(vec![record(1, "p", "a", 1000), record(2, "p", "a", 1001)])
+            .await;
+        let calls = b.out.calls.lock().unwrap();
+        assert_eq!(calls[2..].concat(), first);
+    }
+
+    #[tokio::test]
+    async fn a_key_with_one_record_the_operator_cannot_answer_is_read_and_committed_as_usual() {
+        let (b, before) = warm(false).await;
+        let report = b
+            .executor
+            .run(vec![
+                record(1, "p", "a", 1000),
+                record(2, "p", "a", 3),
+                record(3, "q", "b", 1001),
+            ])
+            .await;
+        assert_eq!((report.failed_from, report.commits), (None, 1));
+        assert_eq!(b.out.bodies(), [vec!["1000", "1001"], vec!["3"]]);
+        assert_eq!(calls_of(&b), before + 2, "a read and a write of key a");
+        // Key a's sum was read and committed: its next record adds to it.
+        b.executor.run(vec![record(4, "p", "a", 4)]).await;
+        assert_eq!(b.out.bodies().last().unwrap(), &vec!["7"]);
+    }
+
+    #[tokio::test]
+    async fn a_record_answered_without_state_that_touches_state_is_dead_lettered_naming_it() {
+        let (b, before) = warm(false).await;
+        let report = b
+            .executor
+            .run(vec![record(1, "p", "a", 1013), record(2, "p", "a", 1001)])
+            .await;
+        assert_eq!(report.failed_from, None, "the key goes on");
+        assert_eq!(b.out.bodies(), [vec!["1001"]]);
+        let letters = b.dead.bodies().concat();
+        assert_eq!(letters.len(), 1);
+        assert!(
+            letters[0].contains("state.sum") && letters[0].contains("answer_without_state"),
+            "{letters:?}"
+        );
+        assert_eq!(calls_of(&b), before);
+    }
+
+    #[tokio::test]
+    async fn an_outbox_operator_answered_without_state_may_emit_only_settled_outputs() {
+        let (b, before) = warm(true).await;
+        let report = b
+            .executor
+            .run(vec![record(1, "p", "a", 1066), record(2, "p", "a", 1001)])
+            .await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(
+            b.out.bodies(),
+            [vec!["1001"]],
+            "the unsettled output is refused"
+        );
+        let letters = b.dead.bodies().concat();
+        assert!(
+            letters.len() == 1 && letters[0].contains("output.out"),
+            "{letters:?}"
+        );
+        assert_eq!(
+            calls_of(&b),
+            before,
+            "nothing stored in an outbox of a state never read"
+        );
     }
 }

@@ -52,7 +52,7 @@
 
 mod commit;
 mod emit;
-mod expiry;
+pub(crate) mod expiry;
 mod history;
 mod load;
 mod observe;
@@ -403,7 +403,8 @@ impl<O: KeyedOperator> Executor<O> {
         let loaded = if stateless {
             Some(self.fresh_keys(&plan))
         } else {
-            self.load(&plan, now, &mut report).await
+            let answered = self.answered_without_state(&plan, &mut inputs, now);
+            self.load(&plan, &answered, now, &mut report).await
         };
         let Some(mut keys) = loaded else {
             // The state could not be read: the whole batch is left for Lambda to retry.

@@ -15,7 +15,8 @@ use super::plan::Plan;
 use super::Executor;
 use crate::domain::{KeyState, Origin, Output, SlotUpdate, SourceRecord};
 use crate::operator::{
-    BroadcastSnapshot, Ctx, InvalidInput, KeyedOperator, ProcessError, TypedSlot, BROADCAST_KEY,
+    BroadcastSnapshot, Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, TypedSlot,
+    BROADCAST_KEY,
 };
 
 /// What happened to one record of a key.
@@ -38,6 +39,13 @@ impl Outcome {
     pub(super) fn advances(&self) -> bool {
         matches!(self, Outcome::Applied(_) | Outcome::Invalid(_))
     }
+}
+
+/// Why a record's input could not be had again.
+enum DecodeAgain {
+    Invalid(InvalidInput),
+    /// The key was answered without its state, and the operator no longer can answer this record.
+    Unanswered,
 }
 
 /// One key's records run from its loaded state.
@@ -80,6 +88,9 @@ pub(super) struct KeyWork {
     /// States past their own TTL were dropped from `base`: the key is written even if nothing
     /// else changes.
     pub expired: bool,
+    /// The operator answers the key's records without its state, which was not read: the key
+    /// touches no state and commits nothing (`KeyedOperator::answer_without_state`).
+    pub without_state: bool,
 }
 
 impl<O: KeyedOperator> Executor<O> {
@@ -151,7 +162,7 @@ impl<O: KeyedOperator> Executor<O> {
             let stop = failed.map_or(limit, |p| p.min(limit));
             for (position, record) in records.iter().enumerate().take(stop) {
                 let timer = record.as_timer().map(|(_, at)| at);
-                match self.gate(record, &work.base, &mut lineages) {
+                match self.gate(record, work, &mut lineages) {
                     None => {}
                     Some(Outcome::Deferred) => {
                         run.outcomes.push(Outcome::Deferred);
@@ -170,33 +181,23 @@ impl<O: KeyedOperator> Executor<O> {
                 let input = match (timer, inputs[position].take()) {
                     (Some(_), _) => None,
                     (None, Some(input)) => Some(input),
-                    (None, None) => match self.operator.decode(record) {
+                    (None, None) => match self.decode_again(key, record, work.without_state, now) {
                         Ok(input) => Some(input),
                         // Decoding succeeded the first time; a decoder that is not deterministic
                         // still loses nothing: the record is dead-lettered.
-                        Err(reason) => {
+                        Err(DecodeAgain::Invalid(reason)) => {
                             work.invalid.insert(position, reason);
+                            continue 'restart;
+                        }
+                        Err(DecodeAgain::Unanswered) => {
+                            warn!(operator = %self.namespace.operator, key, sequence = %record.sequence, "a key answered without its state can no longer be; its records will be redelivered");
+                            failed = Some(position);
                             continue 'restart;
                         }
                     },
                 };
                 let mut outputs = Vec::new();
-                let ctx = Ctx {
-                    key,
-                    operator: &self.namespace.operator,
-                    record,
-                    now_millis: now,
-                    declared: if key == BROADCAST_KEY {
-                        &self.broadcast_states
-                    } else {
-                        &self.states
-                    },
-                    base: &work.base,
-                    slots: &mut run.slots,
-                    outputs: &mut outputs,
-                    sinks: &self.sink_limits,
-                    broadcast: work.broadcast.as_deref(),
-                };
+                let ctx = self.ctx(key, record, now, work, &mut run.slots, &mut outputs);
                 match self.call(ctx, input, timer) {
                     Ok(Ok(true)) => run.outcomes.push(Outcome::Applied(outputs)),
                     // The timer fired already, or was cancelled.
@@ -227,26 +228,75 @@ impl<O: KeyedOperator> Executor<O> {
         }
     }
 
+    /// What `process` sees of `key` for `record`.
+    fn ctx<'c>(
+        &'c self,
+        key: &'c str,
+        record: &'c SourceRecord,
+        now: i64,
+        work: &'c KeyWork,
+        slots: &'c mut BTreeMap<&'static str, Box<dyn TypedSlot>>,
+        outputs: &'c mut Vec<Output>,
+    ) -> Ctx<'c> {
+        Ctx {
+            key,
+            operator: &self.namespace.operator,
+            record,
+            now_millis: now,
+            declared: if key == BROADCAST_KEY {
+                &self.broadcast_states
+            } else {
+                &self.states
+            },
+            base: &work.base,
+            slots,
+            outputs,
+            sinks: &self.sink_limits,
+            broadcast: work.broadcast.as_deref(),
+            without_state: work.without_state,
+            outbox: self.operator.delivery() == Delivery::Outbox,
+        }
+    }
+
+    /// A record's input decoded again, for a key run again from its first record. A key answered
+    /// without its state asks the operator again, for this record alone, and stops (to be
+    /// redelivered) if the operator no longer can: its state was not read.
+    fn decode_again(
+        &self,
+        key: &str,
+        record: &SourceRecord,
+        without_state: bool,
+        now: i64,
+    ) -> Result<O::Input, DecodeAgain> {
+        let mut input = self.operator.decode(record).map_err(DecodeAgain::Invalid)?;
+        if without_state && !self.operator.answer_without_state(key, &mut input, now) {
+            return Err(DecodeAgain::Unanswered);
+        }
+        Ok(input)
+    }
+
     /// The outcome a record gets without running, or `None` when it runs: a record its key
     /// applied already is replayed, and one of a lineage beyond what a commit may advance is
     /// deferred. (A timer record guards itself: it fires only while its timer is pending.)
     fn gate<'r>(
         &self,
         record: &'r SourceRecord,
-        base: &KeyState,
+        work: &KeyWork,
         lineages: &mut Vec<&'r Origin>,
     ) -> Option<Outcome> {
         if record.as_timer().is_some() {
             return None;
         }
         let lineage = self.lineage_of(record);
-        if base
+        if work
+            .base
             .watermarks
             .has_applied(lineage, &record.sequence, record.arrival_millis)
         {
             return Some(Outcome::Replayed);
         }
-        if !lineages.contains(&lineage) {
+        // A key answered without its state commits nothing: no commit to keep small.
+        if !work.without_state && !lineages.contains(&lineage) {
             if lineages.len() == self.limits.lineages_per_commit {
                 return Some(Outcome::Deferred);
             }
@@ -466,6 +516,24 @@ mod tests {
         let work = run(&b, &batch);
         assert_eq!(work.run.outcomes.len(), 5);
         assert!(matches!(work.run.outcomes[4], Outcome::Deferred));
+    }
+
+    #[tokio::test]
+    async fn a_key_answered_without_its_state_is_not_held_to_the_lineages_a_commit_takes() {
+        let mut b = bench(
+            Summer {
+                facts: true,
+                ..Summer::default()
+            },
+            false,
+        );
+        b.executor.limits.lineages_per_commit = 3;
+        let batch = (1..=5)
+            .map(|i| record(i, &format!("p{i}"), "a", 1000 + i as i64))
+            .collect();
+        let report = b.executor.run(batch).await;
+        assert_eq!((report.failed_from, report.applied), (None, 5));
+        assert_eq!(b.out.bodies().concat().len(), 5);
     }
 
     #[tokio::test]

@@ -29,11 +29,16 @@ pub(crate) const START: i64 = 1_767_225_600_000;
 /// `n` of 0 changes nothing and emits nothing, 13 fails (retryably), 66 panics, a negative `n`
 /// is invalid, and 21, 22 and 23 touch a state, a sink and timers it never declared (a
 /// programming error).
+///
+/// With `facts`, an `n` of 1000 or more is a fact: answered without the key's state
+/// (`answer_without_state`), it emits `n` itself, settled; but 1013 reads the sum anyway and
+/// 1066 emits `n` unsettled (two programming errors).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Summer {
     pub outbox: bool,
     /// Declares no sink: a version deployed without `out`.
     pub without_out: bool,
+    pub facts: bool,
 }
 
 impl KeyedOperator for Summer {
@@ -74,7 +79,14 @@ impl KeyedOperator for Summer {
         input.0.clone()
     }
 
+    fn answer_without_state(&self, _key: &str, input: &mut (String, i64), _now: i64) -> bool {
+        self.facts && input.1 >= 1000
+    }
+
     fn process(&self, ctx: &mut Ctx<'_>, (key, n): (String, i64)) -> Result<(), ProcessError> {
+        if self.facts && n >= 1000 {
+            return fact(ctx, key, n);
+        }
         match n {
             0 => return Ok(()),
             13 => return Err(ProcessError::Retry("unlucky".into())),
@@ -98,6 +110,21 @@ impl KeyedOperator for Summer {
             Delivery::Outbox
         } else {
             Delivery::EmitThenCommit
+        }
+    }
+}
+
+/// What `Summer` does with a fact `n`.
+fn fact(ctx: &mut Ctx<'_>, key: String, n: i64) -> Result<(), ProcessError> {
+    match n {
+        1013 => {
+            ctx.value(&SUM)?;
+            Ok(())
+        }
+        1066 => ctx.emit(&OUT, key, &n),
+        _ => {
+            let (origin, sequence) = (ctx.record().origin.clone(), ctx.record().sequence.clone());
+            ctx.emit_settled_for(&OUT, (&origin, &sequence), 0, key, &n)
         }
     }
 }

@@ -36,6 +36,12 @@ pub struct Ctx<'a> {
     pub(crate) sinks: &'a HashMap<String, usize>,
     /// The operator's broadcast states as the batch loaded them, if it declares any.
     pub(crate) broadcast: Option<&'a BroadcastSnapshot>,
+    /// The key's state was not read: the operator answers its records without it
+    /// (`KeyedOperator::answer_without_state`), and any state it touches is refused.
+    pub(crate) without_state: bool,
+    /// The operator delivers through an outbox: without its state a key can store none, and may
+    /// emit settled outputs only.
+    pub(crate) outbox: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -47,6 +53,23 @@ impl<'a> Ctx<'a> {
     /// The record being processed.
     pub fn record(&self) -> &SourceRecord {
         self.record
+    }
+
+    /// Whether outputs an earlier invocation committed to the key's outbox are still to go out
+    /// (this invocation sends them before the key's new outputs). An operator that keeps facts
+    /// of a key in memory to answer it without its state (`answer_without_state`) keeps none of
+    /// a key whose outbox is pending: answered without its state, the key's new outputs would
+    /// overtake them.
+    pub fn outbox_pending(&self) -> bool {
+        !self.base.outbox.is_empty()
+    }
+
+    /// When the key's state `name`, as loaded, goes (epoch milliseconds): at the state's own time
+    /// (its TTL, or `set_expiring`) or the key's (`state_ttl` after its last commit), whichever
+    /// comes first; `None` when it is kept. A later commit may keep it longer, never shorter: an
+    /// operator that remembers a state in memory forgets it by then.
+    pub fn loaded_expiry(&self, name: &str) -> Option<i64> {
+        crate::executor::expiry::of(self.base, name).map(|secs| secs.saturating_mul(1000))
     }
 
     /// The invocation's time (epoch milliseconds): the same for every record of a batch, so a
@@ -67,6 +90,11 @@ impl<'a> Ctx<'a> {
     where
         T: Serialize + DeserializeOwned + Send + 'static,
     {
+        if self.without_state {
+            return Err(StateError::NotLoaded {
+                slot: state.name.to_owned(),
+            });
+        }
         let base = self.base.slots.get(state.name).unwrap_or(&EMPTY_SLOT);
         let slot = Self::typed::<ListSlot<T>>(
             self.slots,
@@ -98,6 +126,11 @@ impl<'a> Ctx<'a> {
     where
         T: DeserializeOwned + Send + Sync + 'static,
     {
+        if self.without_state {
+            return Err(StateError::NotLoaded {
+                slot: state.name.to_owned(),
+            });
+        }
         match self.broadcast {
             Some(snapshot) => snapshot.get(state),
             None => Err(StateError::Undeclared {
@@ -304,6 +337,14 @@ impl<'a> Ctx<'a> {
         body: String,
         settled: bool,
     ) -> Result<(), ProcessError> {
+        if self.without_state && self.outbox && !settled {
+            // It would have to be stored in the outbox of a state that was not read.
+            return Err(ProcessError::Invalid(InvalidInput::new(
+                format!("output.{sink}"),
+                "an output that is not settled, from a key the operator answered without its \
+                 state (answer_without_state)",
+            )));
+        }
         let Some(&limit) = self.sinks.get(sink) else {
             // A sink constant missing from the operator's sinks(): a programming error, which no
             // retry fixes, dead-lettered like an undeclared state (`From<StateError>`). Declared
@@ -337,6 +378,11 @@ impl<'a> Ctx<'a> {
         name: &'static str,
         type_name: &str,
     ) -> Result<&mut S, StateError> {
+        if self.without_state {
+            return Err(StateError::NotLoaded {
+                slot: name.to_owned(),
+            });
+        }
         let base = self.base.slots.get(name).unwrap_or(&EMPTY_SLOT);
         Self::typed::<S>(self.slots, self.declared, base, name, type_name)
     }

@@ -98,7 +98,8 @@ impl From<StateError> for ProcessError {
             // replayed from the dead-letter sink.
             StateError::Undeclared { ref slot }
             | StateError::KindMismatch { ref slot, .. }
-            | StateError::BroadcastFromKey { ref slot, .. } => {
+            | StateError::BroadcastFromKey { ref slot, .. }
+            | StateError::NotLoaded { ref slot } => {
                 ProcessError::Invalid(InvalidInput::new(format!("state.{slot}"), err.to_string()))
             }
         }
@@ -172,6 +173,23 @@ pub trait KeyedOperator: Send + Sync + 'static {
     /// processed again and its outputs go out again under the same ids. Such an operator declares
     /// no states, sets no timers and delivers emit-then-commit (`executor::stateless`).
     fn stateless(&self) -> bool {
+        false
+    }
+
+    /// Whether `process` answers this record of `key` from the record itself and facts the
+    /// operator keeps in memory that never change once written (an access key's identity):
+    /// touching no state, setting no timer, and emitting only settled outputs. When it answers
+    /// every record of a key in a batch, the executor neither reads nor writes the key's state,
+    /// saving a read a key a batch, and the records run again on a redelivery: they must give
+    /// the same outputs. The operator may rewrite `input` to carry what it answers it from, so
+    /// that `process` decides as this did; a record decoded again (its key run again from its
+    /// first record) is asked again. `now_millis` is the invocation's time.
+    ///
+    /// A record so answered that touches state anyway, or emits an output that is not settled
+    /// from an outbox operator, is dead-lettered (`StateError::NotLoaded`): a programming error.
+    /// By default no record is answered without its key's state.
+    fn answer_without_state(&self, key: &str, input: &mut Self::Input, now_millis: i64) -> bool {
+        let _ = (key, input, now_millis);
         false
     }
 

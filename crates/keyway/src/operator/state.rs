@@ -28,6 +28,8 @@ pub enum StateError {
     Undeclared { slot: String },
     #[error("broadcast state {slot:?} is written only by records keyed to BROADCAST_KEY, not by key {key:?}")]
     BroadcastFromKey { slot: String, key: String },
+    #[error("state {slot:?} was used by a key the operator answered without its state (answer_without_state), which was not read")]
+    NotLoaded { slot: String },
     #[error("state {slot:?} is declared as {declared} but used as {used}")]
     KindMismatch {
         slot: String,
