@@ -14,6 +14,7 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 // `pub` only for what other crates reach: anything else is `pub(crate)`.
 #![warn(unreachable_pub)]
+#![warn(missing_docs)]
 
 pub mod adapters;
 pub mod domain;

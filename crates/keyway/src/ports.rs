@@ -17,13 +17,19 @@ use crate::domain::{KeyState, Origin, Output, StoreMemo};
 /// A state store failure. `is_retryable` says whether the same request may succeed later.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum StoreError {
+    /// The table refused the request for its rate: the same request may go through after a
+    /// backoff.
     #[error("throttled by the state table: {0}")]
     Throttled(String),
+    /// The table could not answer now (a timeout, a lost connection, a 5xx): the same request
+    /// may succeed later.
     #[error("state table unavailable: {0}")]
     Unavailable(String),
     /// The key's version changed since it was read: another invocation committed first.
     #[error("conditional write failed: the key was changed by another writer since it was read")]
     Conflict,
+    /// The request itself is wrong (an item too large, an unknown table, an operation the store
+    /// cannot do): no retry helps.
     #[error("state request rejected: {0}")]
     Invalid(String),
     /// An item the key's state is stored in does not parse (or one it names is missing): no
@@ -33,6 +39,7 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the same request may succeed later: after throttling or a transient failure.
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Throttled(_) | StoreError::Unavailable(_))
     }
@@ -41,8 +48,11 @@ impl StoreError {
 /// A sink failure for one message.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum SinkError {
+    /// The service refused the message for the caller's rate: resend it after a backoff.
     #[error("throttled by the sink: {0}")]
     Throttled(String),
+    /// The service could not take the message now (a timeout, a 5xx, a KMS key being fixed):
+    /// resend it later.
     #[error("sink unavailable: {0}")]
     Unavailable(String),
     /// The service refused the message itself (too large, invalid characters): resending it as is
@@ -52,6 +62,7 @@ pub enum SinkError {
 }
 
 impl SinkError {
+    /// Whether resending the message as is may succeed: every failure but `Rejected`.
     pub fn is_retryable(&self) -> bool {
         !matches!(self, SinkError::Rejected(_))
     }
@@ -61,7 +72,9 @@ impl SinkError {
 /// written under another signature is never read under this one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Namespace {
+    /// The operator's name.
     pub operator: String,
+    /// The signature of the operator's state structure.
     pub signature: String,
 }
 
@@ -69,7 +82,9 @@ pub struct Namespace {
 /// watermarks apart from the key's other state reads the ones the batch needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadKey<'a> {
+    /// The key to load.
     pub key: &'a str,
+    /// The lineages of the key's records in the batch; none for a look-up outside a batch.
     pub lineages: Vec<&'a Origin>,
 }
 
@@ -85,8 +100,11 @@ impl<'a> From<&'a str> for LoadKey<'a> {
 /// One key's new state, to be written only if the key is still at `expected_version`.
 #[derive(Clone, Debug)]
 pub struct Commit {
+    /// The key to write.
     pub key: String,
+    /// The version the key was read at: the write lands only if the key is still at it.
     pub expected_version: u64,
+    /// The key's whole new state.
     pub state: KeyState,
     /// How long after a record's arrival its source may still redeliver it: the watermarks must
     /// outlive that, whatever the state's own TTL.
@@ -112,13 +130,16 @@ pub const DEFAULT_REDELIVERY_WINDOW: Duration = Duration::from_secs(366 * 24 * 3
 /// A key's timer, as the due-time index holds it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TimerEntry {
+    /// When the timer is due, epoch milliseconds.
     pub at_millis: i64,
+    /// The key the timer belongs to.
     pub key: String,
 }
 
 /// An index entry come due, with what the store needs to remove or postpone it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DueTimer {
+    /// The timer the entry stands for.
     pub timer: TimerEntry,
     /// The store's own reference to the entry.
     pub handle: String,
@@ -127,8 +148,11 @@ pub struct DueTimer {
 /// A commit that landed: the version it wrote, and the store's notes to touch it again.
 #[derive(Clone, Debug)]
 pub struct Committed {
+    /// The key committed.
     pub key: String,
+    /// The version the commit wrote.
     pub version: u64,
+    /// The store's notes on what it wrote, which `clear_outbox` reads back.
     pub memo: StoreMemo,
 }
 
@@ -236,7 +260,9 @@ pub trait TimerIndex: Send + Sync {
 /// A page of keys (`StateStore::list_keys`), and where the next page starts: none at the end.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyPage {
+    /// The page's keys: possibly none, even when a next page follows.
     pub keys: Vec<String>,
+    /// Where the next page starts (the `cursor` to pass on); none at the end.
     pub next: Option<String>,
 }
 
@@ -279,6 +305,7 @@ pub trait Sink: Send + Sync {
 /// Where metric lines (CloudWatch Embedded Metric Format, `domain::metrics`) go: on Lambda the
 /// function's log, which CloudWatch reads them from.
 pub trait MetricLog: Send + Sync {
+    /// Writes one metric line.
     fn write(&self, line: String);
 }
 
@@ -315,6 +342,8 @@ impl MetricLog for MemoryMetrics {
 /// never a record: the executor logs it and goes on.
 #[async_trait]
 pub trait HotKeyReports: Send + Sync {
+    /// Adds one batch's report to the registry; a retried batch's report replaces the one it
+    /// made before.
     async fn report(&self, report: &crate::domain::skew::HeatReport) -> Result<(), StoreError>;
 
     /// The smallest share of a batch a key needs to be worth reporting (`HeatReport::new`).
@@ -323,9 +352,11 @@ pub trait HotKeyReports: Send + Sync {
 
 /// Wall-clock time. The runtime reads time only through this, so tests can control it.
 pub trait Clock: Send + Sync {
+    /// The time now, epoch milliseconds.
     fn now_millis(&self) -> i64;
 }
 
+/// The system's wall clock, the one the runtime reads on Lambda.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 
@@ -340,14 +371,17 @@ impl Clock for SystemClock {
 pub struct ManualClock(AtomicI64);
 
 impl ManualClock {
+    /// A clock standing at `millis` (epoch milliseconds), to share.
     pub fn at(millis: i64) -> Arc<Self> {
         Arc::new(Self(AtomicI64::new(millis)))
     }
 
+    /// Moves the clock `millis` milliseconds forward.
     pub fn advance(&self, millis: i64) {
         self.0.fetch_add(millis, Ordering::SeqCst);
     }
 
+    /// Sets the clock to `millis` (epoch milliseconds), backwards too.
     pub fn set(&self, millis: i64) {
         self.0.store(millis, Ordering::SeqCst);
     }

@@ -22,25 +22,37 @@ use crate::ports::{Sink, SinkError};
 
 /// A record's data plus partition key may be at most 1 MiB.
 pub const RECORD_MAX_BYTES: usize = 1024 * 1024;
+/// PutRecords takes at most 500 records.
 pub const PUT_RECORDS_MAX: usize = 500;
+/// PutRecords takes at most 5 MiB of data and partition keys in all.
 pub const PUT_RECORDS_MAX_BYTES: usize = 5 * 1024 * 1024;
 
 /// One record of a PutRecords call, borrowed from the output it sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PutEntry<'a> {
+    /// The record's partition key (1 to 256 characters).
     pub partition_key: &'a str,
+    /// The record's data.
     pub data: &'a [u8],
+    /// A hash key that picks the shard in place of the partition key's hash.
     pub explicit_hash_key: Option<&'a str>,
 }
 
+/// What PutRecords did with one entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PutOutcome {
+    /// The record was written.
     Written {
+        /// The shard it was written to.
         shard_id: String,
+        /// Its sequence number in the shard.
         sequence_number: String,
     },
+    /// The record was not written; others of the same call may have been.
     Failed {
+        /// The entry's error code (`ProvisionedThroughputExceededException`, `InternalFailure`).
         code: String,
+        /// The entry's error message.
         message: String,
     },
 }
@@ -71,10 +83,12 @@ pub struct SdkKinesis {
 }
 
 impl SdkKinesis {
+    /// PutRecords through `client`.
     pub fn new(client: Client) -> Self {
         Self { client }
     }
 
+    /// The client's configuration (region, endpoint).
     pub fn config(&self) -> &aws_sdk_kinesis::Config {
         self.client.config()
     }
@@ -143,6 +157,7 @@ pub struct KinesisSink<A: KinesisApi> {
 }
 
 impl<A: KinesisApi> KinesisSink<A> {
+    /// Outputs to the stream named `stream` through `api`, with the default backoff.
     pub fn new(api: Arc<A>, stream: impl Into<String>) -> Self {
         Self {
             api,
@@ -151,6 +166,7 @@ impl<A: KinesisApi> KinesisSink<A> {
         }
     }
 
+    /// The same sink, retrying failed records with `backoff`.
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self

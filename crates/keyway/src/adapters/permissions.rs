@@ -16,6 +16,7 @@ pub struct SdkCall {
     pub adapter: &'static str,
     /// The SDK client's method.
     pub method: &'static str,
+    /// The IAM action that authorizes the call.
     pub action: &'static str,
 }
 

@@ -11,9 +11,12 @@ use rand::{Rng, SeedableRng};
 
 use crate::ports::{SinkError, StoreError};
 
+/// Capped exponential backoff with full jitter, and how many attempts a call gets.
 #[derive(Debug)]
 pub struct Backoff {
+    /// The ceiling of the first retry's wait, doubled for each retry after it.
     pub base: Duration,
+    /// The most a wait's ceiling grows to.
     pub cap: Duration,
     /// Attempts in all, the first one included.
     pub max_attempts: u32,
@@ -21,6 +24,8 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// Waits from `base` doubling up to `cap`, over `max_attempts` attempts, jittered from the
+    /// system's entropy (`seeded` for a fixed sequence).
     pub fn new(base: Duration, cap: Duration, max_attempts: u32) -> Self {
         Self {
             base,
@@ -51,6 +56,7 @@ impl Backoff {
         Duration::from_nanos(jitter)
     }
 
+    /// Sleeps the jittered wait before retry number `retry` (`delay`).
     pub async fn wait(&self, retry: u32) {
         tokio::time::sleep(self.delay(retry)).await;
     }
@@ -123,6 +129,7 @@ impl Backoff {
 
 /// An error that says whether trying again can help.
 pub trait Retryable {
+    /// Whether the same call may succeed later.
     fn is_retryable(&self) -> bool;
 }
 
@@ -142,7 +149,9 @@ impl Retryable for SinkError {
 /// good, each with its error. Work in neither succeeded.
 #[derive(Debug)]
 pub struct Round<T, E> {
+    /// Work to try again, each with the error it failed with.
     pub retry: Vec<(T, E)>,
+    /// Work that failed for good, each with its error.
     pub failed: Vec<(T, E)>,
 }
 

@@ -20,6 +20,7 @@ use crate::domain::hash::sha256_hex;
 use crate::domain::Output;
 use crate::ports::{Sink, SinkError};
 
+/// SendMessageBatch takes at most 10 entries.
 pub const BATCH_MAX_ENTRIES: usize = 10;
 /// The ids of a call's entries, by position.
 const ENTRY_IDS: [&str; BATCH_MAX_ENTRIES] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
@@ -37,22 +38,32 @@ const ATTRIBUTE_BYTES: usize = OUTPUT_ID_ATTRIBUTE.len() + "String".len() + 32;
 pub struct SqsEntry<'a> {
     /// Unique within the call.
     pub id: &'a str,
+    /// The message body.
     pub body: &'a str,
     /// Sent as the `outputId` message attribute.
     pub output_id: Option<&'a str>,
     /// FIFO queues only.
     pub group_id: Option<&'a str>,
+    /// FIFO queues only: SQS drops a message sent with the same id within five minutes.
     pub deduplication_id: Option<&'a str>,
 }
 
+/// What SendMessageBatch did with one entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SqsOutcome {
+    /// The message was sent.
     Sent {
+        /// The id SQS gave the message.
         message_id: String,
     },
+    /// The message was not sent.
     Failed {
+        /// The entry's error code.
         code: String,
+        /// The entry's error message.
         message: String,
+        /// SQS blames the request, not itself: unless the code says otherwise, resending the
+        /// message as is will not help.
         sender_fault: bool,
     },
 }
@@ -75,10 +86,12 @@ pub struct SdkSqs {
 }
 
 impl SdkSqs {
+    /// SendMessageBatch through `client`.
     pub fn new(client: Client) -> Self {
         Self { client }
     }
 
+    /// The client's configuration (region, endpoint).
     pub fn config(&self) -> &aws_sdk_sqs::Config {
         self.client.config()
     }
@@ -177,6 +190,7 @@ impl<A: SqsApi> SqsSink<A> {
         }
     }
 
+    /// The same sink, retrying failed messages with `backoff`.
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self

@@ -17,17 +17,21 @@ use super::{Change, ChangeKind, InvalidInput, Item};
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op", content = "row", rename_all = "lowercase")]
 pub enum RowChange<R> {
+    /// Removes the row as it was.
     Delete(R),
+    /// Adds the row as it is now.
     Insert(R),
 }
 
 impl<R> RowChange<R> {
+    /// The row deleted or inserted.
     pub fn row(&self) -> &R {
         match self {
             RowChange::Delete(row) | RowChange::Insert(row) => row,
         }
     }
 
+    /// True for an insert.
     pub fn is_insert(&self) -> bool {
         matches!(self, RowChange::Insert(_))
     }

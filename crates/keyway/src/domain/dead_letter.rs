@@ -9,19 +9,24 @@ use super::output::{Output, OutputId};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeadLetter {
+    /// The operator that rejected the record, or emitted the output a sink refused, by name.
     pub operator: String,
     /// Where the record sits in its stream, when the record got far enough to say.
     pub origin: Option<String>,
+    /// The record's sequence number in its stream, when the record got far enough to say.
     pub sequence_number: Option<String>,
     /// The field that is wrong and what is wrong with it.
     pub field: String,
+    /// What is wrong with `field`.
     pub problem: String,
     /// The record exactly as delivered (the Lambda event's record JSON).
     pub payload: String,
     /// True when `payload` was cut to fit the dead-letter sink; `payload_bytes` and
     /// `payload_sha256` then identify the original, which the stream still holds.
     pub payload_truncated: bool,
+    /// The length of the original payload, in bytes.
     pub payload_bytes: usize,
+    /// The original payload's SHA-256, as 64 hexadecimal digits.
     pub payload_sha256: String,
 }
 
@@ -63,6 +68,7 @@ impl DeadLetter {
         }
     }
 
+    /// A dead letter carrying `payload` whole, with its length and SHA-256.
     pub fn new(
         operator: &str,
         origin: Option<String>,

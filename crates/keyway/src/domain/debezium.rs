@@ -30,11 +30,15 @@ pub type Row = Map<String, Value>;
 /// A change event's `op`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
+    /// A row inserted (`c`).
     Create,
     /// A row read by a snapshot: an insert, for whoever starts from it.
     Read,
+    /// A row changed (`u`).
     Update,
+    /// A row deleted (`d`).
     Delete,
+    /// A table truncated (`t`): all its rows removed, none of them named.
     Truncate,
     /// A logical decoding message (PostgreSQL's `pg_logical_emit_message`): no row changes.
     Message,
@@ -71,9 +75,11 @@ impl Op {
 pub struct Source {
     /// `mysql`, `postgresql` ...
     pub connector: Option<String>,
+    /// The database the table is in.
     pub db: Option<String>,
     /// PostgreSQL's schema (MySQL has none).
     pub schema: Option<String>,
+    /// The table the row belongs to.
     pub table: Option<String>,
     /// A snapshot read the row: `snapshot` is true, or a string other than "false".
     pub snapshot: bool,
@@ -93,8 +99,18 @@ pub struct Source {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Position {
+    /// PostgreSQL's log sequence number (`lsn`), or Oracle's system change number (`scn`).
     Lsn(u64),
-    Binlog { file: String, pos: u64, row: u64 },
+    /// A MySQL binlog position.
+    Binlog {
+        /// The binlog file's name.
+        file: String,
+        /// The event's byte offset in the file.
+        pos: u64,
+        /// The row within the event (one event can change several rows); 0 when not given.
+        row: u64,
+    },
+    /// When the database made the change (`ts_ms`), in epoch milliseconds.
     Millis(i64),
 }
 
@@ -134,8 +150,11 @@ impl Position {
 /// One change event.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowEvent {
+    /// What happened to the row.
     pub op: Op,
+    /// The row before the change, when the event carries it (whole or in part).
     pub before: Option<Row>,
+    /// The row after the change; `None` for a delete, a truncate or a message.
     pub after: Option<Row>,
     /// Empty when the event has no source block.
     pub source: Source,
@@ -162,6 +181,7 @@ impl RowEvent {
 // the rare tombstone.
 #[allow(clippy::large_enum_variant)]
 pub enum DebeziumEvent {
+    /// A change event.
     Change(RowEvent),
     /// A null value: Kafka's log compaction drops the key; nothing changes.
     Tombstone,

@@ -81,6 +81,7 @@ pub fn kinesis_hash_key(partition_key: &str) -> u128 {
 pub struct HashKeys(HashMap<String, u128>);
 
 impl HashKeys {
+    /// The most keys remembered; once full, all are forgotten.
     pub const MAX: usize = 1 << 16;
 
     /// `kinesis_hash_key(partition_key)`.

@@ -7,11 +7,14 @@ use thiserror::Error;
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 #[error("{field}: {problem}")]
 pub struct InvalidInput {
+    /// Where the problem is: a field or a path into the input, e.g. `dynamodb.NewImage`.
     pub field: String,
+    /// What is wrong with it.
     pub problem: String,
 }
 
 impl InvalidInput {
+    /// Input whose `field` has `problem`.
     pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
         Self {
             field: field.into(),

@@ -13,18 +13,28 @@ use serde_json::{Map, Value};
 /// An item: attribute name to value. Ordered, so that its JSON form is canonical.
 pub type Item = BTreeMap<String, AttrValue>;
 
+/// A DynamoDB attribute value: one variant per type of DynamoDB's data model.
 #[derive(Clone, Debug, PartialEq)]
 pub enum AttrValue {
+    /// A string (`S`).
     S(String),
     /// Numbers travel as decimal strings, as in DynamoDB's own wire format, so no precision is lost.
     N(String),
+    /// Binary data (`B`), decoded from base64.
     B(Vec<u8>),
+    /// A boolean (`BOOL`).
     Bool(bool),
+    /// A null (`NULL`).
     Null,
+    /// A list of values of any types (`L`).
     L(Vec<AttrValue>),
+    /// A map of attribute names to values (`M`).
     M(BTreeMap<String, AttrValue>),
+    /// A string set (`SS`).
     Ss(Vec<String>),
+    /// A number set (`NS`), each number a decimal string.
     Ns(Vec<String>),
+    /// A binary set (`BS`).
     Bs(Vec<Vec<u8>>),
 }
 
@@ -49,6 +59,7 @@ impl AttrValue {
         }
     }
 
+    /// The string, if this is an `S`.
     pub fn as_s(&self) -> Option<&str> {
         match self {
             AttrValue::S(s) => Some(s),
@@ -56,6 +67,7 @@ impl AttrValue {
         }
     }
 
+    /// The number's decimal text, if this is an `N`.
     pub fn as_n(&self) -> Option<&str> {
         match self {
             AttrValue::N(n) => Some(n),
@@ -207,6 +219,7 @@ pub fn item_from_dynamodb_json(value: &Value, path: &str) -> Result<Item, Invali
         .collect()
 }
 
+/// An item as DynamoDB JSON (`{"id": {"S": "1"}}`).
 pub fn item_to_dynamodb_json(item: &Item) -> Value {
     Value::Object(
         item.iter()

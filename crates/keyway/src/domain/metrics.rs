@@ -18,6 +18,7 @@ pub struct Emf {
 }
 
 impl Emf {
+    /// An empty line stamped `timestamp_millis` (epoch milliseconds).
     pub fn new(timestamp_millis: i64) -> Self {
         Self {
             timestamp_millis,
@@ -27,16 +28,19 @@ impl Emf {
         }
     }
 
+    /// Adds dimension `name`: every metric of the line is published under its `value`.
     pub fn dimension(mut self, name: &str, value: impl Into<String>) -> Self {
         self.dimensions.push((name.to_owned(), value.into()));
         self
     }
 
+    /// Adds metric `name`, a count (unit `Count`).
     pub fn count(mut self, name: &str, value: u64) -> Self {
         self.metrics.push((name.to_owned(), "Count", value as f64));
         self
     }
 
+    /// Adds metric `name`, a size in bytes (unit `Bytes`).
     pub fn bytes(mut self, name: &str, value: u64) -> Self {
         self.metrics.push((name.to_owned(), "Bytes", value as f64));
         self
@@ -48,6 +52,7 @@ impl Emf {
         self
     }
 
+    /// Adds metric `name`, a duration in milliseconds (unit `Milliseconds`).
     pub fn milliseconds(mut self, name: &str, value: f64) -> Self {
         self.metrics.push((name.to_owned(), "Milliseconds", value));
         self

@@ -48,6 +48,7 @@ impl OutputId {
         ]))
     }
 
+    /// The id's hexadecimal digits.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -62,11 +63,13 @@ impl fmt::Display for OutputId {
 /// A message for a named sink.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Output {
+    /// The output's deterministic id: the same on every retry that emits it again.
     pub id: OutputId,
     /// The name the operator emitted to; the runtime maps names to configured sinks.
     pub sink: String,
     /// Kinesis partition key or SQS FIFO message group: outputs of one key keep their order.
     pub partition_key: String,
+    /// The message text the sink is sent.
     pub body: String,
     /// No retry can change it (see `Ctx::emit_settled_for`): an outbox operator sends it before
     /// its commit instead of storing it. Never stored: an output in an outbox is not settled.

@@ -52,7 +52,9 @@ const NUMERIC_LIMIT: f64 = 1e9;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("pattern at {path}: {problem}")]
 pub struct PatternError {
+    /// A JSON pointer to the refused part of the pattern.
     pub path: String,
+    /// What is wrong with it.
     pub problem: String,
 }
 

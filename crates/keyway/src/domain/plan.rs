@@ -5,13 +5,16 @@ use std::collections::HashMap;
 /// The records of one key, as indexes into the batch, in arrival order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyGroup {
+    /// The key the records share.
     pub key: String,
+    /// The records' indexes into the batch, in arrival order.
     pub records: Vec<usize>,
 }
 
 /// Keys in order of their first record, each with its records in arrival order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BatchPlan {
+    /// One group per key, in order of the key's first record.
     pub groups: Vec<KeyGroup>,
 }
 
@@ -33,6 +36,7 @@ impl BatchPlan {
         Self { groups }
     }
 
+    /// The keys, in order of their first record.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.groups.iter().map(|g| g.key.as_str())
     }

@@ -19,7 +19,9 @@ const MAX_DEPTH: usize = 128;
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 #[error("JSON pointer {pointer:?}: {problem}")]
 pub struct PointerError {
+    /// The pointer as written.
     pub pointer: String,
+    /// What is wrong with it.
     pub problem: &'static str,
 }
 
@@ -27,7 +29,9 @@ pub struct PointerError {
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 #[error("not JSON at byte {offset}: {problem}")]
 pub struct SyntaxError {
+    /// The byte, counted from the start of the document, where the problem was found.
     pub offset: usize,
+    /// What is wrong there.
     pub problem: &'static str,
 }
 
@@ -39,6 +43,7 @@ pub struct Pointer {
 }
 
 impl Pointer {
+    /// Parses a pointer (RFC 6901): empty, or `/`-prefixed tokens, `~0` escaping `~` and `~1` `/`.
     pub fn parse(text: &str) -> Result<Self, PointerError> {
         let error = |problem| PointerError {
             pointer: text.to_owned(),

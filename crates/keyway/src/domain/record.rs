@@ -26,6 +26,7 @@ impl SequenceNumber {
         Ok(Self(text.to_owned()))
     }
 
+    /// The sequence number exactly as delivered.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -108,6 +109,7 @@ impl fmt::Display for SequenceNumber {
 pub struct Origin(pub String);
 
 impl Origin {
+    /// The origin's text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -152,15 +154,18 @@ pub struct SourceRecord {
     /// Which of the operator's declared inputs reads `stream`, once the executor routed it
     /// (`None` for an operator that declares no inputs, or a stream none of them reads).
     pub input: Option<&'static str>,
+    /// Where the record sits; with `sequence`, it names the record (see `Origin`).
     pub origin: Origin,
     /// The finest run of records Lambda keeps in order whatever the mapping's settings: the shard
     /// and partition key for Kinesis, the item for DynamoDB Streams (see `Origin`).
     pub lineage: Origin,
+    /// The record's sequence number in its origin.
     pub sequence: SequenceNumber,
     /// The Kinesis partition key, or for DynamoDB Streams the item's key as canonical JSON.
     pub partition_key: String,
     /// When the stream received the record, in milliseconds since the epoch, where known.
     pub arrival_millis: Option<i64>,
+    /// What the record carries.
     pub payload: Payload,
     /// The record as it arrived (the Lambda event's record JSON), for the dead-letter sink.
     pub raw: RawJson,
@@ -211,25 +216,39 @@ pub enum Payload {
     Change(Change),
     /// A timer of `key` coming due at `at_millis`: made by the executor's timer sweep, never by
     /// a source (see `SourceRecord::timer`).
-    Timer { key: String, at_millis: i64 },
+    Timer {
+        /// The key whose timer it is.
+        key: String,
+        /// When the timer comes due, in epoch milliseconds.
+        at_millis: i64,
+    },
 }
 
 /// A DynamoDB Streams change of one item.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Change {
+    /// Whether the item was inserted, modified or removed.
     pub kind: ChangeKind,
+    /// The table's name, from the event's source ARN or table name, when the event says.
     pub table: Option<String>,
+    /// The item's key attributes (`Keys`).
     pub keys: Item,
+    /// The item before the change (`OldImage`), when the stream carries old images.
     pub old_image: Option<Item>,
+    /// The item after the change (`NewImage`), when the stream carries new images.
     pub new_image: Option<Item>,
     /// True when DynamoDB itself removed the item because its TTL expired.
     pub ttl_deletion: bool,
 }
 
+/// What a DynamoDB Streams change did to its item (the record's `eventName`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ChangeKind {
+    /// A new item was written (`INSERT`).
     Insert,
+    /// An existing item was changed (`MODIFY`).
     Modify,
+    /// The item was deleted (`REMOVE`), by a request or by its TTL.
     Remove,
 }
 
@@ -237,9 +256,13 @@ pub enum ChangeKind {
 /// number...). It is dead-lettered as is.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RejectedRecord {
+    /// Where the record sits in its stream, when the record got far enough to say.
     pub origin: Option<String>,
+    /// The record's sequence number, when it could be read.
     pub sequence: Option<SequenceNumber>,
+    /// The field that is wrong.
     pub field: String,
+    /// What is wrong with it.
     pub problem: String,
     /// The record JSON as delivered.
     pub raw: RawJson,
@@ -285,6 +308,7 @@ impl RawJson {
         Self(Raw::Text(raw.to_owned()))
     }
 
+    /// The text of `value`, serialized.
     pub fn from_value(value: &serde_json::Value) -> Self {
         Self(Raw::Text(
             serde_json::value::to_raw_value(value).expect("a JSON value serializes"),
@@ -299,6 +323,7 @@ impl RawJson {
         })))
     }
 
+    /// The JSON text, written first if it was deferred.
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Raw::Text(text) => text.get(),

@@ -42,9 +42,17 @@ pub enum Salting {
     /// Every key keeps its own partition key.
     None,
     /// Every key is spread over `buckets`.
-    All { buckets: u32 },
+    All {
+        /// How many buckets each key is spread over.
+        buckets: u32,
+    },
     /// Only the listed keys are spread over `buckets` (sidetracking).
-    Listed { hot: BTreeSet<String>, buckets: u32 },
+    Listed {
+        /// The keys that are salted.
+        hot: BTreeSet<String>,
+        /// How many buckets each listed key is spread over.
+        buckets: u32,
+    },
 }
 
 impl Salting {
@@ -68,6 +76,7 @@ pub struct Partitioner {
 }
 
 impl Partitioner {
+    /// A partitioner that salts the keys `salting` names.
     pub fn new(salting: Salting) -> Self {
         Self {
             salting,
@@ -81,6 +90,7 @@ impl Partitioner {
         self.salting = salting;
     }
 
+    /// Which keys are salted at present.
     pub fn salting(&self) -> &Salting {
         &self.salting
     }

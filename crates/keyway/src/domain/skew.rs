@@ -22,8 +22,11 @@ use std::hash::Hash;
 /// A watched key: the weight counted for it, and by how much at most that overcounts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Heavy<K> {
+    /// The watched key.
     pub key: K,
+    /// The weight counted for the key: its true weight, plus at most `error`.
     pub count: u64,
+    /// How much at most `count` overcounts: the count inherited when the key took its place.
     pub error: u64,
 }
 
@@ -154,11 +157,14 @@ impl Default for Hysteresis {
 /// What one period changed: keys that turned hot and keys that cooled, each in key order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HotChanges<K> {
+    /// Keys that turned hot, in key order.
     pub heated: Vec<K>,
+    /// Keys that cooled, in key order.
     pub cooled: Vec<K>,
 }
 
 impl<K> HotChanges<K> {
+    /// True when no key turned hot or cooled.
     pub fn is_empty(&self) -> bool {
         self.heated.is_empty() && self.cooled.is_empty()
     }
@@ -174,6 +180,7 @@ pub struct HotSet<K> {
 }
 
 impl<K: Clone + Ord> HotSet<K> {
+    /// A set with no key hot yet, deciding by `thresholds`.
     pub fn new(thresholds: Hysteresis) -> Self {
         Self {
             thresholds,
@@ -244,6 +251,7 @@ impl<K: Clone + Ord> HotSet<K> {
         self.hot.keys()
     }
 
+    /// True when `key` is hot now.
     pub fn is_hot(&self, key: &K) -> bool {
         self.hot.contains_key(key)
     }
@@ -258,6 +266,7 @@ pub struct HeatReport {
     /// The batch, as its shard and first record name it: a retry of the batch reports under the
     /// same name, so that it replaces the first report rather than adding to it.
     pub batch: String,
+    /// How many records the batch had.
     pub records: u64,
     /// The keys carrying at least `floor_share` of the batch's records, in key order.
     pub keys: Vec<(String, u64)>,

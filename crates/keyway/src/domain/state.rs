@@ -26,8 +26,11 @@ use super::record::{Origin, SequenceNumber};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StateKind {
+    /// A single value: at most one entry.
     Value,
+    /// A list: one entry per element.
     List,
+    /// A map: one `[key, value]` pair per entry.
     Map,
     /// One value per operator, not per key (`operator::BroadcastState`), stored as the value
     /// of the operator's broadcast key.
@@ -35,6 +38,7 @@ pub enum StateKind {
 }
 
 impl StateKind {
+    /// The kind's lowercase name, as it is stored.
     pub fn as_str(self) -> &'static str {
         match self {
             StateKind::Value => "value",
@@ -48,6 +52,7 @@ impl StateKind {
 /// One slot's entries.
 #[derive(Clone, Debug, Default)]
 pub struct SlotData {
+    /// The slot's entries, each a JSON text, in order.
     pub entries: Vec<Box<RawValue>>,
     /// The first `kept` entries are the ones loaded, unchanged.
     pub kept: usize,
@@ -76,13 +81,16 @@ impl SlotData {
 /// A change to a slot: keep its first `keep` entries, then append `tail`.
 #[derive(Clone, Debug, Default)]
 pub struct SlotUpdate {
+    /// How many of the slot's leading entries stay.
     pub keep: usize,
+    /// The entries appended after them.
     pub tail: Vec<Box<RawValue>>,
 }
 
 /// The last sequence number a key applied from one lineage, and when that record arrived.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Watermark {
+    /// The last sequence number the key applied from the lineage.
     #[serde(rename = "s")]
     pub sequence: SequenceNumber,
     /// Arrival time (epoch milliseconds) of that record: it says how long a redelivery of it, or
@@ -104,18 +112,22 @@ pub struct Watermarks {
 }
 
 impl Watermarks {
+    /// The watermark of `lineage`, if the key applied any of its records.
     pub fn get(&self, lineage: &Origin) -> Option<&Watermark> {
         self.entries.get(lineage)
     }
 
+    /// How many lineages have a watermark.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// True when no lineage has a watermark.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    /// Each lineage with its watermark, in lineage order.
     pub fn iter(&self) -> impl Iterator<Item = (&Origin, &Watermark)> {
         self.entries.iter()
     }
@@ -195,10 +207,12 @@ fn recreated(watermark: &Watermark, arrival_millis: Option<i64>) -> bool {
 pub struct StoreMemo(Option<Arc<dyn Any + Send + Sync>>);
 
 impl StoreMemo {
+    /// A memo holding `memo`.
     pub fn new<T: Any + Send + Sync>(memo: T) -> Self {
         Self(Some(Arc::new(memo)))
     }
 
+    /// The memo as a `T`, if it holds one.
     pub fn get<T: Any>(&self) -> Option<&T> {
         self.0.as_ref().and_then(|m| m.downcast_ref())
     }
@@ -219,7 +233,9 @@ impl std::fmt::Debug for StoreMemo {
 pub struct KeyState {
     /// 0 when nothing is stored; every commit increments it and is conditional on the value read.
     pub version: u64,
+    /// The last sequence number applied per lineage; outlives the slots' TTL.
     pub watermarks: Watermarks,
+    /// Each slot's entries, by slot name.
     pub slots: BTreeMap<String, SlotData>,
     /// Outputs committed with the state and not yet confirmed sent (outbox delivery).
     pub outbox: Vec<Output>,

@@ -95,6 +95,7 @@ pub struct Sinks {
 }
 
 impl Sinks {
+    /// Only the dead-letter sink, `dead_letter`: where records no retry can fix go, with why.
     pub fn new(dead_letter: Arc<dyn Sink>) -> Self {
         let mut sinks = HashMap::new();
         sinks.insert(DEAD_LETTER_SINK.to_owned(), dead_letter);
@@ -147,6 +148,7 @@ pub struct Inputs {
 }
 
 impl Inputs {
+    /// No streams wired: for an operator of one input, which gets every record.
     pub fn new() -> Self {
         Self::default()
     }
@@ -199,6 +201,7 @@ pub struct ExecutorConfig {
     /// How long after its arrival a record may still be redelivered: the source's retention, or
     /// the mapping's MaximumRecordAgeInSeconds if shorter. Watermarks live that long.
     pub redelivery_window: Duration,
+    /// Which records one watermark guards.
     pub lineage: Lineage,
     /// After the operator's state signature changed, a key missing under the new signature is
     /// looked up under the previous one for this long, to count it as reset. (Migrations look up
@@ -220,6 +223,7 @@ impl Default for ExecutorConfig {
     }
 }
 
+/// Runs Lambda batches through one keyed operator, on the ports it was built with.
 pub struct Executor<O: KeyedOperator> {
     operator: O,
     /// Stream name to the declared input that reads it.
@@ -250,20 +254,32 @@ pub struct Executor<O: KeyedOperator> {
 /// An executor cannot be built: the operator and the function's wiring do not fit together.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WiringError {
+    /// The declared sinks are not the wired ones.
     #[error(transparent)]
     Sinks(#[from] SinkWiringError),
+    /// The declared inputs are not the wired ones.
     #[error(transparent)]
     Inputs(#[from] InputWiringError),
     /// Caught by `keyway signatures --check` before anything is deployed.
     #[error("operator {operator}: the structure of state {state:?} ({type_name}) cannot be traced ({problem}); declare it with_shape")]
     UntraceableState {
+        /// The operator's name.
         operator: String,
+        /// The state's name.
         state: String,
+        /// The Rust type stored.
         type_name: String,
+        /// Why its structure cannot be traced.
         problem: String,
     },
+    /// An operator that says it is stateless declares states or outbox delivery.
     #[error("operator {operator} is stateless but {problem}")]
-    Stateless { operator: String, problem: String },
+    Stateless {
+        /// The operator's name.
+        operator: String,
+        /// What it declares that a stateless operator cannot have.
+        problem: String,
+    },
 }
 
 impl<O: KeyedOperator> Executor<O> {
@@ -349,6 +365,7 @@ impl<O: KeyedOperator> Executor<O> {
         })
     }
 
+    /// Tunes the executor with `config` rather than `ExecutorConfig::default()`.
     pub fn with_config(mut self, config: ExecutorConfig) -> Self {
         self.config = config;
         self
@@ -369,10 +386,12 @@ impl<O: KeyedOperator> Executor<O> {
         self
     }
 
+    /// The operator it runs.
     pub fn operator(&self) -> &O {
         &self.operator
     }
 
+    /// Where the operator's state lives: its name and state signature.
     pub fn namespace(&self) -> &Namespace {
         &self.namespace
     }

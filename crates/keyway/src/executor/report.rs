@@ -8,15 +8,21 @@ use crate::ports::Namespace;
 /// What one batch did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BatchReport {
+    /// Records in the batch, rejected ones included.
     pub records: usize,
     /// Records whose state effects were committed (or that changed nothing) and outputs sent.
     pub applied: usize,
     /// Records skipped because the key had already applied them (a redelivery).
     pub replayed: usize,
+    /// Dead letters sent: records no retry can fix, with the reason.
     pub dead_lettered: usize,
+    /// Outputs sent to the operator's sinks.
     pub outputs_sent: usize,
+    /// Keys the batch's records were grouped under.
     pub keys: usize,
+    /// Key commits that landed; a key with nothing to commit makes none.
     pub commits: usize,
+    /// Commits that lost to another writer of the key since it was read, retries included.
     pub conflicts: usize,
     /// Keys not started because the invocation's deadline was near.
     pub deferred_keys: usize,
@@ -34,6 +40,7 @@ pub struct BatchReport {
 }
 
 impl BatchReport {
+    /// An empty report of a batch of `records` records.
     pub fn new(records: usize) -> Self {
         Self {
             records,

@@ -30,6 +30,7 @@ pub struct TimerSweep {
     pub fired: usize,
     /// Entries whose timer was no longer pending: fired or cancelled already, or never committed.
     pub skipped: usize,
+    /// Timers whose record was dead-lettered.
     pub dead_lettered: usize,
     /// Entries left for the next sweep.
     pub left: usize,

@@ -38,8 +38,11 @@ pub fn https_client() -> SharedHttpClient {
 /// The SDK clients a function needs.
 #[derive(Clone, Debug)]
 pub struct AwsClients {
+    /// DynamoDB: the state store and an application's own tables.
     pub dynamodb: aws_sdk_dynamodb::Client,
+    /// Kinesis, for Kinesis sinks.
     pub kinesis: Arc<SdkKinesis>,
+    /// SQS, for SQS sinks.
     pub sqs: Arc<SdkSqs>,
 }
 

@@ -98,7 +98,9 @@ fn port_from<P>(
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("environment variable {name}: {problem}")]
 pub struct ConfigError {
+    /// The variable's name.
     pub name: String,
+    /// What is wrong with it (`is not set`, a value out of range).
     pub problem: String,
 }
 
@@ -115,8 +117,10 @@ impl ConfigError {
 /// fit the ports it was given.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SetupError {
+    /// A variable of the function's environment is missing or wrong.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The operator does not fit the ports it was given.
     #[error(transparent)]
     Wiring(#[from] WiringError),
 }

@@ -26,7 +26,9 @@ pub enum FunctionError {
     /// state).
     #[error("{during} failed: {source}")]
     Store {
+        /// What the invocation was doing (`the timer sweep`).
         during: &'static str,
+        /// The table's error.
         source: StoreError,
     },
     /// The function failed for a reason of its own, in its words: an error response of a function
@@ -45,6 +47,7 @@ impl FunctionError {
 /// What Lambda says of one invocation besides its event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Invocation {
+    /// Lambda's id of the invocation.
     pub request_id: String,
     /// When the invocation times out (epoch milliseconds), if it does.
     pub deadline_millis: Option<i64>,
@@ -55,6 +58,8 @@ pub struct Invocation {
 /// batch from the embedded runtime in this process may be taken as its records instead.
 #[async_trait]
 pub trait Handler: Send + Sync {
+    /// Runs the event (its JSON text) and answers what Lambda gets back: for a stream batch,
+    /// which records to retry.
     async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError>;
 
     /// A Kinesis batch, from an event source mapping of the embedded runtime in this process.
@@ -77,10 +82,12 @@ pub struct StreamHandler<O: KeyedOperator> {
 }
 
 impl<O: KeyedOperator> StreamHandler<O> {
+    /// A handler running events through `executor`.
     pub fn new(executor: Executor<O>) -> Self {
         Self { executor }
     }
 
+    /// The executor the handler runs batches through.
     pub fn executor(&self) -> &Executor<O> {
         &self.executor
     }

@@ -22,6 +22,7 @@ pub trait Platform: Send + Sync {
     /// What makes sinks, kept by a function whose destinations are known only as it runs (a
     /// queue per consumer).
     fn sink_maker(&self) -> SinkMaker;
+    /// The clock the function's ports and executor read the time from.
     fn clock(&self) -> Arc<dyn Clock>;
     /// Where the function's metric lines go.
     fn metrics(&self) -> Arc<dyn MetricLog>;
@@ -30,7 +31,9 @@ pub trait Platform: Send + Sync {
 /// What a function does with a table it asks for: what the templates grant its role on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TableAccess {
+    /// Reads only (`TABLE_READ`).
     Read,
+    /// Reads and writes (`TABLE_READ_WRITE`).
     ReadWrite,
 }
 
@@ -50,10 +53,18 @@ pub type SinkMaker = Arc<dyn Fn(&str) -> Result<Arc<dyn Sink>, PortError> + Send
 /// A platform cannot build the port a configuration value names.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PortError {
+    /// A sink target that is neither `kinesis:<stream name>` nor `sqs:<queue URL>`.
     #[error("sink target {target:?}: expected kinesis:<stream name> or sqs:<queue URL>")]
-    SinkTarget { target: String },
+    SinkTarget {
+        /// The target as configured.
+        target: String,
+    },
+    /// The platform has no table of that name.
     #[error("no DynamoDB table named {table:?}")]
-    NoTable { table: String },
+    NoTable {
+        /// The table's name.
+        table: String,
+    },
 }
 
 /// Where a sink sends to, as configuration names it.
@@ -66,6 +77,7 @@ pub enum SinkTarget {
 }
 
 impl SinkTarget {
+    /// Reads `kinesis:<stream name>` or `sqs:<queue URL>` (a URL that starts with `http`).
     pub fn parse(target: &str) -> Result<Self, PortError> {
         match target.split_once(':') {
             Some(("kinesis", stream)) if !stream.is_empty() => Ok(Self::Kinesis(stream.to_owned())),

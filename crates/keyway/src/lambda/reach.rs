@@ -14,9 +14,17 @@ use crate::ports::{Clock, MetricLog, Sink, StateStore};
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reach {
     /// The state store on a table.
-    StateStore { table: String },
+    StateStore {
+        /// The table's name.
+        table: String,
+    },
     /// A table of the application's own.
-    Table { table: String, access: TableAccess },
+    Table {
+        /// The table's name.
+        table: String,
+        /// What the function does with it.
+        access: TableAccess,
+    },
     /// A sink on a target its configuration names.
     Sink(SinkTarget),
     /// A sink maker: sinks to targets the function learns as it runs (a consumer's queue).
@@ -42,6 +50,7 @@ pub struct Recording<'a> {
 }
 
 impl<'a> Recording<'a> {
+    /// `inner`, with nothing recorded yet.
     pub fn new(inner: &'a dyn Platform) -> Self {
         Self {
             inner,

@@ -78,6 +78,7 @@ impl<'a> Ctx<'a> {
         self.now_millis
     }
 
+    /// The current key's value state `state`, decoded on first use in the batch.
     pub fn value<T>(&mut self, state: &ValueState<T>) -> Result<ValueHandle<'_, T>, StateError>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
@@ -86,6 +87,8 @@ impl<'a> Ctx<'a> {
         Ok(ValueHandle { slot })
     }
 
+    /// The current key's list state `state`; its stored elements are decoded only once something
+    /// reads them.
     pub fn list<T>(&mut self, state: &ListState<T>) -> Result<ListHandle<'_, T>, StateError>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
@@ -110,6 +113,7 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// The current key's map state `state`, decoded on first use in the batch.
     pub fn map<K, V>(&mut self, state: &MapState<K, V>) -> Result<MapHandle<'_, K, V>, StateError>
     where
         K: Serialize + DeserializeOwned + Ord + Send + 'static,

@@ -23,6 +23,7 @@ use crate::domain::SourceRecord;
 
 /// An input of records decoded into `T`, by name: the name the function wires a stream to.
 pub struct Input<T> {
+    /// The input's name, as the function wires a stream to it.
     pub name: &'static str,
     decode: fn(&SourceRecord) -> Result<T, InvalidInput>,
     _type: PhantomData<fn() -> T>,
@@ -41,6 +42,7 @@ impl<T> Input<T> {
         }
     }
 
+    /// What the operator lists in `inputs()` for this input.
     pub fn descriptor(&self) -> InputDescriptor {
         InputDescriptor {
             name: self.name,
@@ -59,27 +61,51 @@ impl<T: DeserializeOwned> Input<T> {
 /// What an operator declares about one of its inputs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputDescriptor {
+    /// The input's name, as `Input::name`.
     pub name: &'static str,
+    /// The Rust type its records decode into.
     pub type_name: &'static str,
 }
 
 /// An operator's declared inputs do not match the streams its function wires to them.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InputWiringError {
+    /// A declared input has no stream wired to it.
     #[error("operator {operator}: input {input:?} is declared in inputs() but the function wires no stream to it")]
-    Unwired { operator: String, input: String },
+    Unwired {
+        /// The operator's name.
+        operator: String,
+        /// The input's name.
+        input: String,
+    },
+    /// A stream is wired to an input the operator does not declare.
     #[error("operator {operator}: the function wires stream {stream:?} to input {input:?}, which the operator does not declare in inputs()")]
     Undeclared {
+        /// The operator's name.
         operator: String,
+        /// The input's name.
         input: String,
+        /// The stream wired to it.
         stream: String,
     },
+    /// Two declared inputs have the same name.
     #[error("operator {operator}: input {input:?} is declared twice")]
-    Duplicate { operator: String, input: String },
+    Duplicate {
+        /// The operator's name.
+        operator: String,
+        /// The input's name.
+        input: String,
+    },
+    /// One stream is wired to two inputs, so its records could not say which they are.
     #[error(
         "operator {operator}: stream {stream:?} is wired to two inputs; a record must have one"
     )]
-    SharedStream { operator: String, stream: String },
+    SharedStream {
+        /// The operator's name.
+        operator: String,
+        /// The stream's name.
+        stream: String,
+    },
 }
 
 /// Checks that `wired` (stream, input) gives every input in `declared` a stream, names no other

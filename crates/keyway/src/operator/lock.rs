@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use super::signature::{diff, Shape, Untraceable};
 use super::{state_signature, StateDescriptor};
 
+/// The lock file's path, relative to where `keyway signatures` runs unless `--lock` says otherwise.
 pub const LOCK_FILE: &str = "state-signatures.lock";
 
 const HEADER: &str = "\
@@ -18,31 +19,44 @@ const HEADER: &str = "\
 /// One state as the lock file records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockedState {
+    /// The state's kind: `value`, `list`, `map` or `broadcast`.
     pub kind: String,
+    /// The Rust type stored.
     pub type_name: String,
+    /// The type's structure.
     pub shape: Shape,
 }
 
 /// One operator as the lock file records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockedOperator {
+    /// The operator's state signature.
     pub signature: String,
+    /// Its states, by name.
     pub states: BTreeMap<String, LockedState>,
 }
 
 /// The lock file cannot be written or read.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LockError {
+    /// A state's structure cannot be traced, so it has no entry to write.
     #[error("operator {operator}, state {state}: {problem}")]
     Untraceable {
+        /// The operator's name.
         operator: String,
+        /// The state's name.
         state: String,
+        /// Why its structure cannot be traced.
         problem: Untraceable,
     },
+    /// A line of the lock file does not parse.
     #[error("{LOCK_FILE}:{line}: {problem}: {text:?}")]
     Malformed {
+        /// The line's number, from 1.
         line: usize,
+        /// What is wrong with it.
         problem: &'static str,
+        /// The line as it is.
         text: String,
     },
 }
@@ -83,6 +97,8 @@ pub fn entries(
         .collect()
 }
 
+/// The lock file's text for `entries`: a header, then each operator with its states and their
+/// type paths.
 pub fn render(entries: &BTreeMap<String, LockedOperator>) -> String {
     let mut out = String::from(HEADER);
     for (name, op) in entries {
@@ -100,6 +116,7 @@ pub fn render(entries: &BTreeMap<String, LockedOperator>) -> String {
     out
 }
 
+/// The entries of a lock file's text, as `render` writes it (comment and blank lines skipped).
 pub fn parse(text: &str) -> Result<BTreeMap<String, LockedOperator>, LockError> {
     let mut entries: BTreeMap<String, LockedOperator> = BTreeMap::new();
     let mut operator: Option<String> = None;

@@ -19,11 +19,14 @@ use crate::domain::SlotData;
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("state {state:?}: {problem}")]
 pub struct MigrationError {
+    /// The name of the state being read or written.
     pub state: String,
+    /// Why it could not be.
     pub problem: String,
 }
 
 impl MigrationError {
+    /// The error of the state named `state`, saying `problem`.
     pub fn new(state: impl Into<String>, problem: impl Into<String>) -> Self {
         Self {
             state: state.into(),
@@ -42,6 +45,7 @@ fn decode<T: DeserializeOwned>(name: &str, raw: &RawValue) -> Result<T, Migratio
 }
 
 impl OldState<'_> {
+    /// The old value state `state`; `None` when the key had none.
     pub fn value<T: DeserializeOwned>(
         &self,
         state: &ValueState<T>,
@@ -53,6 +57,7 @@ impl OldState<'_> {
             .transpose()
     }
 
+    /// The old list state `state`'s elements, in order; empty when the key had none.
     pub fn list<T: DeserializeOwned>(
         &self,
         state: &ListState<T>,
@@ -65,6 +70,7 @@ impl OldState<'_> {
         })
     }
 
+    /// The old map state `state`; empty when the key had none.
     pub fn map<K: DeserializeOwned + Ord, V: DeserializeOwned>(
         &self,
         state: &MapState<K, V>,
@@ -89,10 +95,12 @@ fn encode<T: Serialize>(name: &str, value: &T) -> Result<Box<RawValue>, Migratio
 }
 
 impl NewState {
+    /// No states yet: each is added by the calls that follow.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Adds the value state `state`, holding `value`.
     pub fn value<T: Serialize>(
         mut self,
         state: &ValueState<T>,
@@ -103,6 +111,7 @@ impl NewState {
         Ok(self)
     }
 
+    /// Adds the list state `state`, holding `items` in order.
     pub fn list<T: Serialize>(
         mut self,
         state: &ListState<T>,
@@ -116,6 +125,7 @@ impl NewState {
         Ok(self)
     }
 
+    /// Adds the map state `state`, holding `entries`.
     pub fn map<K: Serialize, V: Serialize>(
         mut self,
         state: &MapState<K, V>,
@@ -138,6 +148,7 @@ pub type MigrateFn = fn(&OldState<'_>) -> Result<NewState, MigrationError>;
 pub struct Migration {
     /// The signature of the old structure, derived from its descriptors.
     pub from: String,
+    /// Converts a key's old state; on an error the key starts afresh.
     pub migrate: MigrateFn,
 }
 

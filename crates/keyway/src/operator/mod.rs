@@ -80,6 +80,7 @@ pub enum ProcessError {
 }
 
 impl ProcessError {
+    /// Whether the key stops here for a redelivery (`Retry`) rather than dead-lettering the record.
     pub fn is_retryable(&self) -> bool {
         matches!(self, ProcessError::Retry(_))
     }
@@ -119,6 +120,7 @@ pub enum Delivery {
 
 /// A keyed stream operator.
 pub trait KeyedOperator: Send + Sync + 'static {
+    /// What `decode` turns a record into, and `process` takes.
     type Input: Send;
 
     /// Stable name: part of every state key this operator writes.
@@ -153,6 +155,8 @@ pub trait KeyedOperator: Send + Sync + 'static {
         None
     }
 
+    /// Applies one input to the current key's state and emits its outputs, both through `ctx`;
+    /// an error says whether the record is dead-lettered or its key retried.
     fn process(&self, ctx: &mut Ctx<'_>, input: Self::Input) -> Result<(), ProcessError>;
 
     /// Runs once for each timer `process` (or an earlier `on_timer`) set with `Ctx::timer_at`,
@@ -164,6 +168,7 @@ pub trait KeyedOperator: Send + Sync + 'static {
         Ok(())
     }
 
+    /// When outputs leave relative to the state commit; emit-then-commit unless overridden.
     fn delivery(&self) -> Delivery {
         Delivery::EmitThenCommit
     }

@@ -21,14 +21,16 @@ use serde_reflection::{
 
 use crate::domain::hash::sha256_hex;
 
-/// The structure of a state type as `path: type` lines, sorted by path.
 /// A type whose structure cannot be traced, and why.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
 pub struct Untraceable(pub String);
 
+/// The structure of a state type as `path: type` lines, sorted by path, traced or given by hand
+/// (`Shape::custom`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shape {
+    /// Each type path's type, sorted by path.
     pub lines: BTreeMap<String, String>,
 }
 
@@ -58,6 +60,7 @@ impl Shape {
         }
     }
 
+    /// Both shapes' lines in one: a map's key and value shapes make the map's.
     pub fn merge(mut self, other: Shape) -> Self {
         self.lines.extend(other.lines);
         self
@@ -72,6 +75,7 @@ impl Shape {
             .join("\n")
     }
 
+    /// The first 16 hex digits of the SHA-256 of `text`: changes whenever any line does.
     pub fn signature(&self) -> String {
         sha256_hex(&[self.text().as_bytes()], 16)
     }

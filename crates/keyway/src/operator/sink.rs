@@ -11,11 +11,13 @@ use crate::domain::DEAD_LETTER_SINK;
 /// A sink that outputs of type `T` go to, by name: `const COUNTS: Sink<CountUpdate> =
 /// Sink::new("counts");`.
 pub struct Sink<T> {
+    /// The sink's name, as the function wires it.
     pub name: &'static str,
     _type: PhantomData<fn(&T)>,
 }
 
 impl<T> Sink<T> {
+    /// The sink named `name`.
     pub const fn new(name: &'static str) -> Self {
         Self {
             name,
@@ -23,6 +25,7 @@ impl<T> Sink<T> {
         }
     }
 
+    /// What the operator lists in `sinks()` for this sink.
     pub fn descriptor(&self) -> SinkDescriptor {
         SinkDescriptor {
             name: self.name,
@@ -34,6 +37,7 @@ impl<T> Sink<T> {
 /// What an operator declares about one of its sinks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SinkDescriptor {
+    /// The sink's name, as `Sink::name`.
     pub name: &'static str,
     /// The Rust type of its outputs, for people reading errors and logs.
     pub type_name: &'static str,
@@ -42,14 +46,36 @@ pub struct SinkDescriptor {
 /// An operator's declared sinks do not match the sinks its function wires.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SinkWiringError {
+    /// A declared sink is not wired.
     #[error("operator {operator}: sink {sink:?} is declared in sinks() but the function wires no sink of that name")]
-    Unwired { operator: String, sink: String },
+    Unwired {
+        /// The operator's name.
+        operator: String,
+        /// The sink's name.
+        sink: String,
+    },
+    /// A wired sink is not declared.
     #[error("operator {operator}: the function wires a sink {sink:?} that the operator does not declare in sinks()")]
-    Undeclared { operator: String, sink: String },
+    Undeclared {
+        /// The operator's name.
+        operator: String,
+        /// The sink's name.
+        sink: String,
+    },
+    /// Two declared sinks have the same name.
     #[error("operator {operator}: sink {sink:?} is declared twice")]
-    Duplicate { operator: String, sink: String },
+    Duplicate {
+        /// The operator's name.
+        operator: String,
+        /// The sink's name.
+        sink: String,
+    },
+    /// The operator declares the dead-letter sink, which is every function's.
     #[error("operator {operator}: {DEAD_LETTER_SINK:?} names the dead-letter sink, which every function has; an operator cannot declare it")]
-    Reserved { operator: String },
+    Reserved {
+        /// The operator's name.
+        operator: String,
+    },
 }
 
 /// Checks that `declared` and `wired` (the dead-letter sink left out) name the same sinks.

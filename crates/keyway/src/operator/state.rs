@@ -18,22 +18,54 @@ use thiserror::Error;
 use super::signature::{Shape, Untraceable};
 use crate::domain::{SlotData, SlotUpdate, StateKind};
 
+/// Why a state could not be read, written or used as the operator asked.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum StateError {
+    /// A stored entry is not JSON of the state's type.
     #[error("stored state {slot:?} does not decode: {error}")]
-    Decode { slot: String, error: String },
+    Decode {
+        /// The state's name.
+        slot: String,
+        /// serde's message.
+        error: String,
+    },
+    /// A value does not serialize to JSON.
     #[error("state {slot:?} does not encode: {error}")]
-    Encode { slot: String, error: String },
+    Encode {
+        /// The state's name.
+        slot: String,
+        /// serde's message.
+        error: String,
+    },
+    /// The operator used a state it does not list in `states()`.
     #[error("state {slot:?} is not declared in the operator's states()")]
-    Undeclared { slot: String },
+    Undeclared {
+        /// The state's name.
+        slot: String,
+    },
+    /// A record of a key other than `BROADCAST_KEY` tried to write a broadcast state.
     #[error("broadcast state {slot:?} is written only by records keyed to BROADCAST_KEY, not by key {key:?}")]
-    BroadcastFromKey { slot: String, key: String },
+    BroadcastFromKey {
+        /// The state's name.
+        slot: String,
+        /// The key of the record that tried.
+        key: String,
+    },
+    /// A key the operator answered without its state (`answer_without_state`) used a state,
+    /// which was not read.
     #[error("state {slot:?} was used by a key the operator answered without its state (answer_without_state), which was not read")]
-    NotLoaded { slot: String },
+    NotLoaded {
+        /// The state's name.
+        slot: String,
+    },
+    /// A state was used as another kind or type than the one it is declared with.
     #[error("state {slot:?} is declared as {declared} but used as {used}")]
     KindMismatch {
+        /// The state's name.
         slot: String,
+        /// The kind and type it is declared with, as in `value of u64`.
         declared: String,
+        /// The kind and type it was used as.
         used: String,
     },
 }
@@ -41,7 +73,9 @@ pub enum StateError {
 /// What an operator declares about one of its states.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StateDescriptor {
+    /// The state's name, as `State::name`.
     pub name: &'static str,
+    /// Value, list, map or broadcast.
     pub kind: StateKind,
     /// The Rust type, for people reading the lock file and logs.
     pub type_name: &'static str,
@@ -78,6 +112,7 @@ fn shape_of<T: DeserializeOwned>(
 /// (`BroadcastState<T>`). `K` is one of the kinds in [`kind`]; what is stored and how it is read
 /// follow from it, the declaration is the same for all.
 pub struct State<K> {
+    /// The state's name, unique among the operator's states: the slot it is stored under.
     pub name: &'static str,
     custom: Option<&'static str>,
     ttl: Option<Duration>,
@@ -98,14 +133,19 @@ pub type BroadcastState<T> = State<kind::Broadcast<T>>;
 pub mod kind {
     use std::marker::PhantomData;
 
+    /// One value per key (`ValueState<T>`).
     pub struct Value<T>(PhantomData<fn() -> T>);
+    /// An ordered list per key (`ListState<T>`).
     pub struct List<T>(PhantomData<fn() -> T>);
+    /// A map per key (`MapState<K, V>`).
     pub struct Map<K, V>(PhantomData<fn() -> (K, V)>);
+    /// One value every key of the operator reads (`BroadcastState<T>`).
     pub struct Broadcast<T>(PhantomData<fn() -> T>);
 }
 
 /// What a kind of state contributes to its descriptor.
 pub trait Kind {
+    /// The kind the descriptor records.
     const KIND: StateKind;
     /// The Rust type stored.
     fn type_name() -> &'static str;
@@ -166,6 +206,7 @@ impl<T: DeserializeOwned> Keyed for kind::List<T> {}
 impl<K: DeserializeOwned, V: DeserializeOwned> Keyed for kind::Map<K, V> {}
 
 impl<K> State<K> {
+    /// A state named `name`, whose type's structure is traced for the state signature.
     pub const fn new(name: &'static str) -> Self {
         Self {
             name,
@@ -199,6 +240,7 @@ impl<K: Keyed> State<K> {
 }
 
 impl<K: Kind> State<K> {
+    /// What the operator lists in `states()` for this state.
     pub fn descriptor(&self) -> StateDescriptor {
         StateDescriptor {
             name: self.name,
@@ -302,15 +344,19 @@ pub struct ValueHandle<'a, T> {
 }
 
 impl<T> ValueHandle<'_, T> {
+    /// The stored value; `None` when there is none.
     pub fn get(&self) -> Option<&T> {
         self.slot.value.as_ref()
     }
 
+    /// The stored value, to change in place: the state is written at commit whether or not it
+    /// changes.
     pub fn get_mut(&mut self) -> Option<&mut T> {
         self.slot.dirty = true;
         self.slot.value.as_mut()
     }
 
+    /// Stores `value`, to live for the state's TTL whatever an earlier `set_expiring` said.
     pub fn set(&mut self, value: T) {
         self.slot.value = Some(value);
         self.slot.dirty = true;
@@ -325,11 +371,13 @@ impl<T> ValueHandle<'_, T> {
         self.slot.expires_at = Some(at_millis);
     }
 
+    /// Removes and gives back the stored value.
     pub fn take(&mut self) -> Option<T> {
         self.slot.dirty |= self.slot.value.is_some();
         self.slot.value.take()
     }
 
+    /// Removes the stored value.
     pub fn clear(&mut self) {
         self.take();
     }
@@ -422,6 +470,7 @@ impl<T: DeserializeOwned> ListHandle<'_, T> {
         }
     }
 
+    /// How many elements the list has, appended ones included; decodes nothing stored.
     pub fn len(&self) -> usize {
         match &self.slot.items {
             Some(items) => items.len(),
@@ -429,6 +478,7 @@ impl<T: DeserializeOwned> ListHandle<'_, T> {
         }
     }
 
+    /// Whether the list has no elements; decodes nothing stored.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -445,6 +495,7 @@ impl<T: DeserializeOwned> ListHandle<'_, T> {
         Ok(items)
     }
 
+    /// Removes every element without reading them.
     pub fn clear(&mut self) {
         self.slot.items = Some(Vec::new());
         self.slot.appended.clear();
@@ -512,42 +563,52 @@ pub struct MapHandle<'a, K, V> {
 }
 
 impl<K: Ord, V> MapHandle<'_, K, V> {
+    /// The value at `key`.
     pub fn get(&self, key: &K) -> Option<&V> {
         self.slot.map.get(key)
     }
 
+    /// The value at `key`, to change in place: the map is written at commit whether or not it
+    /// changes.
     pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
         self.slot.dirty = true;
         self.slot.map.get_mut(key)
     }
 
+    /// Sets `key` to `value`, giving back the value it replaces.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         self.slot.dirty = true;
         self.slot.map.insert(key, value)
     }
 
+    /// Removes `key`, giving back its value.
     pub fn remove(&mut self, key: &K) -> Option<V> {
         let removed = self.slot.map.remove(key);
         self.slot.dirty |= removed.is_some();
         removed
     }
 
+    /// Whether the map has an entry at `key`.
     pub fn contains_key(&self, key: &K) -> bool {
         self.slot.map.contains_key(key)
     }
 
+    /// How many entries the map has.
     pub fn len(&self) -> usize {
         self.slot.map.len()
     }
 
+    /// Whether the map has no entries.
     pub fn is_empty(&self) -> bool {
         self.slot.map.is_empty()
     }
 
+    /// The entries, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.slot.map.iter()
     }
 
+    /// Removes every entry.
     pub fn clear(&mut self) {
         self.slot.dirty |= !self.slot.map.is_empty();
         self.slot.map.clear();

@@ -233,9 +233,13 @@ impl<'a> Fields<'a> {
 /// A Kinesis record as a shard holds it and an event carries it, its data not yet base64.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KinesisRecord {
+    /// The shard the record is in (`shardId-…`).
     pub shard_id: String,
+    /// The record's sequence number in its shard, as decimal text.
     pub sequence_number: String,
+    /// The partition key the producer gave the record.
     pub partition_key: String,
+    /// The record's data, as raw bytes.
     pub data: Bytes,
     /// Epoch milliseconds.
     pub arrival_millis: i64,
@@ -244,9 +248,13 @@ pub struct KinesisRecord {
 /// A record to write into a Kinesis event, its fields borrowed.
 #[derive(Clone, Debug)]
 pub struct KinesisEventRecord<'a> {
+    /// The shard the record is in (`shardId-…`).
     pub shard_id: &'a str,
+    /// The record's sequence number in its shard, as decimal text.
     pub sequence_number: &'a str,
+    /// The partition key the producer gave the record.
     pub partition_key: &'a str,
+    /// The record's data, raw (the event carries it as base64).
     pub data: &'a [u8],
     /// Epoch milliseconds.
     pub arrival_millis: i64,
@@ -346,7 +354,9 @@ fn exact_as_json(r: &KinesisRecord) -> bool {
 /// to one in the embedded runtime's own.
 #[derive(Clone, Debug)]
 pub struct KinesisBatch {
+    /// The ARN of the stream the records come from.
     pub stream_arn: Arc<str>,
+    /// The batch's records, in the order the function gets them.
     pub records: Vec<Arc<KinesisRecord>>,
 }
 

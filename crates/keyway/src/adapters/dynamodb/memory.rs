@@ -25,7 +25,9 @@ use crate::ports::StoreError;
 pub struct TableUsage {
     /// Calls by operation name (`GetItem`, `PutItem`, `BatchWriteItem` ...).
     pub calls: BTreeMap<&'static str, u64>,
+    /// Read capacity units, as DynamoDB counts strongly consistent reads.
     pub read_units: f64,
+    /// Write capacity units, as DynamoDB counts writes.
     pub write_units: f64,
 }
 
@@ -46,6 +48,7 @@ impl ItemKey {
 }
 
 impl MemoryTable {
+    /// An empty table.
     pub fn new() -> Self {
         Self::default()
     }

@@ -47,13 +47,17 @@ pub const BATCH_WRITE_MAX: usize = 25;
 /// DynamoDB's item size limit.
 pub const ITEM_MAX_BYTES: usize = 400 * 1024;
 
+/// The primary key of an item: partition key `pk` and sort key `sk`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ItemKey {
+    /// The partition key.
     pub pk: String,
+    /// The sort key.
     pub sk: String,
 }
 
 impl ItemKey {
+    /// The key of `item`; none when it has no `pk` or `sk` string.
     pub fn of(item: &Item) -> Option<Self> {
         Some(Self {
             pk: item.get(PK)?.as_s()?.to_owned(),
@@ -61,6 +65,7 @@ impl ItemKey {
         })
     }
 
+    /// An item holding only this key's `pk` and `sk` attributes.
     pub fn to_item(&self) -> Item {
         let mut item = Item::new();
         item.insert(PK.to_owned(), AttrValue::S(self.pk.clone()));
@@ -82,19 +87,26 @@ pub enum Expect {
     /// `attribute_not_exists(pk) OR #attribute < :value`: no item has this key, or its string
     /// attribute is lower than `value` (a put that only ever raises the attribute).
     Raise {
+        /// The string attribute compared.
         attribute: &'static str,
+        /// The value the stored attribute must be below.
         value: String,
     },
 }
 
+/// One request of a BatchWriteItem call.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WriteRequest {
+    /// Puts the item, replacing any item with its key.
     Put(Item),
+    /// Deletes the item with this key, if there is one.
     Delete(ItemKey),
 }
 
+/// What one BatchGetItem call read, and the keys it left for another call.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BatchGetOutput {
+    /// The items read; a key with no item has none here.
     pub items: Vec<Item>,
     /// Keys DynamoDB did not read this time (throttling, the 16 MB response limit).
     pub unprocessed: Vec<ItemKey>,
@@ -103,7 +115,9 @@ pub struct BatchGetOutput {
 /// One page of a Scan: the items it kept, and the key to go on after (none: the scan is done).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ScanPage {
+    /// The items the page kept.
     pub items: Vec<Item>,
+    /// The key to go on after; none when the scan is done.
     pub next: Option<ItemKey>,
 }
 

@@ -18,6 +18,7 @@ pub struct ReadOnlyTable {
 }
 
 impl ReadOnlyTable {
+    /// `inner`, read-only; `name` is the table's name its refusals give.
     pub fn new(inner: Arc<dyn Table>, name: impl Into<String>) -> Self {
         Self {
             inner,

@@ -22,6 +22,7 @@ pub struct SdkTable {
 }
 
 impl SdkTable {
+    /// The table named `table`, through `client`.
     pub fn new(client: Client, table: impl Into<String>) -> Self {
         Self {
             client,
@@ -29,6 +30,7 @@ impl SdkTable {
         }
     }
 
+    /// The table's name.
     pub fn table_name(&self) -> &str {
         &self.table
     }

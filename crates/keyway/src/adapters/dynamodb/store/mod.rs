@@ -123,6 +123,8 @@ pub struct DynamoStateStore<T: Table> {
 }
 
 impl<T: Table> DynamoStateStore<T> {
+    /// The store on `table`, reading the time (TTLs, timers) from `clock`, with the default
+    /// backoff.
     pub fn new(table: Arc<T>, clock: Arc<dyn Clock>) -> Self {
         Self {
             table,
@@ -132,11 +134,13 @@ impl<T: Table> DynamoStateStore<T> {
         }
     }
 
+    /// The same store, retrying its calls with `backoff`.
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
     }
 
+    /// The table the store is on.
     pub fn table(&self) -> &Arc<T> {
         &self.table
     }
