@@ -311,7 +311,8 @@ async fn a_keys_identity_read_with_nothing_waiting_answers_its_next_records_with
     let assume = record("assume", alice(), "AssumeRole", Some(("role-1", "ASIA1")));
     deliver(&world, &executor, (&mut shards.0, &mut shards.1), &assume).await;
     let action = |key: &str, id: &str| record(id, session(key, "role-1"), "ListBuckets", None);
-    // The first action with ASIA1 reads its identity; the next ones are answered from memory.
+    // The first action with ASIA1 reads its identity; the next ones, which arrive after, are
+    // answered from memory.
     deliver(
         &world,
         &executor,
@@ -321,6 +322,7 @@ async fn a_keys_identity_read_with_nothing_waiting_answers_its_next_records_with
     .await;
     let before = reads(&world);
     for id in ["a2", "a3"] {
+        world.clock.advance(10_000);
         deliver(
             &world,
             &executor,
@@ -358,6 +360,59 @@ async fn a_keys_identity_read_with_nothing_waiting_answers_its_next_records_with
     .await;
     assert!(reads(&world) > before, "a key with records waiting is read");
     assert_eq!(world.outputs(ENRICHED.name).len(), 4, "both wait");
+}
+
+/// A record that waited and went out unresolved, delivered again once its key's identity is
+/// remembered, is skipped by its key's watermark as before: it arrived before the identity was
+/// read, so it is not answered from memory (which would send it resolved, another body under
+/// its id).
+#[tokio::test]
+async fn a_record_that_went_out_unresolved_and_comes_again_after_its_key_is_remembered_is_skipped()
+{
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let config = EnricherConfig::default();
+    let ttl = config.buffer_ttl.as_millis() as i64;
+    let executor = enricher(&world, config);
+    let mut shards = (Shard::new("cloudtrail", 0), Shard::new("feedback", 0));
+    let action = |id: &str| record(id, session("ASIA1", "role-1"), "ListBuckets", None);
+    let key = format!("{ACCOUNT}#ASIA1");
+    shards.0.arrival_millis = world.clock.now_millis();
+    let early = shards
+        .0
+        .batch(&[(key.as_str(), serde_json::to_vec(&action("early")).unwrap())]);
+    executor
+        .run(decode_event(&early.to_string()).unwrap())
+        .await;
+    world.clock.advance(ttl);
+    executor.fire_timers(None).await.unwrap();
+    // Alice's AssumeRole comes late; a later action reads ASIA1's identity, then remembered.
+    let assume = record("assume", alice(), "AssumeRole", Some(("role-1", "ASIA1")));
+    deliver(&world, &executor, (&mut shards.0, &mut shards.1), &assume).await;
+    world.clock.advance(10_000);
+    deliver(
+        &world,
+        &executor,
+        (&mut shards.0, &mut shards.1),
+        &action("later"),
+    )
+    .await;
+    // Lambda delivers the early batch again (its retry, still failing for another key).
+    world.clock.advance(10_000);
+    executor
+        .run(decode_event(&early.to_string()).unwrap())
+        .await;
+    let enriched = |id: &str| -> Vec<Value> {
+        world
+            .outputs(ENRICHED.name)
+            .iter()
+            .map(|m| serde_json::from_str::<Value>(&m.body).unwrap())
+            .filter(|e| e["eventID"] == id)
+            .collect()
+    };
+    let early = enriched("early");
+    assert_eq!(early.len(), 1, "{early:#?}");
+    assert_eq!(early[0]["enrichment"]["status"], "unresolved");
+    assert_eq!(enriched("later")[0]["enrichment"]["status"], "resolved");
 }
 
 #[tokio::test]

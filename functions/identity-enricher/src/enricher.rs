@@ -21,7 +21,10 @@
 //! it read of keys with nothing waiting: a key's next records, whose callers it identifies
 //! from the record or from memory, are answered without reading the key's state
 //! (`answer_without_state`), which saves a read of the key a batch. Function instances live
-//! across invocations, and the mapping gives a key's records to the same lane every time.
+//! across invocations, and the mapping gives a key's records to the same lane every time. Only
+//! records that arrived after the identity was read are answered from memory: an earlier one
+//! may have been applied already (it waited, and its timer sent it out unresolved), which only
+//! its key's watermark knows.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -118,6 +121,9 @@ pub enum Enrich {
 /// How many keys' identities an instance remembers; past it, it forgets them all and starts
 /// again (a few hundred bytes a key: tens of MB at most).
 const REMEMBERED_KEYS: usize = 100_000;
+/// How long after an identity was read a record must have arrived to be answered from memory:
+/// more than the clocks of Kinesis and Lambda can differ by.
+const ARRIVED_AFTER_READ: i64 = 5_000;
 /// How long an identity is remembered after it was read, at most: a record answered from
 /// memory and redelivered later reads the key's state, which must still give the same answer;
 /// the state keeps an identity for as long as records of its credentials can come (the
@@ -128,6 +134,8 @@ const REMEMBERED_AT_MOST: Duration = Duration::from_secs(15 * 60);
 #[derive(Clone, Debug)]
 struct Remembered {
     known: Known,
+    /// When it was read: the invocation's time (epoch milliseconds).
+    read_at: i64,
     /// Epoch milliseconds: `REMEMBERED_AT_MOST` after it was read (a quarter of the lateness if
     /// shorter), and never past the time the state would drop it.
     until: i64,
@@ -211,12 +219,15 @@ impl IdentityEnricher {
             .as_millis() as i64
     }
 
-    /// The identity remembered of `key` that applies to a record of `time` at `now`.
-    fn recall(&self, key: &str, time: i64, now: i64) -> Option<Identity> {
+    /// The identity remembered of `key` that applies to a record of `time` that arrived at
+    /// `arrived`, at `now`: only one that arrived after the identity was read, and so was not
+    /// applied before it (an earlier one may have waited, which only the key's state knows).
+    fn recall(&self, key: &str, time: i64, arrived: i64, now: i64) -> Option<Identity> {
         let remembered = self.remembered.lock().expect("the remembered identities");
         let entry = remembered.get(key)?;
         let applies = entry.known.until.is_none_or(|until| time <= until);
-        (now < entry.until && applies).then(|| entry.known.identity.clone())
+        let after_read = arrived > entry.read_at + ARRIVED_AFTER_READ;
+        (now < entry.until && applies && after_read).then(|| entry.known.identity.clone())
     }
 
     /// Remembers `known`, just read of `key` at `now`, until `gone` at the latest (when the
@@ -231,6 +242,7 @@ impl IdentityEnricher {
             key.to_owned(),
             Remembered {
                 known: known.clone(),
+                read_at: now,
                 until,
             },
         );
@@ -477,18 +489,25 @@ impl KeyedOperator for IdentityEnricher {
     }
 
     /// An event whose caller the record identifies (or that no one could trace), or whose
-    /// caller's key has its identity remembered and applying at the record's time: nothing of
-    /// the key's state decides it.
-    fn answer_without_state(&self, key: &str, input: &mut Enrich, now_millis: i64) -> bool {
+    /// caller's key has its identity remembered, applying at the record's time, and the record
+    /// arrived after it was read: nothing of the key's state decides it, however often it runs.
+    fn answer_without_state(
+        &self,
+        key: &str,
+        source: &SourceRecord,
+        input: &mut Enrich,
+        now_millis: i64,
+    ) -> bool {
         let Enrich::Event(record, remembered) = input else {
             return false;
         };
         if remembered.is_some() || !matches!(record.caller, Caller::Session { .. }) {
             return true;
         }
-        *remembered = record
-            .event_time
-            .and_then(|time| self.recall(key, time, now_millis));
+        *remembered = match (record.event_time, source.arrival_millis) {
+            (Some(time), Some(arrived)) => self.recall(key, time, arrived, now_millis),
+            _ => None,
+        };
         remembered.is_some()
     }
 

@@ -4,7 +4,8 @@
 //! `COUNTS_EMIT` says which counts go out: `every` (the default) sends the count after each
 //! event; `latest` sends each key's count after the last of its events in an invocation, the
 //! others being superseded by it (one message a key a batch: at BatchSize 10,000 over 500 keys,
-//! 500 messages where `every` sends 10,000).
+//! 500 messages where `every` sends 10,000). A retry that Lambda cuts otherwise may then send an
+//! earlier count after a later one: consumers keep each key's highest count.
 //!
 //! One writer per key (its stream's shard), so emit-then-commit is safe: a retry recomputes the
 //! same counts with the same output ids.

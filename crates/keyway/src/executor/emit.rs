@@ -123,7 +123,15 @@ impl<O: KeyedOperator> Executor<O> {
         }
         let emit_now = self.operator.delivery() == Delivery::EmitThenCommit;
         for (g, work) in keys.iter_mut().enumerate() {
-            keep_latest(&mut work.run.outcomes, |sink| self.sinks.keeps_latest(sink));
+            let timer = |position: usize| {
+                let index = plan.groups[g].records[position];
+                plan.record(index).as_timer().is_some()
+            };
+            keep_latest(
+                &mut work.run.outcomes,
+                |sink| self.sinks.keeps_latest(sink),
+                timer,
+            );
             for output in &work.base.outbox {
                 emission.push(Tag::Outbox { group: g }, output.clone());
             }
@@ -263,14 +271,23 @@ impl<O: KeyedOperator> Executor<O> {
 
 /// Leaves, of one key's outputs to a sink that keeps the latest, only the last of each partition
 /// key, moved to the first record that emitted one: if it cannot be sent, the key stops there,
-/// and no record whose output it stands for is committed without it.
-fn keep_latest(outcomes: &mut [Outcome], keeps_latest: impl Fn(&str) -> bool) {
+/// and no record whose output it stands for is committed without it. Timers' outputs are all
+/// kept: a timer not committed fires again, on state that other records may have changed, and
+/// must not send another body under an id that already went out.
+fn keep_latest(
+    outcomes: &mut [Outcome],
+    keeps_latest: impl Fn(&str) -> bool,
+    timer: impl Fn(usize) -> bool,
+) {
     // (sink, partition key) -> (the first position that emitted to it, the last output).
     let mut latest: HashMap<(String, String), (usize, Output)> = HashMap::new();
     for (position, outcome) in outcomes.iter_mut().enumerate() {
         let Outcome::Applied(outputs) = outcome else {
             continue;
         };
+        if timer(position) {
+            continue;
+        }
         if !outputs.iter().any(|o| keeps_latest(&o.sink)) {
             continue;
         }

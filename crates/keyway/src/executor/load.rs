@@ -118,7 +118,11 @@ impl<O: KeyedOperator> Executor<O> {
             .map(|group| {
                 group.key != BROADCAST_KEY
                     && group.records.iter().all(|&i| match &mut inputs[i] {
-                        Some(input) => self.operator.answer_without_state(&group.key, input, now),
+                        Some(input) => {
+                            let record = plan.record(i);
+                            self.operator
+                                .answer_without_state(&group.key, record, input, now)
+                        }
                         None => false,
                     })
             })

@@ -123,6 +123,12 @@ impl Sinks {
     /// count, the latest state), which a consumer reads as an upsert. A batch of 10,000 records of
     /// 500 keys then sends 500 messages, not 10,000. The output kept has the id the last record
     /// gives it; if it cannot be sent, every record whose output it stands for is retried.
+    /// Outputs of timers are all sent.
+    ///
+    /// A redelivery that Lambda cuts otherwise (it bisects a batch after a function error) may
+    /// send an earlier output after a later one, under the earlier record's id: consumers keep,
+    /// per key, the output of the latest record by a field the output carries (its sequence
+    /// number; for a count, the highest count), not the one that arrived last.
     pub fn keep_latest<T>(mut self, declared: &crate::operator::Sink<T>) -> Self {
         self.latest.insert(declared.name.to_owned());
         self

@@ -269,7 +269,11 @@ impl<O: KeyedOperator> Executor<O> {
         now: i64,
     ) -> Result<O::Input, DecodeAgain> {
         let mut input = self.operator.decode(record).map_err(DecodeAgain::Invalid)?;
-        if without_state && !self.operator.answer_without_state(key, &mut input, now) {
+        if without_state
+            && !self
+                .operator
+                .answer_without_state(key, record, &mut input, now)
+        {
             return Err(DecodeAgain::Unanswered);
         }
         Ok(input)

@@ -79,7 +79,13 @@ impl KeyedOperator for Summer {
         input.0.clone()
     }
 
-    fn answer_without_state(&self, _key: &str, input: &mut (String, i64), _now: i64) -> bool {
+    fn answer_without_state(
+        &self,
+        _key: &str,
+        _record: &SourceRecord,
+        input: &mut (String, i64),
+        _now: i64,
+    ) -> bool {
         self.facts && input.1 >= 1000
     }
 

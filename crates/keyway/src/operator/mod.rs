@@ -185,16 +185,27 @@ pub trait KeyedOperator: Send + Sync + 'static {
     /// operator keeps in memory that never change once written (an access key's identity):
     /// touching no state, setting no timer, and emitting only settled outputs. When it answers
     /// every record of a key in a batch, the executor neither reads nor writes the key's state,
-    /// saving a read a key a batch, and the records run again on a redelivery: they must give
-    /// the same outputs. The operator may rewrite `input` to carry what it answers it from, so
-    /// that `process` decides as this did; a record decoded again (its key run again from its
-    /// first record) is asked again. `now_millis` is the invocation's time.
+    /// saving a read a key a batch. The operator may rewrite `input` to carry what it answers it
+    /// from, so that `process` decides as this did; a record decoded again (its key run again
+    /// from its first record) is asked again. `now_millis` is the invocation's time.
+    ///
+    /// Without the key's state there is no watermark: a record Lambda delivers again runs again.
+    /// Answer only records for which that gives the same outputs as the first time, or nothing
+    /// new: a record that may have been applied already, and decided by the state then (it
+    /// waited, say), needs its key's state, whose watermark skips it. `record.arrival_millis`
+    /// tells a record that arrived after the operator read the facts it answers from.
     ///
     /// A record so answered that touches state anyway, or emits an output that is not settled
     /// from an outbox operator, is dead-lettered (`StateError::NotLoaded`): a programming error.
     /// By default no record is answered without its key's state.
-    fn answer_without_state(&self, key: &str, input: &mut Self::Input, now_millis: i64) -> bool {
-        let _ = (key, input, now_millis);
+    fn answer_without_state(
+        &self,
+        key: &str,
+        record: &SourceRecord,
+        input: &mut Self::Input,
+        now_millis: i64,
+    ) -> bool {
+        let _ = (key, record, input, now_millis);
         false
     }
 
