@@ -73,9 +73,17 @@ pub fn run(args: Args) -> Result<(), CliError> {
             "must be a probability of at most 0.5",
         ));
     }
+    let apps = apps(&args.app)?;
+    if !settings.variables.is_empty() && apps.iter().any(|app| !app.deploys_the_template()) {
+        return Err(CliError::option(
+            "--set",
+            "applies to the runs that deploy template.yaml: counter, identity and aggregate \
+             (the filter's and the CDC join's wire their functions themselves)",
+        ));
+    }
     crate::allocator::keep_freed_memory();
     let mut dirty = Vec::new();
-    for app in apps(&args.app)? {
+    for app in apps {
         let report = run_app(app, &settings)?;
         if args.json {
             let line = serde_json::to_string(&report).map_err(|e| e.to_string())?;

@@ -66,6 +66,12 @@ impl App {
         Self::ALL.into_iter().find(|app| app.name() == text)
     }
 
+    /// Whether its chaos run deploys template.yaml, whose functions' variables a run may set
+    /// (`Settings::variables`); the filter's and the CDC join's wire their functions themselves.
+    pub fn deploys_the_template(self) -> bool {
+        matches!(self, App::Counter | App::Identity | App::Aggregate)
+    }
+
     /// Whether the schedule named `name` (`function/event`) is of this application: the stack
     /// deploys every application's schedules, and a cost report bills each its own.
     fn owns_schedule(self, name: &str) -> bool {
@@ -589,6 +595,22 @@ mod tests {
                 .filter(|app| app.owns_schedule(&name))
                 .collect();
             assert_eq!(owners.len(), 1, "{name}: {owners:?}");
+        }
+    }
+
+    #[test]
+    fn a_variable_names_a_function_a_variable_and_a_value_or_is_refused() {
+        assert_eq!(
+            Variable::parse("KeyedCounterFunction.COUNTS_EMIT=latest"),
+            Some(Variable::new(
+                "KeyedCounterFunction",
+                "COUNTS_EMIT",
+                "latest"
+            ))
+        );
+        assert_eq!(Variable::parse("F.V="), Some(Variable::new("F", "V", "")));
+        for bad in ["COUNTS_EMIT=latest", ".V=x", "F.=x", "F.V"] {
+            assert_eq!(Variable::parse(bad), None, "{bad}");
         }
     }
 
