@@ -4,6 +4,7 @@
 //! whose message failed sends nothing more to that sink. Which messages failed decides how many
 //! of each key's records stay applied.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use futures::future::join_all;
@@ -297,10 +298,12 @@ fn keep_latest(
         *outputs = kept;
         for output in superseded {
             let key = (output.sink.clone(), output.partition_key.clone());
-            latest
-                .entry(key)
-                .and_modify(|(_, last)| *last = output.clone())
-                .or_insert((position, output));
+            match latest.entry(key) {
+                Entry::Occupied(mut kept) => kept.get_mut().1 = output,
+                Entry::Vacant(first) => {
+                    first.insert((position, output));
+                }
+            }
         }
     }
     let mut kept: Vec<(usize, Output)> = latest.into_values().collect();
