@@ -223,7 +223,10 @@ pub trait StateStore: Send + Sync {
 }
 
 /// The due-time index of keyed timers (see `operator::timers`): which key has a timer at which
-/// time, to find those due without reading every key.
+/// time, to find those due without reading every key. A store may keep several timers in one
+/// entry (those one write sets for one time): a sweep gets such an entry whole, and must then
+/// forget or postpone every timer it got, postponing first, since forgetting one removes its
+/// entry's others.
 #[async_trait]
 pub trait TimerIndex: Send + Sync {
     /// Writes the due-time index entries of timers that commits of `operator`'s keys are about
@@ -236,7 +239,8 @@ pub trait TimerIndex: Send + Sync {
         now_millis: i64,
     ) -> Result<(), StoreError>;
 
-    /// Up to `limit` index entries of `operator` due at `now_millis`, earliest first.
+    /// The timers of `operator` due at `now_millis`, earliest first: up to `limit`, or a few
+    /// more when the last entry taken holds more (an entry comes whole).
     async fn due_timers(
         &self,
         operator: &str,
@@ -244,11 +248,13 @@ pub trait TimerIndex: Send + Sync {
         limit: usize,
     ) -> Result<Vec<DueTimer>, StoreError>;
 
-    /// Removes index entries whose timers fired, or were found no longer pending.
+    /// Removes the index entries of timers that fired, or were found no longer pending, with
+    /// every other timer those entries hold.
     async fn forget_timers(&self, operator: &str, due: &[DueTimer]) -> Result<(), StoreError>;
 
-    /// Makes entries a sweep could not settle come due again at `until_millis`, behind the
-    /// entries due before then: a timer that keeps failing never holds back the others.
+    /// Makes timers a sweep could not settle come due again at `until_millis`, behind the
+    /// entries due before then: a timer that keeps failing never holds back the others. Their
+    /// old entries are removed, with every other timer they hold.
     async fn postpone_timers(
         &self,
         operator: &str,

@@ -58,7 +58,7 @@ impl<O: KeyedOperator> Executor<O> {
                 .timers()
                 .due_timers(operator, now, TIMERS_PER_BATCH)
                 .await?;
-            let full = due.len() == TIMERS_PER_BATCH;
+            let full = due.len() >= TIMERS_PER_BATCH;
             if due.is_empty() {
                 return Ok(sweep);
             }
@@ -74,11 +74,12 @@ impl<O: KeyedOperator> Executor<O> {
                 .await;
             let (done, left) = settled(due, &records, &report);
             let index = self.store.timers();
-            index.forget_timers(operator, &done).await?;
-            // Behind the entries due until then, so that they are not held back by these.
+            // Behind the entries due until then, so that they are not held back by these. Before
+            // forgetting the rest: an entry may hold timers of both.
             index
                 .postpone_timers(operator, &left, now + RETRY_AFTER_MILLIS)
                 .await?;
+            index.forget_timers(operator, &done).await?;
             sweep.due += done.len() + left.len();
             sweep.fired += report.applied;
             sweep.skipped += report.replayed;
@@ -313,6 +314,42 @@ mod tests {
             "every firing sent one id: {ids:?}"
         );
         assert_ne!(ids[0], calls[0][0].id.as_str());
+    }
+
+    #[tokio::test]
+    async fn keys_that_share_a_timer_entry_fire_once_each_and_one_that_fails_comes_due_again() {
+        let b = sessions();
+        b.executor
+            .run(vec![
+                record(1, "p", "a", 5),
+                record(2, "p", "b", 4),
+                record(3, "p", "c", 13),
+            ])
+            .await;
+        let entries = || {
+            let items = b.table.items();
+            let of_timers = |i: &&crate::domain::Item| {
+                i.get("pk")
+                    .and_then(|pk| pk.as_s())
+                    .is_some_and(|pk| pk.contains("#timers#"))
+            };
+            items.iter().filter(of_timers).count()
+        };
+        assert_eq!(entries(), 1, "the batch's three timers share one entry");
+        b.clock.advance(IDLE);
+        let sweep = b.executor.fire_timers(None).await.unwrap();
+        // The batch reports the lowest time not applied: the timers of that time are left.
+        assert_eq!((sweep.due, sweep.fired, sweep.left), (3, 2, 3));
+        assert_eq!(sent(&b), ["5", "4", "13", "-5", "-4"]);
+        b.clock.advance(IDLE);
+        let sweep = b.executor.fire_timers(None).await.unwrap();
+        assert_eq!(
+            (sweep.due, sweep.fired, sweep.skipped, sweep.left),
+            (3, 0, 2, 3),
+            "a and b fired already; c fails again"
+        );
+        assert_eq!(sent(&b).len(), 5, "none fired twice");
+        assert_eq!(entries(), 1, "postponed together, as one entry");
     }
 
     #[tokio::test]

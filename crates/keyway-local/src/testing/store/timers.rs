@@ -3,7 +3,8 @@
 use super::*;
 
 /// The due-time index of timers: entries come due in time order once their time has come, each
-/// operator's apart, until forgotten; one due long ago is found however long no sweep ran.
+/// operator's apart, until forgotten; one due long ago is found however long no sweep ran; the
+/// timers of one time share an entry.
 pub(super) async fn timer_index<T: Table + 'static>(
     store: &DynamoStateStore<T>,
     clock: &ManualClock,
@@ -64,6 +65,38 @@ pub(super) async fn timer_index<T: Table + 'static>(
     assert_eq!(rest[1].timer, entries[0]);
     store.forget_timers("timed", &rest).await.unwrap();
     postponed_and_long_ago(store, now).await;
+    shared_entries(store, now).await;
+}
+
+/// Timers one write sets for one time come due together, whatever the limit; one of them
+/// postponed comes due again alone, after the others were forgotten.
+async fn shared_entries<T: Table + 'static>(store: &DynamoStateStore<T>, now: i64) {
+    let minute = 60_000;
+    let t = now + 10 * 1440 * minute;
+    let entries: Vec<keyway::ports::TimerEntry> = ["x", "y", "z"]
+        .into_iter()
+        .map(|key| keyway::ports::TimerEntry {
+            at_millis: t + minute,
+            key: key.to_owned(),
+        })
+        .collect();
+    store.schedule_timers("shared", &entries, t).await.unwrap();
+    let due = store.due_timers("shared", t + minute, 2).await.unwrap();
+    let keys: Vec<&str> = due.iter().map(|d| d.timer.key.as_str()).collect();
+    assert_eq!(keys, ["x", "y", "z"], "one entry, whole");
+    let (left, done): (Vec<_>, Vec<_>) = due.into_iter().partition(|d| d.timer.key == "y");
+    store
+        .postpone_timers("shared", &left, t + 5 * minute)
+        .await
+        .unwrap();
+    store.forget_timers("shared", &done).await.unwrap();
+    let again = store
+        .due_timers("shared", t + 5 * minute, 10)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].timer, entries[1]);
+    store.forget_timers("shared", &again).await.unwrap();
 }
 
 /// An entry postponed comes due again then, as the same timer, and not before. (Written by a

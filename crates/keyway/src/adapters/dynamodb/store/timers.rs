@@ -2,10 +2,15 @@
 //!
 //! | item   | pk                                        | sk                         | attributes              |
 //! |--------|-------------------------------------------|----------------------------|-------------------------|
-//! | entry  | `{operator}#timers#{hour}#{spread}`       | `{due:020}#{key hash}`     | `k` (S), `at` (N)       |
+//! | entry  | `{operator}#timers#{hour}#{spread}`       | `{due:020}#{hash}`         | `k` (S) or `ks` (L), `at` (N) |
 //! | cursor | `{operator}#timers`                       | `cursor`                   | `v` (N), `h` (N)        |
 //!
 //! Why this shape:
+//! - An entry holds every timer that one write sets for one time, up to `TIMERS_PER_ENTRY` keys
+//!   (`ks`; one key alone is `k`). A batch that makes many keys wait sets their timers for the
+//!   same time (the invocation's, plus a delay), and DynamoDB bills a write by the KB, not by
+//!   the key: fifteen keys cost what one does, to write and to delete. A sweep takes an entry
+//!   whole; a part of it that could not be settled is postponed as an entry of its own.
 //! - Entries are bucketed by the hour they come due in, so a sweep reads only the buckets up to
 //!   now, and within one only the entries due (`sk <= now`), by Query: no Scan, however many
 //!   timers wait for later. DynamoDB's TTL deletions lag by days and cannot serve as timers.
@@ -21,7 +26,7 @@
 //!   sweep reads one or two hours, and an entry due long ago (the sweeper was stopped) is still
 //!   found. The first write of an operator's entries creates the cursor.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -59,13 +64,53 @@ fn bucket(operator: &str, hour: i64, spread: u32) -> String {
     format!("{operator}#timers#{hour}#{spread}")
 }
 
-fn key_hash(key: &str) -> String {
-    sha256_hex(&[key.as_bytes()], 16)
+/// The most keys one entry holds: a few KB of keys, and 200 KB at most (a state key is under
+/// DynamoDB's 2 KB partition key), half of DynamoDB's item limit.
+const TIMERS_PER_ENTRY: usize = 100;
+/// The keys of an entry of several timers.
+const KEYS: &str = "ks";
+
+/// The entries of `timers`, written at `now_millis`, due at their time or at `due_millis` when
+/// given (postponed): one entry for the timers of one time, `TIMERS_PER_ENTRY` keys at most.
+fn entry_items(
+    operator: &str,
+    timers: &[TimerEntry],
+    due_millis: Option<i64>,
+    now_millis: i64,
+) -> Vec<Item> {
+    let mut by_time: BTreeMap<i64, BTreeSet<&str>> = BTreeMap::new();
+    for timer in timers {
+        by_time
+            .entry(timer.at_millis)
+            .or_default()
+            .insert(&timer.key);
+    }
+    let mut items = Vec::new();
+    for (at_millis, keys) in by_time {
+        let keys: Vec<&str> = keys.into_iter().collect();
+        for chunk in keys.chunks(TIMERS_PER_ENTRY) {
+            let due = due_millis.unwrap_or(at_millis);
+            items.push(entry_item(operator, at_millis, chunk, due, now_millis));
+        }
+    }
+    items
 }
 
-/// The entry of `timer` due at `due_millis`, written at `now_millis`.
-fn entry_item(operator: &str, timer: &TimerEntry, due_millis: i64, now_millis: i64) -> Item {
-    let hash = key_hash(&timer.key);
+/// The entry of the timers of `keys` at `at_millis`, due at `due_millis`, written at
+/// `now_millis`. Its sort key ends with the hash of its time and keys: an entry written again (a
+/// retried commit) overwrites itself, and two timers of one key postponed to one time stay two.
+fn entry_item(
+    operator: &str,
+    at_millis: i64,
+    keys: &[&str],
+    due_millis: i64,
+    now_millis: i64,
+) -> Item {
+    let at = at_millis.to_string();
+    let parts: Vec<&[u8]> = std::iter::once(at.as_bytes())
+        .chain(keys.iter().map(|k| k.as_bytes()))
+        .collect();
+    let hash = sha256_hex(&parts, 16);
     let spread = u32::from_str_radix(&hash[..2], 16).expect("hex") % SPREAD;
     let hour = hour_of(due_millis.max(now_millis));
     let mut item = ItemKey {
@@ -73,36 +118,72 @@ fn entry_item(operator: &str, timer: &TimerEntry, due_millis: i64, now_millis: i
         sk: format!("{:020}#{hash}", due_millis.max(0)),
     }
     .to_item();
-    item.insert(KEY.to_owned(), AttrValue::S(timer.key.clone()));
-    item.insert(AT.to_owned(), AttrValue::N(timer.at_millis.to_string()));
+    match keys {
+        [key] => item.insert(KEY.to_owned(), AttrValue::S((*key).to_owned())),
+        keys => item.insert(
+            KEYS.to_owned(),
+            AttrValue::L(keys.iter().map(|k| AttrValue::S((*k).to_owned())).collect()),
+        ),
+    };
+    item.insert(AT.to_owned(), AttrValue::N(at_millis.to_string()));
     item
 }
 
-fn parse_entry(item: &Item) -> Result<DueTimer, StoreError> {
+/// The timers an entry holds, each with the entry's handle.
+fn parse_entry(item: &Item) -> Result<Vec<DueTimer>, StoreError> {
     let invalid = || StoreError::Invalid(format!("a timer index entry is malformed: {item:?}"));
     let ItemKey { pk, sk } = ItemKey::of(item).ok_or_else(invalid)?;
     let handle = format!("{pk}\n{sk}");
-    let key = item
-        .get(KEY)
-        .and_then(AttrValue::as_s)
-        .ok_or_else(invalid)?;
+    let keys: Vec<&str> = match (item.get(KEY), item.get(KEYS)) {
+        (Some(key), _) => vec![key.as_s().ok_or_else(invalid)?],
+        (None, Some(AttrValue::L(keys))) => keys
+            .iter()
+            .map(|k| k.as_s().ok_or_else(invalid))
+            .collect::<Result<_, _>>()?,
+        _ => return Err(invalid()),
+    };
+    if keys.is_empty() {
+        return Err(invalid());
+    }
     let at_millis = number(item, AT)?.ok_or_else(invalid)?;
-    Ok(DueTimer {
-        timer: TimerEntry {
-            at_millis,
-            key: key.to_owned(),
-        },
-        handle,
-    })
+    Ok(keys
+        .into_iter()
+        .map(|key| DueTimer {
+            timer: TimerEntry {
+                at_millis,
+                key: key.to_owned(),
+            },
+            handle: handle.clone(),
+        })
+        .collect())
 }
 
 /// The item of a due entry, from its handle (`pk`, a line break, `sk`).
-fn entry_key(due: &DueTimer) -> ItemKey {
-    let (pk, sk) = due.handle.split_once('\n').unwrap_or((&due.handle, ""));
+fn entry_key(handle: &str) -> ItemKey {
+    let (pk, sk) = handle.split_once('\n').unwrap_or((handle, ""));
     ItemKey {
         pk: pk.to_owned(),
         sk: sk.to_owned(),
     }
+}
+
+/// The entries due first, whole, until they hold `limit` timers: more when an entry straddles
+/// the limit, since a sweep takes or leaves an entry as one.
+fn earliest(mut entries: Vec<Vec<DueTimer>>, limit: usize) -> Vec<DueTimer> {
+    // Due first: the sort key leads the handle after the bucket, which leads with the hour.
+    entries.sort_by(|a, b| {
+        due_of(&a[0])
+            .cmp(due_of(&b[0]))
+            .then(a[0].timer.cmp(&b[0].timer))
+    });
+    let mut due = Vec::new();
+    for entry in entries {
+        if due.len() >= limit {
+            break;
+        }
+        due.extend(entry);
+    }
+    due
 }
 
 /// When a due entry came due, as its sort key spells it.
@@ -139,9 +220,9 @@ impl<T: Table + 'static> TimerIndex for DynamoStateStore<T> {
             return Ok(());
         }
         self.ensure_cursor(operator, now_millis).await?;
-        let puts = timers
-            .iter()
-            .map(|t| WriteRequest::Put(entry_item(operator, t, t.at_millis, now_millis)))
+        let puts = entry_items(operator, timers, None, now_millis)
+            .into_iter()
+            .map(WriteRequest::Put)
             .collect();
         match self.write_all(puts).await {
             (_, None) => Ok(()),
@@ -164,12 +245,13 @@ impl<T: Table + 'static> TimerIndex for DynamoStateStore<T> {
         let first = number(&cursor, HOUR)?.unwrap_or(hour_of(now_millis));
         let last = hour_of(now_millis).min(first + HOURS_PER_SWEEP - 1);
         let sk_max = format!("{now_millis:020}~");
-        let mut due = Vec::new();
+        let mut entries = Vec::new();
+        let mut timers = 0;
         let mut next_cursor = first;
         for hour in first..=last {
             let mut empty = true;
             for spread in 0..SPREAD {
-                let wanted = limit.saturating_sub(due.len());
+                let wanted = limit.saturating_sub(timers);
                 if wanted == 0 {
                     // Not read to the end: not known empty.
                     empty = false;
@@ -181,14 +263,16 @@ impl<T: Table + 'static> TimerIndex for DynamoStateStore<T> {
                     .await?;
                 empty &= items.is_empty();
                 for item in &items {
-                    due.push(parse_entry(item)?);
+                    let entry = parse_entry(item)?;
+                    timers += entry.len();
+                    entries.push(entry);
                 }
             }
             let closed = (hour + 1) * HOUR_MILLIS + WRITER_LAG_MILLIS <= now_millis;
             if empty && closed && next_cursor == hour {
                 next_cursor = hour + 1;
             }
-            if due.len() >= limit {
+            if timers >= limit {
                 break;
             }
         }
@@ -205,16 +289,15 @@ impl<T: Table + 'static> TimerIndex for DynamoStateStore<T> {
                 Err(err) => return Err(err),
             }
         }
-        // Due first: the sort key leads the handle after the bucket, which leads with the hour.
-        due.sort_by(|a, b| due_of(a).cmp(due_of(b)).then(a.timer.cmp(&b.timer)));
-        due.truncate(limit);
-        Ok(due)
+        Ok(earliest(entries, limit))
     }
 
     async fn forget_timers(&self, _operator: &str, due: &[DueTimer]) -> Result<(), StoreError> {
-        let deletes = due
-            .iter()
-            .map(|d| WriteRequest::Delete(entry_key(d)))
+        // The timers of one entry share its handle: one delete each.
+        let handles: BTreeSet<&str> = due.iter().map(|d| d.handle.as_str()).collect();
+        let deletes = handles
+            .into_iter()
+            .map(|handle| WriteRequest::Delete(entry_key(handle)))
             .collect();
         match self.write_all(deletes).await {
             (_, None) => Ok(()),
@@ -230,9 +313,10 @@ impl<T: Table + 'static> TimerIndex for DynamoStateStore<T> {
     ) -> Result<(), StoreError> {
         // The new entries first: a sweep stopped in between finds an entry twice, never none.
         let now = self.clock.now_millis();
-        let puts = due
-            .iter()
-            .map(|d| WriteRequest::Put(entry_item(operator, &d.timer, until_millis, now)))
+        let timers: Vec<TimerEntry> = due.iter().map(|d| d.timer.clone()).collect();
+        let puts = entry_items(operator, &timers, Some(until_millis), now)
+            .into_iter()
+            .map(WriteRequest::Put)
             .collect();
         if let (_, Some(err)) = self.write_all(puts).await {
             return Err(err);
@@ -315,6 +399,82 @@ mod tests {
         let rest = s.due_timers("op", T + 180 * MINUTE, 10).await.unwrap();
         assert_eq!(keys(&rest), ["x"]);
         assert_eq!(rest[0].timer, timers[0]);
+    }
+
+    /// Timer index entries in the table.
+    fn entries(s: &DynamoStateStore<MemoryTable>) -> usize {
+        let items = s.table.items();
+        items.iter().filter(|i| i.contains_key(AT)).count()
+    }
+
+    #[tokio::test]
+    async fn timers_one_write_sets_for_one_time_share_an_entry_which_a_sweep_takes_whole() {
+        let s = store();
+        let many: Vec<TimerEntry> = (0..30)
+            .map(|i| timer(&format!("key-{i:02}"), T + MINUTE))
+            .collect();
+        let mut timers = many.clone();
+        timers.push(timer("later", T + 2 * MINUTE));
+        s.schedule_timers("op", &timers, T).await.unwrap();
+        assert_eq!(entries(&s), 2, "one entry a time");
+        let written = s.table.usage().write_units;
+        assert!(
+            written <= 4.0,
+            "billed by the KB, not by the key: {written}"
+        );
+        let due = s.due_timers("op", T + 2 * MINUTE, 10).await.unwrap();
+        let expected: Vec<&str> = many.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys(&due), expected, "the whole entry, past the limit");
+        s.forget_timers("op", &due).await.unwrap();
+        assert_eq!(entries(&s), 1);
+        let rest = s.due_timers("op", T + 2 * MINUTE, 10).await.unwrap();
+        assert_eq!(keys(&rest), ["later"]);
+        // More keys than an entry holds make more entries.
+        let crowd: Vec<TimerEntry> = (0..TIMERS_PER_ENTRY + 1)
+            .map(|i| timer(&format!("crowd-{i:03}"), T + 3 * MINUTE))
+            .collect();
+        s.schedule_timers("op", &crowd, T).await.unwrap();
+        assert_eq!(entries(&s), 3);
+    }
+
+    #[tokio::test]
+    async fn a_timer_postponed_from_a_shared_entry_comes_due_again_alone() {
+        let s = store();
+        let timers = [
+            timer("a", T + MINUTE),
+            timer("b", T + MINUTE),
+            timer("c", T + MINUTE),
+        ];
+        s.schedule_timers("op", &timers, T).await.unwrap();
+        let due = s.due_timers("op", T + MINUTE, 10).await.unwrap();
+        let (left, done): (Vec<DueTimer>, Vec<DueTimer>) =
+            due.into_iter().partition(|d| d.timer.key == "b");
+        s.postpone_timers("op", &left, T + 5 * MINUTE)
+            .await
+            .unwrap();
+        s.forget_timers("op", &done).await.unwrap();
+        assert!(s
+            .due_timers("op", T + 4 * MINUTE, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        let again = s.due_timers("op", T + 5 * MINUTE, 10).await.unwrap();
+        assert_eq!(keys(&again), ["b"]);
+        assert_eq!(again[0].timer, timers[1], "its own time, due later");
+    }
+
+    #[tokio::test]
+    async fn two_timers_of_one_key_postponed_to_one_time_both_come_due() {
+        let s = store();
+        let timers = [timer("a", T + MINUTE), timer("a", T + 2 * MINUTE)];
+        s.schedule_timers("op", &timers, T).await.unwrap();
+        let due = s.due_timers("op", T + 2 * MINUTE, 10).await.unwrap();
+        assert_eq!(due.len(), 2);
+        s.postpone_timers("op", &due, T + 5 * MINUTE).await.unwrap();
+        let again = s.due_timers("op", T + 5 * MINUTE, 10).await.unwrap();
+        let mut at: Vec<TimerEntry> = again.into_iter().map(|d| d.timer).collect();
+        at.sort();
+        assert_eq!(at, timers, "two entries, not one written over the other");
     }
 
     #[tokio::test]
