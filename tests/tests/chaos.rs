@@ -81,10 +81,10 @@ fn the_cdc_join_under_every_fault_ends_with_the_view_the_oracle_joins() {
     clean(App::Cdc, settings(3, 2, 34));
 }
 
-/// At 20,000 records the rarest kinds (a crash inside a commit, a duplicate delivery) fire a few
-/// times a run, depending on the calls the run makes: a change that makes fewer (one timer
-/// index entry for the timers a batch sets at once) can leave one unfired under a seed, and the
-/// run unclean, until the seed changes.
+/// At 20,000 records the rarest fault kinds (a crash inside a commit, a duplicate delivery) are
+/// injected a few times a run, depending on the calls the run makes: a change that makes fewer
+/// (one timer index entry for the timers a batch sets at once) can leave one of those kinds
+/// never injected under a seed, and the run unclean for want of it, until the seed changes.
 #[test]
 fn keyed_aggregation_under_every_fault_ends_with_each_keys_exact_result() {
     clean(App::Aggregate, settings(8, 4, 36));

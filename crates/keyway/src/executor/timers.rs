@@ -24,15 +24,15 @@ const RETRY_AFTER_MILLIS: i64 = 60_000;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TimerSweep {
-    /// Index entries found due.
+    /// Timers found due in the index.
     pub due: usize,
     /// Timers whose `on_timer` ran and was committed.
     pub fired: usize,
-    /// Entries whose timer was no longer pending: fired or cancelled already, or never committed.
+    /// Timers no longer pending: fired or cancelled already, or never committed.
     pub skipped: usize,
     /// Timers whose record was dead-lettered.
     pub dead_lettered: usize,
-    /// Entries left for the next sweep.
+    /// Timers left for the next sweep.
     pub left: usize,
 }
 

@@ -264,6 +264,31 @@ impl Table for LocalTable {
         Ok(items)
     }
 
+    /// Billed for the items it returns only, as DynamoDB bills a Query with a Limit.
+    async fn query_up_to(
+        &self,
+        pk: &str,
+        sk_max: &str,
+        limit: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        let items: Vec<Item> = {
+            let _busy = self.meter.busy();
+            let state = self.state.lock().expect("table lock");
+            let (partition, _) = self.partition_bounds(pk, None);
+            state
+                .items
+                .range(partition)
+                .map(|(_, item)| item)
+                .take_while(|item| item.get(SK).and_then(AttrValue::as_s) <= Some(sk_max))
+                .take(limit)
+                .cloned()
+                .collect()
+        };
+        let size: usize = items.iter().map(item_size).sum();
+        self.meter.call("Query", read_units(size), 0.0).await;
+        Ok(items)
+    }
+
     async fn query_after(
         &self,
         pk: &str,

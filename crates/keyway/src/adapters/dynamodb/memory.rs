@@ -204,6 +204,23 @@ impl Table for MemoryTable {
         Ok(self.counted_query(self.partition(pk)))
     }
 
+    /// Billed for the items it returns only, as DynamoDB bills a Query with a Limit.
+    async fn query_up_to(
+        &self,
+        pk: &str,
+        sk_max: &str,
+        limit: usize,
+    ) -> Result<Vec<Item>, StoreError> {
+        let items: Vec<Item> = self
+            .lock()
+            .range(ItemKey::of_pk(pk, "")..)
+            .take_while(|(key, _)| key.pk == pk && key.sk.as_str() <= sk_max)
+            .take(limit)
+            .map(|(_, item)| item.clone())
+            .collect();
+        Ok(self.counted_query(items))
+    }
+
     async fn query_after(
         &self,
         pk: &str,

@@ -14,8 +14,15 @@
 //! - Entries are bucketed by the hour they come due in, so a sweep reads only the buckets up to
 //!   now, and within one only the entries due (`sk <= now`), by Query: no Scan, however many
 //!   timers wait for later. DynamoDB's TTL deletions lag by days and cannot serve as timers.
-//! - Each hour is spread over `SPREAD` partitions by the key's hash: timers set at one time by
-//!   many keys do not all write one partition.
+//! - Each hour is spread over `SPREAD` partitions by the entry's hash: the entries that many
+//!   writers set at one time do not all write one partition.
+//! - An entry's hash covers its timers' time, its keys and the moment it was written, so every
+//!   write is an item of its own: a sweep deletes only the entries it read, never one a writer
+//!   wrote again since (a commit that lost its race and set the same timer again), which alone
+//!   may still stand for a pending timer. A timer indexed twice fires once: firing needs it
+//!   pending in its key's state.
+//! - A release before entries held several timers refuses an entry with `ks` as malformed, and
+//!   its sweeps stop there: roll back past it only once no such entry is left.
 //! - An entry's hour is that of its time or of the moment it is written, whichever is later, so
 //!   a timer set for a time already past lands in a bucket the sweep still reads.
 //! - An entry comes due at its timer's time, or later when a sweep postponed it (its firing
@@ -69,6 +76,8 @@ fn bucket(operator: &str, hour: i64, spread: u32) -> String {
 const TIMERS_PER_ENTRY: usize = 100;
 /// The keys of an entry of several timers.
 const KEYS: &str = "ks";
+/// How many entries a sweep reads of a bucket at first (see `due_entries`).
+const FIRST_READ_ITEMS: usize = 16;
 
 /// The entries of `timers`, written at `now_millis`, due at their time or at `due_millis` when
 /// given (postponed): one entry for the timers of one time, `TIMERS_PER_ENTRY` keys at most.
@@ -97,8 +106,8 @@ fn entry_items(
 }
 
 /// The entry of the timers of `keys` at `at_millis`, due at `due_millis`, written at
-/// `now_millis`. Its sort key ends with the hash of its time and keys: an entry written again (a
-/// retried commit) overwrites itself, and two timers of one key postponed to one time stay two.
+/// `now_millis`. Its sort key ends with the hash of its time, its keys and the moment it is
+/// written (see the module doc): two timers of one key postponed to one time stay two.
 fn entry_item(
     operator: &str,
     at_millis: i64,
@@ -106,8 +115,9 @@ fn entry_item(
     due_millis: i64,
     now_millis: i64,
 ) -> Item {
-    let at = at_millis.to_string();
-    let parts: Vec<&[u8]> = std::iter::once(at.as_bytes())
+    let (at, written) = (at_millis.to_string(), now_millis.to_string());
+    let parts: Vec<&[u8]> = [at.as_bytes(), written.as_bytes()]
+        .into_iter()
         .chain(keys.iter().map(|k| k.as_bytes()))
         .collect();
     let hash = sha256_hex(&parts, 16);
@@ -257,16 +267,12 @@ impl<T: Table + 'static> TimerIndex for DynamoStateStore<T> {
                     empty = false;
                     break;
                 }
-                let items = self
-                    .table
-                    .query_up_to(&bucket(operator, hour, spread), &sk_max, wanted)
+                let found = self
+                    .due_entries(&bucket(operator, hour, spread), &sk_max, wanted)
                     .await?;
-                empty &= items.is_empty();
-                for item in &items {
-                    let entry = parse_entry(item)?;
-                    timers += entry.len();
-                    entries.push(entry);
-                }
+                empty &= found.is_empty();
+                timers += found.iter().map(Vec::len).sum::<usize>();
+                entries.extend(found);
             }
             let closed = (hour + 1) * HOUR_MILLIS + WRITER_LAG_MILLIS <= now_millis;
             if empty && closed && next_cursor == hour {
@@ -326,6 +332,32 @@ impl<T: Table + 'static> TimerIndex for DynamoStateStore<T> {
 }
 
 impl<T: Table> DynamoStateStore<T> {
+    /// The entries of `bucket` due by `sk_max`, first due first, until they hold `wanted` timers
+    /// or the bucket ends. Asked for a few items first, then twice as many while they hold too
+    /// few timers: an entry may hold one timer or a hundred, and a Query bills every item it
+    /// reads, so reading `wanted` items of a hundred timers each would read a hundred times too
+    /// many; reading the first items again costs at most as much as the last read.
+    async fn due_entries(
+        &self,
+        bucket: &str,
+        sk_max: &str,
+        wanted: usize,
+    ) -> Result<Vec<Vec<DueTimer>>, StoreError> {
+        let mut items_wanted = wanted.min(FIRST_READ_ITEMS);
+        loop {
+            let items = self.table.query_up_to(bucket, sk_max, items_wanted).await?;
+            let entries = items
+                .iter()
+                .map(parse_entry)
+                .collect::<Result<Vec<_>, _>>()?;
+            let timers: usize = entries.iter().map(Vec::len).sum();
+            if items.len() < items_wanted || timers >= wanted || items_wanted >= wanted {
+                return Ok(entries);
+            }
+            items_wanted = (items_wanted * 2).min(wanted);
+        }
+    }
+
     /// Creates the operator's cursor unless it exists, at an hour no writer can be behind.
     async fn ensure_cursor(&self, operator: &str, now_millis: i64) -> Result<(), StoreError> {
         if self.cursors.contains(operator) {
@@ -461,6 +493,48 @@ mod tests {
         let again = s.due_timers("op", T + 5 * MINUTE, 10).await.unwrap();
         assert_eq!(keys(&again), ["b"]);
         assert_eq!(again[0].timer, timers[1], "its own time, due later");
+    }
+
+    #[tokio::test]
+    async fn an_entry_written_again_after_a_sweep_read_it_outlives_that_sweeps_forgetting() {
+        let s = store();
+        let closes = timer("w", T + MINUTE);
+        s.schedule_timers("op", std::slice::from_ref(&closes), T)
+            .await
+            .unwrap();
+        let read = s.due_timers("op", T + MINUTE, 10).await.unwrap();
+        // A commit that lost its race to the sweep's runs again and sets the same timer.
+        s.schedule_timers("op", std::slice::from_ref(&closes), T + 1_000)
+            .await
+            .unwrap();
+        s.forget_timers("op", &read).await.unwrap();
+        let after = s.due_timers("op", T + MINUTE, 10).await.unwrap();
+        assert_eq!(keys(&after), ["w"], "the second write still stands");
+    }
+
+    #[tokio::test]
+    async fn a_sweep_reads_few_entries_of_many_timers_and_every_entry_of_one() {
+        let s = store();
+        for i in 0..400 {
+            let crowd: Vec<TimerEntry> = (0..TIMERS_PER_ENTRY)
+                .map(|k| timer(&format!("k{i}-{k}"), T + MINUTE))
+                .collect();
+            s.schedule_timers("op", &crowd, T + i).await.unwrap();
+        }
+        let before = s.table.usage().read_units;
+        let due = s.due_timers("op", T + MINUTE, 500).await.unwrap();
+        let read = s.table.usage().read_units - before;
+        assert!((500..600).contains(&due.len()), "{}", due.len());
+        // The cursor (1 unit), the empty hour before (8 queries, 1 unit each), then 16 of the
+        // some 50 entries of a bucket, about 1.2 KB each (5 units); all 50 would take 15.
+        assert!(read <= 15.0, "read {read} units");
+        let singles: Vec<TimerEntry> = (0..300)
+            .map(|k| timer(&format!("single-{k}"), T + 30 * MINUTE + k))
+            .collect();
+        let s = store();
+        s.schedule_timers("op", &singles, T).await.unwrap();
+        let due = s.due_timers("op", T + 40 * MINUTE, 500).await.unwrap();
+        assert_eq!(due.len(), 300, "every entry of one timer");
     }
 
     #[tokio::test]
