@@ -21,6 +21,39 @@ use keyway::domain::{AttrValue, Item};
 use keyway::ports::StoreError;
 
 impl LocalTable {
+    /// Up to `limit` items of partition `pk` in sort key order, after `after_sk` when given,
+    /// while their sort key passes `keep`: what a Query with a key condition and a Limit reads.
+    fn query_range(
+        &self,
+        pk: &str,
+        after_sk: Option<&str>,
+        limit: usize,
+        keep: impl Fn(&str) -> bool,
+    ) -> Vec<Item> {
+        let state = self.state.lock().expect("table lock");
+        let (partition, from) = self.partition_bounds(pk, after_sk);
+        fn sk(item: &Item) -> Option<&str> {
+            item.get(SK).and_then(AttrValue::as_s)
+        }
+        state
+            .items
+            .range(from..partition.end)
+            .map(|(_, item)| item)
+            .skip_while(|item| after_sk.is_some() && sk(item) == after_sk)
+            .take_while(|item| sk(item).is_some_and(&keep))
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// Meters a Query that read `items`, as DynamoDB bills one with a Limit: by the bytes of the
+    /// items it returns, 4 KB a unit.
+    async fn billed_query(&self, items: Vec<Item>) -> Vec<Item> {
+        let size: usize = items.iter().map(item_size).sum();
+        self.meter.call("Query", read_units(size), 0.0).await;
+        items
+    }
+
     pub(super) fn throttled(&self) -> Option<StoreError> {
         self.faults
             .draw(Fault::Throttle)
@@ -255,38 +288,24 @@ impl Table for LocalTable {
     }
 
     async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
-        let items: Vec<Item> = {
+        let items = {
             let _busy = self.meter.busy();
             self.partition(&AttrValue::S(pk.to_owned()))
         };
-        let size: usize = items.iter().map(item_size).sum();
-        self.meter.call("Query", read_units(size), 0.0).await;
-        Ok(items)
+        Ok(self.billed_query(items).await)
     }
 
-    /// Billed for the items it returns only, as DynamoDB bills a Query with a Limit.
     async fn query_up_to(
         &self,
         pk: &str,
         sk_max: &str,
         limit: usize,
     ) -> Result<Vec<Item>, StoreError> {
-        let items: Vec<Item> = {
+        let items = {
             let _busy = self.meter.busy();
-            let state = self.state.lock().expect("table lock");
-            let (partition, _) = self.partition_bounds(pk, None);
-            state
-                .items
-                .range(partition)
-                .map(|(_, item)| item)
-                .take_while(|item| item.get(SK).and_then(AttrValue::as_s) <= Some(sk_max))
-                .take(limit)
-                .cloned()
-                .collect()
+            self.query_range(pk, None, limit, |sk| sk <= sk_max)
         };
-        let size: usize = items.iter().map(item_size).sum();
-        self.meter.call("Query", read_units(size), 0.0).await;
-        Ok(items)
+        Ok(self.billed_query(items).await)
     }
 
     async fn query_after(
@@ -295,22 +314,11 @@ impl Table for LocalTable {
         after_sk: &str,
         limit: usize,
     ) -> Result<Vec<Item>, StoreError> {
-        let items: Vec<Item> = {
+        let items = {
             let _busy = self.meter.busy();
-            let state = self.state.lock().expect("table lock");
-            let (partition, after) = self.partition_bounds(pk, Some(after_sk));
-            state
-                .items
-                .range(after..partition.end)
-                .filter(|(key, _)| key.starts_with(&partition.start))
-                .skip_while(|(_, item)| item.get(SK).and_then(AttrValue::as_s) == Some(after_sk))
-                .take(limit)
-                .map(|(_, item)| item.clone())
-                .collect()
+            self.query_range(pk, Some(after_sk), limit, |_| true)
         };
-        let size: usize = items.iter().map(item_size).sum();
-        self.meter.call("Query", read_units(size), 0.0).await;
-        Ok(items)
+        Ok(self.billed_query(items).await)
     }
 
     async fn query_last(&self, pk: &str) -> Result<Option<Item>, StoreError> {
@@ -324,8 +332,6 @@ impl Table for LocalTable {
                 .next_back()
                 .map(|(_, item)| item.clone())
         };
-        let size = item.as_ref().map_or(0, item_size);
-        self.meter.call("Query", read_units(size), 0.0).await;
-        Ok(item)
+        Ok(self.billed_query(item.into_iter().collect()).await.pop())
     }
 }

@@ -7,10 +7,11 @@
 //!
 //! Why this shape:
 //! - An entry holds every timer that one write sets for one time, up to `TIMERS_PER_ENTRY` keys
-//!   (`ks`; one key alone is `k`). A batch that makes many keys wait sets their timers for the
-//!   same time (the invocation's, plus a delay), and DynamoDB bills a write by the KB, not by
-//!   the key: fifteen keys cost what one does, to write and to delete. A sweep takes an entry
-//!   whole; a part of it that could not be settled is postponed as an entry of its own.
+//!   and `ENTRY_KEY_BYTES` of them (`ks`; one key alone is `k`). A batch that makes many keys
+//!   wait sets their timers for the same time (the invocation's, plus a delay), and DynamoDB
+//!   bills a write by the KB, not by the key: fifteen keys cost what one does, to write and to
+//!   delete. A sweep takes an entry whole; a part of it that could not be settled is postponed
+//!   as an entry of its own.
 //! - Entries are bucketed by the hour they come due in, so a sweep reads only the buckets up to
 //!   now, and within one only the entries due (`sk <= now`), by Query: no Scan, however many
 //!   timers wait for later. DynamoDB's TTL deletions lag by days and cannot serve as timers.
@@ -71,16 +72,20 @@ fn bucket(operator: &str, hour: i64, spread: u32) -> String {
     format!("{operator}#timers#{hour}#{spread}")
 }
 
-/// The most keys one entry holds: a few KB of keys, and 200 KB at most (a state key is under
-/// DynamoDB's 2 KB partition key), half of DynamoDB's item limit.
+/// The most keys one entry holds.
 const TIMERS_PER_ENTRY: usize = 100;
+/// The most bytes of keys one entry holds, unless a single key is longer. A state key may be of
+/// any length (the store keys a long one by its hash), so a hundred keys may not fit DynamoDB's
+/// 400 KB item; past a few KB, sharing an entry saves nothing, since writes are billed by the KB.
+const ENTRY_KEY_BYTES: usize = 16 * 1024;
 /// The keys of an entry of several timers.
 const KEYS: &str = "ks";
 /// How many entries a sweep reads of a bucket at first (see `due_entries`).
 const FIRST_READ_ITEMS: usize = 16;
 
 /// The entries of `timers`, written at `now_millis`, due at their time or at `due_millis` when
-/// given (postponed): one entry for the timers of one time, `TIMERS_PER_ENTRY` keys at most.
+/// given (postponed): one entry for the timers of one time, `TIMERS_PER_ENTRY` keys and
+/// `ENTRY_KEY_BYTES` of them at most.
 fn entry_items(
     operator: &str,
     timers: &[TimerEntry],
@@ -96,13 +101,34 @@ fn entry_items(
     }
     let mut items = Vec::new();
     for (at_millis, keys) in by_time {
-        let keys: Vec<&str> = keys.into_iter().collect();
-        for chunk in keys.chunks(TIMERS_PER_ENTRY) {
+        for shared in shares(keys) {
             let due = due_millis.unwrap_or(at_millis);
-            items.push(entry_item(operator, at_millis, chunk, due, now_millis));
+            items.push(entry_item(operator, at_millis, &shared, due, now_millis));
         }
     }
     items
+}
+
+/// `keys` in the groups that share an entry, in order: `TIMERS_PER_ENTRY` keys and
+/// `ENTRY_KEY_BYTES` of them at most, or one key alone that is longer.
+fn shares(keys: BTreeSet<&str>) -> Vec<Vec<&str>> {
+    let mut shares: Vec<Vec<&str>> = Vec::new();
+    let mut bytes = 0;
+    for key in keys {
+        match shares.last_mut() {
+            Some(share)
+                if share.len() < TIMERS_PER_ENTRY && bytes + key.len() <= ENTRY_KEY_BYTES =>
+            {
+                share.push(key);
+                bytes += key.len();
+            }
+            _ => {
+                shares.push(vec![key]);
+                bytes = key.len();
+            }
+        }
+    }
+    shares
 }
 
 /// The entry of the timers of `keys` at `at_millis`, due at `due_millis`, written at
@@ -535,6 +561,30 @@ mod tests {
         s.schedule_timers("op", &singles, T).await.unwrap();
         let due = s.due_timers("op", T + 40 * MINUTE, 500).await.unwrap();
         assert_eq!(due.len(), 300, "every entry of one timer");
+    }
+
+    #[tokio::test]
+    async fn keys_of_kilobytes_setting_timers_at_one_time_are_indexed_and_come_due() {
+        let s = store();
+        // A key a record's field makes, ten times the usual size and then some: a hundred of
+        // them would not fit one item.
+        let timers: Vec<TimerEntry> = (0..TIMERS_PER_ENTRY)
+            .map(|i| timer(&format!("{i:03}{}", "k".repeat(5_000)), T + MINUTE))
+            .collect();
+        s.schedule_timers("op", &timers, T)
+            .await
+            .expect("indexed in entries that fit");
+        let due = s.due_timers("op", T + MINUTE, 500).await.unwrap();
+        let mut at: Vec<TimerEntry> = due.into_iter().map(|d| d.timer).collect();
+        at.sort();
+        assert_eq!(at, timers);
+        // One key larger than an entry's share of keys still gets an entry of its own.
+        let huge = timer(&"h".repeat(100_000), T + 2 * MINUTE);
+        s.schedule_timers("op", std::slice::from_ref(&huge), T)
+            .await
+            .unwrap();
+        let due = s.due_timers("op", T + 2 * MINUTE, 1_000).await.unwrap();
+        assert!(due.iter().any(|d| d.timer == huge));
     }
 
     #[tokio::test]
