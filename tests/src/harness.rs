@@ -15,11 +15,18 @@ use keyway_local::mapping::events::{kinesis_event, KinesisEventRecord};
 use keyway_local::{LocalSqs, LocalTable, QueuedMessage};
 use serde_json::Value;
 
+/// A state table with its store, a queue for each sink and one for dead letters, and a clock
+/// that moves only when a test moves it: what executors run against.
 pub struct World {
+    /// The state table, to read operators' items from.
     pub table: Arc<LocalTable>,
+    /// The state store on the table, on the world's clock.
     pub store: Arc<DynamoStateStore<LocalTable>>,
+    /// The SQS that holds the sinks' queues and the dead-letter queue.
     pub sqs: Arc<LocalSqs>,
+    /// The clock of the store and the executors: 2026-01-01 until a test moves it.
     pub clock: Arc<ManualClock>,
+    /// The dead-letter queue's URL.
     pub dead_letter_url: String,
     /// Sink name to queue URL.
     pub queues: BTreeMap<String, String>,
@@ -70,10 +77,13 @@ impl World {
         sinks
     }
 
+    /// An executor of `operator` on the world's store, with the queues of the sinks it declares;
+    /// panics when the world has no queue for one.
     pub fn executor<O: KeyedOperator>(&self, operator: O) -> Executor<O> {
         self.executor_on(operator, self.store.clone())
     }
 
+    /// As `executor`, on `store` rather than the world's (a store wrapped to race or fail).
     pub fn executor_on<O: KeyedOperator>(
         &self,
         operator: O,
@@ -109,10 +119,12 @@ impl World {
             .unwrap_or(0)
     }
 
+    /// Every message the queue of `sink` accepted, in order, received or not.
     pub fn outputs(&self, sink: &str) -> Vec<QueuedMessage> {
         self.sqs.messages(&self.queues[sink])
     }
 
+    /// Every dead letter the dead-letter queue accepted, in order.
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
         self.sqs
             .messages(&self.dead_letter_url)
@@ -124,7 +136,9 @@ impl World {
 
 /// One shard of a Kinesis stream that hands out batches with growing sequence numbers.
 pub struct Shard {
+    /// The stream's name, which its ARN ends with.
     pub stream: String,
+    /// The shard's id, as Kinesis writes it (`shardId-000000000000`).
     pub shard_id: String,
     next: u64,
     /// When the records of the next batches arrived (epoch milliseconds).
@@ -132,6 +146,8 @@ pub struct Shard {
 }
 
 impl Shard {
+    /// Shard number `shard` of `stream`, its records arriving at 2026-01-01 until a test says
+    /// otherwise.
     pub fn new(stream: &str, shard: u32) -> Self {
         Self {
             stream: stream.into(),

@@ -22,11 +22,14 @@ use tokio::sync::Barrier;
 /// Wraps an operator; records whose sequence numbers are poisoned fail with a retryable error,
 /// as a record does while a dependency it needs is down.
 pub struct Poisoned<O> {
+    /// The operator wrapped.
     pub inner: O,
+    /// The sequence numbers of the records that fail.
     pub poisoned: Arc<Mutex<HashSet<String>>>,
 }
 
 impl<O> Poisoned<O> {
+    /// `inner`, no record poisoned yet.
     pub fn new(inner: O) -> Self {
         Self {
             inner,
@@ -34,10 +37,12 @@ impl<O> Poisoned<O> {
         }
     }
 
+    /// Makes the record with sequence number `sequence` fail, from its next try on.
     pub fn poison(&self, sequence: &str) {
         self.poisoned.lock().unwrap().insert(sequence.to_owned());
     }
 
+    /// Lets every poisoned record through again, as when the dependency is back.
     pub fn heal(&self) {
         self.poisoned.lock().unwrap().clear();
     }
@@ -93,20 +98,39 @@ impl<O: KeyedOperator> KeyedOperator for Poisoned<O> {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Waker;
 
+/// A key's actor, once its resolution arrived.
 pub const ACTOR: ValueState<String> = ValueState::new("actor");
+/// A key's events waiting for its resolution, in order.
 pub const PENDING: ListState<String> = ListState::new("pending");
+/// Where events leave with their key's actor.
 pub const RESOLVED: Sink<Resolved> = Sink::new("resolved");
 
+/// A record of either stream: a key's resolution, or an event of a key.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
 pub enum WakerInput {
-    Resolution { key: String, actor: String },
-    Event { key: String, event: String },
+    /// A key's resolution, from the stream that resolves keys.
+    Resolution {
+        /// The key resolved.
+        key: String,
+        /// Who the key's events are of.
+        actor: String,
+    },
+    /// An event, from the stream of events.
+    Event {
+        /// The key the event is of.
+        key: String,
+        /// The event's text.
+        event: String,
+    },
 }
 
+/// An event that left resolved.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resolved {
+    /// The event's text.
     pub event: String,
+    /// Who its key's events are of.
     pub actor: String,
 }
 
@@ -171,14 +195,19 @@ impl KeyedOperator for Waker {
 /// (Loads of the operator's signature history pass: they are not the invocation's; so do loads
 /// after the race, such as a loser reading the winner's state.)
 pub struct BarrierStore {
+    /// The store every load and commit goes to.
     pub inner: Arc<dyn StateStore>,
+    /// Where the held loads wait for each other.
     pub barrier: Barrier,
+    /// Set once the held loads went on: later loads pass.
     pub released: AtomicBool,
     /// The versions the held loads read, key by key.
     pub read: Mutex<Vec<(String, u64)>>,
 }
 
 impl BarrierStore {
+    /// A store over `inner` whose first loads, one by each of `parties` invocations, wait for
+    /// each other.
     pub fn new(inner: Arc<dyn StateStore>, parties: usize) -> Self {
         Self {
             inner,
@@ -244,11 +273,14 @@ impl StateStore for BarrierStore {
 
 /// A sink that fails every message while it is down.
 pub struct FlakySink {
+    /// The sink messages go to while it is up.
     pub inner: Arc<dyn SinkPort>,
+    /// Whether it is down.
     pub down: AtomicBool,
 }
 
 impl FlakySink {
+    /// A sink over `inner`, up until a test takes it down.
     pub fn new(inner: Arc<dyn SinkPort>) -> Self {
         Self {
             inner,
@@ -256,6 +288,7 @@ impl FlakySink {
         }
     }
 
+    /// Takes the sink down (`true`) or brings it back up (`false`).
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
     }
@@ -281,6 +314,7 @@ impl SinkPort for FlakySink {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Buffer;
 
+/// The texts buffered since the last flush, in order.
 pub const BUFFERED: ListState<String> = ListState::new("buffered");
 /// How many entries a flush took, and whether they were in order.
 pub const FLUSHED: Sink<serde_json::Value> = Sink::new("flushed");
@@ -334,16 +368,22 @@ impl KeyedOperator for Buffer {
 /// Another operator around `inner`: under its own name, with its own state TTL, panicking on a
 /// key, or taking virtual time per record. Everything else is `inner`'s.
 pub struct Tweaked<O> {
+    /// The operator wrapped.
     pub inner: O,
+    /// Its name instead of `inner`'s.
     pub name: Option<&'static str>,
+    /// Its state TTL instead of `inner`'s.
     pub ttl: Option<Duration>,
+    /// The key whose records make it panic, as a bug would.
     pub panic_on: Option<&'static str>,
     /// The clock each record advances, and by how much.
     pub slow: Option<(Arc<ManualClock>, i64)>,
+    /// How its outputs are delivered, instead of as `inner`'s are.
     pub delivery: Option<Delivery>,
 }
 
 impl<O> Tweaked<O> {
+    /// `inner` with nothing tweaked yet.
     pub fn new(inner: O) -> Self {
         Self {
             inner,
@@ -361,21 +401,25 @@ impl<O> Tweaked<O> {
         self
     }
 
+    /// Under the name `name`, so that its state is apart from `inner`'s.
     pub fn named(mut self, name: &'static str) -> Self {
         self.name = Some(name);
         self
     }
 
+    /// With the state TTL `ttl`.
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self
     }
 
+    /// Panicking on every record of `key`.
     pub fn panicking_on(mut self, key: &'static str) -> Self {
         self.panic_on = Some(key);
         self
     }
 
+    /// Advancing `clock` by `millis` for every record, as a slow operator's records take time.
     pub fn taking(mut self, clock: Arc<ManualClock>, millis: i64) -> Self {
         self.slow = Some((clock, millis));
         self
@@ -432,6 +476,7 @@ impl<O: KeyedOperator> KeyedOperator for Tweaked<O> {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GroupCounter;
 
+/// The changes counted for a group.
 pub const GROUP_COUNT: ValueState<u64> = ValueState::new("count");
 
 impl KeyedOperator for GroupCounter {
@@ -475,6 +520,7 @@ impl KeyedOperator for GroupCounter {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Keeper;
 
+/// The text of the key's latest record.
 pub const KEPT: ValueState<String> = ValueState::new("kept");
 
 impl KeyedOperator for Keeper {
@@ -507,6 +553,7 @@ impl KeyedOperator for Keeper {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct History;
 
+/// Every click of the key, in order: its sequence number padded to about a kilobyte.
 pub const CLICKS: ListState<String> = ListState::new("clicks");
 
 impl KeyedOperator for History {
@@ -542,20 +589,30 @@ impl KeyedOperator for History {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IdleSessions;
 
+/// How long a user goes without a visit before the session is idle: five minutes.
 pub const IDLE_MILLIS: i64 = 5 * 60_000;
+/// The visits of the user's current session.
 pub const SESSION_VISITS: ValueState<u64> = ValueState::new("visits");
+/// When the user last visited, in epoch milliseconds.
 pub const LAST_SEEN: ValueState<i64> = ValueState::new("last_seen");
+/// Where the notices of idle sessions go.
 pub const NOTICES: Sink<IdleNotice> = Sink::new("notices");
 
+/// A visit of a user.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Visit {
+    /// The user visiting: the key.
     pub user: String,
 }
 
+/// The notice of a session gone idle.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdleNotice {
+    /// The user whose session it was.
     pub user: String,
+    /// The session's visits.
     pub visits: u64,
+    /// When the session's last visit was, in epoch milliseconds.
     pub last_seen: i64,
     /// When the notice was made: within a minute of `last_seen + IDLE_MILLIS`.
     pub noticed_at: i64,

@@ -10,17 +10,23 @@ use serde_json::Value;
 /// One record as the function saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seen {
+    /// Its sequence number (a Kinesis record's, or a DynamoDB stream record's).
     pub sequence: String,
+    /// Its partition key; for a DynamoDB stream record, its item's keys as JSON.
     pub key: String,
 }
 
 type Script = dyn Fn(usize, &[Seen]) -> Result<Value, FunctionError> + Send + Sync;
 
+/// A stream function that answers each invocation as its script says, taking as long as it is
+/// told, and remembers what it was given.
 pub struct Scripted {
+    /// The records of every batch it was given, in order.
     pub batches: Mutex<Vec<Vec<Seen>>>,
     script: Box<Script>,
     /// How long each invocation takes (virtual time).
     pub duration: Duration,
+    /// Invocations running now, and the most that ever ran at once.
     pub in_flight: Mutex<(usize, usize)>,
     /// The deadline each invocation was given, in order.
     pub deadlines: Mutex<Vec<Option<i64>>>,
@@ -34,6 +40,7 @@ impl Scripted {
         Self::taking(Duration::ZERO, script)
     }
 
+    /// As `new`, each invocation taking `duration` (virtual time) before it answers.
     pub fn taking(
         duration: Duration,
         script: impl Fn(usize, &[Seen]) -> Result<Value, FunctionError> + Send + Sync + 'static,
@@ -52,10 +59,12 @@ impl Scripted {
         Self::new(|_, _| Ok(serde_json::json!({"batchItemFailures": []})))
     }
 
+    /// The records of every batch it was given so far, in order.
     pub fn batches(&self) -> Vec<Vec<Seen>> {
         self.batches.lock().unwrap().clone()
     }
 
+    /// How many records each batch so far held, in order.
     pub fn sizes(&self) -> Vec<usize> {
         self.batches().iter().map(Vec::len).collect()
     }

@@ -5,17 +5,22 @@
 use identity_enricher::traffic;
 use serde_json::{json, Value};
 
+/// The account every record is of, as caller and recipient.
 pub const ACCOUNT: &str = "111111111111";
 
+/// The `userIdentity` of a session of `role` (`<role>-session`) calling with the temporary `key`.
 pub fn session(key: &str, role: &str) -> Value {
     let role_id = format!("AROA{role}");
     traffic::role_session(ACCOUNT, role, &role_id, &format!("{role}-session"), key)
 }
 
+/// The `userIdentity` of the IAM user Alice calling with her long-term key, `AKIAALICE`.
 pub fn alice() -> Value {
     traffic::iam_user(ACCOUNT, "alice", "AIDAALICE", "AKIAALICE")
 }
 
+/// A CloudTrail record `id` of `caller`'s `event_name`; `issues` (role, key) makes it hand out
+/// `key` for a session of `role`, as an AssumeRole does.
 pub fn record(id: &str, caller: Value, event_name: &str, issues: Option<(&str, &str)>) -> Value {
     let mut record = json!({
         "eventVersion": "1.08",

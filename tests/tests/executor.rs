@@ -449,22 +449,22 @@ mod two_inputs {
     use super::*;
 
     #[derive(Debug, Deserialize)]
-    pub struct Said {
+    pub(crate) struct Said {
         pub key: String,
         pub text: String,
     }
 
-    pub enum Heard {
+    pub(crate) enum Heard {
         Name(Said),
         Greeting(Said),
     }
 
-    pub const NAMES: Input<Said> = Input::json("names");
-    pub const GREETINGS: Input<Said> = Input::json("greetings");
+    pub(crate) const NAMES: Input<Said> = Input::json("names");
+    pub(crate) const GREETINGS: Input<Said> = Input::json("greetings");
     const NAME: ValueState<String> = ValueState::new("name");
-    pub const GREETED: keyway::Sink<String> = keyway::Sink::new("greeted");
+    pub(crate) const GREETED: keyway::Sink<String> = keyway::Sink::new("greeted");
 
-    pub struct Greeter;
+    pub(crate) struct Greeter;
 
     impl KeyedOperator for Greeter {
         type Input = Heard;
@@ -510,11 +510,11 @@ mod two_inputs {
         text: &'a str,
     }
 
-    pub fn said(key: &'static str, text: &str) -> (&'static str, Vec<u8>) {
+    pub(crate) fn said(key: &'static str, text: &str) -> (&'static str, Vec<u8>) {
         (key, serde_json::to_vec(&Line { key, text }).unwrap())
     }
 
-    pub fn inputs() -> Inputs {
+    pub(crate) fn inputs() -> Inputs {
         Inputs::new()
             .with(&NAMES, "names-stream")
             .with(&GREETINGS, "greetings-stream")
@@ -625,12 +625,12 @@ mod broadcast {
         pub static DECODES: Cell<usize> = const { Cell::new(0) };
     }
 
-    pub fn decodes() -> usize {
+    pub(crate) fn decodes() -> usize {
         DECODES.with(Cell::get)
     }
 
     #[derive(Default, Serialize)]
-    pub struct Words(BTreeSet<String>);
+    pub(crate) struct Words(BTreeSet<String>);
 
     impl<'de> Deserialize<'de> for Words {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -639,19 +639,19 @@ mod broadcast {
         }
     }
 
-    pub enum Heard {
+    pub(crate) enum Heard {
         Rule(Said),
         Message(Said),
     }
 
-    pub const RULES: Input<Said> = Input::json("rules");
-    pub const MESSAGES: Input<Said> = Input::json("messages");
-    pub const BLOCKED: BroadcastState<Words> = BroadcastState::new("blocked");
-    pub const PASSED: keyway::Sink<String> = keyway::Sink::new("passed");
+    pub(crate) const RULES: Input<Said> = Input::json("rules");
+    pub(crate) const MESSAGES: Input<Said> = Input::json("messages");
+    pub(crate) const BLOCKED: BroadcastState<Words> = BroadcastState::new("blocked");
+    pub(crate) const PASSED: keyway::Sink<String> = keyway::Sink::new("passed");
 
     /// Passes on each message whose text no rule blocks; a message starting with `!` tries to
     /// block its text itself, which only rules may.
-    pub struct Moderator;
+    pub(crate) struct Moderator;
 
     impl KeyedOperator for Moderator {
         type Input = Heard;
@@ -703,7 +703,7 @@ mod broadcast {
         }
     }
 
-    pub fn inputs() -> Inputs {
+    pub(crate) fn inputs() -> Inputs {
         Inputs::new()
             .with(&RULES, "rules-stream")
             .with(&MESSAGES, "messages-stream")

@@ -42,7 +42,7 @@ const PARTITION_KEY_MAX_CHARS: usize = 256;
 const EPOCH: i64 = 1_767_225_600_000;
 
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// Where each line holds its key (a JSON pointer).
     #[arg(long)]
     pub key: String,
@@ -73,7 +73,7 @@ pub struct Args {
     pub paths: Vec<PathBuf>,
 }
 
-pub fn run(options: Args) -> Result<(), CliError> {
+pub(crate) fn run(options: Args) -> Result<(), CliError> {
     crate::allocator::keep_freed_memory();
     let settings = settings(&options)?;
     let key = Pointer::parse(&options.key).map_err(|e| CliError::option("--key", e))?;

@@ -22,7 +22,7 @@ const MI_OPTION_PURGE_DELAY: libc::c_int = 15;
 /// mimalloc's second, each came back as fresh pages the kernel had to clear (a fifth of `keyway
 /// aggregate`'s time in a profile, 3.1 s against 2.6 s a run). The memory held is the run's
 /// largest at once.
-pub fn keep_freed_memory() {
+pub(crate) fn keep_freed_memory() {
     // SAFETY: mi_option_set takes any option number and value (it checks the number). It writes
     // the option without a lock: a run calls this before it starts its threads.
     unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, -1) };

@@ -9,14 +9,14 @@ use crate::error::CliError;
 
 /// `keyway bootstrap`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The function's logical id, e.g. KeyedCounter.
     pub function: String,
 }
 
 /// `keyway bootstrap ID`: keyway's function `id` served to the Lambda Runtime API at
 /// `AWS_LAMBDA_RUNTIME_API`, built from this process's environment and the AWS SDK's.
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(crate) fn run(args: Args) -> Result<(), CliError> {
     let id = &args.function;
     let factory = stack::functions().remove(id).ok_or_else(|| {
         format!(

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::error::CliError;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The equi-join, LEFT_TABLE.COLUMN=RIGHT_TABLE.COLUMN (tables as `source.table` names
     /// them, or the topic's last part).
     #[arg(long)]
@@ -58,7 +58,7 @@ pub struct Args {
     pub paths: Vec<PathBuf>,
 }
 
-pub fn run(options: Args) -> Result<(), CliError> {
+pub(crate) fn run(options: Args) -> Result<(), CliError> {
     let kind = match options.kind.as_str() {
         "left" => JoinKind::LeftOuter,
         _ => JoinKind::Inner,

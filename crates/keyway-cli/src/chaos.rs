@@ -8,7 +8,7 @@ use crate::error::CliError;
 
 /// The arguments of `keyway chaos`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// counter, identity, filter, cdc, aggregate, or all.
     app: String,
     /// Input records of each run.
@@ -48,7 +48,7 @@ fn apps(name: &str) -> Result<Vec<App>, CliError> {
     })
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(crate) fn run(args: Args) -> Result<(), CliError> {
     let settings = Settings {
         events: args.events,
         fault_rate: args.fault_rate,

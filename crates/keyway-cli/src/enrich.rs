@@ -31,11 +31,11 @@ const SLICE: usize = 2_000;
 /// Where the virtual clock starts when the trail does not say.
 const EPOCH: i64 = 1_767_225_600_000;
 /// How late a record may come after its time, as `keyway enrich` runs the enricher.
-pub const LATENESS: Duration = Duration::from_secs(3600);
+pub(crate) const LATENESS: Duration = Duration::from_secs(3600);
 
 /// How the enricher is deployed for a run.
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Shards of the events stream and of the feedback stream.
     pub shards: usize,
     /// The customer map, a JSON object of account id to customer id.
@@ -51,7 +51,7 @@ pub struct Settings {
 
 /// What a run did.
 #[derive(Clone, Debug, Default)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub records: u64,
     pub resolved: u64,
     /// Unresolved records by reason.
@@ -78,7 +78,7 @@ pub struct Summary {
 
 impl Summary {
     /// The largest shard's load over the mean.
-    pub fn skew(&self) -> f64 {
+    pub(crate) fn skew(&self) -> f64 {
         let total: u64 = self.shard_load.iter().sum();
         let max = self.shard_load.iter().copied().max().unwrap_or(0);
         if total == 0 {
@@ -90,7 +90,7 @@ impl Summary {
 
 /// Latencies in buckets of 100 ms: percentiles in bounded memory, however many records.
 #[derive(Clone, Debug, Default)]
-pub struct Latency {
+pub(crate) struct Latency {
     buckets: BTreeMap<i64, u64>,
     count: u64,
 }
@@ -98,7 +98,7 @@ pub struct Latency {
 impl Latency {
     const BUCKET_MILLIS: i64 = 100;
 
-    pub fn add(&mut self, millis: i64) {
+    pub(crate) fn add(&mut self, millis: i64) {
         *self
             .buckets
             .entry(millis.max(0) / Self::BUCKET_MILLIS)
@@ -106,12 +106,12 @@ impl Latency {
         self.count += 1;
     }
 
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count
     }
 
     /// The `p`-th percentile in seconds (the upper edge of its bucket), if any was added.
-    pub fn percentile(&self, p: f64) -> Option<f64> {
+    pub(crate) fn percentile(&self, p: f64) -> Option<f64> {
         let rank = ((self.count as f64) * p / 100.0).ceil().max(1.0) as u64;
         let mut seen = 0;
         for (bucket, n) in &self.buckets {
@@ -133,7 +133,7 @@ struct Pending {
 }
 
 /// The stack and the bookkeeping of one run.
-pub struct Run {
+pub(crate) struct Run {
     runtime: LocalRuntime,
     services: std::sync::Arc<LocalServices>,
     events: String,
@@ -153,7 +153,7 @@ pub struct Run {
 
 impl Run {
     /// Deploys template.yaml with `settings` on a fresh embedded runtime (no faults).
-    pub fn deploy(settings: &Settings) -> Result<Self, CliError> {
+    pub(crate) fn deploy(settings: &Settings) -> Result<Self, CliError> {
         let customers = CustomerMap::from_json(&settings.customer_map).map_err(|e| {
             format!("the customer map: expected a JSON object of account id to customer id: {e}")
         })?;
@@ -206,7 +206,7 @@ impl Run {
 
     /// Runs every entry of `entries` through the stack, writing each enriched record as a line
     /// of `out`; `progress` hears how many records went in so far.
-    pub async fn enrich(
+    pub(crate) async fn enrich(
         mut self,
         entries: impl Iterator<Item = Result<Entry, CliError>>,
         out: &mut dyn Write,
@@ -397,7 +397,7 @@ impl Run {
 }
 
 /// When the entry's record happened (epoch milliseconds), if it is a record that says.
-pub fn event_time(entry: &Entry) -> Option<i64> {
+pub(crate) fn event_time(entry: &Entry) -> Option<i64> {
     let Entry::Record { value, .. } = entry else {
         return None;
     };
@@ -428,7 +428,7 @@ fn partitioned(entry: Entry, customers: &CustomerMap) -> (String, Vec<u8>) {
 
 /// `keyway enrich`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// A JSON object of account id to customer id (each account is its own customer if
     /// left out).
     #[arg(long)]
@@ -458,7 +458,7 @@ pub struct Args {
 
 /// Enriches the records under `options.paths` to standard output, a progress bar and the summary
 /// to standard error.
-pub fn run(options: Args) -> Result<(), CliError> {
+pub(crate) fn run(options: Args) -> Result<(), CliError> {
     if options.shards == 0 {
         return Err(CliError::option("--shards", "must be at least 1"));
     }
@@ -518,7 +518,7 @@ pub fn run(options: Args) -> Result<(), CliError> {
 }
 
 /// The summary as `keyway enrich` prints it.
-pub fn report(summary: &Summary, settings: &Settings, wall: Duration) -> String {
+pub(crate) fn report(summary: &Summary, settings: &Settings, wall: Duration) -> String {
     let percent = |n: u64| 100.0 * n as f64 / summary.records.max(1) as f64;
     let mut text = format!(
         "keyway enrich: {} records in {:.1} s ({:.0} records/s), {} shards, buffer TTL {} s\n",

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
-pub enum CliError {
+pub(crate) enum CliError {
     /// An option the command cannot use: the option as given, and why.
     #[error("{option}: {problem}")]
     Option { option: String, problem: String },
@@ -53,7 +53,7 @@ pub enum CliError {
 
 impl CliError {
     /// An option the command cannot use.
-    pub fn option(option: impl Into<String>, problem: impl ToString) -> Self {
+    pub(crate) fn option(option: impl Into<String>, problem: impl ToString) -> Self {
         Self::Option {
             option: option.into(),
             problem: problem.to_string(),
@@ -61,18 +61,18 @@ impl CliError {
     }
 
     /// A failure to read or write `path`, for `map_err`.
-    pub fn file(path: impl AsRef<Path>) -> impl FnOnce(std::io::Error) -> Self {
+    pub(crate) fn file(path: impl AsRef<Path>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.as_ref().to_owned();
         move |source| Self::File { path, source }
     }
 
     /// A failure to write `what`, for `map_err`.
-    pub fn writing(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+    pub(crate) fn writing(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
         move |source| Self::Write { what, source }
     }
 
     /// Input the command cannot read at `at`.
-    pub fn input(at: impl ToString, problem: impl ToString) -> Self {
+    pub(crate) fn input(at: impl ToString, problem: impl ToString) -> Self {
         Self::Input {
             at: at.to_string(),
             problem: problem.to_string(),

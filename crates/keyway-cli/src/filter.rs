@@ -14,7 +14,7 @@ use crate::error::CliError;
 
 /// `keyway filter`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// JSON Lines of changes: {"at": MS, "op": "subscribe", "consumer", "key", "queue",
     /// "pattern"?}, {"at", "op": "unsubscribe", "consumer", "key"}, {"at", "op":
     /// "subscribe_all", "consumer", "queue", "pattern"?}, {"at", "op": "unsubscribe_all",
@@ -40,7 +40,7 @@ pub struct Args {
     pub shared_table: bool,
 }
 
-pub fn run(options: Args) -> Result<(), CliError> {
+pub(crate) fn run(options: Args) -> Result<(), CliError> {
     let mut problems = Vec::new();
     let mut changes = read_lines(&options.subscriptions, Change::parse, &mut problems)?;
     changes.sort_by_key(|c| c.at);

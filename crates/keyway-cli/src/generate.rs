@@ -15,7 +15,7 @@ use crate::error::CliError;
 
 /// What `keyway generate` writes.
 #[derive(clap::Subcommand)]
-pub enum What {
+pub(crate) enum What {
     /// CloudTrail records as JSON Lines, for `keyway enrich`: customers drawn from Zipf(1.2), role
     /// chains of up to six sessions across each customer's accounts, interleaved, some missing
     /// their first AssumeRole; records 10 ms apart.
@@ -30,7 +30,7 @@ pub enum What {
 
 /// The options of `keyway generate trail`.
 #[derive(clap::Args)]
-pub struct TrailOptions {
+pub(crate) struct TrailOptions {
     #[arg(long, default_value_t = 1_000_000)]
     pub records: usize,
     #[arg(long, default_value_t = 42)]
@@ -42,7 +42,7 @@ pub struct TrailOptions {
 
 /// The options of `keyway generate cdc`.
 #[derive(clap::Args)]
-pub struct CdcOptions {
+pub(crate) struct CdcOptions {
     #[arg(long, default_value_t = 10_000)]
     pub changes: usize,
     /// Of the updates of a domain, the share that moves it to another user.
@@ -56,7 +56,7 @@ pub struct CdcOptions {
 }
 
 /// Writes what is asked to standard output.
-pub fn run(what: What) -> Result<(), CliError> {
+pub(crate) fn run(what: What) -> Result<(), CliError> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     match what {
         What::Trail(options) => trail(&options, &mut out),
@@ -74,7 +74,7 @@ pub fn run(what: What) -> Result<(), CliError> {
 }
 
 /// Writes `options.records` records as JSON Lines to `out`, and the customer map where asked.
-pub fn trail(options: &TrailOptions, out: &mut dyn Write) -> Result<(), CliError> {
+pub(crate) fn trail(options: &TrailOptions, out: &mut dyn Write) -> Result<(), CliError> {
     let config = TrafficConfig {
         seed: options.seed,
         ..TrafficConfig::default()
@@ -95,7 +95,7 @@ pub fn trail(options: &TrailOptions, out: &mut dyn Write) -> Result<(), CliError
 }
 
 /// Writes `workload`'s change events to `out` as records `{"topic", "key", "value"}`, a line each.
-pub fn cdc(workload: &Workload, out: &mut dyn Write) -> Result<(), CliError> {
+pub(crate) fn cdc(workload: &Workload, out: &mut dyn Write) -> Result<(), CliError> {
     for event in generate(workload) {
         let record = json!({"topic": event.topic, "key": event.key, "value": event.value});
         writeln!(out, "{record}").map_err(CliError::writing("the changes"))?;

@@ -20,7 +20,7 @@ struct Position {
     index: u32,
 }
 
-pub fn run() -> Result<(), CliError> {
+pub(crate) fn run() -> Result<(), CliError> {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     for (n, line) in stdin.lock().lines().enumerate() {

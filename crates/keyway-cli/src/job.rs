@@ -5,7 +5,7 @@ use serde::Serialize;
 
 /// A one-threaded tokio runtime, on virtual time when `paused` (batching windows, retries and
 /// TTLs pass instantly), as the commands run the embedded runtime.
-pub fn runtime_builder(paused: bool) -> tokio::runtime::Runtime {
+pub(crate) fn runtime_builder(paused: bool) -> tokio::runtime::Runtime {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_time();
     if paused {
@@ -15,7 +15,7 @@ pub fn runtime_builder(paused: bool) -> tokio::runtime::Runtime {
 }
 
 /// Prints a command's result: as JSON with `--json`, as a table otherwise.
-pub fn report<T: Serialize>(result: &T, json: bool, table: impl FnOnce(&T)) {
+pub(crate) fn report<T: Serialize>(result: &T, json: bool, table: impl FnOnce(&T)) {
     if json {
         println!(
             "{}",

@@ -28,7 +28,7 @@ const EPOCH: i64 = 1_767_225_600_000;
 const RUN_LIMIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// A SAM template or a CDK-synthesized CloudFormation template (YAML or JSON).
     #[arg(long)]
     pub template: PathBuf,
@@ -60,7 +60,7 @@ pub struct Args {
     pub out: Option<PathBuf>,
 }
 
-pub fn run(options: Args) -> Result<(), CliError> {
+pub(crate) fn run(options: Args) -> Result<(), CliError> {
     // Virtual time, with the IO the runtime APIs and the bootstrap processes need.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

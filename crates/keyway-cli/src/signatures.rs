@@ -11,7 +11,7 @@ use keyway_stack as stack;
 
 /// `keyway signatures`' arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Exit non-zero, naming what changed, when the lock file differs.
     #[arg(long, conflicts_with = "update")]
     pub check: bool,
@@ -28,7 +28,7 @@ enum Mode {
     Update,
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(crate) fn run(args: Args) -> Result<(), CliError> {
     let mode = match (args.check, args.update) {
         (true, _) => Mode::Check,
         (_, true) => Mode::Update,

@@ -14,7 +14,7 @@ use crate::error::CliError;
 
 /// What to do.
 #[derive(clap::Subcommand)]
-pub enum Action {
+pub(crate) enum Action {
     /// Delivers the events of a filter key that match the pattern (all, without one) to a queue.
     Subscribe {
         #[arg(long)]
@@ -43,7 +43,7 @@ pub enum Action {
 
 /// `keyway subscriptions`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The policy table (the stack's PolicyTableName output, or a consumer's own table).
     #[arg(long)]
     pub table: String,
@@ -61,7 +61,7 @@ pub struct Args {
     pub action: Action,
 }
 
-pub fn run(options: Args) -> Result<(), CliError> {
+pub(crate) fn run(options: Args) -> Result<(), CliError> {
     let ownership = QueueOwnership::new(&options.queue_prefix);
     let registry = match &options.queues {
         None => ownership,

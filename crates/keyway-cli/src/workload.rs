@@ -7,15 +7,15 @@ use rand_distr::{Distribution, Zipf};
 
 use keyway_local::mapping::events::{kinesis_event, KinesisEventRecord};
 
-pub const BATCH_SIZE: usize = 500;
+pub(crate) const BATCH_SIZE: usize = 500;
 /// The keyed counter's benchmarks: 1,000 users, drawn from Zipf(1.1).
-pub const KEYS: u64 = 1_000;
-pub const EXPONENT: f64 = 1.1;
-pub const STREAM_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/clicks";
-pub const SHARD_ID: &str = "shardId-000000000000";
+pub(crate) const KEYS: u64 = 1_000;
+pub(crate) const EXPONENT: f64 = 1.1;
+pub(crate) const STREAM_ARN: &str = "arn:aws:kinesis:us-east-1:123456789012:stream/clicks";
+pub(crate) const SHARD_ID: &str = "shardId-000000000000";
 
 /// `n` keys `user-1` ... drawn from Zipf(`exponent`) over `keys` distinct keys.
-pub fn zipf_keys(n: usize, keys: u64, exponent: f64, seed: u64) -> Vec<String> {
+pub(crate) fn zipf_keys(n: usize, keys: u64, exponent: f64, seed: u64) -> Vec<String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let zipf = Zipf::new(keys as f64, exponent).expect("valid Zipf parameters");
     (0..n)
@@ -25,7 +25,7 @@ pub fn zipf_keys(n: usize, keys: u64, exponent: f64, seed: u64) -> Vec<String> {
 
 /// `batches` Lambda Kinesis events of `BATCH_SIZE` records, keys drawn from Zipf(`exponent`) over
 /// `keys` distinct keys, with sequence numbers growing across batches.
-pub fn zipf_batches(batches: usize, keys: u64, exponent: f64, seed: u64) -> Vec<String> {
+pub(crate) fn zipf_batches(batches: usize, keys: u64, exponent: f64, seed: u64) -> Vec<String> {
     let mut keys = zipf_keys(batches * BATCH_SIZE, keys, exponent, seed).into_iter();
     let mut sequence: u64 = 0;
     (0..batches)

@@ -12,16 +12,20 @@ use super::runtime::LocalRuntime;
 /// (`LocalServices::set_function_latency`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Latencies {
+    /// Of each call to a DynamoDB table.
     pub dynamodb: Duration,
+    /// Of each call to Kinesis.
     pub kinesis: Duration,
+    /// Of each call to SQS.
     pub sqs: Duration,
 }
 
 /// What a run's functions were billed for, by service.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Usage {
-    /// DynamoDB read and write request units of every table.
+    /// DynamoDB read request units of every table.
     pub read_units: f64,
+    /// DynamoDB write request units of every table.
     pub write_units: f64,
     /// Kinesis PUT payload units (25 KB of a record) of the records the functions put.
     pub put_payload_units: f64,

@@ -32,13 +32,16 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
 /// A stretch of the workload: how long, and what share of its events carry the hot key.
 #[derive(Clone, Copy, Debug)]
 pub struct Phase {
+    /// How long the phase lasts, in seconds of virtual time.
     pub seconds: u32,
+    /// The share of events that carry the hot key, from 0 to 1.
     pub hot_share: f64,
 }
 
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// The workload's stretches, run one after another.
     pub phases: Vec<Phase>,
     /// Events a second.
     pub rate: u32,
@@ -50,13 +53,16 @@ pub struct Settings {
     pub period_seconds: u32,
     /// How often the producer reads the registry's list.
     pub refresh: Duration,
+    /// The faults the embedded services inject.
     pub faults: FaultPlan,
+    /// Seeds the draw of each event's key, so that a run can be repeated.
     pub seed: u64,
 }
 
 /// One second of the run.
 #[derive(Clone, Debug)]
 pub struct Second {
+    /// The share of this second's events that carried the hot key.
     pub hot_share: f64,
     /// Whether the producer salted the hot key in this second.
     pub salted: bool,
@@ -67,6 +73,7 @@ pub struct Second {
 /// What a run gave.
 #[derive(Clone, Debug)]
 pub struct Outcome {
+    /// Every second of the run, in order.
     pub seconds: Vec<Second>,
     /// Each key's count as the results stream last gave it.
     pub counts: BTreeMap<String, u64>,
@@ -78,7 +85,9 @@ pub struct Outcome {
 /// cooled, the producer sent it under its own key again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Turns {
+    /// The first second it carried at least the share taken as hot.
     pub hot: usize,
+    /// The first second the producer salted it; none when it never did.
     pub salted: Option<usize>,
     /// The first second after `hot` it carried less than the share it turned hot at; the run's
     /// length when it never did.

@@ -32,23 +32,32 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
 /// Tumbling event-time windows.
 #[derive(Clone, Debug)]
 pub struct Windowing {
+    /// How long each window lasts, in seconds.
     pub seconds: u64,
+    /// The JSON pointer to a record's event time (epoch milliseconds), such as `/at`.
     pub time: String,
+    /// How long after its end a window still takes late records, in seconds.
     pub lateness_seconds: u64,
 }
 
 /// What to aggregate and on what.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// The JSON pointer to a record's key, such as `/key`.
     pub key: String,
+    /// The JSON pointer to the value aggregated: every aggregate but the count needs one.
     pub value: Option<String>,
+    /// The aggregates each result gives.
     pub aggregates: Vec<Aggregate>,
+    /// Event-time windows to aggregate in; none for running totals by key.
     pub windows: Option<Windowing>,
+    /// Shards of the events stream and of the partials stream alike.
     pub shards: usize,
     /// The mappings' batch size (the stack's is 500; the 6 MB payload limit may cap it).
     pub batch_size: usize,
     /// How long a running total waits before it goes to the merge.
     pub flush: Duration,
+    /// The faults the embedded services inject.
     pub faults: FaultPlan,
 }
 
@@ -79,6 +88,7 @@ pub struct Aggregation {
 pub struct Finished {
     /// The results as JSON lines, by key and window.
     pub results: Vec<String>,
+    /// The records the functions gave up on, from the dead-letter queue.
     pub dead_letters: Vec<DeadLetter>,
 }
 

@@ -50,21 +50,26 @@ const VIEW_TABLE: &str = "cdc-view";
 /// One record of a topic: a Debezium change event (or a tombstone: no value) under its record key.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SourceEvent {
+    /// The topic it is on (`prefix.schema.table`), which names its stream.
     pub topic: String,
     /// The record key as Debezium writes it (`{"id": 1001}`, or with its schema envelope).
     pub key: Value,
+    /// The change event; none for a tombstone.
     pub value: Option<Value>,
 }
 
 /// How the join runs.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// The tables joined, on which columns, and the kind of join.
     pub spec: JoinSpec,
     /// Shards of every topic's stream and of the changelog.
     pub shards: usize,
     /// Lanes each shard is read in (the mappings' ParallelizationFactor; the stack's is 2).
     pub lanes: u32,
+    /// Records a batch, for every stream mapping.
     pub batch_size: usize,
+    /// The faults the embedded services inject.
     pub faults: FaultPlan,
     /// Events put on their streams only once every truncate was swept twice: a shard far
     /// behind the others.
@@ -74,6 +79,8 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The join `spec` on two shards read in two lanes each, 100 records a batch, no faults, no
+    /// late events and no metering.
     pub fn new(spec: JoinSpec) -> Self {
         Self {
             spec,
@@ -106,6 +113,7 @@ pub struct Outcome {
     pub largest_item: usize,
     /// The state table's items at the end: what the functions keep.
     pub state_items: Vec<Item>,
+    /// The faults injected, by service (`dynamodb`, `kinesis`, `sqs`, `invocations`).
     pub faults_fired: BTreeMap<&'static str, FaultCounts>,
     /// Kinds of fault the plan names that never fired.
     pub faults_missing: Vec<Fault>,

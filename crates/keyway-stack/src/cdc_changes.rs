@@ -14,16 +14,19 @@ use crate::cdc::SourceEvent;
 
 /// The join the generated tables are made for.
 pub const JOIN: &str = "domains.user_id=users.id";
-/// The topics, as Debezium names them (`prefix.schema.table`).
+/// The `domains` table's topic, as Debezium names it (`prefix.schema.table`).
 pub const DOMAINS: &str = "app.public.domains";
+/// The `users` table's topic, as Debezium names it.
 pub const USERS: &str = "app.public.users";
 
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct Workload {
+    /// How many changes the database makes, truncates included.
     pub changes: usize,
-    /// Rows each table holds about at most.
+    /// Rows the `domains` table holds about at most.
     pub domains: u64,
+    /// Rows the `users` table holds about at most.
     pub users: u64,
     /// Of the updates of a domain, the share that moves it to another user.
     pub join_key_updates: f64,
@@ -34,6 +37,7 @@ pub struct Workload {
     pub hot_user: f64,
     /// Truncates among the changes, evenly spread, of domains and users in turn.
     pub truncates: usize,
+    /// Seeds the generator, so that a workload can be made again.
     pub seed: u64,
 }
 

@@ -41,29 +41,44 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(3600);
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Op {
+    /// Starts (or, subscribed already, changes) the delivery of one filter key's events.
     Subscribe {
+        /// The consumer subscribing.
         consumer: String,
+        /// The filter key whose events it wants.
         key: String,
+        /// The queue the events go to.
         queue: String,
+        /// The event pattern an event must match; every event of the key without one.
         #[serde(default)]
         pattern: Option<Value>,
     },
+    /// Stops the delivery of one filter key's events.
     Unsubscribe {
+        /// The consumer unsubscribing.
         consumer: String,
+        /// The filter key it no longer wants.
         key: String,
     },
+    /// Starts (or changes) the delivery of every event, whatever its key.
     SubscribeAll {
+        /// The consumer subscribing.
         consumer: String,
+        /// The queue the events go to.
         queue: String,
+        /// The event pattern an event must match; every event without one.
         #[serde(default)]
         pattern: Option<Value>,
     },
+    /// Stops the delivery of every event that `SubscribeAll` started.
     UnsubscribeAll {
+        /// The consumer unsubscribing.
         consumer: String,
     },
 }
 
 impl Op {
+    /// The consumer whose subscription it changes.
     pub fn consumer(&self) -> &str {
         match self {
             Op::Subscribe { consumer, .. }
@@ -77,8 +92,11 @@ impl Op {
 /// A change at its time (epoch milliseconds), with the line it came from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Change {
+    /// When it is made, in epoch milliseconds.
     pub at: i64,
+    /// What it changes.
     pub op: Op,
+    /// Its line in the subscriptions file, from 1: a refusal names it.
     pub line: usize,
 }
 
@@ -98,11 +116,15 @@ pub struct NotAChange(#[from] serde_json::Error);
 /// the change.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
+    /// The consumer's own stack (consumer.yaml) could not be deployed.
     #[error("consumer {consumer:?}: its stack: {source}")]
     Stack {
+        /// The consumer whose stack it is.
         consumer: String,
+        /// Why the deploy failed.
         source: LocalError,
     },
+    /// The subscription client refused the change.
     #[error(transparent)]
     Client(#[from] ClientError),
 }
@@ -122,13 +144,16 @@ impl Change {
 /// An event at its time.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct TimedEvent {
+    /// When it is put on the stream, in epoch milliseconds.
     pub at: i64,
+    /// The event, whose filter key `Settings::key_pointer` points at.
     pub event: Value,
 }
 
 /// How the stack is deployed for a replay.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// Shards of the events stream (the template's FilterShards).
     pub shards: usize,
     /// Lanes each shard of the events stream is read in (the filter's ParallelizationFactor;
     /// the stack's is 2).
@@ -138,6 +163,7 @@ pub struct Settings {
     /// The queues each consumer may deliver to, as a JSON object; `None` leaves each consumer
     /// every queue named as its own (`QueueOwnership`).
     pub registry: Option<String>,
+    /// The faults the embedded services inject.
     pub faults: FaultPlan,
     /// How long every call to the embedded services takes (virtual time); none by default.
     pub latency: Option<Duration>,
@@ -167,19 +193,25 @@ impl Default for Settings {
 pub struct Delivered {
     /// The consumers who subscribed with the queue (one, unless consumers share it).
     pub consumer: String,
+    /// The queue that received it.
     pub queue: String,
+    /// The event, as the message's body holds it (null if that is not JSON).
     pub event: Value,
+    /// The message's `outputId` attribute, if any: a delivery sent again carries the same id.
     pub output_id: Option<String>,
 }
 
 /// What a replay did.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
+    /// Events put on the stream.
     pub events: u64,
-    /// Events the filter read, and of those, events no consumer received, as its metric lines
-    /// count them (an event read again after a retry counts again).
+    /// Events the filter read, as its metric lines count them (an event read again after a
+    /// retry counts again).
     pub filtered: u64,
+    /// Of the events the filter read, those no consumer received, counted the same way.
     pub unmatched: u64,
+    /// Messages the consumers' queues received.
     pub delivered: u64,
     /// Deliveries by consumer.
     pub by_consumer: BTreeMap<String, u64>,
@@ -189,6 +221,7 @@ pub struct Outcome {
     pub dead_letters: Vec<String>,
     /// Virtual milliseconds from each accepted change to its arrival in the filter state.
     pub propagation: Vec<i64>,
+    /// What keeping the filter's index up to date with the filter state cost.
     pub refreshes: Refreshes,
     /// What each event source mapping did.
     pub mappings: Vec<(String, MappingStats)>,
@@ -198,6 +231,7 @@ pub struct Outcome {
 
 /// The stack of template.yaml, and the filter function's handler for its counters.
 pub struct FilterStack {
+    /// The embedded runtime the stack runs on, with its services.
     pub runtime: LocalRuntime,
     filter: Arc<Mutex<Option<Arc<FilterHandler>>>>,
     registry: QueueOwnership,
@@ -211,6 +245,8 @@ pub struct FilterStack {
 }
 
 impl FilterStack {
+    /// Deploys the stack as `settings` say, the virtual clock at `epoch_millis`; each consumer's
+    /// own stack comes later, with its first subscription.
     pub fn new(settings: &Settings, epoch_millis: i64) -> Result<Self, LocalError> {
         let mut parameters = BTreeMap::from([
             ("FilterShards".to_owned(), settings.shards.to_string()),

@@ -9,7 +9,9 @@ use keyway_local::{Latencies, LocalError, LocalServices};
 /// A stream mapping's BatchSize and MaximumBatchingWindowInSeconds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batching {
+    /// The most records a batch holds.
     pub batch_size: usize,
+    /// How long a mapping gathers records before it invokes with fewer; whole seconds count.
     pub window: Duration,
 }
 

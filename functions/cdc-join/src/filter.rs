@@ -22,26 +22,37 @@ use serde_json::Value;
 /// How a condition compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compare {
+    /// `=`: equal JSON values, numbers by value.
     Eq,
+    /// `!=` or `<>`: not equal.
     Ne,
+    /// `<`: less than.
     Lt,
+    /// `<=`: less than or equal.
     Le,
+    /// `>`: greater than.
     Gt,
+    /// `>=`: greater than or equal.
     Ge,
 }
 
 /// One condition: `TABLE.COLUMN OP VALUE`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Condition {
+    /// The table whose rows the condition applies to, by its name in the join.
     pub table: String,
+    /// The column compared; a missing one reads as `null`.
     pub column: String,
+    /// How the column compares with `value`.
     pub compare: Compare,
+    /// The JSON literal the column is compared with.
     pub value: Value,
 }
 
 /// Conditions that must all hold; none lets every row through.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Filter {
+    /// The conditions, in the order written.
     pub conditions: Vec<Condition>,
 }
 
@@ -49,7 +60,9 @@ pub struct Filter {
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("filter {text:?}: {problem}")]
 pub struct FilterError {
+    /// The filter as given.
     pub text: String,
+    /// What is wrong with it, naming the condition.
     pub problem: String,
 }
 
@@ -74,6 +87,7 @@ impl Filter {
         Ok(Self { conditions })
     }
 
+    /// Whether the filter has no condition, and so lets every row through.
     pub fn is_empty(&self) -> bool {
         self.conditions.is_empty()
     }

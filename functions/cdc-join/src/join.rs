@@ -73,14 +73,18 @@ impl Stamp {
 /// A source row as a group holds it, with the stamp of the insert that brought it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Held {
+    /// The row's columns.
     pub row: Row,
+    /// The stamp of the insert that brought this version of the row.
     pub stamp: Stamp,
 }
 
 /// The rows of both sides under one join key, by primary key.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Group {
+    /// The left table's rows under this join key, by primary key.
     pub left: BTreeMap<String, Held>,
+    /// The right table's rows under this join key, by primary key.
     pub right: BTreeMap<String, Held>,
     /// Steps applied: orders the changes of a left row without a partner, which no right stamp
     /// does.
@@ -107,9 +111,13 @@ pub fn gone_key(side: Side, pk: &str) -> String {
 /// A row of the join: a left row with a right partner, or with none (left outer).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Joined {
+    /// The left row's primary key.
     pub left_pk: String,
+    /// The left row's columns.
     pub left: Row,
+    /// The right partner's primary key; none for a left row without a partner.
     pub right_pk: Option<String>,
+    /// The right partner's columns; none for a left row without a partner.
     pub right: Option<Row>,
 }
 
@@ -117,6 +125,7 @@ pub struct Joined {
 pub type JoinedId = (String, Option<String>);
 
 impl Joined {
+    /// The row's identity in the view: both primary keys.
     pub fn id(&self) -> JoinedId {
         (self.left_pk.clone(), self.right_pk.clone())
     }
@@ -125,7 +134,11 @@ impl Joined {
 /// A change of the joined changelog with the pair that orders it among the changes of its row.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stamped {
+    /// The stamps of the joined row's left and right rows as the change made them (for a left row
+    /// without a partner, the group's count of steps in place of the right's): a later change of
+    /// the joined row has a larger pair.
     pub stamp: (Stamp, Stamp),
+    /// The joined row inserted or deleted.
     pub change: RowChange<Joined>,
 }
 
@@ -153,6 +166,7 @@ impl Group {
         self.left.len() + self.right.len()
     }
 
+    /// Whether the group holds no source row.
     pub fn is_empty(&self) -> bool {
         self.rows() == 0
     }

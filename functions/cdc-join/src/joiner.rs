@@ -47,6 +47,7 @@ pub const VIEW: Sink<Stamped> = Sink::new("view");
 /// The join of one spec's tables.
 #[derive(Clone, Copy, Debug)]
 pub struct Join {
+    /// Inner or left outer.
     pub kind: JoinKind,
     /// How long a replay of a step can come after it: the re-key's redelivery window. A deleted
     /// row's stamp is kept that long.

@@ -13,6 +13,7 @@ use crate::spec::{JoinKey, JoinKind, JoinSpec, Side};
 /// Every table's rows by primary key, as the changes applied so far leave them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Tables {
+    /// Each table's rows by primary key, by the table's name.
     pub rows: BTreeMap<String, BTreeMap<String, Row>>,
 }
 
@@ -38,6 +39,7 @@ impl Tables {
         self.rows.values().map(BTreeMap::len).sum()
     }
 
+    /// Whether no table holds a row.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

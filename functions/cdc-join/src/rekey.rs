@@ -80,10 +80,16 @@ pub const CHANGELOG: Sink<Step> = Sink::new("changelog");
 pub struct Step {
     /// The join's group: the join key as JSON text, or for a row without one, a group of its own.
     pub group: String,
+    /// The side of the join the row's table is on.
     pub side: Side,
+    /// The row's table, by its name in the join.
     pub table: String,
+    /// The row's primary key: a one-column key's value as text (a number in its canonical form), or
+    /// else the whole key as a JSON object.
     pub pk: String,
+    /// Where the step stands among the steps of its row (`join::Stamp`).
     pub stamp: Stamp,
+    /// The delete or insert of the row, with its columns.
     #[serde(flatten)]
     pub change: RowChange<Row>,
 }
@@ -93,17 +99,27 @@ pub struct Step {
 /// and changes nothing.
 #[derive(Clone, Debug)]
 pub enum SourceChange {
+    /// A change of one row of a table of the join.
     Change {
+        /// The table, by its name in the join.
         table: String,
+        /// The side of the join the table is on.
         side: Side,
+        /// The row's primary key (`primary_key`).
         pk: String,
+        /// The change event, with the row's images before and after it.
         event: Box<RowEvent>,
     },
+    /// A truncate of a table of the join, which empties the table.
     Truncate {
+        /// The table, by its name in the join.
         table: String,
+        /// Where the truncate stands in the source's log: the table's rows changed before it go.
         at: Position,
     },
+    /// A tombstone: the null value that follows a delete for Kafka's log compaction.
     Tombstone {
+        /// The primary key of the deleted row.
         pk: String,
     },
 }
@@ -111,6 +127,7 @@ pub enum SourceChange {
 /// The re-key of one join.
 #[derive(Clone, Debug)]
 pub struct Rekey {
+    /// The join whose rows are re-keyed: its columns, kind and filter.
     pub spec: JoinSpec,
     /// A source table's name in the join by the name its changes carry, where the two differ: a
     /// DynamoDB table's changes carry its physical name (`stack-UsersTable-1A2B`).

@@ -10,10 +10,13 @@ use crate::filter::Filter;
 /// A column of a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Column {
+    /// The table's name, as the join's text writes it (`domains` in `domains.user_id`).
     pub table: String,
+    /// The column's name in the table's rows (`user_id` in `domains.user_id`).
     pub column: String,
 }
 
+/// Which rows the join gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JoinKind {
     /// Joined rows only.
@@ -28,7 +31,9 @@ pub enum JoinKind {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Side {
+    /// The table before `=` in the spec (`domains` in `domains.user_id=users.id`).
     Left,
+    /// The table after `=` in the spec (`users` in `domains.user_id=users.id`).
     Right,
 }
 
@@ -39,14 +44,18 @@ pub enum JoinKey {
     /// (`keyway::domain::number`): `7` for 7 and 7.0 alike, while 1600000000000000001 and
     /// 1600000000000000000 stay apart.
     Value(String),
+    /// No value: the column is null or missing, and the row joins no row.
     Null,
 }
 
 /// An equi-join of two tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JoinSpec {
+    /// The left table's join column: the one before `=`.
     pub left: Column,
+    /// The right table's join column: the one after `=`.
     pub right: Column,
+    /// Inner or left outer.
     pub kind: JoinKind,
     /// The rows that take part; every row without one.
     pub filter: Filter,
@@ -56,7 +65,9 @@ pub struct JoinSpec {
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("join {text:?}: {problem}")]
 pub struct SpecError {
+    /// The join as given.
     pub text: String,
+    /// What is wrong with it.
     pub problem: String,
 }
 
@@ -131,6 +142,7 @@ impl JoinSpec {
         }
     }
 
+    /// The name of the table on `side`.
     pub fn table(&self, side: Side) -> &str {
         match side {
             Side::Left => &self.left.table,

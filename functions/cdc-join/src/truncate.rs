@@ -90,22 +90,33 @@ const DEADLINE_MARGIN_MILLIS: i64 = 5_000;
 /// A sweep that could not finish: the next one goes on from its start; what it did stays done.
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
+    /// The re-key's state could not be read or written.
     #[error("the state table: {0}")]
     Store(#[from] StoreError),
+    /// A retraction could not be published to the changelog.
     #[error("the changelog: {0}")]
     Sink(SinkError),
+    /// A value stored in the re-key's state could not be read back.
     #[error("a stored row of {key:?} does not decode: {problem}")]
-    Decode { key: String, problem: String },
+    Decode {
+        /// The state key whose value does not decode.
+        key: String,
+        /// The slot, and what is wrong with its value.
+        problem: String,
+    },
 }
 
 /// The sweep of truncated tables' rows.
 pub struct Sweeper {
+    /// The re-key whose rows are swept: it makes each retraction as it would itself.
     pub rekey: Rekey,
+    /// The state table the re-key's state is kept in.
     pub store: Arc<dyn StateStore>,
     /// The re-key's state: its operator's name and state signature.
     pub namespace: Namespace,
     /// Where the re-key publishes its steps.
     pub changelog: Arc<dyn Sink>,
+    /// Tells the time: whether a sweep is due, and how near the invocation's deadline is.
     pub clock: Arc<dyn Clock>,
     /// How long after its first sweep a truncate is swept again: longer than a re-key batch can
     /// run (the function's timeout).
@@ -343,7 +354,9 @@ fn decode_slot<T: serde::de::DeserializeOwned>(
 
 /// The re-key's function: stream batches through the re-key, its schedule through the sweep.
 pub struct RekeyHandler {
+    /// The re-key, over the function's stream batches.
     pub stream: StreamHandler<Rekey>,
+    /// The truncate sweep, run on the function's schedule.
     pub sweeper: Sweeper,
 }
 

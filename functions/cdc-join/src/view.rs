@@ -24,13 +24,16 @@ pub fn rank(stamped: &Stamped) -> String {
 /// A joined row as the view holds it: its content, or a tombstone, and the rank that set it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
+    /// The rank of the change that set the entry (`rank`): only a higher one replaces it.
     pub rank: String,
+    /// The joined row; none for a tombstone.
     pub row: Option<Joined>,
 }
 
 /// The view: joined rows by identity, tombstones included.
 #[derive(Clone, Debug, Default)]
 pub struct View {
+    /// Every joined row a change reached, by identity, deleted ones as tombstones.
     pub entries: BTreeMap<JoinedId, Entry>,
 }
 

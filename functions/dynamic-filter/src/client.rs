@@ -24,11 +24,14 @@ pub enum ClientError {
     /// The subscription is not valid: the same call will be refused again.
     #[error("subscription refused: {0}")]
     Refused(#[from] InvalidInput),
+    /// The policy table could not be read or written.
     #[error("policy table: {0}")]
     Store(#[from] StoreError),
 }
 
 impl ClientError {
+    /// Whether the same call may succeed later: the policy table's failure was transient
+    /// (throttled, or unavailable for a moment).
     pub fn is_retryable(&self) -> bool {
         matches!(self, ClientError::Store(e) if e.is_retryable())
     }
@@ -37,7 +40,9 @@ impl ClientError {
 /// A consumer's items in its policy table, as the filter takes them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Listing {
+    /// The subscriptions the filter applies, by identity.
     pub subscriptions: Vec<Subscription>,
+    /// The items the filter holds back, with why.
     pub held_back: Vec<HeldBack>,
 }
 
@@ -46,13 +51,16 @@ pub struct Listing {
 pub struct HeldBack {
     /// The item's subscription id (its sort key).
     pub subscription: String,
+    /// Why the filter does not apply it: what is wrong with the item.
     pub reason: String,
 }
 
 /// A policy table: items keyed by `consumer` and `subscription`.
 #[async_trait]
 pub trait PolicyTable: Send + Sync {
+    /// Writes `item`, replacing any item with the same key.
     async fn put(&self, item: Item) -> Result<(), StoreError>;
+    /// Deletes the item of `identity`; deleting an item that is not there is no error.
     async fn delete(&self, identity: &Identity) -> Result<(), StoreError>;
     /// Every item of `consumer`, by a strongly consistent read.
     async fn items_of(&self, consumer: &str) -> Result<Vec<Item>, StoreError>;
@@ -67,6 +75,8 @@ pub struct SubscriptionClient {
 }
 
 impl SubscriptionClient {
+    /// The client of `consumer`'s subscriptions in `table`: each checked against the queues
+    /// `queues` lets it own, and stamped with the time `clock` tells.
     pub fn new(
         table: Arc<dyn PolicyTable>,
         consumer: impl Into<String>,
@@ -95,6 +105,7 @@ impl SubscriptionClient {
         self.put(Target::Key(key.to_owned()), queue, pattern).await
     }
 
+    /// Stops the delivery of `key`'s events; not subscribed to it, does nothing.
     pub async fn unsubscribe(&self, key: &str) -> Result<(), ClientError> {
         let id = Target::Key(key.to_owned()).subscription_id();
         Ok(self.table.delete(&self.identity(id)).await?)
@@ -109,6 +120,8 @@ impl SubscriptionClient {
         self.put(Target::All, queue, pattern).await
     }
 
+    /// Stops the delivery of every event that `listen_to_all_events` started; not listening, does
+    /// nothing.
     pub async fn stop_listening_to_all(&self) -> Result<(), ClientError> {
         let id = Target::All.subscription_id();
         Ok(self.table.delete(&self.identity(id)).await?)
@@ -177,6 +190,7 @@ pub struct SdkPolicyTable {
 }
 
 impl SdkPolicyTable {
+    /// The policy table named `table`, reached through `client`.
     pub fn new(client: aws_sdk_dynamodb::Client, table: impl Into<String>) -> Self {
         Self {
             client,

@@ -26,7 +26,9 @@ pub const DEFAULT_KEY_POINTER: &str = "/key";
 /// An event and its filter key.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
+    /// The filter key: the string or number at the event's key pointer.
     pub key: String,
+    /// The event as it came, the JSON delivered to each consumer.
     pub event: Value,
 }
 
@@ -35,12 +37,16 @@ pub struct Event {
 /// for it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tally {
+    /// Events the filter processed.
     pub events: u64,
     /// Events no consumer received.
     pub unmatched: u64,
+    /// Per consumer id, the events delivered to it and the events dropped for it.
     pub by_consumer: BTreeMap<String, (u64, u64)>,
 }
 
+/// The filter operator: sends each event to the consumers whose subscriptions match it, looking
+/// them up in the execution environment's index.
 pub struct DynamicFilter {
     index: Arc<RwLock<SubscriptionIndex>>,
     key_pointer: String,
@@ -48,6 +54,8 @@ pub struct DynamicFilter {
 }
 
 impl DynamicFilter {
+    /// A filter that matches events against `index`, reading each event's filter key at the JSON
+    /// pointer `key_pointer` (`DEFAULT_KEY_POINTER` by default).
     pub fn new(index: Arc<RwLock<SubscriptionIndex>>, key_pointer: impl Into<String>) -> Self {
         Self {
             index,

@@ -30,7 +30,9 @@ use crate::subscription::{Identity, QueueOwnership, Subscription, Target};
 /// Which policy item a subscription is: its table and its key there.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyItem {
+    /// The policy table the item is in.
     pub table: String,
+    /// The item's key in that table: its consumer and subscription id.
     pub identity: Identity,
 }
 
@@ -40,10 +42,12 @@ pub struct Revised {
     /// The policy table the item is in (empty in changes written before tables were told apart).
     #[serde(default)]
     pub table: String,
+    /// The item's key in its table: its consumer and subscription id.
     pub identity: Identity,
     /// Orders the changes of one subscription: the policy change's stream sequence number,
     /// zero-padded so that strings compare as the numbers do.
     pub revision: String,
+    /// The subscription as the change left it; `None` once removed.
     pub subscription: Option<Subscription>,
 }
 
@@ -51,8 +55,11 @@ pub struct Revised {
 /// (epoch milliseconds, by the writer's clock).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Journaled {
+    /// The entry's place in the journal: its append time and a hash of the change.
     pub position: String,
+    /// When the change was appended, in epoch milliseconds by the writer's clock.
     pub appended_at: i64,
+    /// The change the entry carries.
     pub change: Revised,
 }
 
@@ -77,13 +84,16 @@ pub fn stream_revision(label: &str, sequence: &str) -> String {
 /// Where a subscription delivers an event: its consumer's queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery<'a> {
+    /// The consumer whose subscription matched.
     pub consumer: &'a str,
+    /// The name of the consumer's queue the event goes to.
     pub queue: &'a str,
 }
 
 /// Where one event goes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Routing<'a> {
+    /// Each consumer the event goes to, once, with its queue.
     pub deliveries: Vec<Delivery<'a>>,
     /// Consumers subscribed to the event whose patterns all refused it.
     pub dropped: Vec<&'a str>,
@@ -101,6 +111,8 @@ struct Entry {
     live: Option<Arc<Compiled>>,
 }
 
+/// The subscriptions an execution environment matches events against: by filter key, and to all
+/// events, each with its compiled pattern.
 #[derive(Default)]
 pub struct SubscriptionIndex {
     /// The index holds every change appended to the journal before this time (epoch

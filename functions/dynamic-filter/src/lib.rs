@@ -78,6 +78,7 @@ pub struct FilterHandler {
 }
 
 impl FilterHandler {
+    /// What keeping the index exact has cost so far in this execution environment.
     pub fn refreshes(&self) -> Refreshes {
         *self.refreshes.lock().expect("refreshes lock")
     }

@@ -16,12 +16,15 @@ pub const SQS_MESSAGE_MAX_BYTES: usize = keyway::adapters::sqs::BATCH_MAX_BYTES;
 /// Makes the sink of a queue, by name.
 pub type QueueSinks = dyn Fn(&str) -> Result<Arc<dyn Sink>, String> + Send + Sync;
 
+/// The sink of the filter's deliveries: sends each message to the queue its partition key names,
+/// through that queue's own sink.
 pub struct QueueRouter {
     make: Box<QueueSinks>,
     sinks: Mutex<HashMap<String, Arc<dyn Sink>>>,
 }
 
 impl QueueRouter {
+    /// A router that makes a queue's sink with `make` the first time it sends there, and keeps it.
     pub fn new(make: Box<QueueSinks>) -> Self {
         Self {
             make,

@@ -73,6 +73,8 @@ pub enum Applied {
     Stale,
 }
 
+/// The filter state in a DynamoDB table: every subscription's latest change, and the journal of
+/// changes.
 pub struct FilterState {
     table: Arc<dyn Table>,
     clock: Arc<dyn Clock>,
@@ -82,6 +84,7 @@ pub struct FilterState {
 }
 
 impl FilterState {
+    /// The filter state in `table`, whose journal's times `clock` tells.
     pub fn new(table: Arc<dyn Table>, clock: Arc<dyn Clock>) -> Self {
         Self {
             table,
@@ -90,6 +93,7 @@ impl FilterState {
         }
     }
 
+    /// With `backoff` between the attempts of a call, instead of the default.
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self

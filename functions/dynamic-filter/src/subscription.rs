@@ -19,12 +19,20 @@ use keyway::domain::pattern::{Pattern, PatternError};
 use keyway::domain::{AttrValue, InvalidInput, Item};
 use serde::{Deserialize, Serialize};
 
+/// The policy table's hash key (S): the consumer's id.
 pub const CONSUMER: &str = "consumer";
+/// The policy table's range key (S): the subscription's id, `key#<filter key>` or `all` for the
+/// client's.
 pub const SUBSCRIPTION: &str = "subscription";
+/// The filter key whose events the subscription receives (S); absent for all events.
 pub const FILTER_KEY: &str = "filterKey";
+/// `true` (BOOL) for a subscription to all events.
 pub const ALL_EVENTS: &str = "allEvents";
+/// The name of the queue the events go to (S).
 pub const QUEUE: &str = "queue";
+/// The SNS filter policy events must match, as JSON text (S); absent matches every event.
 pub const PATTERN: &str = "pattern";
+/// When the item was last written (N, epoch milliseconds); informational.
 pub const UPDATED_AT: &str = "updatedAt";
 /// The largest pattern, as JSON text: SNS's limit on a filter policy. It also keeps a
 /// subscription, and the journal entry carrying it, well inside DynamoDB's 400 KB items.
@@ -53,6 +61,7 @@ impl Target {
 /// Which subscription a change is about: the policy item it comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Identity {
+    /// The consumer's id: the item's `consumer` attribute.
     pub consumer: String,
     /// The item's `subscription` attribute.
     pub id: String,
@@ -68,8 +77,11 @@ impl Identity {
 /// A valid subscription.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Subscription {
+    /// The policy item that holds the subscription.
     pub identity: Identity,
+    /// The events it receives: one filter key's, or all.
     pub target: Target,
+    /// The name of the consumer's queue the matching events go to.
     pub queue: String,
     /// The filter policy as written; `None` matches every event of the target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,8 +221,10 @@ impl Default for QueueOwnership {
 /// A registry that names a queue its consumer cannot own.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OwnershipError {
+    /// The registry is not a JSON object of consumer id to queue names: the parser's error.
     #[error("expected a JSON object of consumer id to a list of queue names: {0}")]
     NotARegistry(String),
+    /// The registry names a consumer id that is not valid, or a queue its consumer cannot own.
     #[error("{0}")]
     NotOwned(InvalidInput),
 }
@@ -240,6 +254,7 @@ impl QueueOwnership {
         Ok(self)
     }
 
+    /// The prefix of every consumer's queue names: the stack's `ConsumerQueuePrefix`.
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

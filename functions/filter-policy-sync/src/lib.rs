@@ -60,11 +60,16 @@ pub struct PolicyChange {
     pub keys: Item,
     /// Its stream's label and its sequence number (`index::stream_revision`).
     pub revision: String,
+    /// The change as deletes and inserts of the item's images: a MODIFY is the delete of the old
+    /// image, then the insert of the new.
     pub steps: Vec<RowChange<Item>>,
 }
 
+/// The operator: turns each policy item's changes into the subscription changes the filter state
+/// holds, checked as the filter checks them.
 #[derive(Clone, Debug, Default)]
 pub struct PolicySync {
+    /// Which queues each consumer owns: a subscription to any other queue is dead-lettered.
     pub queues: QueueOwnership,
     /// What the names of consumers' own policy tables start with; the rest is the consumer.
     pub table_prefix: Option<String>,

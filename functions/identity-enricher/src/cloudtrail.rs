@@ -36,11 +36,13 @@ pub struct CloudTrailRecord {
     pub record: Value,
     /// `eventID`; documentation examples leave it out.
     pub event_id: Option<String>,
+    /// `eventName`: the API call made (`AssumeRole`, `GetObject`).
     pub event_name: String,
     /// `eventTime` (epoch milliseconds), when the record has one that reads.
     pub event_time: Option<i64>,
     /// The account the record was delivered to (`recipientAccountId`, or the caller's account).
     pub account: String,
+    /// Who made the call, from `userIdentity`.
     pub caller: Caller,
     /// What the call issued; `None` for every other call and for a call that failed.
     pub issued: Option<Issued>,
@@ -52,14 +54,21 @@ pub enum Caller {
     /// The record names its original actor.
     Identified(Actor),
     /// A role or federated session: its original actor is the one behind `access_key_id`.
-    Session { access_key_id: String },
+    Session {
+        /// The session's access key (`userIdentity.accessKeyId`).
+        access_key_id: String,
+    },
     /// Nothing in the record leads to an actor, for `reason`.
-    Untraceable { reason: &'static str },
+    Untraceable {
+        /// Why not: the `reason` the record goes out unresolved with.
+        reason: &'static str,
+    },
 }
 
 /// Credentials a call issued.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Issued {
+    /// The access key of the credentials issued (`responseElements.credentials.accessKeyId`).
     pub access_key_id: String,
     /// The role session the key belongs to; `None` for a session token, which belongs to its
     /// caller.

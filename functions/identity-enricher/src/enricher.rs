@@ -73,6 +73,7 @@ pub const BUFFER: ListState<Waiting> = ListState::with_shape(
 /// A key's identity, as long as its credentials last.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Known {
+    /// The original actor behind the key, and the roles between them.
     pub identity: Identity,
     /// Epoch milliseconds after which the identity no longer applies (the credentials'
     /// expiration plus the grace period); `None` when the issuing call did not say.
@@ -82,6 +83,7 @@ pub struct Known {
 /// A record waiting for its caller's identity.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Waiting {
+    /// The CloudTrail record as delivered.
     pub record: Value,
     /// When it started waiting (epoch milliseconds).
     pub since: i64,
@@ -93,7 +95,9 @@ pub struct Waiting {
 /// whether it goes out at once, released by a resolution, or unresolved by its timer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Position {
+    /// The lineage the record was read from (its shard, or shard and partition key).
     pub origin: Origin,
+    /// The record's sequence number in its lineage.
     pub sequence: SequenceNumber,
 }
 
@@ -115,6 +119,7 @@ pub enum Enrich {
     /// An event, and the identity of its caller's key if the enricher remembers it
     /// (`answer_without_state` sets it): then it is answered without the key's state.
     Event(Box<CloudTrailRecord>, Option<Identity>),
+    /// A resolution read back from the feedback stream: the identity behind an issued key.
     Resolved(Box<Resolution>),
 }
 
@@ -144,6 +149,8 @@ struct Remembered {
 /// Settings of the enricher.
 #[derive(Clone, Debug)]
 pub struct EnricherConfig {
+    /// Which accounts belong to which customer: the partitions a chain's records and resolutions
+    /// share.
     pub customers: CustomerMap,
     /// How long a record waits for its caller's identity before it goes out unresolved.
     pub buffer_ttl: Duration,
@@ -190,14 +197,19 @@ enum Decided {
 
 /// Why a record went out unresolved.
 pub mod reason {
+    /// The record waited the buffer TTL and no resolution of its caller's key came.
     pub const BUFFER_TTL: &str =
         "no resolution of the caller's access key arrived within the buffer TTL";
+    /// The key's buffer already held `EnricherConfig::max_buffered` records when it came.
     pub const BUFFER_FULL: &str =
         "the caller's access key already has the most records a key keeps waiting";
+    /// The caller's role chain is longer than `EnricherConfig::max_chain_depth` roles.
     pub const DEPTH_LIMIT: &str =
         "the role chain is deeper than the most roles followed (MAX_CHAIN_DEPTH, depthLimit)";
 }
 
+/// The enricher operator: gives each CloudTrail record its caller's original actor and role chain,
+/// keyed by the caller's access key.
 pub struct IdentityEnricher {
     config: EnricherConfig,
     /// Identities of keys with nothing waiting, by key, as last read.
@@ -205,6 +217,7 @@ pub struct IdentityEnricher {
 }
 
 impl IdentityEnricher {
+    /// An enricher with `config` that remembers no identity yet.
     pub fn new(config: EnricherConfig) -> Self {
         Self {
             config,

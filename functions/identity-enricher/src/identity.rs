@@ -16,12 +16,18 @@ pub struct Actor {
     /// for an actor named by a session's source identity.
     #[serde(rename = "type")]
     pub kind: String,
+    /// `userIdentity.arn` of the actor, when the record gives it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arn: Option<String>,
+    /// The AWS account the actor belongs to (`userIdentity.accountId`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub account_id: Option<String>,
+    /// `userIdentity.principalId` of the actor; for an AWS service, the service (`invokedBy`, such
+    /// as `lambda.amazonaws.com`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub principal_id: Option<String>,
+    /// The actor's name: `userIdentity.userName`, an Identity Center user's, or a session's source
+    /// identity.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user_name: Option<String>,
 }
@@ -31,8 +37,11 @@ pub struct Actor {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ChainLink {
+    /// The ARN of the role assumed, or of the federated user for GetFederationToken.
     pub role_arn: String,
+    /// The name the caller gave the role session.
     pub session_name: String,
+    /// The access key the session was issued.
     pub access_key_id: String,
 }
 
@@ -41,11 +50,15 @@ pub struct ChainLink {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Identity {
+    /// The principal that started the chain.
     pub original_actor: Actor,
+    /// The role sessions between the actor and the key, first assumed first; empty when the actor
+    /// holds the key itself.
     pub role_chain: Vec<ChainLink>,
 }
 
 impl Identity {
+    /// The identity of a key that `actor` holds itself, with no role between them.
     pub fn of(actor: Actor) -> Self {
         Self {
             original_actor: actor,
@@ -82,8 +95,12 @@ pub struct Resolution {
     /// the key's records now go. Absent in resolutions published before it was carried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
+    /// The access key issued, whose records the resolution resolves.
     pub access_key_id: String,
+    /// The principal that started the chain.
     pub original_actor: Actor,
+    /// The role sessions between the actor and the issued key, first assumed first; the issued
+    /// key's own session last (none for a session token).
     pub role_chain: Vec<ChainLink>,
     /// When the credentials expire (epoch milliseconds), if the issuing call said.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -91,6 +108,7 @@ pub struct Resolution {
 }
 
 impl Resolution {
+    /// The identity behind the issued key: its original actor and role chain.
     pub fn identity(&self) -> Identity {
         Identity {
             original_actor: self.original_actor.clone(),
@@ -126,6 +144,7 @@ impl CustomerMap {
         serde_json::from_str(text)
     }
 
+    /// The customer `account` belongs to: the account itself when the map does not name it.
     pub fn customer_of<'a>(&'a self, account: &'a str) -> &'a str {
         self.0.get(account).map(String::as_str).unwrap_or(account)
     }

@@ -20,6 +20,7 @@ use serde_json::Value;
 pub struct ReadError {
     /// The path as given.
     pub place: String,
+    /// What went wrong reading it.
     #[source]
     pub source: std::io::Error,
 }
@@ -35,18 +36,24 @@ impl ReadError {
 /// record of a log file read whole (both for a log file on one line).
 #[derive(Debug)]
 pub enum Entry {
+    /// One CloudTrail record, of either shape, read as JSON.
     Record {
+        /// Where it is: `file:line`, or `file#index` for a record of a log file read whole.
         place: String,
+        /// The record as read.
         value: Value,
     },
     /// Text that is not JSON.
     Unreadable {
+        /// Where it is: `file:line`, or the file alone for a file that is no JSON at all.
         place: String,
+        /// The text as read.
         text: String,
     },
 }
 
 impl Entry {
+    /// Where the entry is in the input.
     pub fn place(&self) -> &str {
         match self {
             Entry::Record { place, .. } | Entry::Unreadable { place, .. } => place,
@@ -269,6 +276,8 @@ pub struct Shuffled<I: Iterator> {
 }
 
 impl<I: Iterator> Shuffled<I> {
+    /// `inner`'s entries shuffled within a window of `size` (at least one), in the order `seed`
+    /// draws.
     pub fn new(inner: I, seed: u64, size: usize) -> Self {
         use rand::SeedableRng;
         Self {

@@ -22,7 +22,9 @@ use crate::identity::CustomerMap;
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct TrafficConfig {
+    /// How many customers make traffic.
     pub customers: usize,
+    /// How many AWS accounts each customer has: a chain may cross them.
     pub accounts_per_customer: usize,
     /// The exponent of the Zipf distribution customers are drawn from.
     pub zipf_exponent: f64,
@@ -34,6 +36,7 @@ pub struct TrafficConfig {
     pub orphan_share: f64,
     /// The time of the first record (epoch milliseconds); records are 10 ms apart.
     pub start_millis: i64,
+    /// The seed of every random draw: the same seed gives the same records.
     pub seed: u64,
 }
 

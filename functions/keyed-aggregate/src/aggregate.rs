@@ -12,14 +12,20 @@ use crate::exact::{Exact, ExactError, Sum};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Aggregate {
+    /// How many records.
     Count,
+    /// The exact sum of the values.
     Sum,
+    /// The least value.
     Min,
+    /// The greatest value.
     Max,
+    /// The exact sum over the count, as a double.
     Mean,
 }
 
 impl Aggregate {
+    /// Every aggregate, the count first.
     pub const ALL: [Aggregate; 5] = [
         Aggregate::Count,
         Aggregate::Sum,
@@ -28,6 +34,7 @@ impl Aggregate {
         Aggregate::Mean,
     ];
 
+    /// The aggregate's name in a spec and in a result: `count`, `sum`, `min`, `max` or `mean`.
     pub fn name(self) -> &'static str {
         match self {
             Aggregate::Count => "count",
@@ -43,6 +50,7 @@ impl Aggregate {
         self != Aggregate::Count
     }
 
+    /// The aggregate named `text` (`count`, `sum`, `min`, `max`, `mean`); none for any other text.
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|a| a.name() == text)
     }
@@ -51,11 +59,14 @@ impl Aggregate {
 /// The aggregate of some of a key's values.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Partial {
+    /// How many records the partial aggregates.
     pub count: u64,
     /// The sum of the values, exactly however large it grows; none when counting records without
     /// values.
     pub sum: Option<Sum>,
+    /// The least value; none when counting records without values.
     pub min: Option<Exact>,
+    /// The greatest value; none when counting records without values.
     pub max: Option<Exact>,
 }
 

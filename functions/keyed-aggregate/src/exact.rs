@@ -29,10 +29,14 @@ pub struct Exact {
 /// Why a number cannot be taken exactly.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ExactError {
+    /// The text is not a JSON number.
     #[error("{0:?} is not a JSON number")]
     NotANumber(String),
+    /// The number has more than 38 significant digits or more than 18 decimal places.
     #[error("{0} has more than 38 significant digits or more than 18 decimal places")]
     OutOfRange(String),
+    /// A sum grew past what it can hold: 38 digits for an `Exact`, 74 for a `Sum`, a `u64` for a
+    /// count.
     #[error("the sum overflows what it can hold (38 digits a value, 74 a sum)")]
     Overflow,
 }
@@ -43,8 +47,10 @@ const TEN: i128 = 10;
 const LIMIT: u128 = 10u128.pow(38);
 
 impl Exact {
+    /// Zero.
     pub const ZERO: Exact = Exact { units: 0, scale: 0 };
 
+    /// The integer `n`, exactly.
     pub fn from_int(n: i64) -> Self {
         Exact {
             units: n as i128,
@@ -124,6 +130,7 @@ impl Exact {
         self
     }
 
+    /// `self + other`, exactly: past 38 significant digits it is an error, never a rounding.
     pub fn checked_add(self, other: Exact) -> Result<Exact, ExactError> {
         let scale = self.scale.max(other.scale);
         let a = rescale(self, scale).ok_or(ExactError::Overflow)?;
@@ -201,8 +208,11 @@ pub struct Sum {
 const HALF: i128 = 10i128.pow(36);
 
 impl Sum {
+    /// The empty sum.
     pub const ZERO: Sum = Sum { hi: 0, lo: 0 };
 
+    /// `self + other`, exactly: past 74 digits (56 whole, 18 places) it is an error, never a
+    /// rounding.
     pub fn checked_add(self, other: Sum) -> Result<Sum, ExactError> {
         let lo = self.lo + other.lo;
         // Past 38 digits of the high half a sum could not be read back (`parse`, 74 digits).

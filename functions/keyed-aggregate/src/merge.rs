@@ -65,6 +65,7 @@ impl Sources {
 /// The second phase of keyed aggregation.
 #[derive(Clone, Debug)]
 pub struct AggregateMerge {
+    /// The aggregates each result reports (the count always).
     pub aggregates: Vec<Aggregate>,
     /// How long after a window a newer one's start drops it.
     pub keep: Duration,

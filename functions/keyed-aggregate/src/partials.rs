@@ -53,6 +53,8 @@ pub const PARTIALS: Sink<PartialUpdate> = Sink::new("partials");
 pub struct Open {
     /// The records' own key (the state's key may be one of its buckets).
     pub key: String,
+    /// The aggregate of the key's records in the window (or, for a running total, of all its
+    /// records) under this state.
     pub partial: Partial,
     /// When it goes to the merge; none for a running total sent and unchanged since.
     pub flush_at: Option<i64>,
@@ -61,6 +63,7 @@ pub struct Open {
 /// A source's partial of a key's window, as the merge receives it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartialUpdate {
+    /// The records' own key, unsalted: what the merge keeps its results by.
     pub key: String,
     /// The window's start, epoch milliseconds; none for a running total.
     pub window_start: Option<i64>,
@@ -68,12 +71,15 @@ pub struct PartialUpdate {
     pub source: String,
     /// The time of its flush: a later partial of the same source and window has a higher one.
     pub version: i64,
+    /// The source's aggregate of the key's records in the window so far: the merge keeps each
+    /// source's newest and merges them.
     pub partial: Partial,
 }
 
 /// A record read, with the state it goes to.
 #[derive(Clone, Debug)]
 pub struct Input {
+    /// The record's key, value and event time.
     pub reading: Reading,
     /// The bucket of its key the record's partition key names, if any.
     pub bucket: Option<u32>,
@@ -88,6 +94,7 @@ pub struct KeyedAggregate {
 }
 
 impl KeyedAggregate {
+    /// The first phase of the aggregation `spec` describes.
     pub fn new(spec: Arc<Spec>) -> Self {
         Self { spec }
     }

@@ -14,6 +14,7 @@ use crate::exact::Exact;
 /// Tumbling event-time windows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Windows {
+    /// How long each window lasts, in milliseconds: windows start at its multiples from the epoch.
     pub size_millis: i64,
     /// How long after its end a window still takes records, on the runtime's clock; a record
     /// that comes later is late: dead-lettered with the reason, never counted.
@@ -25,10 +26,13 @@ pub struct Windows {
 /// The aggregation a function runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Spec {
+    /// Where a record holds its key: a string or a number.
     pub key: Pointer,
     /// Where a record holds its value; none when only counting.
     pub value: Option<Pointer>,
+    /// The aggregates each result reports.
     pub aggregates: Vec<Aggregate>,
+    /// The tumbling windows to aggregate in; none for running totals.
     pub windows: Option<Windows>,
     /// How long a key's running total (without windows) waits before it goes to the merge:
     /// results lag the stream by about this much, and the merge hears from each key at most once
@@ -39,12 +43,16 @@ pub struct Spec {
 /// A specification that cannot run.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
+    /// A key, value or time pointer that is not a JSON pointer.
     #[error(transparent)]
     Pointer(#[from] PointerError),
+    /// The named aggregate needs values, and no value pointer is given.
     #[error("{0} needs the records' values: give a value pointer")]
     NoValue(&'static str),
+    /// No aggregate is named.
     #[error("no aggregate to report")]
     NoAggregate,
+    /// A window shorter than a millisecond, or a negative lateness.
     #[error("a window must last at least a millisecond and lateness cannot be negative")]
     Window,
 }
@@ -52,7 +60,9 @@ pub enum SpecError {
 /// What aggregation reads of one record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reading {
+    /// The record's key: a string's text, or a number as written.
     pub key: String,
+    /// The record's value, exactly; none when only counting.
     pub value: Option<Exact>,
     /// Event time, epoch milliseconds, when aggregating in windows.
     pub time: Option<i64>,

@@ -33,10 +33,13 @@ pub const COUNT: ValueState<u64> = ValueState::new("count");
 /// The sink counts go to.
 pub const COUNTS: Sink<CountUpdate> = Sink::new("counts");
 
+/// One input event: `{"key": "...", "amount": 3}`, no other field.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CountEvent {
+    /// The key counted; never empty.
     pub key: String,
+    /// How much the event adds to its key's count; 1 when absent.
     #[serde(default = "one")]
     pub amount: u64,
 }
@@ -48,7 +51,9 @@ fn one() -> u64 {
 /// What the counter emits after each event.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CountUpdate {
+    /// The key counted.
     pub key: String,
+    /// The key's running count, after the event.
     pub count: u64,
     /// The sequence number of the event that produced this count.
     pub sequence: String,
@@ -62,6 +67,7 @@ struct CountUpdateRef<'a> {
     sequence: &'a str,
 }
 
+/// The counter operator: adds each event's amount to its key's count and emits the new count.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KeyedCounter;
 

@@ -32,7 +32,7 @@ use serde::Serialize;
 use crate::error::CliError;
 
 #[derive(Serialize)]
-pub struct Design {
+pub(super) struct Design {
     pub capacity_units_per_1000_changes: f64,
     pub read_units_per_1000_changes: f64,
     pub write_units_per_1000_changes: f64,
@@ -42,7 +42,7 @@ pub struct Design {
 }
 
 #[derive(Serialize)]
-pub struct CdcBench {
+pub(super) struct CdcBench {
     pub changes: usize,
     /// Change events, tombstones and events sent twice included.
     pub events: usize,
@@ -168,7 +168,7 @@ fn largest_item(table: &LocalTable) -> usize {
 
 /// `keyway bench cdc`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[arg(long, default_value_t = 20_000)]
     pub changes: usize,
     #[arg(long, default_value_t = 42)]
@@ -178,7 +178,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(super) fn run(args: Args) -> Result<(), CliError> {
     let Args {
         changes,
         seed,

@@ -32,7 +32,7 @@ const COUNTER_TARGET_USD: f64 = 0.05;
 
 /// The arguments of `keyway bench cost`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Input records of each application's run.
     #[arg(long, default_value_t = 100_000)]
     events: usize,
@@ -61,7 +61,7 @@ pub struct Args {
 
 /// Prices in US dollars; the defaults are AWS's list prices in us-east-1.
 #[derive(clap::Args, Clone, Debug, Serialize)]
-pub struct Prices {
+pub(super) struct Prices {
     /// DynamoDB on-demand, per million write request units.
     #[arg(long, default_value_t = 0.625)]
     dynamodb_write_units_per_million: f64,
@@ -91,7 +91,7 @@ pub struct Prices {
 
 /// What the report assumes beyond the measured run.
 #[derive(clap::Args, Clone, Debug, Serialize)]
-pub struct Assumptions {
+pub(super) struct Assumptions {
     /// The functions' MemorySize (template.yaml's Globals).
     #[arg(long, default_value_t = 256)]
     memory_mb: u32,
@@ -116,7 +116,7 @@ pub struct Assumptions {
 
 /// One application's run, per 1,000 input events.
 #[derive(Debug, Default, Serialize)]
-pub struct Quantities {
+pub(super) struct Quantities {
     pub read_units: f64,
     pub write_units: f64,
     pub put_payload_units: f64,
@@ -127,7 +127,7 @@ pub struct Quantities {
 
 /// Dollars per million input events.
 #[derive(Debug, Default, Serialize)]
-pub struct Dollars {
+pub(super) struct Dollars {
     pub dynamodb: f64,
     pub lambda: f64,
     pub kinesis: f64,
@@ -138,7 +138,7 @@ pub struct Dollars {
 }
 
 #[derive(Debug, Serialize)]
-pub struct AppCost {
+pub(super) struct AppCost {
     pub app: &'static str,
     /// The input mappings' batching (the stack's, or the one given), and the variables set on
     /// the functions, if any.
@@ -153,7 +153,7 @@ pub struct AppCost {
 }
 
 #[derive(Debug, Serialize)]
-pub struct CostBench {
+pub(super) struct CostBench {
     pub events: usize,
     pub seed: u64,
     pub shards: usize,
@@ -221,7 +221,7 @@ fn schedules_an_hour(usage: &Usage, prices: &Prices, assumptions: &Assumptions) 
 }
 
 /// `usage` of a run of `events` input events, per 1,000 events and in dollars per million.
-pub fn priced(
+pub(super) fn priced(
     usage: &Usage,
     events: usize,
     prices: &Prices,
@@ -270,7 +270,7 @@ fn flink_kpus(events_per_second: f64, assumptions: &Assumptions) -> u64 {
 
 /// The lowest rate above which Managed Flink costs less than an application whose cost is
 /// `per_million` a million events plus `an_hour` an hour; none below ten million a second.
-pub fn flink_break_even(
+pub(super) fn flink_break_even(
     per_million: f64,
     an_hour: f64,
     prices: &Prices,
@@ -343,7 +343,7 @@ fn app_cost(
     })
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(super) fn run(args: Args) -> Result<(), CliError> {
     if args.events == 0 || !(1..=16).contains(&args.shards) || !(1..=10).contains(&args.lanes) {
         return Err(CliError::option(
             "--events, --shards, --lanes",

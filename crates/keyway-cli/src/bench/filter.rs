@@ -51,17 +51,17 @@ const QUEUE_PREFIX: &str = keyway_local::LocalSqs::URL_PREFIX;
 /// AWS list prices, us-east-1, as published on the services' pricing pages on 2026-12-01.
 mod price {
     /// SQS standard queue, per million requests (a request carries up to 64 KB).
-    pub const SQS_REQUEST: f64 = 0.40 / 1e6;
+    pub(super) const SQS_REQUEST: f64 = 0.40 / 1e6;
     /// DynamoDB on-demand, per million read request units.
-    pub const DYNAMODB_READ: f64 = 0.125 / 1e6;
+    pub(super) const DYNAMODB_READ: f64 = 0.125 / 1e6;
     /// Lambda, per million requests, and per GB-second (arm64).
-    pub const LAMBDA_REQUEST: f64 = 0.20 / 1e6;
-    pub const LAMBDA_GB_SECOND: f64 = 0.000_013_333_4;
+    pub(super) const LAMBDA_REQUEST: f64 = 0.20 / 1e6;
+    pub(super) const LAMBDA_GB_SECOND: f64 = 0.000_013_333_4;
     /// SNS standard topic, per million publishes (deliveries to SQS are free).
-    pub const SNS_PUBLISH: f64 = 0.50 / 1e6;
+    pub(super) const SNS_PUBLISH: f64 = 0.50 / 1e6;
     /// Kinesis Data Streams (provisioned), per shard hour and per million PUT payload units.
-    pub const KINESIS_SHARD_HOUR: f64 = 0.015;
-    pub const KINESIS_PUT_UNIT: f64 = 0.014 / 1e6;
+    pub(super) const KINESIS_SHARD_HOUR: f64 = 0.015;
+    pub(super) const KINESIS_PUT_UNIT: f64 = 0.014 / 1e6;
 }
 
 /// The rate the monthly costs are for, and the month.
@@ -71,7 +71,7 @@ const SECONDS_PER_MONTH: f64 = 730.0 * 3600.0;
 const FUNCTION_GB: f64 = 0.25;
 
 #[derive(Serialize)]
-pub struct Workload {
+pub(super) struct Workload {
     pub events: usize,
     pub filter_keys: usize,
     pub consumers: usize,
@@ -86,7 +86,7 @@ pub struct Workload {
 }
 
 #[derive(Serialize)]
-pub struct Design {
+pub(super) struct Design {
     pub events_per_second_per_core: f64,
     pub capacity_units_per_1000_events: f64,
     pub dynamodb_calls_per_1000_events: f64,
@@ -94,7 +94,7 @@ pub struct Design {
 }
 
 #[derive(Serialize)]
-pub struct ColdStart {
+pub(super) struct ColdStart {
     /// The filter state's snapshot: subscriptions read at a cold start.
     pub subscriptions_read: usize,
     pub capacity_units: f64,
@@ -103,7 +103,7 @@ pub struct ColdStart {
 }
 
 #[derive(Serialize)]
-pub struct MonthlyCost {
+pub(super) struct MonthlyCost {
     pub events_per_second: f64,
     pub prices_as_of: &'static str,
     pub this_design_usd: f64,
@@ -113,7 +113,7 @@ pub struct MonthlyCost {
 }
 
 #[derive(Serialize)]
-pub struct FilterBench {
+pub(super) struct FilterBench {
     pub seed: u64,
     pub workload: Workload,
     pub filter: Design,
@@ -126,7 +126,7 @@ pub struct FilterBench {
 }
 
 #[derive(Serialize)]
-pub struct Targets {
+pub(super) struct Targets {
     pub capacity_units_vs_lookup_at_most: f64,
     pub sqs_calls_per_1000_deliveries_at_most: f64,
 }
@@ -578,7 +578,7 @@ fn monthly_cost(filter: &Design, lookup: &Design, deliveries_per_event: f64) -> 
 
 /// `keyway bench filter`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[arg(long, default_value_t = 1_000_000)]
     pub events: usize,
     #[arg(long, default_value_t = 42)]
@@ -588,7 +588,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(super) fn run(args: Args) -> Result<(), CliError> {
     let Args { events, seed, json } = args;
     let generated = generate(events, seed);
     let runtime = crate::job::runtime_builder(true);

@@ -37,7 +37,7 @@ use identity_enricher::log_files::Entry;
 const SHARDS: u32 = 8;
 
 #[derive(Serialize)]
-pub struct Skew {
+pub(super) struct Skew {
     pub shards: u32,
     pub largest_customer_share: f64,
     pub by_customer: Vec<u64>,
@@ -47,7 +47,7 @@ pub struct Skew {
 }
 
 #[derive(Serialize)]
-pub struct Design {
+pub(super) struct Design {
     pub capacity_units_per_1000_records: f64,
     pub read_units_per_1000_records: f64,
     pub write_units_per_1000_records: f64,
@@ -57,7 +57,7 @@ pub struct Design {
 }
 
 #[derive(Serialize)]
-pub struct IdentityBench {
+pub(super) struct IdentityBench {
     pub records: usize,
     pub seed: u64,
     pub skew: Skew,
@@ -73,7 +73,7 @@ pub struct IdentityBench {
 }
 
 #[derive(Serialize)]
-pub struct Targets {
+pub(super) struct Targets {
     pub by_customer_and_key_max_over_mean_at_most: f64,
     pub capacity_units_vs_naive_at_most: f64,
 }
@@ -296,7 +296,7 @@ fn designs(
 
 /// `keyway bench identity`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Generated CloudTrail records for the skew and cost comparisons.
     #[arg(long, default_value_t = 100_000)]
     pub records: usize,
@@ -310,7 +310,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(super) fn run(args: Args) -> Result<(), CliError> {
     let Args {
         records,
         enrich_records,

@@ -91,7 +91,7 @@ fn local_run(records: &[(String, Vec<u8>)], noop: bool) -> Result<Duration, CliE
 
 /// `keyway bench local`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[arg(long, default_value_t = 50_000)]
     pub events: usize,
     #[arg(long, default_value_t = 42)]
@@ -101,7 +101,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(super) fn run(args: Args) -> Result<(), CliError> {
     let Args { events, seed, json } = args;
     if events == 0 {
         return Err(CliError::option("--events", "must be at least 1"));

@@ -13,7 +13,7 @@ mod skew;
 use crate::error::CliError;
 
 #[derive(clap::Subcommand)]
-pub enum BenchCommand {
+pub(crate) enum BenchCommand {
     /// The batch executor against a naive GetItem + PutItem per event design, in one run.
     Runtime(runtime::Args),
     /// Events per second through the embedded runtime, with a no-op function and with the keyed
@@ -42,7 +42,7 @@ pub enum BenchCommand {
     Cost(cost::Args),
 }
 
-pub fn run(which: BenchCommand) -> Result<(), CliError> {
+pub(crate) fn run(which: BenchCommand) -> Result<(), CliError> {
     match which {
         BenchCommand::Runtime(args) => runtime::run(args),
         BenchCommand::Local(args) => local::run(args),

@@ -63,7 +63,7 @@ const PAYLOADS: &[(&str, &str)] = &[
 ];
 
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// The stack whose functions are packaged (their binaries: Metadata/BuildProperties/Binary).
     #[arg(long, default_value = "template.yaml")]
     pub template: PathBuf,
@@ -125,7 +125,7 @@ struct Function {
     code_uri: String,
 }
 
-pub fn run(options: Args) -> Result<(), CliError> {
+pub(super) fn run(options: Args) -> Result<(), CliError> {
     if options.starts == 0 {
         return Err(CliError::option("--starts", "must be at least 1"));
     }

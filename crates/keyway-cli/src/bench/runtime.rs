@@ -220,7 +220,7 @@ fn executor_cpu(payloads: &[String]) -> Result<(Duration, Duration), CliError> {
 
 /// `keyway bench runtime`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Batches of 500 events.
     #[arg(long, default_value_t = 40)]
     pub batches: usize,
@@ -231,7 +231,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(super) fn run(args: Args) -> Result<(), CliError> {
     let Args {
         batches,
         seed,

@@ -69,7 +69,7 @@ struct SkewBench {
 
 /// `keyway bench skew`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[arg(long, default_value_t = 100_000)]
     pub events: usize,
     #[arg(long, default_value_t = 42)]
@@ -79,7 +79,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(super) fn run(args: Args) -> Result<(), CliError> {
     let Args { events, seed, json } = args;
     if events < 2 {
         return Err(CliError::option("--events", "must be at least 2"));

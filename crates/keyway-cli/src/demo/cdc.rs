@@ -10,7 +10,7 @@ use keyway_stack::cdc_changes::{generate, Workload, JOIN};
 
 use crate::error::CliError;
 
-pub async fn run(changes: usize, faults: f64, seed: u64) -> Result<(), CliError> {
+pub(super) async fn run(changes: usize, faults: f64, seed: u64) -> Result<(), CliError> {
     let workload = Workload {
         changes,
         truncates: 1,

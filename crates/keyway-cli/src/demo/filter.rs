@@ -159,7 +159,7 @@ fn expected(
     out
 }
 
-pub async fn run(events: usize, faults: f64, seed: u64) -> Result<(), CliError> {
+pub(super) async fn run(events: usize, faults: f64, seed: u64) -> Result<(), CliError> {
     let (changes, timed) = workload(events, seed);
     println!("\ndynamic filtering: the FilterPolicySyncFunction and DynamicFilterFunction of template.yaml");
     println!(

@@ -13,7 +13,7 @@ use crate::enrich::{Run, Settings, Summary};
 use crate::error::CliError;
 use identity_enricher::log_files::{Entry, Shuffled};
 
-pub async fn run(records: usize, seed: u64) -> Result<(), CliError> {
+pub(super) async fn run(records: usize, seed: u64) -> Result<(), CliError> {
     let config = TrafficConfig {
         customers: 10,
         orphan_share: 0.01,

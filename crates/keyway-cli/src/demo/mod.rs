@@ -36,7 +36,7 @@ const EPOCH: i64 = 1_767_225_600_000;
 
 /// `keyway demo`'s arguments.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Clicks to send through the stack.
     #[arg(long, default_value_t = 50_000)]
     pub events: usize,
@@ -66,7 +66,7 @@ pub struct Args {
 
 impl Args {
     /// The file the functions' log lines go to, named at the end.
-    pub fn log_file(&self) -> PathBuf {
+    pub(crate) fn log_file(&self) -> PathBuf {
         self.log.clone().unwrap_or_else(default_log)
     }
 }
@@ -76,7 +76,7 @@ fn default_log() -> PathBuf {
     std::env::temp_dir().join("keyway-demo.log")
 }
 
-pub fn run(options: Args) -> Result<(), CliError> {
+pub(crate) fn run(options: Args) -> Result<(), CliError> {
     if options.events == 0 {
         return Err(CliError::option("--events", "must be at least 1"));
     }

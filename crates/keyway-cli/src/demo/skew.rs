@@ -20,7 +20,7 @@ const BUCKETS: u32 = 8;
 const PERIOD_SECONDS: u32 = 2;
 const HOT_SHARE: f64 = 0.8;
 
-pub async fn run(rate: u32, faults: f64, seed: u64) -> Result<(), CliError> {
+pub(super) async fn run(rate: u32, faults: f64, seed: u64) -> Result<(), CliError> {
     let phases = vec![
         Phase {
             seconds: 10,

@@ -13,7 +13,7 @@ use super::source::Event;
 /// A key the adaptive strategy salted: the second it was found hot in (with its share of that
 /// second), and when it cooled.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Episode {
+pub(crate) struct Episode {
     pub key: String,
     pub hot_in_second: usize,
     pub share: f64,

@@ -36,14 +36,14 @@ use simulate::simulate;
 use source::load;
 
 /// Records a Kinesis shard takes a second.
-pub const SHARD_RECORDS_PER_SECOND: u64 = 1_000;
+pub(crate) const SHARD_RECORDS_PER_SECOND: u64 = 1_000;
 /// Bytes (data and partition key) a Kinesis shard takes a second: 1 MiB.
-pub const SHARD_BYTES_PER_SECOND: u64 = 1 << 20;
+pub(crate) const SHARD_BYTES_PER_SECOND: u64 = 1 << 20;
 /// Write capacity units a DynamoDB partition serves a second.
-pub const PARTITION_WCU_PER_SECOND: u64 = 1_000;
+pub(crate) const PARTITION_WCU_PER_SECOND: u64 = 1_000;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Generated events.
     #[arg(long, default_value_t = 100_000)]
     pub events: usize,
@@ -117,7 +117,7 @@ pub struct Args {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum StrategyName {
+pub(crate) enum StrategyName {
     /// Each key its own partition key, a state write a record.
     None,
     /// As none, but the reading function writes each key once a batch.
@@ -133,7 +133,7 @@ pub enum StrategyName {
 /// Where a salted bucket's records go (see the module's notes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Placement {
+pub(crate) enum Placement {
     /// Each bucket's ExplicitHashKey in the middle of its own even slice of the hash key space.
     Spread,
     /// The MD5 of the salted partition key, as for any key.
@@ -142,7 +142,7 @@ pub enum Placement {
 
 /// A mitigation, with what it needs.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Strategy {
+pub(crate) enum Strategy {
     None,
     PreAggregate,
     Salt,
@@ -151,7 +151,7 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    pub fn name(&self) -> StrategyName {
+    pub(crate) fn name(&self) -> StrategyName {
         match self {
             Strategy::None => StrategyName::None,
             Strategy::PreAggregate => StrategyName::PreAggregate,
@@ -162,7 +162,7 @@ impl Strategy {
     }
 
     /// Whether the function reading a shard writes a key once a batch rather than once a record.
-    pub fn pre_aggregates(&self) -> bool {
+    pub(crate) fn pre_aggregates(&self) -> bool {
         !matches!(self, Strategy::None)
     }
 
@@ -194,7 +194,7 @@ impl Strategy {
 
 /// The stream, the table and the reading function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub shards: u32,
     pub partitions: u32,
     pub buckets: u32,
@@ -203,7 +203,7 @@ pub struct Settings {
     pub batch_size: usize,
 }
 
-pub fn run(options: Args) -> Result<(), CliError> {
+pub(crate) fn run(options: Args) -> Result<(), CliError> {
     let settings = settings(&options)?;
     let strategy = strategy(&options)?;
     let workload = load(&options)?;

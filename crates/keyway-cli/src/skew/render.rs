@@ -12,7 +12,7 @@ use super::{Placement, StrategyName, PARTITION_WCU_PER_SECOND, SHARD_RECORDS_PER
 const BAR_WIDTH: usize = 40;
 
 /// `n` with a comma between thousands.
-pub fn thousands(n: u64) -> String {
+pub(crate) fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
@@ -25,7 +25,7 @@ pub fn thousands(n: u64) -> String {
 }
 
 /// A bar of `value` on a scale where `max` fills `width` cells, in eighths of a cell.
-pub fn bar(value: f64, max: f64, width: usize) -> String {
+pub(crate) fn bar(value: f64, max: f64, width: usize) -> String {
     const EIGHTHS: [char; 8] = [' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'];
     if max <= 0.0 || value <= 0.0 {
         return String::new();
@@ -43,7 +43,7 @@ pub fn bar(value: f64, max: f64, width: usize) -> String {
 }
 
 /// The report as text.
-pub fn render(report: &Report) -> String {
+pub(crate) fn render(report: &Report) -> String {
     let mut out = String::new();
     render_header(&mut out, report);
     render_hot_keys(&mut out, report);

@@ -23,7 +23,7 @@ fn second_of(index: usize, rate: u64) -> usize {
 }
 
 /// Simulated seconds `events` events span at `rate` a second (at least one).
-pub fn seconds_of(events: usize, rate: u64) -> usize {
+pub(super) fn seconds_of(events: usize, rate: u64) -> usize {
     (events as u64).div_ceil(rate).max(1) as usize
 }
 
@@ -40,7 +40,7 @@ fn shard_of(partition_key: &str, hash_key: Option<u128>, settings: &Settings) ->
 
 /// An event as a strategy sends it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Routed {
+pub(crate) struct Routed {
     pub second: usize,
     pub shard: u32,
     pub partition_key: String,
@@ -48,7 +48,7 @@ pub struct Routed {
 }
 
 /// Each event's partition key and shard under `strategy`, and the adaptive strategy's episodes.
-pub fn route(
+pub(super) fn route(
     events: &[Event],
     strategy: &Strategy,
     settings: &Settings,

@@ -39,7 +39,7 @@ const TOP_KEYS: usize = 5;
 
 /// The DynamoDB partition `state_key` lives in: a stable hash, never std's `DefaultHasher`,
 /// over even ranges of the hash space as DynamoDB splits a table's key space.
-pub fn partition_of(state_key: &str, partitions: u32) -> u32 {
+pub(crate) fn partition_of(state_key: &str, partitions: u32) -> u32 {
     let hex = xxh3_128_hex(&[state_key.as_bytes()]);
     let hash = u128::from_str_radix(&hex, 16).expect("32 hexadecimal digits");
     shard_for_hash(hash, partitions)
@@ -48,7 +48,7 @@ pub fn partition_of(state_key: &str, partitions: u32) -> u32 {
 /// The records a shard loses in a second it is offered `records` of `bytes` in: those above the
 /// record limit or the share of them that carries the bytes above the byte limit, whichever is
 /// more.
-pub fn throttled(records: u64, bytes: u64) -> u64 {
+pub(crate) fn throttled(records: u64, bytes: u64) -> u64 {
     let over_records = records.saturating_sub(SHARD_RECORDS_PER_SECOND);
     let over_bytes = bytes.saturating_sub(SHARD_BYTES_PER_SECOND);
     let by_bytes = if bytes == 0 {
@@ -61,7 +61,7 @@ pub fn throttled(records: u64, bytes: u64) -> u64 {
 
 /// One shard's load over the run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ShardLoad {
+pub(crate) struct ShardLoad {
     pub shard: u32,
     pub records: u64,
     pub records_per_second: f64,
@@ -73,7 +73,7 @@ pub struct ShardLoad {
 }
 
 /// Each shard's load, from per-second counts.
-pub fn shard_loads(routed: &[Routed], shards: u32, seconds: usize) -> Vec<ShardLoad> {
+pub(crate) fn shard_loads(routed: &[Routed], shards: u32, seconds: usize) -> Vec<ShardLoad> {
     let mut records = vec![vec![0u64; seconds]; shards as usize];
     let mut bytes = vec![vec![0u64; seconds]; shards as usize];
     for r in routed {
@@ -103,7 +103,7 @@ pub fn shard_loads(routed: &[Routed], shards: u32, seconds: usize) -> Vec<ShardL
 
 /// One DynamoDB partition's writes over the run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct PartitionLoad {
+pub(crate) struct PartitionLoad {
     pub partition: u32,
     pub writes: u64,
     pub wcu_per_second: f64,
@@ -146,7 +146,7 @@ impl<'a> Writes<'a> {
 
 /// Each partition's state writes: one a record, or with `pre_aggregate` one a key a batch, where
 /// a batch closes at `batch_size` records or at the end of its second.
-pub fn partition_loads(
+pub(crate) fn partition_loads(
     routed: &[Routed],
     settings: &Settings,
     pre_aggregate: bool,
@@ -204,7 +204,7 @@ pub fn partition_loads(
 
 /// What one strategy does to the shards and the partitions.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub strategy: StrategyName,
     pub label: String,
     pub pre_aggregates: bool,
@@ -222,7 +222,7 @@ pub struct Outcome {
 }
 
 /// One strategy over the events.
-pub fn outcome(events: &[Event], strategy: &Strategy, settings: &Settings) -> Outcome {
+pub(crate) fn outcome(events: &[Event], strategy: &Strategy, settings: &Settings) -> Outcome {
     let seconds = seconds_of(events.len(), settings.rate);
     let (routed, salted) = route(events, strategy, settings);
     let shards = shard_loads(&routed, settings.shards, seconds);
@@ -255,7 +255,7 @@ pub fn outcome(events: &[Event], strategy: &Strategy, settings: &Settings) -> Ou
 
 /// A heavy key of the workload as the sketch found it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct HotKey {
+pub(crate) struct HotKey {
     pub key: String,
     pub records: u64,
     /// By how much at most `records` overcounts.
@@ -266,7 +266,7 @@ pub struct HotKey {
 }
 
 /// The heaviest keys of the workload, from a Space-Saving sketch of the keys as produced.
-pub fn hot_keys(events: &[Event], heat_share: f64) -> Vec<HotKey> {
+pub(crate) fn hot_keys(events: &[Event], heat_share: f64) -> Vec<HotKey> {
     let mut sketch = SpaceSaving::new(SKETCH_CAPACITY);
     for event in events {
         sketch.offer(&event.key, 1);
@@ -286,7 +286,7 @@ pub fn hot_keys(events: &[Event], heat_share: f64) -> Vec<HotKey> {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct WorkloadSummary {
+pub(crate) struct WorkloadSummary {
     pub source: String,
     pub events: usize,
     pub distinct_keys: usize,
@@ -296,7 +296,7 @@ pub struct WorkloadSummary {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub shard_records_per_second: u64,
     pub shard_bytes_per_second: u64,
     pub partition_wcu_per_second: u64,
@@ -304,7 +304,7 @@ pub struct Limits {
 
 /// Everything `keyway skew` prints.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub workload: WorkloadSummary,
     pub bad_input: BadInput,
     pub shards: u32,
@@ -324,7 +324,7 @@ pub struct Report {
 const MAX_CELLS: usize = 10_000_000;
 
 /// The workload without mitigation and with `strategy`.
-pub fn simulate(
+pub(crate) fn simulate(
     workload: &Workload,
     strategy: &Strategy,
     settings: &Settings,

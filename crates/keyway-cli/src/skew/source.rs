@@ -22,18 +22,18 @@ use crate::workload::zipf_keys;
 /// The longest partition key Kinesis accepts, in characters.
 const MAX_PARTITION_KEY_CHARS: usize = 256;
 /// The key a generated workload's hot share goes to.
-pub const HOT_KEY: &str = "hot";
+pub(crate) const HOT_KEY: &str = "hot";
 
 /// One event: its key and the bytes of its data.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Event {
+pub(crate) struct Event {
     pub key: String,
     pub bytes: u64,
 }
 
 /// The first line that gave no key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Problem {
+pub(crate) struct Problem {
     pub line: u64,
     pub field: String,
     pub problem: String,
@@ -41,7 +41,7 @@ pub struct Problem {
 
 /// Lines that gave no key: how many, and the first.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct BadInput {
+pub(crate) struct BadInput {
     pub count: u64,
     pub first: Option<Problem>,
 }
@@ -59,7 +59,7 @@ impl BadInput {
 
 /// The events to simulate and where they came from.
 #[derive(Clone, Debug)]
-pub struct Workload {
+pub(crate) struct Workload {
     pub source: String,
     pub events: Vec<Event>,
     pub bad: BadInput,
@@ -180,7 +180,7 @@ fn for_each_line(
 
 /// Why a line gives no partition key.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KeyProblem {
+pub(crate) enum KeyProblem {
     NotUtf8 { valid_up_to: usize },
     NotJson(SyntaxError),
     Missing,
@@ -215,7 +215,7 @@ fn partition_key(key: &str) -> Result<&str, KeyProblem> {
 }
 
 /// One partition key a line, each record of `record_bytes`.
-pub fn read_partition_keys(
+pub(crate) fn read_partition_keys(
     reader: impl BufRead,
     record_bytes: u64,
 ) -> Result<(Vec<Event>, BadInput), std::io::Error> {
@@ -238,7 +238,7 @@ pub fn read_partition_keys(
 }
 
 /// A JSON event a line, keyed by the string or number at `pointer`, of the line's own length.
-pub fn read_json_lines(
+pub(crate) fn read_json_lines(
     reader: impl BufRead,
     pointer: &Pointer,
 ) -> Result<(Vec<Event>, BadInput), std::io::Error> {
@@ -254,7 +254,7 @@ pub fn read_json_lines(
 }
 
 /// The key of one JSON line, or what keeps it from having one.
-pub fn key_of_line(line: &[u8], pointer: &Pointer) -> Result<String, KeyProblem> {
+pub(crate) fn key_of_line(line: &[u8], pointer: &Pointer) -> Result<String, KeyProblem> {
     let raw = pointer
         .find(line)
         .map_err(KeyProblem::NotJson)?

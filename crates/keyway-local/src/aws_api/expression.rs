@@ -26,7 +26,9 @@ fn refuse<T>(problem: impl Into<String>) -> Result<T, ExpressionError> {
 /// The placeholders of a request: `ExpressionAttributeNames` and `ExpressionAttributeValues`.
 #[derive(Debug, Default)]
 pub struct Placeholders {
+    /// Each `#name` placeholder and the attribute name it stands for.
     pub names: BTreeMap<String, String>,
+    /// Each `:value` placeholder and the value it stands for.
     pub values: BTreeMap<String, AttrValue>,
 }
 
@@ -73,34 +75,52 @@ impl Placeholders {
 /// An operand: an attribute of the item, or a value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Operand {
+    /// The top-level attribute of that name, placeholders resolved.
     Path(String),
+    /// A `:value` placeholder's value.
     Value(AttrValue),
 }
 
+/// A comparison operator of a condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Comparator {
+    /// `=`
     Eq,
+    /// `<>`
     Ne,
+    /// `<`
     Lt,
+    /// `<=`
     Le,
+    /// `>`
     Gt,
+    /// `>=`
     Ge,
 }
 
 /// A condition on an item.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Condition {
+    /// `a op b`: false when either side is missing, unless `op` is `<>`.
     Compare(Operand, Comparator, Operand),
+    /// `v BETWEEN low AND high`, both bounds included.
     Between(Operand, Operand, Operand),
+    /// `attribute_exists(path)`.
     Exists(String),
+    /// `attribute_not_exists(path)`, which also holds when there is no item.
     NotExists(String),
+    /// `begins_with(v, prefix)`, of two strings or two binaries.
     BeginsWith(Operand, Operand),
+    /// Both conditions hold.
     And(Box<Condition>, Box<Condition>),
+    /// Either condition holds.
     Or(Box<Condition>, Box<Condition>),
+    /// The condition does not hold.
     Not(Box<Condition>),
 }
 
 impl Condition {
+    /// Parses a condition, key condition or filter expression, its placeholders resolved.
     pub fn parse(text: &str, placeholders: &Placeholders) -> Result<Self, ExpressionError> {
         let mut parser = Parser::new(text, placeholders)?;
         let condition = parser.or()?;
@@ -160,16 +180,24 @@ impl Condition {
 /// One action of an update expression.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
+    /// `SET path = value`.
     Set(String, SetValue),
+    /// `REMOVE path`.
     Remove(String),
+    /// `ADD path number`: adds to the attribute's number, or sets it when it is missing.
     Add(String, AttrValue),
 }
 
+/// The right-hand side of a `SET` action.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SetValue {
+    /// An attribute's value or a placeholder's.
     Operand(Operand),
+    /// `if_not_exists(path, default)`: the attribute's value, or `default` when it is missing.
     IfNotExists(String, Operand),
+    /// `a + b`, of two numbers.
     Plus(Operand, Operand),
+    /// `a - b`, of two numbers.
     Minus(Operand, Operand),
 }
 
@@ -178,6 +206,8 @@ pub enum SetValue {
 pub struct Update(pub Vec<Action>);
 
 impl Update {
+    /// Parses an update expression, its placeholders resolved; refuses one that names a clause
+    /// twice or changes a path twice, as DynamoDB does.
     pub fn parse(text: &str, placeholders: &Placeholders) -> Result<Self, ExpressionError> {
         let mut parser = Parser::new(text, placeholders)?;
         let mut actions = Vec::new();

@@ -21,8 +21,11 @@ use super::runtime::LocalServices;
 /// A request the services refuse, as AWS's JSON protocols answer it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {
+    /// The HTTP status: 400 for a request at fault, 500 for a failure of the service.
     pub status: u16,
+    /// The error's type, such as `ValidationException`, sent as `__type`.
     pub code: String,
+    /// What is wrong, in words.
     pub message: String,
 }
 
@@ -53,6 +56,7 @@ impl ApiError {
 
 /// The services' endpoint: what a process's `AWS_ENDPOINT_URL` is set to.
 pub struct AwsApi {
+    /// The URL the services answer on, `http://127.0.0.1:<port>`.
     pub endpoint: String,
     server: tokio::task::JoinHandle<()>,
 }

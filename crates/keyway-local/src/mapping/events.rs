@@ -20,15 +20,22 @@ pub fn kinesis_event<'a>(
 /// A change to put in a DynamoDB Streams event.
 #[derive(Clone, Debug)]
 pub struct DynamoDbEventRecord<'a> {
+    /// The event's name: `INSERT`, `MODIFY` or `REMOVE`.
     pub kind: ChangeKind,
+    /// The item's key attributes, which every record carries.
     pub keys: &'a Item,
     /// The stream's view type: which images a record may carry.
     pub view: StreamView,
+    /// The item before the change, if the view keeps old images and there was one.
     pub old_image: Option<&'a Item>,
+    /// The item after the change, if the view keeps new images and there is one.
     pub new_image: Option<&'a Item>,
+    /// The record's position in its shard, which also derives its `eventID`.
     pub sequence_number: &'a str,
     /// Epoch seconds.
     pub created_secs: i64,
+    /// Whether TTL deleted the item, which the record tells by the `dynamodb.amazonaws.com`
+    /// service as its `userIdentity`.
     pub ttl_deletion: bool,
 }
 

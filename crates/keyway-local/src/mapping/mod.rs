@@ -63,21 +63,34 @@ pub const PAYLOAD_MAX_BYTES: usize = 6 * 1024 * 1024;
 /// pause keeps virtual time moving, so record ages grow and a run that only retries ends.
 pub const RETRY_DELAY: Duration = Duration::from_millis(500);
 
+/// Where a mapping starts reading a shard the first time it polls (StartingPosition).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StartingPosition {
+    /// TRIM_HORIZON: the oldest record the shard still holds.
     TrimHorizon,
+    /// LATEST: only records written after the mapping starts.
     Latest,
-    /// Epoch milliseconds.
+    /// AT_TIMESTAMP: the first record that arrived at or after the time, in epoch
+    /// milliseconds.
     AtTimestamp(i64),
 }
 
 /// An event source mapping's settings, with Lambda's defaults.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MappingSettings {
+    /// BatchSize: the most records in one invocation, from 1 to 10,000 (100 by default, as
+    /// for streams).
     pub batch_size: usize,
+    /// MaximumBatchingWindowInSeconds: how long a batch's first record may wait for more
+    /// (0 by default).
     pub maximum_batching_window: Duration,
+    /// StartingPosition (TRIM_HORIZON by default).
     pub starting_position: StartingPosition,
+    /// Whether the function reports failed records (`ReportBatchItemFailures` in
+    /// FunctionResponseTypes) instead of failing the whole batch.
     pub report_batch_item_failures: bool,
+    /// BisectBatchOnFunctionError: whether a failed batch is split in two and the halves
+    /// retried apart.
     pub bisect_batch_on_function_error: bool,
     /// `None` retries until the records expire (Lambda's -1).
     pub maximum_retry_attempts: Option<u32>,
@@ -85,6 +98,7 @@ pub struct MappingSettings {
     pub maximum_record_age: Option<Duration>,
     /// The SQS queue URL discarded batches are described to.
     pub on_failure: Option<String>,
+    /// ParallelizationFactor: concurrent batches per shard, from 1 to 10 (1 by default).
     pub parallelization_factor: u32,
     /// The function's timeout.
     pub function_timeout: Duration,
@@ -117,11 +131,16 @@ impl Default for MappingSettings {
 /// Where a mapping reads from.
 #[derive(Clone)]
 pub enum MappingSource {
+    /// A Kinesis data stream.
     Kinesis {
+        /// The service that holds the stream.
         kinesis: Arc<LocalKinesis>,
+        /// The stream's name.
         stream: String,
     },
+    /// A DynamoDB table's stream.
     DynamoDb {
+        /// The table whose stream is read.
         table: Arc<LocalTable>,
     },
 }
@@ -177,21 +196,29 @@ impl MappingSource {
 /// What a mapping did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MappingStats {
+    /// Invocations of the function, retries and duplicate deliveries included.
     pub invocations: u64,
     /// What the invocations spent.
     pub spent: Spent,
+    /// Invocations that failed: an error returned, a timeout or a crash.
     pub function_errors: u64,
+    /// Invocations stopped by the function's timeout (counted among the function errors too).
     pub timeouts: u64,
     /// Invocations whose runtime crashed (counted among the function errors too).
     pub crashes: u64,
+    /// Invocations whose response reported some of the batch's records as failed.
     pub partial_failures: u64,
+    /// Failed batches split in two (BisectBatchOnFunctionError).
     pub bisections: u64,
     /// Records in invoked batches, retries included.
     pub records_delivered: u64,
     /// Records checkpointed after an invocation that succeeded for them.
     pub records_done: u64,
+    /// Records discarded for being older than MaximumRecordAgeInSeconds.
     pub discarded_for_age: u64,
+    /// Records discarded once their batch used up MaximumRetryAttempts.
     pub discarded_for_retries: u64,
+    /// Batches delivered a second time, as when Lambda loses an acknowledgement.
     pub duplicate_deliveries: u64,
     /// Records that matched none of the FilterCriteria patterns.
     pub filtered_out: u64,
@@ -305,7 +332,9 @@ struct Partition {
 
 /// An event source mapping between a stream and a function.
 pub struct EventSourceMapping {
+    /// The mapping's name, which its invocations' request ids start with.
     pub name: String,
+    /// The ARN of the function it invokes, as on-failure records give it.
     pub function_arn: String,
     handler: Arc<dyn Handler>,
     source: MappingSource,
@@ -387,8 +416,11 @@ pub(crate) async fn invoke(
 /// in-memory services' work among it (standing in for the SDK's work of making the requests).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Spent {
+    /// How many invocations.
     pub invocations: u64,
+    /// The virtual time they took, as on AWS.
     pub waited: Duration,
+    /// The CPU time of their work on this machine.
     pub cpu: Duration,
 }
 
@@ -422,6 +454,8 @@ enum Outcome {
 }
 
 impl EventSourceMapping {
+    /// A mapping from `source` to `handler`, its batch size and parallelization factor brought
+    /// within Lambda's limits; it reads nothing until it is polled.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: impl Into<String>,
@@ -454,10 +488,12 @@ impl EventSourceMapping {
         }
     }
 
+    /// What the mapping did so far.
     pub fn stats(&self) -> &MappingStats {
         &self.stats
     }
 
+    /// The mapping's settings, within Lambda's limits.
     pub fn settings(&self) -> &MappingSettings {
         &self.settings
     }
@@ -467,6 +503,7 @@ impl EventSourceMapping {
         self.settings.enabled = enabled;
     }
 
+    /// The mapping's name.
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -29,7 +29,9 @@ use keyway::ports::Clock;
 
 /// An event source mapping between a queue and a function.
 pub struct QueueMapping {
+    /// The mapping's name, which its invocations' request ids start with.
     pub name: String,
+    /// The ARN of the function it invokes.
     pub function_arn: String,
     handler: Arc<dyn Handler>,
     sqs: Arc<LocalSqs>,
@@ -43,6 +45,8 @@ pub struct QueueMapping {
 }
 
 impl QueueMapping {
+    /// A mapping from the queue at `queue_url` to `handler`; it receives nothing until it is
+    /// run.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: String,
@@ -68,14 +72,17 @@ impl QueueMapping {
         }
     }
 
+    /// What the mapping did so far.
     pub fn stats(&self) -> &MappingStats {
         &self.stats
     }
 
+    /// The mapping's settings.
     pub fn settings(&self) -> &MappingSettings {
         &self.settings
     }
 
+    /// Enables or disables the mapping, as UpdateEventSourceMapping's `Enabled` does.
     pub fn set_enabled(&mut self, enabled: bool) {
         self.settings.enabled = enabled;
     }

@@ -15,15 +15,31 @@ pub type Factory =
 /// configuration name the template path they come from.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LocalError {
+    /// The template cannot be read.
     #[error(transparent)]
     Template(#[from] TemplateError),
+    /// The template declares a function no factory was registered for.
     #[error("Resources/{function}: no function is registered for this logical id")]
-    Unregistered { function: String },
-    /// `path` is the template path of what is wrong: an environment variable, an event.
+    Unregistered {
+        /// The function's logical id.
+        function: String,
+    },
+    /// A function cannot be set up as the template configures it.
     #[error("{path}: {problem}")]
-    Function { path: String, problem: String },
+    Function {
+        /// The template path of what is wrong: an environment variable, an event.
+        path: String,
+        /// What is wrong there.
+        problem: String,
+    },
+    /// A run ended at its limit of virtual time with records still to process.
     #[error("{waiting} records still wait after {limit:?}")]
-    Unfinished { waiting: usize, limit: Duration },
+    Unfinished {
+        /// Records and queue messages still waiting to be processed.
+        waiting: usize,
+        /// The virtual time the run was given.
+        limit: Duration,
+    },
 }
 
 impl LocalError {

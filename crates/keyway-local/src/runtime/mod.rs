@@ -34,6 +34,7 @@ use schedule::LocalSchedule;
 /// What a run did, per event source mapping.
 #[derive(Clone, Debug, Default)]
 pub struct RunReport {
+    /// Each mapping's name and what it did so far: the stream mappings, then the queues'.
     pub mappings: Vec<(String, MappingStats)>,
     /// Virtual time the run took.
     pub elapsed: Duration,
@@ -41,6 +42,7 @@ pub struct RunReport {
 
 /// A template's functions on the in-memory services.
 pub struct LocalRuntime {
+    /// The in-memory services the functions and mappings use.
     pub services: Arc<LocalServices>,
     /// The first template's wiring, names and outputs.
     pub wiring: Wiring,
@@ -121,6 +123,7 @@ impl LocalRuntime {
         self.outputs.get(name).cloned()
     }
 
+    /// The mappings of Kinesis streams and DynamoDB streams.
     pub fn mappings(&self) -> &[EventSourceMapping] {
         &self.mappings
     }

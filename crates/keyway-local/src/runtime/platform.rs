@@ -21,9 +21,13 @@ use keyway::ports::{Clock, MemoryMetrics, MetricLog, Sink, StateStore};
 
 /// Kinesis, DynamoDB and SQS in memory, on one virtual clock, with one fault plan.
 pub struct LocalServices {
+    /// The virtual clock every service and function reads.
     pub clock: Arc<VirtualClock>,
+    /// The DynamoDB tables, with their streams and TTL.
     pub dynamodb: Arc<LocalDynamoDb>,
+    /// The Kinesis data streams.
     pub kinesis: Arc<LocalKinesis>,
+    /// The SQS queues.
     pub sqs: Arc<LocalSqs>,
     /// The metric lines functions wrote.
     pub metrics: Arc<MemoryMetrics>,

@@ -38,7 +38,9 @@ pub(super) fn local_schedules(
 /// What a schedule did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScheduleStats {
+    /// Scheduled invocations of the function.
     pub invocations: u64,
+    /// Invocations that failed: an error returned, a timeout or a crash.
     pub errors: u64,
     /// What the invocations spent.
     pub spent: Spent,

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use keyway::ports::Clock;
 
+/// A `Clock` on tokio's time: epoch milliseconds that advance as the runtime's clock does.
 #[derive(Debug)]
 pub struct VirtualClock {
     epoch_millis: i64,

@@ -34,10 +34,12 @@ pub struct FaultPlan {
     /// virtual time. Left out of `all`: an outage per call at the rates of the other faults
     /// would leave the service down most of the time.
     pub outage: f64,
+    /// How long each drawn outage lasts, in milliseconds of virtual time.
     pub outage_millis: i64,
     /// SQS down for a stretch of virtual time (epoch milliseconds, start to end), whatever the
     /// probabilities say: a sink down for an hour.
     pub outage_window: Option<(i64, i64)>,
+    /// Seeds every service's draws: the same seed gives the same faults.
     pub seed: u64,
 }
 
@@ -70,18 +72,28 @@ impl FaultPlan {
 /// A kind of fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Fault {
+    /// A whole call throttled (`FaultPlan::throttle`).
     Throttle,
+    /// One entry of a batch call failed (`FaultPlan::partial_failure`).
     PartialFailure,
+    /// A conditional write met a concurrent writer's commit (`FaultPlan::conflict`).
     Conflict,
+    /// A write landed but its response was lost (`FaultPlan::lost_response`).
     LostResponse,
+    /// An invocation died between emitting and committing (`FaultPlan::crash_before_commit`).
     CrashBeforeCommit,
+    /// An invocation died inside a commit (`FaultPlan::crash_in_commit`).
     CrashInCommit,
+    /// A batch delivered again after it succeeded (`FaultPlan::duplicate_delivery`).
     DuplicateDelivery,
+    /// An invocation stopped by the function's timeout (`FaultPlan::timeout`).
     Timeout,
+    /// An SQS outage started, drawn or in the plan's outage window (`FaultPlan::outage`).
     Outage,
 }
 
 impl Fault {
+    /// Every kind, in the order they are declared.
     pub const ALL: [Fault; 9] = [
         Fault::Throttle,
         Fault::PartialFailure,
@@ -94,6 +106,7 @@ impl Fault {
         Fault::Outage,
     ];
 
+    /// The kind in words, as reports print it (`"lost response"`).
     pub fn name(self) -> &'static str {
         match self {
             Fault::Throttle => "throttle",
@@ -166,10 +179,12 @@ impl Faults {
         }
     }
 
+    /// Draws that never fire: the empty plan.
     pub fn none() -> Self {
         Self::new(FaultPlan::default(), 0)
     }
 
+    /// The plan the draws are made from.
     pub fn plan(&self) -> &FaultPlan {
         &self.plan
     }

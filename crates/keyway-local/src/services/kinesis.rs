@@ -28,8 +28,9 @@ pub use keyway::sources::kinesis::KinesisRecord as StoredRecord;
 /// A stream keeps records 24 hours unless its RetentionPeriodHours says longer.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-/// Kinesis's per-shard write limit.
+/// Kinesis's per-shard write limit in records: 1,000 a second.
 pub const SHARD_RECORDS_PER_SECOND: u32 = 1_000;
+/// Kinesis's per-shard write limit in bytes (data and partition keys): 1 MiB a second.
 pub const SHARD_BYTES_PER_SECOND: usize = 1024 * 1024;
 
 impl Arrived for StoredRecord {
@@ -133,6 +134,7 @@ pub struct LocalKinesis {
 }
 
 impl LocalKinesis {
+    /// No streams yet, on `clock` and injecting `faults`, without the per-shard write limit.
     pub fn new(clock: Arc<dyn Clock>, faults: Faults) -> Self {
         Self {
             streams: Mutex::new(BTreeMap::new()),
@@ -289,6 +291,7 @@ impl LocalKinesis {
         }
     }
 
+    /// The service's calls and billing units so far.
     pub fn meter(&self) -> &Meter {
         &self.meter
     }
@@ -298,6 +301,7 @@ impl LocalKinesis {
         self.faults.fired()
     }
 
+    /// The ARN of the stream named `name`, if it exists.
     pub fn stream_arn(&self, name: &str) -> Option<String> {
         self.streams
             .lock()

@@ -22,6 +22,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// One service's meter: the calls made to it and what they were billed, with the simulated
+/// latency every call waits.
 #[derive(Debug, Default)]
 pub struct Meter {
     inner: Mutex<MeterSnapshot>,
@@ -49,8 +51,11 @@ fn called_from_a_function() -> bool {
 /// What the calls made from function invocations were billed: AWS's billing units of them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Billed {
+    /// Calls made from function invocations.
     pub calls: u64,
+    /// DynamoDB read request units, as `MeterSnapshot::read_units`.
     pub read_units: f64,
+    /// DynamoDB write request units, as `MeterSnapshot::write_units`.
     pub write_units: f64,
     /// Kinesis PUT payload units (25 KB of a record, at least one a record) or SQS requests
     /// (64 KB of a call's messages, at least one a call).
@@ -77,10 +82,12 @@ pub struct MeterSnapshot {
 }
 
 impl MeterSnapshot {
+    /// Calls of every operation.
     pub fn total_calls(&self) -> u64 {
         self.calls.values().sum()
     }
 
+    /// DynamoDB read and write request units together.
     pub fn capacity_units(&self) -> f64 {
         self.read_units + self.write_units
     }
@@ -163,12 +170,14 @@ impl Meter {
         }
     }
 
+    /// What was metered since the meter was created or last reset.
     pub fn snapshot(&self) -> MeterSnapshot {
         let mut snapshot = self.inner.lock().expect("meter lock").clone();
         snapshot.waves = self.starts.lock().expect("meter lock").len() as u64;
         snapshot
     }
 
+    /// Forgets what was metered so far; the latencies and CPU accounting stay as set.
     pub fn reset(&self) {
         *self.inner.lock().expect("meter lock") = MeterSnapshot::default();
         self.starts.lock().expect("meter lock").clear();

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 /// A record a shard holds, with when it arrived.
 pub trait Arrived {
+    /// When the record arrived in its shard, in epoch milliseconds.
     fn arrival_millis(&self) -> i64;
 }
 
@@ -20,25 +21,43 @@ pub trait Arrived {
 /// InvalidArgumentException or ResourceInUseException says it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReshardError {
+    /// The stream does not exist (or the table has none).
     #[error("ResourceNotFoundException: there is no stream {0}")]
     NoStream(String),
+    /// The stream has no shard of that id or number.
     #[error("ResourceNotFoundException: there is no shard {0}")]
     NoShard(String),
+    /// The shard owns a single hash key, which cannot be split.
     #[error("InvalidArgumentException: shard {0} owns a single hash key: it cannot split")]
     SingleKey(String),
+    /// The shard is closed: only open shards are split or merged.
     #[error("ResourceInUseException: shard {0} is closed: only open shards can be resharded")]
     Closed(String),
+    /// A split's new starting hash key is not inside the shard's range, above its first key.
     #[error("InvalidArgumentException: NewStartingHashKey {at} is not within the hash key range of shard {shard} above its starting hash key")]
-    OutsideRange { shard: String, at: u128 },
+    OutsideRange {
+        /// The id of the shard to split.
+        shard: String,
+        /// The NewStartingHashKey asked for.
+        at: u128,
+    },
+    /// The two shards to merge do not own adjacent hash key ranges.
     #[error("InvalidArgumentException: shards {0} and {1} are not adjacent: their hash key ranges do not meet")]
     NotAdjacent(String, String),
+    /// UpdateShardCount's target is outside half to double the open shards.
     #[error("InvalidArgumentException: TargetShardCount {target} must be between half and double the {open} open shards")]
-    TargetCount { target: usize, open: usize },
+    TargetCount {
+        /// The TargetShardCount asked for.
+        target: usize,
+        /// How many shards are open.
+        open: usize,
+    },
 }
 
 /// What a reader needs to know of a shard.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardInfo {
+    /// The shard's id, as the service names it (`shardId-000000000000` on Kinesis).
     pub id: String,
     /// The shards (by number) this one took its hash keys from: one after a split or a rollover,
     /// two after a merge, none for a shard of the stream's creation.
@@ -104,6 +123,7 @@ impl<T: Arrived> Shards<T> {
         self.shards.len()
     }
 
+    /// What a reader needs to know of `shard` (by number), if it exists.
     pub fn info(&self, shard: usize) -> Option<ShardInfo> {
         self.shards.get(shard).map(|s| ShardInfo {
             id: s.id.clone(),
@@ -123,6 +143,7 @@ impl<T: Arrived> Shards<T> {
         self.shards.get(shard).map(|s| (s.first, s.last))
     }
 
+    /// The id of `shard` (by number), if it exists.
     pub fn id(&self, shard: usize) -> Option<&str> {
         self.shards.get(shard).map(|s| s.id.as_str())
     }
@@ -135,6 +156,8 @@ impl<T: Arrived> Shards<T> {
             .expect("the open shards cover the hash key space")
     }
 
+    /// Appends `record` to `shard` (by number; see `route`) and returns it as the shard keeps
+    /// it.
     pub fn push(&mut self, shard: usize, record: T) -> &Arc<T> {
         let records = &mut self.shards[shard].records;
         records.push(Arc::new(record));

@@ -25,11 +25,15 @@ use keyway::ports::{Clock, SinkError, SystemClock};
 /// A message as a queue holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueuedMessage {
+    /// The id SendMessageBatch answered with: the message's sequence number, as text.
     pub message_id: String,
+    /// The message body, as sent.
     pub body: String,
     /// The `outputId` attribute, when the sender set one.
     pub output_id: Option<String>,
+    /// MessageGroupId, on a FIFO queue.
     pub group_id: Option<String>,
+    /// MessageDeduplicationId: the sender's, or the body's SHA-256 with ContentBasedDeduplication.
     pub deduplication_id: Option<String>,
 }
 
@@ -46,6 +50,8 @@ pub struct QueueConfig {
     pub redrive: Option<(String, u32)>,
     /// How long the queue keeps a message (MessageRetentionPeriod, 4 days by default).
     pub retention: Duration,
+    /// ContentBasedDeduplication: a FIFO message sent without a deduplication id takes the
+    /// SHA-256 of its body as one.
     pub content_based_deduplication: bool,
 }
 
@@ -63,11 +69,17 @@ impl Default for QueueConfig {
 /// A message as a consumer receives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
+    /// The message received.
     pub message: QueuedMessage,
     /// Deletes the message while it is in flight from this receive.
     pub receipt_handle: String,
+    /// How many times the message was received, this receive included
+    /// (ApproximateReceiveCount).
     pub receive_count: u32,
+    /// When the message was sent, in epoch milliseconds (SentTimestamp).
     pub sent_millis: i64,
+    /// When the message was first received, in epoch milliseconds
+    /// (ApproximateFirstReceiveTimestamp).
     pub first_receive_millis: i64,
     /// The queue's order of the message (a FIFO queue's sequence number).
     pub sequence: u64,
@@ -190,6 +202,7 @@ impl Default for LocalSqs {
 }
 
 impl LocalSqs {
+    /// No queues yet, on `clock` and injecting `faults`.
     pub fn new(clock: Arc<dyn Clock>, faults: Faults) -> Self {
         Self {
             queues: Mutex::new(BTreeMap::new()),
@@ -227,6 +240,7 @@ impl LocalSqs {
         format!("arn:aws:sqs:us-east-1:000000000000:{name}")
     }
 
+    /// The service's calls and billed requests so far.
     pub fn meter(&self) -> &Meter {
         &self.meter
     }
@@ -263,11 +277,13 @@ impl LocalSqs {
         }
     }
 
+    /// Whether the queue at `url` is a FIFO queue (false when there is none).
     pub fn is_fifo(&self, url: &str) -> bool {
         let queues = self.queues.lock().expect("queues lock");
         queues.get(url).is_some_and(|q| q.fifo)
     }
 
+    /// The attributes of the queue at `url`, if it exists.
     pub fn config(&self, url: &str) -> Option<QueueConfig> {
         let queues = self.queues.lock().expect("queues lock");
         queues.get(url).map(|q| q.config.clone())

@@ -42,23 +42,34 @@ use keyway::lambda::Env;
 /// A resource the embedded runtime creates.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resource {
+    /// An `AWS::DynamoDB::Table`.
     Table {
+        /// TableName, or the logical id when the template gives none.
         name: String,
+        /// The HASH key attribute of its KeySchema.
         hash_key: String,
+        /// The RANGE key attribute, if the KeySchema has one.
         range_key: Option<String>,
+        /// The TimeToLiveSpecification's attribute, when TTL is enabled.
         ttl_attribute: Option<String>,
         /// The stream's view type, when the table has a stream.
         stream: Option<StreamView>,
     },
+    /// An `AWS::Kinesis::Stream`.
     Stream {
+        /// Name, or the logical id when the template gives none.
         name: String,
+        /// ShardCount (1 by default).
         shards: usize,
         /// How long the stream keeps a record (RetentionPeriodHours, 24 by default).
         retention: Duration,
         /// MaxRecordSizeInKiB: 1,024 (1 MiB) unless the stream opts into larger records.
         max_record_kib: usize,
     },
+    /// An `AWS::SQS::Queue`.
     Queue {
+        /// QueueName, or the logical id (with `.fifo` for a FIFO queue) when the template gives
+        /// none.
         name: String,
         /// Its attributes; the redrive policy is in `dead_letter`.
         config: QueueConfig,
@@ -71,16 +82,24 @@ pub enum Resource {
 /// Where an event source reads from: the logical id of a stream or table.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SourceRef {
+    /// A Kinesis stream, by logical id.
     Kinesis(String),
+    /// The stream of a DynamoDB table, by the table's logical id.
     DynamoDb(String),
+    /// An SQS queue, by logical id.
     Sqs(String),
 }
 
 /// A function's event source mapping, as the template defines it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EventDef {
+    /// The event's name under a SAM function's `Events`, or an
+    /// `AWS::Lambda::EventSourceMapping`'s logical id less the function's as a prefix.
     pub name: String,
+    /// What the mapping reads.
     pub source: SourceRef,
+    /// Its settings, Lambda's defaults where the template gives none, the function's timeout
+    /// among them.
     pub settings: MappingSettings,
     /// Logical id of the on-failure queue.
     pub on_failure: Option<String>,
@@ -90,18 +109,29 @@ pub struct EventDef {
 /// `AWS::Events::Rule` targeting it), as the template defines it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScheduleDef {
+    /// The event's name under a SAM function's `Events`, or the rule's logical id less the
+    /// function's as a prefix.
     pub name: String,
     /// A `rate(...)` expression's period.
     pub every: Duration,
 }
 
+/// A function the template defines: SAM's `AWS::Serverless::Function` or an
+/// `AWS::Lambda::Function`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FunctionDef {
+    /// The function's logical id.
     pub logical_id: String,
+    /// FunctionName, or the logical id when the template gives none.
     pub name: String,
+    /// Timeout (or `Globals.Function`'s), 3 seconds by default as Lambda's.
     pub timeout: Duration,
+    /// The environment variables over `Globals.Function`'s, still unresolved: see
+    /// `FunctionDef::resolved_env`.
     pub env: Env,
+    /// Its event source mappings: SAM events and `AWS::Lambda::EventSourceMapping` resources.
     pub events: Vec<EventDef>,
+    /// The schedules that invoke it.
     pub schedules: Vec<ScheduleDef>,
 }
 
@@ -109,6 +139,7 @@ pub struct FunctionDef {
 /// stack deployed, as a consumer's stack maps its own table to the keyway stack's function.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MappingDef {
+    /// The `AWS::Lambda::EventSourceMapping`'s logical id.
     pub logical_id: String,
     /// The function's name or ARN, resolved (a parameter, usually).
     pub function: String,
@@ -124,7 +155,9 @@ pub struct MappingDef {
 pub struct Wiring {
     /// By logical id.
     pub resources: BTreeMap<String, Resource>,
+    /// The functions the template defines, with their event sources.
     pub functions: Vec<FunctionDef>,
+    /// Mappings to functions the template does not define.
     pub mappings: Vec<MappingDef>,
 }
 
@@ -166,7 +199,9 @@ pub trait Resolver {
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("template: {}{problem}", place(at))]
 pub struct TemplateError {
+    /// Where: a logical id and property path, empty for the template as a whole.
     pub at: String,
+    /// What is wrong there.
     pub problem: String,
 }
 
@@ -179,6 +214,7 @@ fn place(at: &str) -> String {
 }
 
 impl TemplateError {
+    /// A problem at `at`: a resource's logical id and the path to its property.
     pub fn at(at: impl std::fmt::Display, problem: impl ToString) -> Self {
         Self {
             at: at.to_string(),

@@ -14,7 +14,9 @@ use keyway::ports::{Sink, SinkError};
 /// Messages a sink's destination received, as the contract reads them back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Received {
+    /// The message's body.
     pub body: String,
+    /// The output id the destination kept with it, if it keeps one.
     pub output_id: Option<String>,
     /// The Kinesis partition key or the SQS FIFO group.
     pub group: Option<String>,
@@ -37,7 +39,9 @@ impl Received {
 
 /// A sink to check, with how to read back what its destination holds (in arrival order).
 pub struct SinkUnderTest {
+    /// The sink the promises are checked on.
     pub sink: Box<dyn Sink>,
+    /// Reads back what its destination holds.
     pub read_back: ReadBack,
     /// The destination keeps each message's output id.
     pub expects_ids: bool,
@@ -63,6 +67,7 @@ pub enum SinkPromise {
 }
 
 impl SinkPromise {
+    /// Every promise of the contract, in the order `sink_contract` checks them.
     pub const ALL: [Self; 3] = [
         Self::EveryMessageOnce,
         Self::KeyOrder,

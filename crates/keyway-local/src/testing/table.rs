@@ -26,6 +26,7 @@ pub enum TablePromise {
 }
 
 impl TablePromise {
+    /// Every promise of the contract, in the order `table_contract` checks them.
     pub const ALL: [Self; 7] = [
         Self::ConditionalPuts,
         Self::Updates,

@@ -44,6 +44,7 @@ pub enum App {
 }
 
 impl App {
+    /// Every application, in the order `keyway chaos` runs them.
     pub const ALL: [App; 5] = [
         App::Counter,
         App::Identity,
@@ -52,6 +53,7 @@ impl App {
         App::Aggregate,
     ];
 
+    /// Its name on the command line and in reports (`counter`, `cdc`...).
     pub fn name(self) -> &'static str {
         match self {
             App::Counter => "counter",
@@ -62,6 +64,7 @@ impl App {
         }
     }
 
+    /// The application named `text` (as `name` gives it); none for an unknown name.
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|app| app.name() == text)
     }
@@ -93,6 +96,7 @@ pub struct Settings {
     pub events: usize,
     /// The probability of each fault kind.
     pub fault_rate: f64,
+    /// Seeds the input and the faults alike: the same seed replays a run.
     pub seed: u64,
     /// Shards of the application's input streams (1-16).
     pub shards: usize,
@@ -109,12 +113,16 @@ pub struct Settings {
 /// deployed: `COUNTS_EMIT=latest` on `KeyedCounterFunction`, say. The template must list it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Variable {
+    /// The function's logical id in the template (`KeyedCounterFunction`).
     pub function: String,
+    /// The variable's name (`COUNTS_EMIT`).
     pub name: String,
+    /// What it is set to.
     pub value: String,
 }
 
 impl Variable {
+    /// The variable `name` of `function`, set to `value`.
     pub fn new(function: &str, name: &str, value: &str) -> Self {
         Self {
             function: function.into(),
@@ -143,20 +151,31 @@ impl Settings {
 /// output id sent with another body) and extra (not expected at all).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Tally {
+    /// Units expected.
     pub expected: u64,
+    /// Units expected and missing, or short of their value.
     pub lost: u64,
+    /// Units past their value (a state effect counted again), or output ids sent with another
+    /// body.
     pub applied_twice: u64,
+    /// Units not expected at all.
     pub extra: u64,
 }
 
 /// What a run found.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
+    /// The application run; none until `run` fills in the settings.
     pub app: Option<App>,
+    /// Input records put in, bad ones included.
     pub events: usize,
+    /// The seed of the input and the faults.
     pub seed: u64,
+    /// The probability of each fault kind in the faulty run.
     pub fault_rate: f64,
+    /// Shards of the application's input streams.
     pub shards: usize,
+    /// Lanes each shard was read in.
     pub lanes: u32,
     /// Faults injected in the faulty run, by kind.
     pub faults: BTreeMap<String, u64>,
@@ -174,9 +193,10 @@ pub struct Report {
     pub repeats: u64,
     /// Bad records put in, which must each be dead-lettered with a reason.
     pub bad_records: u64,
-    /// Dead letters the faulty run sent, and the distinct records among them (a dead letter
-    /// sent again after a retry names the same record).
+    /// Dead letters the faulty run sent.
     pub dead_letters: u64,
+    /// The distinct records among the dead letters: one sent again after a retry names the same
+    /// record.
     pub dead_lettered_records: u64,
     /// Batches the mappings gave up on (described on the failed-batches queue).
     pub failed_batches: u64,
@@ -187,14 +207,17 @@ pub struct Report {
 }
 
 impl Report {
+    /// Units lost, against the oracle and the fault-free run together.
     pub fn lost(&self) -> u64 {
         self.oracle.lost + self.fault_free.lost
     }
 
+    /// Units applied twice, against the oracle and the fault-free run together.
     pub fn applied_twice(&self) -> u64 {
         self.oracle.applied_twice + self.fault_free.applied_twice
     }
 
+    /// Units extra, against the oracle and the fault-free run together.
     pub fn extra(&self) -> u64 {
         self.oracle.extra + self.fault_free.extra
     }
@@ -454,9 +477,13 @@ pub(crate) fn against_oracle<K: Ord + fmt::Debug, V: PartialEq + fmt::Debug>(
 /// that never fired), its dead letters' bodies, and the batches its mappings gave up on.
 #[derive(Clone, Debug, Default)]
 pub struct Ending {
+    /// The faults injected, by service (`dynamodb`, `kinesis`, `sqs`, `invocations`).
     pub faults_fired: BTreeMap<&'static str, FaultCounts>,
+    /// Kinds of fault the plan names that never fired.
     pub faults_missing: Vec<Fault>,
+    /// The bodies of the messages on the dead-letter queue.
     pub dead_letters: Vec<String>,
+    /// Messages on the failed-batches queue: one for each batch given up.
     pub failed_batches: usize,
     /// What the run's functions were billed for.
     pub usage: Usage,

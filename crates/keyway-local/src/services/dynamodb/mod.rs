@@ -31,7 +31,9 @@ const STREAM_CREATED_MILLIS: i64 = 1_767_225_600_000;
 /// A table's key attributes (both strings here, as in every table keyway writes or reads).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeySchema {
+    /// The partition (HASH) key attribute.
     pub hash: String,
+    /// The sort (RANGE) key attribute, if the table has one.
     pub range: Option<String>,
 }
 
@@ -75,13 +77,18 @@ fn canonical_parts(value: &AttrValue) -> (char, std::borrow::Cow<'_, str>) {
 /// What a table's stream records carry of the item: `StreamSpecification.StreamViewType`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamView {
+    /// `KEYS_ONLY`: only the item's key attributes.
     KeysOnly,
+    /// `NEW_IMAGE`: the item as it is after the change.
     NewImage,
+    /// `OLD_IMAGE`: the item as it was before the change.
     OldImage,
+    /// `NEW_AND_OLD_IMAGES`: the item both before and after the change.
     NewAndOldImages,
 }
 
 impl StreamView {
+    /// Every view type.
     pub const ALL: [StreamView; 4] = [
         Self::KeysOnly,
         Self::NewImage,
@@ -89,6 +96,7 @@ impl StreamView {
         Self::NewAndOldImages,
     ];
 
+    /// The view type's name in the API and in stream records, such as `NEW_AND_OLD_IMAGES`.
     pub fn name(self) -> &'static str {
         match self {
             Self::KeysOnly => "KEYS_ONLY",
@@ -98,6 +106,7 @@ impl StreamView {
         }
     }
 
+    /// The view type of that name (`StreamView::name`), if any.
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|v| v.name() == text)
     }
@@ -114,13 +123,21 @@ impl StreamView {
 /// One change as the table's stream holds it: the images its view type keeps.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StreamRecord {
+    /// The record's sequence number: 21 digits, growing with every change of the table.
     pub sequence_number: String,
+    /// Whether the change inserted, modified or removed the item.
     pub kind: ChangeKind,
+    /// The item's key attributes.
     pub keys: Item,
+    /// The stream's view type when the change was made.
     pub view: StreamView,
+    /// The item before the change, if the view keeps old images and there was one.
     pub old_image: Option<Item>,
+    /// The item after the change, if the view keeps new images and there is one.
     pub new_image: Option<Item>,
+    /// When the change was made, in epoch milliseconds.
     pub created_millis: i64,
+    /// Whether the TTL process deleted the item.
     pub ttl_deletion: bool,
 }
 
@@ -174,6 +191,8 @@ pub struct LocalDynamoDb {
 pub const DEFAULT_TTL_DELAY: Duration = Duration::from_secs(2 * 24 * 3600);
 
 impl LocalDynamoDb {
+    /// No tables yet; each table created draws its faults from `faults`, and the TTL process
+    /// waits `DEFAULT_TTL_DELAY`.
     pub fn new(clock: Arc<dyn Clock>, faults: super::faults::FaultPlan) -> Self {
         Self {
             tables: Mutex::new(BTreeMap::new()),
@@ -225,10 +244,12 @@ impl LocalDynamoDb {
         table
     }
 
+    /// The table named `name`, if it exists.
     pub fn table(&self, name: &str) -> Option<Arc<LocalTable>> {
         self.tables.lock().expect("tables lock").get(name).cloned()
     }
 
+    /// Every table, by name.
     pub fn tables(&self) -> Vec<Arc<LocalTable>> {
         self.tables
             .lock()

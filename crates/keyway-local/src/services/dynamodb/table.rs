@@ -30,6 +30,8 @@ impl LocalTable {
         )
     }
 
+    /// An empty table, on `clock` and injecting `faults`: its items' TTL is read from
+    /// `ttl_attribute`, and with `stream` it records its changes in a stream of that view type.
     pub fn create(
         name: &str,
         schema: KeySchema,
@@ -54,15 +56,18 @@ impl LocalTable {
         }
     }
 
+    /// The table, injecting `faults` instead.
     pub fn with_faults(mut self, faults: Faults) -> Self {
         self.faults = faults;
         self
     }
 
+    /// The table's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The table's calls and capacity units so far.
     pub fn meter(&self) -> &Meter {
         &self.meter
     }
@@ -148,10 +153,12 @@ impl LocalTable {
             .collect()
     }
 
+    /// How many items the table holds.
     pub fn len(&self) -> usize {
         self.state.lock().expect("table lock").items.len()
     }
 
+    /// Whether the table holds no item.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -206,6 +213,7 @@ impl LocalTable {
         Ok(())
     }
 
+    /// The table's key attributes.
     pub fn key_schema(&self) -> &KeySchema {
         &self.schema
     }

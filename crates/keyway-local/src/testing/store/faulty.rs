@@ -12,6 +12,7 @@ pub struct LosingResponses<T> {
 }
 
 impl<T> LosingResponses<T> {
+    /// `inner`, losing no response until told to.
     pub fn new(inner: Arc<T>) -> Self {
         Self {
             inner,

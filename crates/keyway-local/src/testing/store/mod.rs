@@ -110,7 +110,9 @@ type Meanwhile = futures::future::BoxFuture<'static, ()>;
 
 /// A `DynamoStateStore` to check, over a fresh table whose clock is `clock`.
 pub struct StoreUnderTest<T: Table> {
+    /// The store the promises are checked on.
     pub store: DynamoStateStore<T>,
+    /// The table's clock, which the promises move to let state expire and timers come due.
     pub clock: Arc<ManualClock>,
 }
 
@@ -140,6 +142,7 @@ pub enum StorePromise {
 }
 
 impl StorePromise {
+    /// Every promise of the contract, in the order `state_store_contract` checks them.
     pub const ALL: [Self; 10] = [
         Self::Basics,
         Self::LargeLists,
