@@ -440,6 +440,8 @@ fn an_operator_whose_declared_sinks_are_not_the_wired_ones_does_not_start() {
 
 /// Two inputs of the same shape, told apart only by their streams: names set a key's name,
 /// greetings are emitted with it.
+// Its items are `pub` as in an operator's own crate: the operator guide quotes them.
+#[allow(unreachable_pub)]
 mod two_inputs {
     use keyway::domain::SourceRecord;
     use keyway::operator::{InputDescriptor, SinkDescriptor};
@@ -449,22 +451,22 @@ mod two_inputs {
     use super::*;
 
     #[derive(Debug, Deserialize)]
-    pub(crate) struct Said {
+    pub struct Said {
         pub key: String,
         pub text: String,
     }
 
-    pub(crate) enum Heard {
+    pub enum Heard {
         Name(Said),
         Greeting(Said),
     }
 
-    pub(crate) const NAMES: Input<Said> = Input::json("names");
-    pub(crate) const GREETINGS: Input<Said> = Input::json("greetings");
+    pub const NAMES: Input<Said> = Input::json("names");
+    pub const GREETINGS: Input<Said> = Input::json("greetings");
     const NAME: ValueState<String> = ValueState::new("name");
-    pub(crate) const GREETED: keyway::Sink<String> = keyway::Sink::new("greeted");
+    pub const GREETED: keyway::Sink<String> = keyway::Sink::new("greeted");
 
-    pub(crate) struct Greeter;
+    pub struct Greeter;
 
     impl KeyedOperator for Greeter {
         type Input = Heard;
@@ -510,11 +512,11 @@ mod two_inputs {
         text: &'a str,
     }
 
-    pub(crate) fn said(key: &'static str, text: &str) -> (&'static str, Vec<u8>) {
+    pub fn said(key: &'static str, text: &str) -> (&'static str, Vec<u8>) {
         (key, serde_json::to_vec(&Line { key, text }).unwrap())
     }
 
-    pub(crate) fn inputs() -> Inputs {
+    pub fn inputs() -> Inputs {
         Inputs::new()
             .with(&NAMES, "names-stream")
             .with(&GREETINGS, "greetings-stream")
@@ -608,6 +610,8 @@ async fn an_input_wired_by_its_streams_arn_gets_that_streams_records() {
 
 /// The shape of dynamic filtering: rules on one stream are broadcast state, written by records
 /// keyed to `BROADCAST_KEY`; messages on another are keyed by user and read the rules.
+// Its items are `pub` as in an operator's own crate: the operator guide quotes them.
+#[allow(unreachable_pub)]
 mod broadcast {
     use std::cell::Cell;
     use std::collections::BTreeSet;
@@ -625,12 +629,12 @@ mod broadcast {
         pub static DECODES: Cell<usize> = const { Cell::new(0) };
     }
 
-    pub(crate) fn decodes() -> usize {
+    pub fn decodes() -> usize {
         DECODES.with(Cell::get)
     }
 
     #[derive(Default, Serialize)]
-    pub(crate) struct Words(BTreeSet<String>);
+    pub struct Words(BTreeSet<String>);
 
     impl<'de> Deserialize<'de> for Words {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -639,19 +643,19 @@ mod broadcast {
         }
     }
 
-    pub(crate) enum Heard {
+    pub enum Heard {
         Rule(Said),
         Message(Said),
     }
 
-    pub(crate) const RULES: Input<Said> = Input::json("rules");
-    pub(crate) const MESSAGES: Input<Said> = Input::json("messages");
-    pub(crate) const BLOCKED: BroadcastState<Words> = BroadcastState::new("blocked");
-    pub(crate) const PASSED: keyway::Sink<String> = keyway::Sink::new("passed");
+    pub const RULES: Input<Said> = Input::json("rules");
+    pub const MESSAGES: Input<Said> = Input::json("messages");
+    pub const BLOCKED: BroadcastState<Words> = BroadcastState::new("blocked");
+    pub const PASSED: keyway::Sink<String> = keyway::Sink::new("passed");
 
     /// Passes on each message whose text no rule blocks; a message starting with `!` tries to
     /// block its text itself, which only rules may.
-    pub(crate) struct Moderator;
+    pub struct Moderator;
 
     impl KeyedOperator for Moderator {
         type Input = Heard;
@@ -703,7 +707,7 @@ mod broadcast {
         }
     }
 
-    pub(crate) fn inputs() -> Inputs {
+    pub fn inputs() -> Inputs {
         Inputs::new()
             .with(&RULES, "rules-stream")
             .with(&MESSAGES, "messages-stream")

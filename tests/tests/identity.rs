@@ -589,3 +589,80 @@ async fn a_customer_map_changed_while_a_resolution_is_in_flight_still_resolves_t
         .expect("the action with ASIA1 went out at once");
     assert_eq!(action["enrichment"]["status"], "resolved", "{action}");
 }
+
+/// A head's `doc` text: its stored text, inflated with `dictionaries`.
+fn head_doc(item: &keyway::domain::Item, dictionaries: &[keyway::domain::Dictionary]) -> String {
+    keyway::adapters::dynamodb::stored_text::read(item, "doc", "{}", "doc", dictionaries)
+        .expect("the head reads")
+        .into_owned()
+}
+
+#[tokio::test]
+async fn a_key_waiting_with_a_few_records_is_deflated_with_the_enrichers_dictionary_into_fewer_bytes(
+) {
+    use identity_enricher::enricher::STATE_DICTIONARIES;
+    use keyway::adapters::dynamodb::stored_text;
+    use keyway::domain::{AttrValue, Dictionary};
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let executor = enricher(&world, EnricherConfig::default());
+    let key = format!("{ACCOUNT}#ASIA9");
+    let mut events = Shard::new("cloudtrail", 0);
+    let records: Vec<(&str, Vec<u8>)> = (0..3)
+        .map(|i| {
+            let waiting = record(
+                &format!("w{i}"),
+                session("ASIA9", "role-9"),
+                "GetObject",
+                None,
+            );
+            (key.as_str(), serde_json::to_vec(&waiting).unwrap())
+        })
+        .collect();
+    let batch = events.batch(&records);
+    let report = executor
+        .run(decode_event(&batch.to_string()).unwrap())
+        .await;
+    assert_eq!((report.failed_from, report.commits), (None, 1));
+    let dictionaries: Vec<Dictionary> = STATE_DICTIONARIES
+        .iter()
+        .map(|t| Dictionary::new(t))
+        .collect();
+    let head = world
+        .table
+        .items()
+        .into_iter()
+        .find(|i| i["sk"].as_s() == Some("head") && i["pk"].as_s().unwrap().ends_with("ASIA9"))
+        .expect("the waiting key's head");
+    let named = format!("<deflated+{}>", dictionaries[0].id());
+    assert_eq!(head["doc"], AttrValue::S(named));
+    let doc = head_doc(&head, &dictionaries);
+    assert_eq!(doc.matches("\"record\":").count(), 3, "{doc}");
+    // The same text deflated alone: the dictionary saves the field names' first spelling.
+    let mut alone = keyway::domain::Item::new();
+    stored_text::store(&mut alone, "doc", doc.clone(), None);
+    let bytes = |item: &keyway::domain::Item| match &item["docz"] {
+        AttrValue::B(b) => b.len(),
+        other => panic!("deflated: {other:?}"),
+    };
+    assert!(
+        bytes(&head) * 10 < bytes(&alone) * 8,
+        "{} bytes with the dictionary, {} alone",
+        bytes(&head),
+        bytes(&alone)
+    );
+}
+
+/// Items name the dictionary they were deflated with by a hash of its text: an edited sample
+/// would leave every key written with it unreadable.
+#[test]
+fn the_enrichers_state_dictionary_is_never_edited() {
+    let ids: Vec<String> = identity_enricher::enricher::STATE_DICTIONARIES
+        .iter()
+        .map(|t| keyway::domain::Dictionary::new(t).id().to_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        ["719ffb8f"],
+        "add a new dictionary in front; never edit one"
+    );
+}

@@ -76,12 +76,12 @@ async fn stored_counts(runtime: &LocalRuntime, keys: &[String]) -> BTreeMap<Stri
         &runtime.resource("StateTable").unwrap(),
     )
     .unwrap();
-    let namespace = keyway::ports::Namespace {
-        operator: "keyed-counter".into(),
-        signature: keyway::operator::state_signature(&keyway::KeyedOperator::states(
+    let namespace = keyway::ports::Namespace::new(
+        "keyed-counter",
+        keyway::operator::state_signature(&keyway::KeyedOperator::states(
             &keyed_counter::KeyedCounter,
         )),
-    };
+    );
     let loaded = store.load(&namespace, keys).await.unwrap();
     keys.iter()
         .map(|k| {
@@ -749,10 +749,8 @@ async fn stored_states(
         &runtime.resource("StateTable").unwrap(),
     )
     .unwrap();
-    let namespace = keyway::ports::Namespace {
-        operator: operator.into(),
-        signature: keyway::operator::state_signature(states),
-    };
+    let namespace =
+        keyway::ports::Namespace::new(operator, keyway::operator::state_signature(states));
     store.load(&namespace, keys).await.unwrap()
 }
 
@@ -832,11 +830,17 @@ fn orphan_segments(runtime: &LocalRuntime) -> Vec<String> {
             .or_default()
             .push(item);
     }
+    // The stack's operators with a preset dictionary: the enricher alone.
+    let dictionaries: Vec<keyway::domain::Dictionary> =
+        identity_enricher::enricher::STATE_DICTIONARIES
+            .iter()
+            .map(|t| keyway::domain::Dictionary::new(t))
+            .collect();
     let mut orphans = Vec::new();
     for (pk, items) in by_pk {
         let head = items.iter().find(|i| i["sk"].as_s() == Some("head"));
         let accounted = head
-            .map(DynamoStateStore::<keyway_local::LocalTable>::accounted_for)
+            .map(|h| DynamoStateStore::<keyway_local::LocalTable>::accounted_for(h, &dictionaries))
             .unwrap_or_default();
         for item in &items {
             let sk = item["sk"].as_s().unwrap();

@@ -118,10 +118,7 @@ async fn commit_watermarks_only(world: &World, key: &str) {
 
 /// Writes `key` with `state` as version 1 left it.
 async fn commit_under_v1(world: &World, key: &str, state: KeyState) {
-    let namespace = Namespace {
-        operator: "keyed-counter".into(),
-        signature: V1_SIGNATURE.into(),
-    };
+    let namespace = Namespace::new("keyed-counter", V1_SIGNATURE);
     let committed = world
         .store
         .commit(&namespace, vec![Commit::new(key, 0, state)])

@@ -298,7 +298,7 @@ pub fn state_rows(items: &[Item], operator: &str, slots: &[&str]) -> usize {
     });
     heads
         .map(|i| {
-            let doc = keyway::adapters::dynamodb::stored_text::read(i, "doc", "{}", "doc");
+            let doc = keyway::adapters::dynamodb::stored_text::read(i, "doc", "{}", "doc", &[]);
             let doc: Value = doc
                 .ok()
                 .and_then(|text| serde_json::from_str(&text).ok())

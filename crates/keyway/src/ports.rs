@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use thiserror::Error;
 
-use crate::domain::{KeyState, Origin, Output, StoreMemo};
+use crate::domain::{Dictionary, KeyState, Origin, Output, StoreMemo};
 
 /// A state store failure. `is_retryable` says whether the same request may succeed later.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -76,6 +76,26 @@ pub struct Namespace {
     pub operator: String,
     /// The signature of the operator's state structure.
     pub signature: String,
+    /// The preset dictionaries the operator's state is deflated with, newest first: a store
+    /// writes with the first and reads with any (`KeyedOperator::state_dictionaries`).
+    pub dictionaries: Arc<[Dictionary]>,
+}
+
+impl Namespace {
+    /// The state of `operator` under `signature`, deflated without a dictionary.
+    pub fn new(operator: impl Into<String>, signature: impl Into<String>) -> Self {
+        Self {
+            operator: operator.into(),
+            signature: signature.into(),
+            dictionaries: Arc::new([]),
+        }
+    }
+
+    /// The same namespace, its state deflated with `dictionaries` (newest first).
+    pub fn with_dictionaries(mut self, dictionaries: impl IntoIterator<Item = Dictionary>) -> Self {
+        self.dictionaries = dictionaries.into_iter().collect();
+        self
+    }
 }
 
 /// A key to load, with the lineages its records in the batch come from: a store that keeps some

@@ -135,10 +135,10 @@ async fn demo(options: Args) -> Result<(), CliError> {
         (keyway::ports::Clock::now_millis(services.clock.as_ref()) - EPOCH) as u64,
     );
     let table = runtime.resource("StateTable").ok_or("no StateTable")?;
-    let namespace = Namespace {
-        operator: "keyed-counter".into(),
-        signature: keyway::operator::state_signature(&KeyedCounter.states()),
-    };
+    let namespace = Namespace::new(
+        "keyed-counter",
+        keyway::operator::state_signature(&KeyedCounter.states()),
+    );
     let mismatches = mismatched_counts(&services, &table, &namespace, &expected).await?;
     let out = CounterOutputs::of(&runtime, &services);
 
@@ -342,8 +342,8 @@ fn state_items(
         .map(|user| DynamoStateStore::<LocalTable>::head_key(namespace, user))
         .collect();
     let history_namespace = Namespace {
-        operator: namespace.operator.clone(),
         signature: SIGNATURE_HISTORY.to_owned(),
+        ..namespace.clone()
     };
     let history_pk =
         DynamoStateStore::<LocalTable>::head_key(&history_namespace, SIGNATURE_HISTORY).pk;

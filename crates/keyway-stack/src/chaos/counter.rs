@@ -105,12 +105,12 @@ async fn stored_counts(runtime: &LocalRuntime) -> Result<BTreeMap<String, u64>, 
     let table = runtime.resource("StateTable").expect("the state table");
     let store = keyway::lambda::Platform::state_store(runtime.services.as_ref(), &table)
         .map_err(crate::failed("the state table"))?;
-    let namespace = Namespace {
-        operator: "keyed-counter".into(),
-        signature: keyway::operator::state_signature(&keyway::KeyedOperator::states(
+    let namespace = Namespace::new(
+        "keyed-counter",
+        keyway::operator::state_signature(&keyway::KeyedOperator::states(
             &keyed_counter::KeyedCounter,
         )),
-    };
+    );
     let mut keys = Vec::new();
     let mut cursor = None;
     loop {

@@ -6,6 +6,7 @@
 pub mod changelog;
 pub mod dead_letter;
 pub mod debezium;
+pub mod dictionary;
 pub mod hash;
 pub mod invalid;
 pub mod item;
@@ -23,6 +24,7 @@ pub mod state;
 
 pub use changelog::RowChange;
 pub use dead_letter::{DeadLetter, DEAD_LETTER_SINK};
+pub use dictionary::Dictionary;
 pub use invalid::InvalidInput;
 pub use item::{AttrValue, Item};
 pub use output::{Output, OutputId};

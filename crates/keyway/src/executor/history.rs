@@ -31,8 +31,8 @@ impl<O: KeyedOperator> Executor<O> {
 
     async fn record_signature(&self, now: i64) -> Result<Option<(String, i64)>, StoreError> {
         let namespace = Namespace {
-            operator: self.namespace.operator.clone(),
             signature: HISTORY.into(),
+            ..self.namespace.clone()
         };
         let key = [HISTORY.to_owned()];
         for _ in 0..3 {

@@ -201,8 +201,8 @@ impl<O: KeyedOperator> Executor<O> {
                 break;
             }
             let namespace = Namespace {
-                operator: self.namespace.operator.clone(),
                 signature: signature.clone(),
+                ..self.namespace.clone()
             };
             let old = self.load_readable(&namespace, &missing, unreadable).await?;
             let migration = self.migrations.iter().find(|m| m.from == *signature);

@@ -75,8 +75,8 @@ pub use history::HISTORY as SIGNATURE_HISTORY;
 pub use report::BatchReport;
 pub use timers::{TimerSweep, TIMERS_PER_BATCH};
 
-use crate::domain::StateKind;
 use crate::domain::{stream_name_of, RejectedRecord, SourceRecord, DEAD_LETTER_SINK};
+use crate::domain::{Dictionary, StateKind};
 use crate::operator::{
     check_inputs, check_sinks, state_signature, BroadcastCache, Delivery, InputWiringError,
     KeyedOperator, Migration, SinkWiringError, StateDescriptor,
@@ -332,10 +332,13 @@ impl<O: KeyedOperator> Executor<O> {
             &declared,
             sinks.sinks.keys().map(String::as_str),
         )?;
-        let namespace = Namespace {
-            operator: operator.name().to_owned(),
-            signature: state_signature(&states),
-        };
+        let namespace = Namespace::new(operator.name(), state_signature(&states))
+            .with_dictionaries(
+                operator
+                    .state_dictionaries()
+                    .iter()
+                    .map(|text| Dictionary::new(text)),
+            );
         let (broadcast_states, states): (Vec<_>, Vec<_>) = states
             .into_iter()
             .partition(|s| s.kind == StateKind::Broadcast);

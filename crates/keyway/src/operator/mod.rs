@@ -218,6 +218,17 @@ pub trait KeyedOperator: Send + Sync + 'static {
     fn migrations(&self) -> Vec<Migration> {
         Vec::new()
     }
+
+    /// Samples of what the operator's state holds as stored (a key's head: JSON of its slots,
+    /// watermarks and outbox), newest first, as preset dictionaries for deflating it
+    /// (`domain::dictionary`): the state of a key above a KB is written deflated with the first,
+    /// and read with whichever it names. None by default. Never change one's text once state
+    /// was written with it (a key whose items name a dictionary the operator no longer has
+    /// cannot be read): put a new one in front, and keep the old one for as long as its items
+    /// may live.
+    fn state_dictionaries(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// The signature of an operator's state structure: a stable hash of its states' names, kinds and

@@ -22,7 +22,7 @@ pub async fn orphans<T: Table + 'static>(
             .filter_map(|i| i["sk"].as_s().map(str::to_owned))
             .collect();
     };
-    let accounted = DynamoStateStore::<T>::accounted_for(head);
+    let accounted = DynamoStateStore::<T>::accounted_for(head, &ns.dictionaries);
     items
         .iter()
         .filter_map(|i| i["sk"].as_s())
@@ -174,7 +174,8 @@ pub(super) async fn lost_responses<T: Table + 'static>(
     }
     let head_key = DynamoStateStore::<T>::head_key(ns, "lost");
     let head = store.table().get(&head_key).await.unwrap().unwrap();
-    let text = keyway::adapters::dynamodb::stored_text::read(&head, "doc", "{}", "doc");
+    let text =
+        keyway::adapters::dynamodb::stored_text::read(&head, "doc", "{}", "doc", &ns.dictionaries);
     let doc: serde_json::Value = serde_json::from_str(&text.unwrap()).expect("the head's doc");
     assert_eq!(doc["tk"].as_array().map(Vec::len), Some(TOKENS_KEPT));
 }

@@ -13,7 +13,7 @@ use super::{output, seq};
 use keyway::adapters::dynamodb::{
     DynamoStateStore, Expect, ItemKey, Table, WriteRequest, TOKENS_KEPT,
 };
-use keyway::domain::{Item, KeyState, Origin, SlotData, SlotUpdate};
+use keyway::domain::{Dictionary, Item, KeyState, Origin, SlotData, SlotUpdate};
 use keyway::ports::{
     Clock, Commit, Committed, LoadKey, ManualClock, Namespace, StateStore, StoreError, TimerIndex,
 };
@@ -164,10 +164,10 @@ pub async fn keep_store_promise<T: Table + 'static>(
     under: &StoreUnderTest<T>,
 ) {
     let (store, clock) = (&under.store, &*under.clock);
-    let ns = Namespace {
-        operator: "contract".into(),
-        signature: "0123456789abcdef".into(),
-    };
+    // With a preset dictionary, as an operator may declare: every promise holds for heads
+    // deflated with one (the store's own tests cover those deflated without).
+    let ns = Namespace::new("contract", "0123456789abcdef")
+        .with_dictionaries([Dictionary::new(CONTRACT_DICTIONARY)]);
     match promise {
         StorePromise::Basics => basics(store, &ns, clock).await,
         StorePromise::LargeLists => large_lists(store, &ns).await,
@@ -181,6 +181,9 @@ pub async fn keep_store_promise<T: Table + 'static>(
         StorePromise::KeyListing => key_listing(store).await,
     }
 }
+
+/// The preset dictionary of the contract's namespace: a head of the shape its promises write.
+const CONTRACT_DICTIONARY: &str = r#"{"wm":{"s/shardId-000000000000":{"s":"49000000000000000000000000000000","t":1}},"slots":{"buffer":{"e":["entry-0000","entry-0001"]}},"ob":{"e":[{"id":"0","sink":"out","partition_key":"k","body":"1"}]},"tk":[1]}"#;
 
 /// The whole `StateStore` contract, promise after promise, on one store.
 pub async fn state_store_contract<T: Table + 'static>(under: &StoreUnderTest<T>) {

@@ -5,10 +5,7 @@ use super::*;
 
 pub(super) async fn key_listing<T: Table + 'static>(store: &DynamoStateStore<T>) {
     // A namespace of its own: the listing sees every key of it.
-    let ns = Namespace {
-        operator: "listing".into(),
-        signature: "0123456789abcdef".into(),
-    };
+    let ns = Namespace::new("listing", "0123456789abcdef");
     let long = format!("rows#{}", "x".repeat(1_500));
     let mut keys: Vec<String> = (0..25).map(|n| format!("rows#{n:02}")).collect();
     keys.push(long);
@@ -27,10 +24,7 @@ pub(super) async fn key_listing<T: Table + 'static>(store: &DynamoStateStore<T>)
         .await
         .expect("commit");
     // Another namespace's keys stay out.
-    let other = Namespace {
-        operator: "listing2".into(),
-        signature: ns.signature.clone(),
-    };
+    let other = Namespace::new("listing2", ns.signature.clone());
     commit_one(
         store,
         &other,
@@ -105,10 +99,7 @@ pub(super) async fn basics<T: Table + 'static>(
     );
 
     // Other namespaces (another operator, another signature) see nothing of it.
-    let other = Namespace {
-        operator: "contract".into(),
-        signature: "fedcba9876543210".into(),
-    };
+    let other = Namespace::new("contract", "fedcba9876543210");
     assert_eq!(load_one(store, &other, "k1").await.version, 0);
 
     // Many keys load in one call of the store (more than one BatchGetItem).

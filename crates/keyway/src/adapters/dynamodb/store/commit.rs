@@ -3,6 +3,7 @@
 //! settled by reading it back. And clearing a committed outbox.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use futures::future::join_all;
 
@@ -16,7 +17,7 @@ use super::{
 };
 use crate::domain::item::item_size;
 use crate::domain::json::number;
-use crate::domain::{AttrValue, Item, StoreMemo};
+use crate::domain::{AttrValue, Dictionary, Item, StoreMemo};
 use crate::ports::{Commit, Committed, Namespace, StoreError};
 
 /// A commit made ready, borrowing from it: what wave 1 writes, then its head.
@@ -37,6 +38,8 @@ struct Prepared<'c> {
     undeleted: Vec<String>,
     /// Watermark items for watermarks leaving the head.
     evicted: Vec<Item>,
+    /// The operator's preset dictionaries: the head is deflated with the first.
+    dictionaries: Arc<[Dictionary]>,
 }
 
 impl Prepared<'_> {
@@ -90,7 +93,13 @@ impl Prepared<'_> {
 }
 
 /// The head item for the doc `text` at `version`.
-fn head_item(pk: &str, version: u64, text: String, ttl: Option<i64>) -> Result<Item, StoreError> {
+fn head_item(
+    pk: &str,
+    version: u64,
+    text: String,
+    ttl: Option<i64>,
+    dictionary: Option<&Dictionary>,
+) -> Result<Item, StoreError> {
     let mut item = ItemKey {
         pk: pk.to_owned(),
         sk: HEAD_SK.to_owned(),
@@ -109,7 +118,7 @@ fn head_item(pk: &str, version: u64, text: String, ttl: Option<i64>) -> Result<I
         )));
     }
     if let Some(AttrValue::S(text)) = item.remove(DOC) {
-        super::text::store(&mut item, DOC, text);
+        super::text::store(&mut item, DOC, text, dictionary);
     }
     Ok(item)
 }
@@ -186,6 +195,7 @@ impl<T: Table> DynamoStateStore<T> {
             abandoned: &loaded.pending,
             undeleted: Vec::new(),
             evicted,
+            dictionaries: namespace.dictionaries.clone(),
         })
     }
 
@@ -206,7 +216,7 @@ impl<T: Table> DynamoStateStore<T> {
             let version = p.commit.expected_version;
             let item = match p
                 .doc(true)
-                .and_then(|text| head_item(&p.pk, version + 1, text, p.ttl))
+                .and_then(|text| head_item(&p.pk, version + 1, text, p.ttl, p.dictionaries.first()))
             {
                 Ok(item) => item,
                 Err(err) => return self.settle(&p, err).await,
@@ -338,7 +348,11 @@ impl<T: Table> DynamoStateStore<T> {
         let Ok(current) = self.table.get(&head_key).await else {
             return Err(err);
         };
-        let (version, doc) = match current.as_ref().map(parse_head).transpose() {
+        let (version, doc) = match current
+            .as_ref()
+            .map(|head| parse_head(head, &p.dictionaries))
+            .transpose()
+        {
             Ok(head) => head.unwrap_or((0, HeadDoc::default())),
             Err(_) => return Err(err),
         };
@@ -368,7 +382,7 @@ impl<T: Table> DynamoStateStore<T> {
     /// it; the outbox's segments become garbage.
     pub(super) async fn clear_outboxes(
         &self,
-        _namespace: &Namespace,
+        namespace: &Namespace,
         committed: Vec<Committed>,
     ) -> Vec<Result<(), StoreError>> {
         let clears = committed.into_iter().map(|c| async move {
@@ -381,6 +395,7 @@ impl<T: Table> DynamoStateStore<T> {
                 c.version,
                 written.doc_without_outbox.clone(),
                 written.ttl,
+                namespace.dictionaries.first(),
             )?;
             match self.put_retrying(&item, &Expect::Version(c.version)).await {
                 Ok(()) => self.expire_cleared(&written.outbox_segments).await,

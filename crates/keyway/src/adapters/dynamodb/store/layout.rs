@@ -276,7 +276,7 @@ fn make_segment(
         )));
     }
     if let Some(AttrValue::S(text)) = item.remove(ENTRIES) {
-        super::text::store(&mut item, ENTRIES, text);
+        super::text::store(&mut item, ENTRIES, text, None);
     }
     layout.segment_puts.push(item);
     Ok(Segment {
@@ -317,7 +317,7 @@ mod tests {
         // Measured as text; stored deflated.
         let stored = &layout.segment_puts[0];
         assert!(item_size(stored) < ITEM_MAX_BYTES / 100);
-        let text = super::super::text::read(stored, ENTRIES, "[]", "e").unwrap();
+        let text = super::super::text::read(stored, ENTRIES, "[]", "e", &[]).unwrap();
         assert_eq!(text.len(), exact + 2, "the entry, in brackets");
         let over = make_segment("pk", &name, &[entry(exact + 1)], None, &mut layout);
         assert!(matches!(over, Err(StoreError::Invalid(_))), "{over:?}");

@@ -20,7 +20,9 @@
 //!   entries, the outbox — so the common batch costs one read and one conditional write per key.
 //!   It is JSON text (`doc`): cheap to write, readable in the console; above a KB it is stored
 //!   deflated beside (`docz`, B; see `text`), as segments' entries are (`ez`), since DynamoDB
-//!   bills a write by the item's bytes.
+//!   bills a write by the item's bytes. A head is deflated with its operator's preset
+//!   dictionary if it declares one (`KeyedOperator::state_dictionaries`), which takes many a
+//!   head of a few records under a KB.
 //! - Entries that do not fit the head (above `HEAD_INLINE_LIMIT`) move to immutable segment items
 //!   under the same partition key, the outbox's as the slots'. Segments are written before the
 //!   head that references them and never changed, so the conditional write of the head alone
@@ -82,7 +84,9 @@ use serde_json::value::RawValue;
 use super::{ItemKey, Table, ITEM_MAX_BYTES, VERSION};
 use crate::adapters::retry::Backoff;
 use crate::domain::hash::sha256_hex;
-use crate::domain::{AttrValue, Item, KeyState, Origin, Output, SlotData, StoreMemo, Watermarks};
+use crate::domain::{
+    AttrValue, Dictionary, Item, KeyState, Origin, Output, SlotData, StoreMemo, Watermarks,
+};
 use crate::ports::{
     Clock, Commit, Committed, KeyPage, LoadKey, Namespace, StateStore, StoreError, StoreLimits,
     TimerIndex,
@@ -155,10 +159,13 @@ impl<T: Table> DynamoStateStore<T> {
 
     /// The sort keys of every segment `head` references or lists as garbage or pending: all a
     /// key's segment items should be among them (tests and tools check there are no others).
-    pub fn accounted_for(head: &Item) -> std::collections::HashSet<String> {
+    pub fn accounted_for(
+        head: &Item,
+        dictionaries: &[Dictionary],
+    ) -> std::collections::HashSet<String> {
         let pk = head.get(super::PK).and_then(AttrValue::as_s).unwrap_or("");
         let mut keys: std::collections::HashSet<String> = pending_of(head).into_iter().collect();
-        if let Ok((_, doc)) = parse_head(head) {
+        if let Ok((_, doc)) = parse_head(head, dictionaries) {
             keys.extend(commit::referenced(pk, &doc));
             keys.extend(doc.gc);
         }
@@ -224,10 +231,10 @@ fn pending_of(item: &Item) -> Vec<String> {
     }
 }
 
-/// A head item parsed: its version and doc.
-fn parse_head(item: &Item) -> Result<(u64, HeadDoc), StoreError> {
+/// A head item parsed: its version and doc, inflated with whichever of `dictionaries` it names.
+fn parse_head(item: &Item, dictionaries: &[Dictionary]) -> Result<(u64, HeadDoc), StoreError> {
     let version = number(item, VERSION)?.unwrap_or(0) as u64;
-    let text = text::read(item, DOC, "{}", "the head's doc")?;
+    let text = text::read(item, DOC, "{}", "the head's doc", dictionaries)?;
     let doc: HeadDoc = serde_json::from_str(&text)
         .map_err(|e| StoreError::Corrupt(format!("head doc does not parse: {e}")))?;
     Ok((version, doc))
@@ -245,7 +252,8 @@ fn list_entries(
         let item = items.get(&key).ok_or_else(|| {
             StoreError::Corrupt(format!("segment {} of {} is missing", key.sk, key.pk))
         })?;
-        let text = text::read(item, ENTRIES, "[]", &format!("segment {}", key.sk))?;
+        // Segments are deflated without a dictionary: at tens of KB, they gain little from one.
+        let text = text::read(item, ENTRIES, "[]", &format!("segment {}", key.sk), &[])?;
         let mut part: Vec<Box<RawValue>> = serde_json::from_str(&text)
             .map_err(|e| StoreError::Corrupt(format!("segment {} does not parse: {e}", key.sk)))?;
         entries.append(&mut part);
@@ -370,7 +378,7 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
                 states.insert(request.key.to_owned(), KeyState::default());
                 continue;
             };
-            let (version, doc) = parse_head(item)?;
+            let (version, doc) = parse_head(item, &namespace.dictionaries)?;
             let expired = doc.exp.is_some_and(|t| t <= now_secs);
             // Watermark items are read only for lineages the head does not hold, once some moved.
             let lineages = if doc.wx {
@@ -454,7 +462,7 @@ impl<T: Table + 'static> StateStore for DynamoStateStore<T> {
         let mut keys = Vec::new();
         for item in &page.items {
             let pk = item.get(super::PK).and_then(AttrValue::as_s).unwrap_or("");
-            let (_, doc) = parse_head(item)?;
+            let (_, doc) = parse_head(item, &namespace.dictionaries)?;
             // A key whose slots are gone (a deleted row keeps its watermarks) has no state.
             if doc.slots.is_empty() || doc.exp.is_some_and(|t| t <= now_secs) {
                 continue;
@@ -484,10 +492,7 @@ mod tests {
 
     #[test]
     fn long_keys_are_stored_under_their_hash() {
-        let ns = Namespace {
-            operator: "op".into(),
-            signature: "abc".into(),
-        };
+        let ns = Namespace::new("op", "abc");
         let short = partition_key(&ns, "customer#AKIA1");
         assert_eq!(short, "op#abc#customer#AKIA1");
         let long = partition_key(&ns, &"k".repeat(5000));
@@ -504,10 +509,7 @@ mod tests {
         Arc<crate::adapters::dynamodb::MemoryTable>,
         MemoryStore,
     ) {
-        let ns = Namespace {
-            operator: "op".into(),
-            signature: "abc".into(),
-        };
+        let ns = Namespace::new("op", "abc");
         let table = Arc::new(crate::adapters::dynamodb::MemoryTable::new());
         let store = DynamoStateStore::new(table.clone(), crate::ports::ManualClock::at(0));
         (ns, table, store)
@@ -536,7 +538,7 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap();
-            let (_, doc) = parse_head(&head).unwrap();
+            let (_, doc) = parse_head(&head, &[]).unwrap();
             assert_eq!(doc.key.is_some(), spelled, "a key of {len} bytes");
         }
     }
