@@ -298,6 +298,7 @@ pub fn state_rows(items: &[Item], operator: &str, slots: &[&str]) -> usize {
     });
     heads
         .map(|i| {
+            // The CDC join's operators declare no preset dictionary.
             let doc = keyway::adapters::dynamodb::stored_text::read(i, "doc", "{}", "doc", &[]);
             let doc: Value = doc
                 .ok()

@@ -278,6 +278,19 @@ pub enum WiringError {
         /// Why its structure cannot be traced.
         problem: String,
     },
+    /// Two of an operator's preset dictionaries have one name: an item naming it could be
+    /// inflated with the wrong one.
+    #[error("operator {operator}: state_dictionaries {first} and {second} are both named {id}; change neither (items name them), add one of other text")]
+    DictionaryNames {
+        /// The operator's name.
+        operator: String,
+        /// The name both have.
+        id: String,
+        /// Their places in `state_dictionaries`.
+        first: usize,
+        /// The second's place.
+        second: usize,
+    },
     /// An operator that says it is stateless declares states or outbox delivery.
     #[error("operator {operator} is stateless but {problem}")]
     Stateless {
@@ -286,6 +299,27 @@ pub enum WiringError {
         /// What it declares that a stateless operator cannot have.
         problem: String,
     },
+}
+
+/// Where `operator`'s state lives, with its preset dictionaries, each of a name of its own.
+fn namespace_of<O: KeyedOperator>(
+    operator: &O,
+    states: &[StateDescriptor],
+) -> Result<Namespace, WiringError> {
+    let texts = operator.state_dictionaries();
+    let dictionaries: Vec<Dictionary> = texts.iter().map(|text| Dictionary::new(text)).collect();
+    for (second, d) in dictionaries.iter().enumerate() {
+        let same = dictionaries[..second].iter().position(|o| o.id() == d.id());
+        if let Some(first) = same.filter(|&first| texts[first] != texts[second]) {
+            return Err(WiringError::DictionaryNames {
+                operator: operator.name().to_owned(),
+                id: d.id().to_owned(),
+                first,
+                second,
+            });
+        }
+    }
+    Ok(Namespace::new(operator.name(), state_signature(states)).with_dictionaries(dictionaries))
 }
 
 impl<O: KeyedOperator> Executor<O> {
@@ -332,13 +366,7 @@ impl<O: KeyedOperator> Executor<O> {
             &declared,
             sinks.sinks.keys().map(String::as_str),
         )?;
-        let namespace = Namespace::new(operator.name(), state_signature(&states))
-            .with_dictionaries(
-                operator
-                    .state_dictionaries()
-                    .iter()
-                    .map(|text| Dictionary::new(text)),
-            );
+        let namespace = namespace_of(&operator, &states)?;
         let (broadcast_states, states): (Vec<_>, Vec<_>) = states
             .into_iter()
             .partition(|s| s.kind == StateKind::Broadcast);
@@ -509,6 +537,7 @@ mod tests {
     use crate::adapters::dynamodb::DynamoStateStore;
     use crate::adapters::dynamodb::MemoryTable;
     use crate::domain::Output;
+    use crate::operator::{Ctx, InvalidInput, ProcessError};
     use crate::ports::{ManualClock, SinkError};
 
     /// A sink that takes messages of up to 1 MiB, as a Kinesis stream does.
@@ -667,5 +696,77 @@ mod tests {
         .limits()
         .max_entry_bytes;
         assert_eq!(limit_of(true), entry - 1024);
+    }
+
+    /// Declares `dictionaries`; a summer otherwise.
+    struct Declaring(&'static [&'static str]);
+
+    impl KeyedOperator for Declaring {
+        type Input = (String, i64);
+
+        fn name(&self) -> &str {
+            "declaring"
+        }
+
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![super::testkit::SUM.descriptor()]
+        }
+
+        fn sinks(&self) -> Vec<crate::operator::SinkDescriptor> {
+            Vec::new()
+        }
+
+        fn decode(&self, record: &SourceRecord) -> Result<(String, i64), InvalidInput> {
+            super::testkit::key_and_n(record)
+        }
+
+        fn key(&self, input: &(String, i64)) -> String {
+            input.0.clone()
+        }
+
+        fn process(&self, _: &mut Ctx<'_>, _: (String, i64)) -> Result<(), ProcessError> {
+            Ok(())
+        }
+
+        fn state_dictionaries(&self) -> &'static [&'static str] {
+            self.0
+        }
+    }
+
+    #[test]
+    fn an_operator_whose_two_dictionaries_share_a_name_is_refused_when_it_is_built() {
+        // Two texts whose names agree: found among texts of the 32-bit name's birthday bound.
+        let mut seen = HashMap::new();
+        let (a, b) = (0u32..)
+            .find_map(|n| {
+                let text = format!("sample {n}");
+                let id = Dictionary::new(Box::leak(text.clone().into_boxed_str()))
+                    .id()
+                    .to_owned();
+                seen.insert(id, text.clone()).map(|earlier| (earlier, text))
+            })
+            .expect("two texts of one name");
+        let texts: &'static [&'static str] = Box::leak(Box::new([
+            &*Box::leak(a.into_boxed_str()),
+            &*Box::leak(b.into_boxed_str()),
+        ]));
+        let build = |texts| {
+            let table = Arc::new(MemoryTable::new());
+            let clock = ManualClock::at(0);
+            let store = Arc::new(DynamoStateStore::new(table, clock.clone()));
+            Executor::new(Declaring(texts), store, Sinks::new(Arc::new(Wide)), clock)
+        };
+        assert!(matches!(
+            build(texts),
+            Err(WiringError::DictionaryNames {
+                first: 0,
+                second: 1,
+                ..
+            })
+        ));
+        // One text twice is the same dictionary.
+        let twice: &'static [&'static str] = Box::leak(Box::new([texts[0], texts[0]]));
+        let built = build(twice).expect("one dictionary, named once");
+        assert_eq!(built.namespace().dictionaries.len(), 2);
     }
 }

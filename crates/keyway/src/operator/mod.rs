@@ -221,11 +221,11 @@ pub trait KeyedOperator: Send + Sync + 'static {
 
     /// Samples of what the operator's state holds as stored (a key's head: JSON of its slots,
     /// watermarks and outbox), newest first, as preset dictionaries for deflating it
-    /// (`domain::dictionary`): the state of a key above a KB is written deflated with the first,
-    /// and read with whichever it names. None by default. Never change one's text once state
-    /// was written with it (a key whose items name a dictionary the operator no longer has
-    /// cannot be read): put a new one in front, and keep the old one for as long as its items
-    /// may live.
+    /// (`domain::dictionary`): a key's head above a KB is written deflated with the first, and
+    /// read with whichever it names (segments, tens of KB each, are deflated without). None by
+    /// default. Never change one's text once state was written with it (a key whose head names
+    /// a dictionary the operator no longer has cannot be read, and its records wait): put a new
+    /// one in front, and keep the old one until no item names it.
     fn state_dictionaries(&self) -> &'static [&'static str] {
         &[]
     }

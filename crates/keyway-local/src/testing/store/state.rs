@@ -4,8 +4,10 @@
 use super::*;
 
 pub(super) async fn key_listing<T: Table + 'static>(store: &DynamoStateStore<T>) {
-    // A namespace of its own: the listing sees every key of it.
-    let ns = Namespace::new("listing", "0123456789abcdef");
+    // A namespace of its own: the listing sees every key of it. Its heads are deflated with a
+    // dictionary, as the contract's are.
+    let ns = Namespace::new("listing", "0123456789abcdef")
+        .with_dictionaries([Dictionary::new(super::CONTRACT_DICTIONARY)]);
     let long = format!("rows#{}", "x".repeat(1_500));
     let mut keys: Vec<String> = (0..25).map(|n| format!("rows#{n:02}")).collect();
     keys.push(long);

@@ -159,6 +159,8 @@ impl<T: Table> DynamoStateStore<T> {
 
     /// The sort keys of every segment `head` references or lists as garbage or pending: all a
     /// key's segment items should be among them (tests and tools check there are no others).
+    /// `dictionaries` are its operator's: a head that cannot be read without one accounts for
+    /// its pending segments alone, so its others show as unaccounted for.
     pub fn accounted_for(
         head: &Item,
         dictionaries: &[Dictionary],

@@ -16,9 +16,10 @@
 //! deflated first and flushed to a byte boundary (a sync flush), the text after it, and only what
 //! follows the flush is kept. Its back-references reach into the dictionary, so it inflates
 //! behind the dictionary written out as stored blocks, whose inflated bytes are then dropped.
-//! A reader without the dictionary an item names refuses it as corrupt, as above; so does a
-//! release before this one, which knows no dictionary: the text it inflates without one is not
-//! the head's JSON, or does not inflate at all.
+//! A reader without the dictionary an item names refuses it as corrupt, as above. So does a
+//! release before this one, which knows no dictionary: inflated without it, the text does not
+//! inflate or is not the head's JSON (a back-reference into the dictionary reads zeros), unless
+//! it reaches into the dictionary nowhere, and then it is the right text.
 
 use std::borrow::Cow;
 use std::io::Read as _;
@@ -74,7 +75,7 @@ fn deflate(text: &[u8], dictionary: Option<&[u8]>) -> Vec<u8> {
     // The default level, not the fastest: it makes the key's head about a tenth smaller, which
     // takes many heads of a few records under a KB, a write unit less each.
     let mut compress = Compress::new(Compression::default(), false);
-    let mut out = Vec::with_capacity(text.len() / 4 + dictionary.map_or(0, <[u8]>::len) / 2);
+    let mut out = Vec::new();
     let Some(dictionary) = dictionary else {
         run(&mut compress, text, &mut out, FlushCompress::Finish);
         return out;
@@ -85,10 +86,18 @@ fn deflate(text: &[u8], dictionary: Option<&[u8]>) -> Vec<u8> {
     out.split_off(flushed)
 }
 
+/// What a sync flush ends with: an empty stored block, which leaves the stream on a byte
+/// boundary.
+const SYNC_MARKER: [u8; 4] = [0, 0, 0xff, 0xff];
+
 /// Feeds all of `input` to `compress`, and flushes as `flush` says, into `out`.
 fn run(compress: &mut Compress, mut input: &[u8], out: &mut Vec<u8>, flush: FlushCompress) {
     loop {
-        out.reserve(input.len() / 2 + 256);
+        // Room for the most deflate can make of the input (stored blocks: 5 bytes of header per
+        // 64 KB) and what it holds back: one call then takes and flushes all of it. A call that
+        // runs out of room may return having written only output it held back, the flush not
+        // yet made.
+        out.reserve(input.len() + input.len() / 8 + 1024);
         let before = compress.total_in();
         // Deflating into memory cannot fail.
         let status = compress
@@ -97,8 +106,7 @@ fn run(compress: &mut Compress, mut input: &[u8], out: &mut Vec<u8>, flush: Flus
         input = &input[(compress.total_in() - before) as usize..];
         let done = match flush {
             FlushCompress::Finish => status == Status::StreamEnd,
-            // All taken, and room left over: the flush is complete.
-            _ => input.is_empty() && out.len() < out.capacity(),
+            _ => input.is_empty() && out.ends_with(&SYNC_MARKER) && out.len() < out.capacity(),
         };
         if done {
             return;
@@ -339,5 +347,28 @@ mod tests {
         let alone = DeflateDecoder::new(bytes.as_slice()).read_to_string(&mut inflated);
         let parsed = alone.map(|_| serde_json::from_str::<serde_json::Value>(&inflated));
         assert!(!matches!(parsed, Ok(Ok(_))), "{inflated}");
+    }
+
+    /// A dictionary that barely deflates fills deflate's buffers before the sync flush, which
+    /// then needs more than one call.
+    #[test]
+    fn a_dictionary_of_a_full_window_that_does_not_deflate_still_round_trips() {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let noise: String = (0..crate::domain::dictionary::WINDOW - 100)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                char::from(b'!' + (state % 90) as u8)
+            })
+            .collect();
+        let dictionary = Dictionary::new(Box::leak(noise.into_boxed_str()));
+        let text = some_records();
+        let mut item = Item::new();
+        store(&mut item, "doc", text.clone(), Some(&dictionary));
+        assert_eq!(
+            read(&item, "doc", "{}", "doc", &[dictionary]).unwrap(),
+            text
+        );
     }
 }
