@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use keyway::lambda::{FunctionError, Handler, Invocation};
+use keyway::lambda::{FunctionError, Handler, Invocation, Response};
 use serde_json::Value;
 
 /// One record as the function saw it.
@@ -77,7 +77,11 @@ impl Scripted {
 
 #[async_trait]
 impl Handler for Scripted {
-    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(
+        &self,
+        event: &str,
+        invocation: &Invocation,
+    ) -> Result<Response, FunctionError> {
         self.deadlines
             .lock()
             .unwrap()
@@ -112,6 +116,7 @@ impl Handler for Scripted {
             tokio::time::sleep(self.duration).await;
         }
         self.in_flight.lock().unwrap().0 -= 1;
-        (self.script)(index, &records)
+        // A script answers as any function may, malformed responses included.
+        (self.script)(index, &records).map(Response::Json)
     }
 }

@@ -852,7 +852,11 @@ struct Recording {
 
 #[async_trait::async_trait]
 impl keyway::lambda::Handler for Recording {
-    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(
+        &self,
+        event: &str,
+        invocation: &Invocation,
+    ) -> Result<keyway::lambda::Response, FunctionError> {
         self.events
             .lock()
             .unwrap()

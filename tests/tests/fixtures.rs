@@ -266,6 +266,7 @@ async fn the_identity_enricher_batches_resolve_alice_wait_for_her_session_and_de
                 .handle(&event, &Invocation::default())
                 .await
                 .unwrap()
+                .to_json()
         }
     };
     let enriched = |world: &World| -> Vec<Value> {
@@ -370,12 +371,14 @@ impl Filtering {
     }
 }
 
+/// `handler`'s response to the event in `path`, as Lambda reads it.
 async fn invoke_with(handler: &dyn keyway::lambda::Handler, path: &str) -> Value {
     let text = serde_json::to_string(&fixture(path)).unwrap();
     handler
         .handle(&text, &keyway::lambda::Invocation::default())
         .await
         .unwrap()
+        .to_json()
 }
 
 #[tokio::test]

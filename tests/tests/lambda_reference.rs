@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use keyway::adapters::kinesis::PutOutcome;
 use keyway::domain::{AttrValue, Item};
-use keyway::lambda::{FunctionError, Handler, Invocation};
+use keyway::lambda::{FunctionError, Handler, Invocation, Response};
 use keyway_local::{
     FaultPlan, KeySchema, LocalRuntime, LocalServices, MappingSettings, MappingSource,
 };
@@ -142,14 +142,15 @@ impl Recorder {
 
 #[async_trait::async_trait]
 impl Handler for Recorder {
-    async fn handle(&self, event: &str, _: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(&self, event: &str, _: &Invocation) -> Result<Response, FunctionError> {
         let event: Value = serde_json::from_str(event).expect("the event is JSON");
         let index = {
             let mut events = self.events.lock().unwrap();
             events.push(event.clone());
             events.len() - 1
         };
-        (self.answer)(index, &event)
+        // Answers as Lambda's published responses are written: JSON.
+        (self.answer)(index, &event).map(Response::Json)
     }
 }
 

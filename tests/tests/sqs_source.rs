@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use keyway::lambda::{FunctionError, Handler, Invocation};
+use keyway::lambda::{FunctionError, Handler, Invocation, Response};
 use keyway::ports::Clock;
 use keyway_local::{Factory, FaultPlan, LocalRuntime, LocalServices};
 use serde_json::{json, Value};
@@ -60,7 +60,7 @@ impl Consumer {
 
 #[async_trait]
 impl Handler for Consumer {
-    async fn handle(&self, event: &str, _: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(&self, event: &str, _: &Invocation) -> Result<Response, FunctionError> {
         let event: Value = serde_json::from_str(event).unwrap();
         let at = self.clock.lock().unwrap().as_ref().unwrap().now_millis() - EPOCH;
         let batch: Vec<Message> = event["Records"]
@@ -89,7 +89,8 @@ impl Handler for Consumer {
             batches.push(batch.clone());
             batches.len() - 1
         };
-        (self.script)(call, &batch)
+        // An SQS batch's partial batch response, as the script writes it.
+        (self.script)(call, &batch).map(Response::Json)
     }
 }
 

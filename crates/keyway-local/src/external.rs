@@ -316,7 +316,11 @@ enum Ended {
 
 #[async_trait]
 impl Handler for ExternalFunction {
-    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(
+        &self,
+        event: &str,
+        invocation: &Invocation,
+    ) -> Result<keyway::lambda::Response, FunctionError> {
         let mut environment = self.environment.lock().await;
         // A process that exited while idle is replaced, as Lambda replaces its environment.
         if let Some(running) = environment.as_mut() {
@@ -334,11 +338,13 @@ impl Handler for ExternalFunction {
         let running = environment.as_mut().expect("started above");
         match self.run(running, event, invocation, timeout).await {
             Ok(Outcome::Response(body)) if body.iter().all(u8::is_ascii_whitespace) => {
-                Ok(Value::Null)
+                Ok(keyway::lambda::Response::Json(Value::Null))
             }
-            Ok(Outcome::Response(body)) => serde_json::from_slice(&body).map_err(|e| {
-                FunctionError::Failed(format!("the function's response is not JSON: {e}"))
-            }),
+            Ok(Outcome::Response(body)) => serde_json::from_slice(&body)
+                .map(keyway::lambda::Response::Json)
+                .map_err(|e| {
+                    FunctionError::Failed(format!("the function's response is not JSON: {e}"))
+                }),
             Ok(Outcome::Error(error)) => Err(FunctionError::Failed(error)),
             Err(Ended::Exited(why)) => {
                 // Lambda replaces an environment whose runtime exited.

@@ -26,7 +26,7 @@ use async_trait::async_trait;
 use keyway::domain::debezium::Position;
 use keyway::domain::hash::xxh3_128_hex;
 use keyway::domain::{KeyState, Output, OutputId, SlotData};
-use keyway::lambda::{is_scheduled, FunctionError, Handler, Invocation, StreamHandler};
+use keyway::lambda::{is_scheduled, FunctionError, Handler, Invocation, Response, StreamHandler};
 use keyway::operator::BROADCAST_KEY;
 use keyway::ports::{Clock, Commit, Namespace, Sink, SinkError, StateStore, StoreError};
 use serde::{Deserialize, Serialize};
@@ -362,7 +362,11 @@ pub struct RekeyHandler {
 
 #[async_trait]
 impl Handler for RekeyHandler {
-    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(
+        &self,
+        event: &str,
+        invocation: &Invocation,
+    ) -> Result<Response, FunctionError> {
         let scheduled = serde_json::from_str::<Value>(event).is_ok_and(|e| is_scheduled(&e));
         if !scheduled {
             return self.stream.handle(event, invocation).await;
@@ -372,6 +376,8 @@ impl Handler for RekeyHandler {
             .sweep(invocation.deadline_millis)
             .await
             .map_err(|e| FunctionError::Failed(format!("the truncate sweep failed: {e}")))?;
-        Ok(serde_json::to_value(report).expect("a report serializes"))
+        Ok(Response::Json(
+            serde_json::to_value(report).expect("a report serializes"),
+        ))
     }
 }

@@ -36,11 +36,10 @@ use async_trait::async_trait;
 use keyway::domain::metrics::Emf;
 use keyway::lambda::{
     executor_config, observed, read_table_from, required, sink_from, ConfigError, Env,
-    FunctionError, Handler, Invocation, Platform, SetupError, StreamHandler,
+    FunctionError, Handler, Invocation, Platform, Response, SetupError, StreamHandler,
 };
 use keyway::ports::{Clock, MetricLog, StoreError};
 use keyway::{Executor, Sinks};
-use serde_json::Value;
 
 use filter::{DynamicFilter, DEFAULT_KEY_POINTER, DELIVERIES};
 use index::SubscriptionIndex;
@@ -151,7 +150,11 @@ impl FilterHandler {
 
 #[async_trait]
 impl Handler for FilterHandler {
-    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(
+        &self,
+        event: &str,
+        invocation: &Invocation,
+    ) -> Result<Response, FunctionError> {
         self.refresh()
             .await
             .map_err(FunctionError::store("reading the filter state"))?;

@@ -28,7 +28,7 @@ use dynamic_filter::subscription::{Identity, Subscription, Target};
 use keyway::adapters::dynamodb::{ItemKey, Table, TTL};
 use keyway::domain::pattern::Pattern;
 use keyway::domain::{AttrValue, Output, OutputId, Payload};
-use keyway::lambda::{Env, FunctionError, Handler, Invocation, Platform};
+use keyway::lambda::{Env, FunctionError, Handler, Invocation, Platform, Response};
 use keyway::ports::Sink;
 use keyway_local::mapping::events::{kinesis_event_json, KinesisEventRecord};
 use keyway_local::{thread_cpu_time, FaultPlan, KeySchema, LocalServices, MeterSnapshot};
@@ -249,11 +249,9 @@ async fn drive(
             .await
             .map_err(|e: FunctionError| format!("a batch failed: {e}"))?;
         cpu += thread_cpu_time() - start;
-        if response["batchItemFailures"]
-            .as_array()
-            .is_some_and(|f| !f.is_empty())
-        {
-            return Err(format!("a batch reported failures: {response}").into());
+        let failures = response.batch_item_failures();
+        if !failures.is_empty() {
+            return Err(format!("a batch reported failures: {failures:?}").into());
         }
     }
     Ok(cpu.saturating_sub(services_cpu(services) - service_before))
@@ -424,7 +422,7 @@ struct Lookup {
 
 #[async_trait]
 impl Handler for Lookup {
-    async fn handle(&self, event: &str, _: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(&self, event: &str, _: &Invocation) -> Result<Response, FunctionError> {
         let records = keyway::sources::kinesis::decode_event(event)
             .map_err(|e| FunctionError::Failed(e.to_string()))?;
         let mut outputs = Vec::new();
@@ -488,7 +486,7 @@ impl Handler for Lookup {
                 failed.len()
             )));
         }
-        Ok(json!({"batchItemFailures": []}))
+        Ok(Response::Kinesis(Default::default()))
     }
 }
 

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::Value;
 
 use keyway_local::thread_cpu_time;
 
@@ -22,8 +21,8 @@ impl keyway::lambda::Handler for NoOp {
         &self,
         _event: &str,
         _: &keyway::lambda::Invocation,
-    ) -> Result<Value, keyway::lambda::FunctionError> {
-        Ok(serde_json::json!({ "batchItemFailures": [] }))
+    ) -> Result<keyway::lambda::Response, keyway::lambda::FunctionError> {
+        Ok(keyway::lambda::Response::Kinesis(Default::default()))
     }
 
     /// Takes a Kinesis batch as the keyed counter's handler does, without its JSON.
@@ -31,8 +30,8 @@ impl keyway::lambda::Handler for NoOp {
         &self,
         _batch: &keyway::sources::kinesis::KinesisBatch,
         _: &keyway::lambda::Invocation,
-    ) -> Result<Value, keyway::lambda::FunctionError> {
-        Ok(serde_json::json!({ "batchItemFailures": [] }))
+    ) -> Result<keyway::lambda::Response, keyway::lambda::FunctionError> {
+        Ok(keyway::lambda::Response::Kinesis(Default::default()))
     }
 }
 

@@ -484,8 +484,7 @@ impl Launched {
             deadline_millis: None,
         };
         let failed = match &self.function.handle(event, &invocation).await {
-            Ok(answer) => answer["batchItemFailures"]
-                .as_array()
+            Ok(answer) => Some(answer.batch_item_failures())
                 .filter(|failures| !failures.is_empty())
                 .map(|failures| format!("batchItemFailures {failures:?}")),
             Err(e) => Some(e.to_string()),

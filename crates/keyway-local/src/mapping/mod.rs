@@ -400,7 +400,10 @@ pub(crate) async fn invoke(
         cpu,
     };
     let result = match outcome {
-        Ok(Ok(result)) => result.map_err(|_: FunctionError| Failed::Error),
+        // Lambda reads the response as JSON, whatever wrote it, malformed ones included.
+        Ok(Ok(result)) => result
+            .map(|response| response.to_json())
+            .map_err(|_: FunctionError| Failed::Error),
         Ok(Err(payload)) if payload.is::<Crash>() => Err(Failed::Crashed),
         // A panic that is not an injected crash is a bug: let it fail the run.
         Ok(Err(payload)) => std::panic::resume_unwind(payload),

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::domain::InvalidInput;
-use crate::executor::{BatchReport, Executor};
+use crate::executor::{BatchReport, Executor, TimerSweep};
 use crate::operator::KeyedOperator;
 use crate::ports::StoreError;
 use crate::sources::kinesis::KinesisBatch;
@@ -53,6 +53,56 @@ pub struct Invocation {
     pub deadline_millis: Option<i64>,
 }
 
+/// What a function answers an invocation. Lambda reads it as JSON (`to_json`): for a stream
+/// batch, the records to retry.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Response {
+    /// A Kinesis batch's partial batch response.
+    Kinesis(KinesisEventResponse),
+    /// A DynamoDB Streams batch's partial batch response.
+    DynamoDb(DynamoDbEventResponse),
+    /// What a sweep of due timers did, on the function's schedule.
+    TimerSweep(TimerSweep),
+    /// Any other answer, as JSON: a report of the function's own (the CDC join's truncate
+    /// sweep), an SQS batch's response, what a function behind the Runtime API sent.
+    Json(Value),
+}
+
+impl Response {
+    /// The response as Lambda reads it.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).expect("a response serializes")
+    }
+
+    /// The item identifiers its `batchItemFailures` names: the records (a stream's sequence
+    /// numbers, SQS message ids) Lambda is asked to retry; none for a response without the list.
+    pub fn batch_item_failures(&self) -> Vec<String> {
+        match self {
+            Self::Kinesis(r) => r
+                .batch_item_failures
+                .iter()
+                .filter_map(|f| f.item_identifier.clone())
+                .collect(),
+            Self::DynamoDb(r) => r
+                .batch_item_failures
+                .iter()
+                .filter_map(|f| f.item_identifier.clone())
+                .collect(),
+            Self::TimerSweep(_) => Vec::new(),
+            Self::Json(value) => value["batchItemFailures"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|f| match &f["itemIdentifier"] {
+                    Value::String(id) => id.clone(),
+                    other => other.to_string(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A Lambda function as the event source mapping sees it: an event's JSON text in, a response
 /// out. Text, as Lambda hands the payload to the function's runtime, which parses it; a Kinesis
 /// batch from the embedded runtime in this process may be taken as its records instead.
@@ -60,7 +110,8 @@ pub struct Invocation {
 pub trait Handler: Send + Sync {
     /// Runs the event (its JSON text) and answers what Lambda gets back: for a stream batch,
     /// which records to retry.
-    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError>;
+    async fn handle(&self, event: &str, invocation: &Invocation)
+        -> Result<Response, FunctionError>;
 
     /// A Kinesis batch, from an event source mapping of the embedded runtime in this process.
     /// By default its event's JSON text goes to `handle`, as Lambda sends it; a handler that
@@ -69,7 +120,7 @@ pub trait Handler: Send + Sync {
         &self,
         batch: &KinesisBatch,
         invocation: &Invocation,
-    ) -> Result<Value, FunctionError> {
+    ) -> Result<Response, FunctionError> {
         self.handle(&batch.to_event_json(), invocation).await
     }
 }
@@ -95,7 +146,11 @@ impl<O: KeyedOperator> StreamHandler<O> {
 
 #[async_trait]
 impl<O: KeyedOperator> Handler for StreamHandler<O> {
-    async fn handle(&self, event: &str, invocation: &Invocation) -> Result<Value, FunctionError> {
+    async fn handle(
+        &self,
+        event: &str,
+        invocation: &Invocation,
+    ) -> Result<Response, FunctionError> {
         let failed = |e: InvalidInput| FunctionError::Source(SourceError::Event(e));
         let Some(records) = Envelope::parse(event).map_err(failed)? else {
             // JSON, as the envelope read it; but a member the envelope skipped may nest past
@@ -112,7 +167,7 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
                 .fire_timers(invocation.deadline_millis)
                 .await
                 .map_err(FunctionError::store("the timer sweep"))?;
-            return Ok(serde_json::to_value(sweep).expect("a sweep serializes"));
+            return Ok(Response::TimerSweep(sweep));
         };
         let started = std::time::Instant::now();
         // The records were read once above: decoded here, not read from the text again.
@@ -128,7 +183,7 @@ impl<O: KeyedOperator> Handler for StreamHandler<O> {
         &self,
         batch: &KinesisBatch,
         invocation: &Invocation,
-    ) -> Result<Value, FunctionError> {
+    ) -> Result<Response, FunctionError> {
         let started = std::time::Instant::now();
         self.run(batch.decode(), false, invocation, started).await
     }
@@ -142,7 +197,7 @@ impl<O: KeyedOperator> StreamHandler<O> {
         dynamodb: bool,
         invocation: &Invocation,
         started: std::time::Instant,
-    ) -> Result<Value, FunctionError> {
+    ) -> Result<Response, FunctionError> {
         let source = BatchSource::of(&batch, dynamodb);
         let report = self
             .executor
@@ -151,11 +206,10 @@ impl<O: KeyedOperator> StreamHandler<O> {
         // Logged before the verdict: an invocation that fails as a whole has its line too.
         source.log(self.executor.namespace(), &report, started.elapsed());
         let report = checked(report)?;
-        let response = match dynamodb {
-            true => serde_json::to_value(dynamodb_response(&report)),
-            false => serde_json::to_value(kinesis_response(&report)),
-        };
-        Ok(response.expect("a response serializes"))
+        Ok(match dynamodb {
+            true => Response::DynamoDb(dynamodb_response(&report)),
+            false => Response::Kinesis(kinesis_response(&report)),
+        })
     }
 }
 
@@ -392,7 +446,10 @@ mod tests {
             "the event's Records: the event has no Records array"
         );
         let empty = call("{\"Records\": []}").await.unwrap();
-        assert_eq!(empty, serde_json::json!({"batchItemFailures": []}));
+        assert_eq!(
+            empty.to_json(),
+            serde_json::json!({"batchItemFailures": []})
+        );
     }
 
     /// Log lines written while a test runs, as a function's JSON subscriber writes them.
@@ -470,7 +527,7 @@ mod tests {
         let invocation = Invocation::default();
         let response = handler.handle(&event, &invocation).instrument(span).await;
         assert_eq!(
-            response.unwrap(),
+            response.unwrap().to_json(),
             serde_json::json!({"batchItemFailures": []})
         );
 
@@ -552,6 +609,36 @@ mod tests {
         assert_eq!(
             serde_json::to_value(dynamodb_response(&report)).unwrap(),
             serde_json::json!({"batchItemFailures": [{"itemIdentifier": "4959"}]})
+        );
+    }
+
+    #[test]
+    fn a_response_names_the_records_to_retry_whichever_its_kind() {
+        let report = BatchReport {
+            failed_from: Some(SequenceNumber::parse("49007").unwrap()),
+            ..BatchReport::default()
+        };
+        let kinesis = Response::Kinesis(kinesis_response(&report));
+        let dynamodb = Response::DynamoDb(dynamodb_response(&report));
+        for response in [&kinesis, &dynamodb] {
+            assert_eq!(response.batch_item_failures(), ["49007"]);
+            assert_eq!(
+                response.to_json(),
+                serde_json::json!({"batchItemFailures": [{"itemIdentifier": "49007"}]})
+            );
+        }
+        let sqs = Response::Json(serde_json::json!({
+            "batchItemFailures": [{"itemIdentifier": "m-1"}, {"itemIdentifier": 2}]
+        }));
+        assert_eq!(sqs.batch_item_failures(), ["m-1", "2"]);
+        assert!(Response::Json(serde_json::json!({"ok": true}))
+            .batch_item_failures()
+            .is_empty());
+        let sweep = Response::TimerSweep(TimerSweep::default());
+        assert!(sweep.batch_item_failures().is_empty());
+        assert_eq!(
+            sweep.to_json(),
+            serde_json::to_value(TimerSweep::default()).unwrap()
         );
     }
 }

@@ -23,7 +23,7 @@ pub use env::{
 };
 pub use handler::{
     dynamodb_response, is_scheduled, kinesis_response, run_dynamodb, run_kinesis, FunctionError,
-    Handler, Invocation, SourceError, StreamHandler,
+    Handler, Invocation, Response, SourceError, StreamHandler,
 };
 pub use platform::{Platform, PortError, SinkMaker, SinkTarget, TableAccess};
 pub use reach::{Reach, Recording};
