@@ -65,7 +65,7 @@ impl Backoff {
     /// asks to retry, after a backoff, until nothing is left to retry or the attempts run out.
     /// Returns the work that failed: for good, or still failing at the last attempt, each with
     /// its last error. Successes are the round's own to keep.
-    pub async fn retry_rounds<T, E, F, Fut>(&self, work: Vec<T>, mut round: F) -> Vec<(T, E)>
+    pub(crate) async fn retry_rounds<T, E, F, Fut>(&self, work: Vec<T>, mut round: F) -> Vec<(T, E)>
     where
         F: FnMut(Vec<T>) -> Fut,
         Fut: Future<Output = Round<T, E>>,
@@ -148,7 +148,7 @@ impl Retryable for SinkError {
 /// What one round of calls left of the work it was given: what to try again and what failed for
 /// good, each with its error. Work in neither succeeded.
 #[derive(Debug)]
-pub struct Round<T, E> {
+pub(crate) struct Round<T, E> {
     /// Work to try again, each with the error it failed with.
     pub retry: Vec<(T, E)>,
     /// Work that failed for good, each with its error.
@@ -166,7 +166,7 @@ impl<T, E> Default for Round<T, E> {
 
 impl<T, E: Retryable> Round<T, E> {
     /// `item` failed with `err`: retried if the error says so, failed for good otherwise.
-    pub fn add_error(&mut self, item: T, err: E) {
+    pub(crate) fn add_error(&mut self, item: T, err: E) {
         if err.is_retryable() {
             self.retry.push((item, err));
         } else {

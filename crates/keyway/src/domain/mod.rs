@@ -29,7 +29,7 @@ pub use invalid::InvalidInput;
 pub use item::{AttrValue, Item};
 pub use output::{Output, OutputId};
 pub use pattern::{Pattern, PatternError};
-pub use plan::{BatchPlan, KeyGroup};
+pub(crate) use plan::{BatchPlan, KeyGroup};
 pub use record::{
     stream_name_of, Change, ChangeKind, NotASequenceNumber, Origin, Payload, RawJson,
     RejectedRecord, SequenceNumber, SourceRecord,

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 /// The records of one key, as indexes into the batch, in arrival order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyGroup {
+pub(crate) struct KeyGroup {
     /// The key the records share.
     pub key: String,
     /// The records' indexes into the batch, in arrival order.
@@ -13,14 +13,14 @@ pub struct KeyGroup {
 
 /// Keys in order of their first record, each with its records in arrival order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BatchPlan {
+pub(crate) struct BatchPlan {
     /// One group per key, in order of the key's first record.
     pub groups: Vec<KeyGroup>,
 }
 
 impl BatchPlan {
     /// Groups `(record index, key)` pairs, given in arrival order.
-    pub fn group<'a>(keyed: impl IntoIterator<Item = (usize, &'a str)>) -> Self {
+    pub(crate) fn group<'a>(keyed: impl IntoIterator<Item = (usize, &'a str)>) -> Self {
         let mut groups: Vec<KeyGroup> = Vec::new();
         let mut position: HashMap<&'a str, usize> = HashMap::new();
         for (index, key) in keyed {
@@ -34,11 +34,6 @@ impl BatchPlan {
             groups[at].records.push(index);
         }
         Self { groups }
-    }
-
-    /// The keys, in order of their first record.
-    pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.groups.iter().map(|g| g.key.as_str())
     }
 }
 

@@ -26,14 +26,14 @@ pub type DecodedBatch = Vec<Result<SourceRecord, RejectedRecord>>;
 /// A Lambda stream event as its records' JSON texts, borrowed from the event: each record is then
 /// decoded on its own, so that one malformed record is dead-lettered alone.
 #[derive(Deserialize)]
-pub struct Envelope<'a> {
+pub(crate) struct Envelope<'a> {
     #[serde(rename = "Records", borrow, default)]
     records: Option<Vec<&'a RawValue>>,
 }
 
 impl<'a> Envelope<'a> {
     /// Reads the event's `Records` array; `None` for an event without one (a schedule's).
-    pub fn parse(event: &'a str) -> Result<Option<Vec<&'a RawValue>>, InvalidInput> {
+    pub(crate) fn parse(event: &'a str) -> Result<Option<Vec<&'a RawValue>>, InvalidInput> {
         match serde_json::from_str::<Envelope>(event) {
             Ok(envelope) => Ok(envelope.records),
             Err(e) if e.is_syntax() || e.is_eof() => Err(InvalidInput::new(
