@@ -12,7 +12,7 @@ use aws_sdk_dynamodb::types::{
 use rand::Rng;
 
 /// The environment variable that holds the emulator's endpoint URL.
-pub const ENDPOINT_VARIABLE: &str = "KEYWAY_TEST_ENDPOINT";
+pub(crate) const ENDPOINT_VARIABLE: &str = "KEYWAY_TEST_ENDPOINT";
 
 /// The emulator's endpoint; panics with the way to get one when it is not set.
 pub fn endpoint() -> String {

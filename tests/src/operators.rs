@@ -99,7 +99,7 @@ impl<O: KeyedOperator> KeyedOperator for Poisoned<O> {
 pub struct Waker;
 
 /// A key's actor, once its resolution arrived.
-pub const ACTOR: ValueState<String> = ValueState::new("actor");
+pub(crate) const ACTOR: ValueState<String> = ValueState::new("actor");
 /// A key's events waiting for its resolution, in order.
 pub const PENDING: ListState<String> = ListState::new("pending");
 /// Where events leave with their key's actor.
@@ -315,9 +315,9 @@ impl SinkPort for FlakySink {
 pub struct Buffer;
 
 /// The texts buffered since the last flush, in order.
-pub const BUFFERED: ListState<String> = ListState::new("buffered");
+pub(crate) const BUFFERED: ListState<String> = ListState::new("buffered");
 /// How many entries a flush took, and whether they were in order.
-pub const FLUSHED: Sink<serde_json::Value> = Sink::new("flushed");
+pub(crate) const FLUSHED: Sink<serde_json::Value> = Sink::new("flushed");
 
 impl KeyedOperator for Buffer {
     type Input = String;
@@ -477,7 +477,7 @@ impl<O: KeyedOperator> KeyedOperator for Tweaked<O> {
 pub struct GroupCounter;
 
 /// The changes counted for a group.
-pub const GROUP_COUNT: ValueState<u64> = ValueState::new("count");
+pub(crate) const GROUP_COUNT: ValueState<u64> = ValueState::new("count");
 
 impl KeyedOperator for GroupCounter {
     type Input = String;
@@ -521,7 +521,7 @@ impl KeyedOperator for GroupCounter {
 pub struct Keeper;
 
 /// The text of the key's latest record.
-pub const KEPT: ValueState<String> = ValueState::new("kept");
+pub(crate) const KEPT: ValueState<String> = ValueState::new("kept");
 
 impl KeyedOperator for Keeper {
     type Input = String;
@@ -592,9 +592,9 @@ pub struct IdleSessions;
 /// How long a user goes without a visit before the session is idle: five minutes.
 pub const IDLE_MILLIS: i64 = 5 * 60_000;
 /// The visits of the user's current session.
-pub const SESSION_VISITS: ValueState<u64> = ValueState::new("visits");
+pub(crate) const SESSION_VISITS: ValueState<u64> = ValueState::new("visits");
 /// When the user last visited, in epoch milliseconds.
-pub const LAST_SEEN: ValueState<i64> = ValueState::new("last_seen");
+pub(crate) const LAST_SEEN: ValueState<i64> = ValueState::new("last_seen");
 /// Where the notices of idle sessions go.
 pub const NOTICES: Sink<IdleNotice> = Sink::new("notices");
 

@@ -15,9 +15,9 @@ use crate::cdc::SourceEvent;
 /// The join the generated tables are made for.
 pub const JOIN: &str = "domains.user_id=users.id";
 /// The `domains` table's topic, as Debezium names it (`prefix.schema.table`).
-pub const DOMAINS: &str = "app.public.domains";
+pub(crate) const DOMAINS: &str = "app.public.domains";
 /// The `users` table's topic, as Debezium names it.
-pub const USERS: &str = "app.public.users";
+pub(crate) const USERS: &str = "app.public.users";
 
 /// What to generate.
 #[derive(Clone, Debug)]

@@ -230,7 +230,7 @@ pub struct Outcome {
 }
 
 /// The stack of template.yaml, and the filter function's handler for its counters.
-pub struct FilterStack {
+pub(crate) struct FilterStack {
     /// The embedded runtime the stack runs on, with its services.
     pub runtime: LocalRuntime,
     filter: Arc<Mutex<Option<Arc<FilterHandler>>>>,
@@ -247,7 +247,7 @@ pub struct FilterStack {
 impl FilterStack {
     /// Deploys the stack as `settings` say, the virtual clock at `epoch_millis`; each consumer's
     /// own stack comes later, with its first subscription.
-    pub fn new(settings: &Settings, epoch_millis: i64) -> Result<Self, LocalError> {
+    pub(crate) fn new(settings: &Settings, epoch_millis: i64) -> Result<Self, LocalError> {
         let mut parameters = BTreeMap::from([
             ("FilterShards".to_owned(), settings.shards.to_string()),
             ("FilterKeyPointer".to_owned(), settings.key_pointer.clone()),

@@ -84,7 +84,7 @@ pub(crate) fn stack_mapping(batch_size: usize, lanes: u32) -> keyway_local::Mapp
 /// template.yaml with `shards` shards for the streams named and `lanes` lanes (the
 /// ParallelizationFactor) for each stream mapping of the functions named; an error names a
 /// resource the template does not have.
-pub fn template_with(
+pub(crate) fn template_with(
     shards: &[(&str, usize)],
     lanes: &[(&str, u32)],
 ) -> Result<String, LocalError> {

@@ -163,7 +163,7 @@ impl Condition {
 
     /// The value the condition requires attribute `name` to equal, if one of its top-level
     /// conjuncts is `name = :value` (how a key condition names its partition).
-    pub fn equality_on(&self, name: &str) -> Option<AttrValue> {
+    pub(crate) fn equality_on(&self, name: &str) -> Option<AttrValue> {
         match self {
             Condition::Compare(Operand::Path(p), Comparator::Eq, Operand::Value(v))
             | Condition::Compare(Operand::Value(v), Comparator::Eq, Operand::Path(p))

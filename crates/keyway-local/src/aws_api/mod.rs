@@ -20,7 +20,7 @@ use super::runtime::LocalServices;
 
 /// A request the services refuse, as AWS's JSON protocols answer it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     /// The HTTP status: 400 for a request at fault, 500 for a failure of the service.
     pub status: u16,
     /// The error's type, such as `ValidationException`, sent as `__type`.

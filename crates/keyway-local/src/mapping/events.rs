@@ -40,7 +40,7 @@ pub struct DynamoDbEventRecord<'a> {
 }
 
 /// A DynamoDB Streams event as JSON text, the form Lambda hands a function.
-pub fn dynamodb_event_json<'a>(
+pub(crate) fn dynamodb_event_json<'a>(
     stream_arn: &str,
     records: impl IntoIterator<Item = DynamoDbEventRecord<'a>>,
 ) -> String {

@@ -54,14 +54,14 @@ use keyway::ports::Clock;
 use keyway::sources::kinesis::KinesisBatch;
 
 /// A DynamoDB stream keeps a record 24 hours.
-pub const DYNAMODB_STREAM_RETENTION: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const DYNAMODB_STREAM_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Lambda's limit on the payload of one invocation.
-pub const PAYLOAD_MAX_BYTES: usize = 6 * 1024 * 1024;
+pub(crate) const PAYLOAD_MAX_BYTES: usize = 6 * 1024 * 1024;
 
 /// How long a failed batch waits before its retry. Lambda retries stream batches promptly; a
 /// pause keeps virtual time moving, so record ages grow and a run that only retries ends.
-pub const RETRY_DELAY: Duration = Duration::from_millis(500);
+pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(500);
 
 /// Where a mapping starts reading a shard the first time it polls (StartingPosition).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

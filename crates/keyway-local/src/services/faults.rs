@@ -205,7 +205,7 @@ impl Faults {
     }
 
     /// Whether the service is down at `now`: in an outage, or starting one (counted once).
-    pub fn in_outage(&self, now: i64) -> bool {
+    pub(crate) fn in_outage(&self, now: i64) -> bool {
         let mut until = self.outage_until.lock().expect("faults lock");
         if now < *until {
             return true;

@@ -26,7 +26,7 @@ use keyway::ports::{Clock, SinkError};
 pub use keyway::sources::kinesis::KinesisRecord as StoredRecord;
 
 /// A stream keeps records 24 hours unless its RetentionPeriodHours says longer.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// Kinesis's per-shard write limit in records: 1,000 a second.
 pub const SHARD_RECORDS_PER_SECOND: u32 = 1_000;
@@ -255,7 +255,7 @@ impl LocalKinesis {
     }
 
     /// Sets how long the stream keeps a record (its RetentionPeriodHours).
-    pub fn set_retention(&self, stream: &str, retention: Duration) {
+    pub(crate) fn set_retention(&self, stream: &str, retention: Duration) {
         if let Some(stream) = self.streams.lock().expect("streams lock").get_mut(stream) {
             stream.retention = retention;
         }
@@ -285,7 +285,7 @@ impl LocalKinesis {
 
     /// UpdateMaxRecordSize: lets the stream take records of up to `kib` KiB (1,024 to 10,240;
     /// 1 MiB is every stream's default).
-    pub fn set_max_record_size(&self, stream: &str, kib: usize) {
+    pub(crate) fn set_max_record_size(&self, stream: &str, kib: usize) {
         if let Some(stream) = self.streams.lock().expect("streams lock").get_mut(stream) {
             stream.max_record_bytes = kib.clamp(1024, 10 * 1024) * 1024;
         }
@@ -357,7 +357,7 @@ impl LocalKinesis {
     }
 
     /// The position of the first record that arrived at or after `millis` (AT_TIMESTAMP).
-    pub fn position_at(&self, stream: &str, shard: usize, millis: i64) -> usize {
+    pub(crate) fn position_at(&self, stream: &str, shard: usize, millis: i64) -> usize {
         self.with_shards(stream, |s| s.position_at(shard, millis))
             .unwrap_or(0)
     }

@@ -40,7 +40,7 @@ tokio::task_local! {
 
 /// Runs `call` as a function invocation: the meters count what it calls among the functions'
 /// calls, and make it wait their function latency.
-pub async fn in_function<F: std::future::Future>(call: F) -> F::Output {
+pub(crate) async fn in_function<F: std::future::Future>(call: F) -> F::Output {
     IN_FUNCTION.scope((), call).await
 }
 
@@ -129,7 +129,7 @@ impl Meter {
     }
 
     /// Records a call billed `request_units` (see `Billed`) and waits the simulated latency.
-    pub async fn billed_call(
+    pub(crate) async fn billed_call(
         &self,
         operation: &str,
         read_units: f64,

@@ -82,7 +82,7 @@ struct Shard<T> {
 }
 
 /// Names a stream's `n`th shard, created at `millis`.
-pub type ShardNamer = Box<dyn Fn(usize, i64) -> String + Send + Sync>;
+pub(crate) type ShardNamer = Box<dyn Fn(usize, i64) -> String + Send + Sync>;
 
 /// The shards of one stream.
 pub struct Shards<T> {
@@ -134,7 +134,7 @@ impl<T: Arrived> Shards<T> {
     }
 
     /// Every shard, in the order they were created.
-    pub fn infos(&self) -> Vec<ShardInfo> {
+    pub(crate) fn infos(&self) -> Vec<ShardInfo> {
         (0..self.count()).filter_map(|i| self.info(i)).collect()
     }
 
@@ -177,7 +177,7 @@ impl<T: Arrived> Shards<T> {
     }
 
     /// The position of the first record of `shard` that arrived at or after `millis`.
-    pub fn position_at(&self, shard: usize, millis: i64) -> usize {
+    pub(crate) fn position_at(&self, shard: usize, millis: i64) -> usize {
         self.shards.get(shard).map_or(0, |s| {
             s.trimmed + s.records.partition_point(|r| r.arrival_millis() < millis)
         })
@@ -208,7 +208,7 @@ impl<T: Arrived> Shards<T> {
     }
 
     /// Takes every record out, shard by shard; positions stay where they were.
-    pub fn take_all(&mut self) -> Vec<Arc<T>> {
+    pub(crate) fn take_all(&mut self) -> Vec<Arc<T>> {
         let mut taken = Vec::new();
         for shard in &mut self.shards {
             shard.trimmed += shard.records.len();
@@ -323,7 +323,7 @@ impl<T: Arrived> Shards<T> {
 
     /// Closes every open shard and opens one child with the same hash keys for each: what
     /// DynamoDB Streams does to every shard of a table every few hours.
-    pub fn roll_over(&mut self, millis: i64) -> Vec<usize> {
+    pub(crate) fn roll_over(&mut self, millis: i64) -> Vec<usize> {
         self.open_numbers()
             .into_iter()
             .map(|i| {

@@ -38,7 +38,7 @@ pub struct QueuedMessage {
 }
 
 /// SQS FIFO drops a message whose deduplication id it accepted in the last five minutes.
-pub const FIFO_DEDUPLICATION_WINDOW_MILLIS: i64 = 5 * 60 * 1000;
+pub(crate) const FIFO_DEDUPLICATION_WINDOW_MILLIS: i64 = 5 * 60 * 1000;
 
 /// A queue's attributes that change what a consumer meets, with SQS's defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -235,7 +235,7 @@ impl LocalSqs {
     }
 
     /// The ARN of the queue at `url`.
-    pub fn queue_arn(url: &str) -> String {
+    pub(crate) fn queue_arn(url: &str) -> String {
         let name = url.rsplit('/').next().unwrap_or(url);
         format!("arn:aws:sqs:us-east-1:000000000000:{name}")
     }
@@ -271,7 +271,7 @@ impl LocalSqs {
     }
 
     /// Sets the queue's attributes (its template's VisibilityTimeout, RedrivePolicy...).
-    pub fn configure(&self, url: &str, config: QueueConfig) {
+    pub(crate) fn configure(&self, url: &str, config: QueueConfig) {
         if let Some(queue) = self.queues.lock().expect("queues lock").get_mut(url) {
             queue.config = config;
         }
@@ -290,7 +290,7 @@ impl LocalSqs {
     }
 
     /// How many messages a receive at `now` could hand out.
-    pub fn visible(&self, url: &str, now: i64) -> usize {
+    pub(crate) fn visible(&self, url: &str, now: i64) -> usize {
         let mut queues = self.queues.lock().expect("queues lock");
         let Some(queue) = queues.get_mut(url) else {
             return 0;
@@ -318,7 +318,7 @@ impl LocalSqs {
     }
 
     /// When the first message in flight becomes visible again.
-    pub fn next_visible_millis(&self, url: &str) -> Option<i64> {
+    pub(crate) fn next_visible_millis(&self, url: &str) -> Option<i64> {
         let queues = self.queues.lock().expect("queues lock");
         let queue = queues.get(url)?;
         queue.in_flight.values().map(|(_, at)| *at).min()
@@ -327,7 +327,7 @@ impl LocalSqs {
     /// ReceiveMessage as Lambda's poller makes it: up to `max` visible messages of at most
     /// `max_bytes` of bodies together (one at least), each invisible for the visibility timeout.
     /// A message received as often as the redrive policy allows moves to the dead-letter queue.
-    pub fn receive_visible(
+    pub(crate) fn receive_visible(
         &self,
         url: &str,
         max: usize,

@@ -167,7 +167,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 impl Wiring {
     /// How long after a record's arrival `event` may still deliver it: its source's retention,
     /// or the mapping's MaximumRecordAgeInSeconds if shorter.
-    pub fn redelivery_horizon(&self, event: &EventDef) -> Duration {
+    pub(crate) fn redelivery_horizon(&self, event: &EventDef) -> Duration {
         let retention = match &event.source {
             SourceRef::Kinesis(id) => match self.resources.get(id) {
                 Some(Resource::Stream { retention, .. }) => *retention,

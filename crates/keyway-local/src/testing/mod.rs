@@ -11,7 +11,7 @@ mod sink;
 mod store;
 mod table;
 
-pub use sink::{keep_sink_promise, sink_contract, ReadBack, Received, SinkPromise, SinkUnderTest};
+pub use sink::{keep_sink_promise, sink_contract, Received, SinkPromise, SinkUnderTest};
 pub use store::{
     keep_store_promise, orphans, state_store_contract, LosingResponses, StorePromise,
     StoreUnderTest,

@@ -51,7 +51,7 @@ pub struct SinkUnderTest {
 }
 
 /// What a sink's destination holds, read back.
-pub type ReadBack = Box<dyn Fn() -> BoxFuture<'static, Vec<Received>> + Send + Sync>;
+pub(crate) type ReadBack = Box<dyn Fn() -> BoxFuture<'static, Vec<Received>> + Send + Sync>;
 
 /// The promises of the `Sink` contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -157,7 +157,7 @@ pub struct Tally {
     pub lost: u64,
     /// Units past their value (a state effect counted again), or output ids sent with another
     /// body.
-    pub applied_twice: u64,
+    pub(crate) applied_twice: u64,
     /// Units not expected at all.
     pub extra: u64,
 }
@@ -213,7 +213,7 @@ impl Report {
     }
 
     /// Units applied twice, against the oracle and the fault-free run together.
-    pub fn applied_twice(&self) -> u64 {
+    pub(crate) fn applied_twice(&self) -> u64 {
         self.oracle.applied_twice + self.fault_free.applied_twice
     }
 

@@ -270,7 +270,7 @@ impl LocalDynamoDb {
 
     /// When the TTL process next deletes an item (epoch milliseconds), if any table holds one
     /// with a TTL.
-    pub fn next_expiry_millis(&self) -> Option<i64> {
+    pub(crate) fn next_expiry_millis(&self) -> Option<i64> {
         let delay = self.ttl_delay_secs.load(AtomicOrdering::Relaxed);
         let next = self.tables().iter().filter_map(|t| t.next_ttl()).min()?;
         Some((next + delay + 1).saturating_mul(1000))

@@ -101,7 +101,7 @@ impl LocalTable {
     }
 
     /// The id of one shard of the table's stream (by number).
-    pub fn stream_shard_id(&self, shard: usize) -> String {
+    pub(crate) fn stream_shard_id(&self, shard: usize) -> String {
         self.with_stream(|s| s.id(shard).map(str::to_owned))
             .flatten()
             .unwrap_or_default()
@@ -165,7 +165,7 @@ impl LocalTable {
 
     /// Up to `max` records of one shard of the stream from position `from`, and the position
     /// after them.
-    pub fn stream_read(
+    pub(crate) fn stream_read(
         &self,
         shard: usize,
         from: usize,
@@ -191,7 +191,7 @@ impl LocalTable {
     }
 
     /// The position of the first record of one shard created at or after `millis`.
-    pub fn stream_position_at(&self, shard: usize, millis: i64) -> usize {
+    pub(crate) fn stream_position_at(&self, shard: usize, millis: i64) -> usize {
         self.with_stream(|s| s.position_at(shard, millis))
             .unwrap_or(0)
     }
@@ -277,7 +277,7 @@ impl LocalTable {
 
     /// Up to `limit` items in the table's key order after the item with `start`'s key
     /// attributes, and whether more follow: a page of a Scan.
-    pub fn scan_after(
+    pub(crate) fn scan_after(
         &self,
         start: Option<&Item>,
         limit: usize,
@@ -299,7 +299,7 @@ impl LocalTable {
     }
 
     /// The key attributes of `item`.
-    pub fn key_of_item(&self, item: &Item) -> Item {
+    pub(crate) fn key_of_item(&self, item: &Item) -> Item {
         self.key_attributes(item)
     }
 
@@ -323,7 +323,7 @@ impl LocalTable {
     }
 
     /// The earliest TTL (epoch seconds) of an item the TTL process will delete.
-    pub fn next_ttl(&self) -> Option<i64> {
+    pub(crate) fn next_ttl(&self) -> Option<i64> {
         self.ttl_attribute.as_ref()?;
         let state = self.state.lock().expect("table lock");
         state.expiring.first().map(|(ttl, _)| *ttl)

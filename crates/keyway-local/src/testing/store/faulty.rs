@@ -23,7 +23,7 @@ impl<T> LosingResponses<T> {
     }
 
     /// `meanwhile` (another writer's commit, say) runs before the next put is made.
-    pub fn before_next_put(&self, meanwhile: Meanwhile) {
+    pub(crate) fn before_next_put(&self, meanwhile: Meanwhile) {
         *self.before_put.lock().unwrap() = Some(meanwhile);
     }
 
@@ -34,7 +34,7 @@ impl<T> LosingResponses<T> {
 
     /// The next put that lands reports a timeout, and only once `meanwhile` (another writer's
     /// commit, say) has run.
-    pub fn lose_next_while(&self, meanwhile: Meanwhile) {
+    pub(crate) fn lose_next_while(&self, meanwhile: Meanwhile) {
         *self.meanwhile.lock().unwrap() = Some(meanwhile);
         self.lose_next(1);
     }
