@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use cdc_join::filter::Filter;
 use cdc_join::join::{Joined, JoinedId};
 use cdc_join::spec::{JoinKind, JoinSpec, Side};
-use keyway::domain::RowChange;
+use keyway::domain::{InvalidInput, RowChange};
 use keyway_stack::cdc::{final_tables, interleave, key_of, replay, Outcome, Settings, SourceEvent};
 use serde_json::{json, Value};
 
@@ -215,7 +215,11 @@ fn read_events(
 
 /// A value read as a record of `topic`: `None` for a tombstone without a key, which names no
 /// row and changes nothing.
-fn event_of(value: Value, topic: &str, key_column: &str) -> Result<Option<SourceEvent>, String> {
+fn event_of(
+    value: Value,
+    topic: &str,
+    key_column: &str,
+) -> Result<Option<SourceEvent>, InvalidInput> {
     let is_record = value
         .as_object()
         .is_some_and(|o| o.contains_key("value") && !o.contains_key("op"));
@@ -232,7 +236,7 @@ fn event_of(value: Value, topic: &str, key_column: &str) -> Result<Option<Source
     };
     let key = match (key, &value) {
         (Some(key), _) => key,
-        (None, Some(value)) => key_of(value, key_column).map_err(|e| e.to_string())?,
+        (None, Some(value)) => key_of(value, key_column)?,
         (None, None) => return Ok(None),
     };
     Ok(Some(SourceEvent { topic, key, value }))
@@ -278,7 +282,7 @@ mod tests {
         );
         assert_eq!(event_of(Value::Null, "file", "id").unwrap(), None);
         let err = event_of(change, "file", "uuid").unwrap_err();
-        assert!(err.starts_with("uuid: missing"), "{err}");
+        assert!(err.to_string().starts_with("uuid: missing"), "{err}");
         assert_eq!(
             topic_of(Path::new("dir/app.public.users.jsonl")),
             "app.public.users"

@@ -34,8 +34,13 @@ pub(crate) struct Args {
     json: bool,
 }
 
-fn parse_variable(text: &str) -> Result<Variable, String> {
-    Variable::parse(text).ok_or_else(|| format!("{text:?} is not Function.NAME=value"))
+/// A `--set` value that does not read as `Function.NAME=value`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not Function.NAME=value")]
+struct NotAVariable(String);
+
+fn parse_variable(text: &str) -> Result<Variable, NotAVariable> {
+    Variable::parse(text).ok_or_else(|| NotAVariable(text.to_owned()))
 }
 
 /// The applications `name` names.

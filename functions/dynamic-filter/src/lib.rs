@@ -214,5 +214,5 @@ pub fn queue_ownership(env: &Env) -> Result<QueueOwnership, ConfigError> {
 /// Queue sinks by name: the platform's SQS sink of the queue's URL.
 fn queue_sinks(platform: &dyn Platform, prefix: String) -> Box<router::QueueSinks> {
     let make = platform.sink_maker();
-    Box::new(move |queue| make(&format!("sqs:{prefix}{queue}")).map_err(|e| e.to_string()))
+    Box::new(move |queue| make(&format!("sqs:{prefix}{queue}")))
 }

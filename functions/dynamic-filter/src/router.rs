@@ -8,13 +8,14 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use futures::future::join_all;
 use keyway::domain::Output;
+use keyway::lambda::PortError;
 use keyway::ports::{Sink, SinkError};
 
 /// SQS's largest message.
 pub const SQS_MESSAGE_MAX_BYTES: usize = keyway::adapters::sqs::BATCH_MAX_BYTES;
 
 /// Makes the sink of a queue, by name.
-pub type QueueSinks = dyn Fn(&str) -> Result<Arc<dyn Sink>, String> + Send + Sync;
+pub type QueueSinks = dyn Fn(&str) -> Result<Arc<dyn Sink>, PortError> + Send + Sync;
 
 /// The sink of the filter's deliveries: sends each message to the queue its partition key names,
 /// through that queue's own sink.
@@ -32,7 +33,7 @@ impl QueueRouter {
         }
     }
 
-    fn sink(&self, queue: &str) -> Result<Arc<dyn Sink>, String> {
+    fn sink(&self, queue: &str) -> Result<Arc<dyn Sink>, PortError> {
         let mut sinks = self.sinks.lock().expect("sinks lock");
         if let Some(sink) = sinks.get(queue) {
             return Ok(sink.clone());

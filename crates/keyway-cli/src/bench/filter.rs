@@ -520,7 +520,7 @@ async fn run_lookup(generated: &Generated) -> Result<Design, CliError> {
     }
     let make = services.sink_maker();
     let router = QueueRouter::new(Box::new(move |queue| {
-        make(&format!("sqs:{QUEUE_PREFIX}{queue}")).map_err(|e| e.to_string())
+        make(&format!("sqs:{QUEUE_PREFIX}{queue}"))
     }));
     let before = table.meter().snapshot();
     let lookup = Lookup {
