@@ -666,3 +666,40 @@ fn the_enrichers_state_dictionary_is_never_edited() {
         "add a new dictionary in front; never edit one"
     );
 }
+
+/// Records ten times the usual size (a policy document of 15 KB in each), waiting for their
+/// key's identity: the key's state crosses the head's inline limit and the dictionary's window,
+/// and every record still comes out once, resolved, as it came in.
+#[tokio::test]
+async fn records_ten_times_the_usual_size_wait_and_all_come_out_resolved_as_they_came_in() {
+    let policy = |i: usize| -> String {
+        // Text that deflates as documents do, not as one repeated byte.
+        (0..470)
+            .map(|n| keyway::domain::hash::xxh3_128_hex(&[format!("{i}/{n}").as_bytes()]))
+            .collect()
+    };
+    let big: Vec<Value> = (0..3)
+        .map(|i| {
+            let mut waiting = record(&format!("big-{i}"), session("ASIA1", "role-1"), "Put", None);
+            waiting["requestParameters"] = serde_json::json!({ "policy": policy(i) });
+            waiting
+        })
+        .collect();
+    let mut records = big.clone();
+    records.push(record(
+        "assume",
+        alice(),
+        "AssumeRole",
+        Some(("role-1", "ASIA1")),
+    ));
+    let enriched = run(&records).await;
+    assert_eq!(enriched.len(), 4, "{:?}", enriched.keys());
+    for (i, sent) in big.iter().enumerate() {
+        let out = &enriched[&format!("big-{i}")];
+        assert_eq!(out["enrichment"]["status"], "resolved", "big-{i}");
+        assert_eq!(
+            out["requestParameters"], sent["requestParameters"],
+            "big-{i}"
+        );
+    }
+}
