@@ -136,24 +136,20 @@ fn inflate(bytes: &[u8], dictionary: Option<&[u8]>) -> std::io::Result<String> {
         DeflateDecoder::new(bytes).read_to_string(&mut text)?;
         return Ok(text);
     };
-    // The dictionary as stored blocks (not the last), each: a byte of header (BFINAL 0, BTYPE
-    // 00), then LEN and its complement, little-endian, then LEN bytes as they are.
-    let mut stream = Vec::with_capacity(dictionary.len() + bytes.len() + 16);
-    for chunk in dictionary.chunks(u16::MAX as usize) {
-        let len = chunk.len() as u16;
-        stream.push(0);
-        stream.extend_from_slice(&len.to_le_bytes());
-        stream.extend_from_slice(&(!len).to_le_bytes());
-        stream.extend_from_slice(chunk);
-    }
-    stream.extend_from_slice(bytes);
-    let mut inflated = Vec::with_capacity(dictionary.len() + bytes.len() * 4);
-    DeflateDecoder::new(stream.as_slice()).read_to_end(&mut inflated)?;
-    if inflated.len() < dictionary.len() {
+    // The dictionary as one stored block, not the last (it is at most `WINDOW` bytes, under a
+    // stored block's 65,535): a byte of header (BFINAL 0, BTYPE 00), then LEN and its
+    // complement, little-endian, then the bytes as they are.
+    let len = u16::try_from(dictionary.len()).map_err(std::io::Error::other)?;
+    let mut header = [0u8; 5];
+    header[1..3].copy_from_slice(&len.to_le_bytes());
+    header[3..].copy_from_slice(&(!len).to_le_bytes());
+    let mut decoder = DeflateDecoder::new(header.chain(dictionary).chain(bytes));
+    let skipped = std::io::copy(&mut (&mut decoder).take(len.into()), &mut std::io::sink())?;
+    if skipped < u64::from(len) {
         return Err(std::io::Error::other("shorter than its dictionary"));
     }
-    String::from_utf8(inflated.split_off(dictionary.len()))
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    decoder.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// The text `store` put in `item` under `attribute` (`default` when there is none), inflated
