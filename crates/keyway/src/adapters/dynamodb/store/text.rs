@@ -95,7 +95,9 @@ struct Compressors {
     /// The primed compressors, by dictionary (a dictionary's bytes are static: their address
     /// names them), the one used last at the end.
     primed: Vec<(Option<&'static [u8]>, Box<CompressorOxide>)>,
-    /// The copy each text is deflated with, kept so that its memory is reused.
+    /// The copy each text is deflated with. Kept so that its box, the 64 KB of the compressor
+    /// held inline, is reused; a copy still allocates the buffers the compressor boxes (some
+    /// 250 KB), since its `Clone` is derived and copies by making them anew.
     work: Option<Box<CompressorOxide>>,
 }
 
@@ -326,6 +328,20 @@ mod tests {
     /// A sample of the records' shape, as an operator would declare it.
     const SAMPLE: &str = r#"[{"eventName":"PutObject","sequence":0,"region":"us-east-1"}]"#;
 
+    /// `len` printable characters from `seed`: text that deflates little, and that deflate finds
+    /// again only where it saw it before, in a dictionary made of it.
+    fn noise(seed: u64, len: usize) -> String {
+        let mut state = seed;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                char::from(b'!' + (state % 90) as u8)
+            })
+            .collect()
+    }
+
     /// Some records, just over a KB.
     fn some_records() -> String {
         let records: Vec<String> = (0..8)
@@ -414,15 +430,10 @@ mod tests {
     /// then needs more than one call.
     #[test]
     fn a_dictionary_of_a_full_window_that_does_not_deflate_still_round_trips() {
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        let noise: String = (0..crate::domain::dictionary::WINDOW - 100)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                char::from(b'!' + (state % 90) as u8)
-            })
-            .collect();
+        let noise = noise(
+            0x2545_f491_4f6c_dd1d,
+            crate::domain::dictionary::WINDOW - 100,
+        );
         let dictionary = Dictionary::new(Box::leak(noise.into_boxed_str()));
         let text = some_records();
         let mut item = Item::new();
@@ -451,50 +462,54 @@ mod tests {
         }
     }
 
-    /// Deflating the dictionary and flushing it, then the text, from a fresh compressor, as
-    /// flate2 does it: what a copy of a primed compressor must make of the text, byte for byte.
-    fn deflated_afresh(text: &[u8], dictionary: &[u8]) -> Vec<u8> {
+    /// `text` deflated by a fresh compressor, as flate2 does it, behind `dictionary` deflated
+    /// and flushed if there is one: what a copy of a primed compressor must make, byte for byte.
+    fn deflated_afresh(text: &str, dictionary: Option<&Dictionary>) -> Vec<u8> {
         use flate2::{Compress, Compression, FlushCompress};
         let mut compress = Compress::new(Compression::new(LEVEL.into()), false);
-        let mut out = Vec::with_capacity(4 * (dictionary.len() + text.len()) + 4096);
-        compress
-            .compress_vec(dictionary, &mut out, FlushCompress::Sync)
-            .unwrap();
-        assert!(out.ends_with(&SYNC_MARKER));
+        let mut out = Vec::with_capacity(4 * (text.len() + 32 * 1024) + 4096);
+        if let Some(dictionary) = dictionary {
+            compress
+                .compress_vec(dictionary.bytes(), &mut out, FlushCompress::Sync)
+                .unwrap();
+            assert!(out.ends_with(&SYNC_MARKER));
+        }
         let flushed = out.len();
         compress
-            .compress_vec(text, &mut out, FlushCompress::Finish)
+            .compress_vec(text.as_bytes(), &mut out, FlushCompress::Finish)
             .unwrap();
         out.split_off(flushed)
     }
 
+    /// A thread keeps a few primed compressors. Texts that are mostly their own dictionary,
+    /// deflated with more dictionaries than that in turn and without one, each make the bytes a
+    /// fresh compressor makes and read back: deflated by the compressor of another dictionary,
+    /// the text's back-references would reach into the wrong one.
     #[test]
-    fn a_copy_of_a_compressor_primed_with_the_dictionary_deflates_as_one_that_deflates_it_afresh() {
-        let dictionary = Dictionary::new(SAMPLE);
-        for text in [some_records(), format!("[{}]", records()), "{}".repeat(700)] {
-            for _ in 0..2 {
-                assert_eq!(
-                    deflate(text.as_bytes(), Some(dictionary.bytes())),
-                    deflated_afresh(text.as_bytes(), dictionary.bytes())
-                );
-            }
-        }
-    }
-
-    /// A thread keeps a few primed compressors: more dictionaries than that, taken in turn,
-    /// each make a compressor again, and every text reads back with its own.
-    #[test]
-    fn texts_deflated_with_more_dictionaries_than_a_thread_keeps_each_read_back() {
-        let dictionaries: Vec<Dictionary> = (0..PRIMED_PER_THREAD + 2)
-            .map(|i| Dictionary::new(Box::leak(format!("{i}{SAMPLE}").into_boxed_str())))
+    fn texts_deflated_in_turn_with_more_dictionaries_than_a_thread_keeps_deflate_as_afresh() {
+        let samples: Vec<String> = (1..=PRIMED_PER_THREAD as u64 + 2)
+            .map(|seed| noise(seed, 2000))
             .collect();
-        let text = some_records();
+        let dictionaries: Vec<Dictionary> = samples
+            .iter()
+            .map(|sample| Dictionary::new(Box::leak(sample.clone().into_boxed_str())))
+            .collect();
         for round in 0..3 {
-            for (i, dictionary) in dictionaries.iter().enumerate() {
-                let mut item = Item::new();
-                store(&mut item, "doc", text.clone(), Some(dictionary));
-                let read_back = read(&item, "doc", "{}", "doc", &dictionaries);
-                assert_eq!(read_back.unwrap(), text, "round {round}, dictionary {i}");
+            for (i, (sample, dictionary)) in samples.iter().zip(&dictionaries).enumerate() {
+                let text = format!(r#"{{"sample":"{sample}","records":{}}}"#, some_records());
+                for with in [Some(dictionary), None] {
+                    let bytes = deflate(text.as_bytes(), with.map(Dictionary::bytes));
+                    assert_eq!(
+                        bytes,
+                        deflated_afresh(&text, with),
+                        "round {round}, dictionary {i}, with it: {}",
+                        with.is_some()
+                    );
+                    let mut item = Item::new();
+                    store(&mut item, "doc", text.clone(), with);
+                    let read_back = read(&item, "doc", "{}", "doc", &dictionaries).unwrap();
+                    assert_eq!(read_back, text, "round {round}, dictionary {i}");
+                }
             }
         }
     }
