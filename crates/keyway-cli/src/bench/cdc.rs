@@ -10,7 +10,8 @@
 //!   whoever reads it). The change's before image says where the row was; nothing else is kept.
 //!
 //! Both designs' results are checked against the join of the final tables. Figures: DynamoDB
-//! capacity units per 1,000 changes, as the in-memory table bills them, and changes per second
+//! capacity units per 1,000 changes, as the in-memory table bills them (keyway's also by table:
+//! its state, and the view, which the whole-set design does not keep), and changes per second
 //! per core of CPU time. Ratios compare figures of the same run.
 
 use std::collections::BTreeMap;
@@ -41,6 +42,13 @@ pub(super) struct Design {
     pub largest_item_bytes: usize,
 }
 
+/// One table's share of a design's capacity units.
+#[derive(Serialize)]
+pub(super) struct TableUnits {
+    pub read_units_per_1000_changes: f64,
+    pub write_units_per_1000_changes: f64,
+}
+
 #[derive(Serialize)]
 pub(super) struct CdcBench {
     pub changes: usize,
@@ -50,6 +58,9 @@ pub(super) struct CdcBench {
     pub seed: u64,
     pub view_rows: usize,
     pub keyway: Design,
+    /// keyway's capacity units by table: the state (the re-key's rows and the join's groups)
+    /// and the view, which the whole-set design does not keep.
+    pub keyway_by_table: BTreeMap<String, TableUnits>,
     pub whole_set_per_join_key: Design,
     pub capacity_units_vs_whole_set: f64,
     pub changes_per_second_vs_whole_set: f64,
@@ -221,9 +232,16 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
         return Err("keyway's view did not end as the join of the final tables".into());
     }
     let mut meter = MeterSnapshot::default();
-    for snapshot in outcome.meters.values() {
+    let mut keyway_by_table = BTreeMap::new();
+    let per_1000 = |units: f64| units * 1000.0 / changes as f64;
+    for (table, snapshot) in &outcome.meters {
         meter.read_units += snapshot.read_units;
         meter.write_units += snapshot.write_units;
+        let units = TableUnits {
+            read_units_per_1000_changes: per_1000(snapshot.read_units),
+            write_units_per_1000_changes: per_1000(snapshot.write_units),
+        };
+        keyway_by_table.insert(table.clone(), units);
     }
     let keyway = design(&meter, keyway_cpu, changes, outcome.largest_item);
     let bench = CdcBench {
@@ -237,6 +255,7 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
         changes_per_second_vs_whole_set: keyway.changes_per_second_per_core
             / whole.changes_per_second_per_core,
         keyway,
+        keyway_by_table,
         whole_set_per_join_key: whole,
     };
     if json {
@@ -268,10 +287,65 @@ fn report(b: &CdcBench) -> String {
         b.view_rows
     );
     text += &design("keyway", &b.keyway);
+    for (table, units) in &b.keyway_by_table {
+        text += &format!(
+            "    of which table {table:<15} {:.1} read, {:.1} write\n",
+            units.read_units_per_1000_changes, units.write_units_per_1000_changes
+        );
+    }
     text += &design("whole set per join key", &b.whole_set_per_join_key);
     text += &format!(
         "  ratio                      {:.2}x capacity units, {:.2}x changes/s/core\n",
         b.capacity_units_vs_whole_set, b.changes_per_second_vs_whole_set
     );
+    text += "  (the whole-set design keeps no view: a reader joins a join key's rows itself)\n";
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn design(read: f64, write: f64) -> Design {
+        Design {
+            capacity_units_per_1000_changes: read + write,
+            read_units_per_1000_changes: read,
+            write_units_per_1000_changes: write,
+            changes_per_second_per_core: 1000.0,
+            largest_item_bytes: 500,
+        }
+    }
+
+    #[test]
+    fn the_report_gives_each_tables_units_and_says_the_whole_set_design_keeps_no_view() {
+        let units = |read, write| TableUnits {
+            read_units_per_1000_changes: read,
+            write_units_per_1000_changes: write,
+        };
+        let bench = CdcBench {
+            changes: 10,
+            events: 11,
+            join_key_updates: 0.1,
+            seed: 1,
+            view_rows: 3,
+            keyway: design(2000.0, 3500.0),
+            keyway_by_table: BTreeMap::from([
+                ("cdc-state".to_owned(), units(2000.0, 2000.0)),
+                ("cdc-view".to_owned(), units(0.0, 1500.0)),
+            ]),
+            whole_set_per_join_key: design(1000.0, 1000.0),
+            capacity_units_vs_whole_set: 2.75,
+            changes_per_second_vs_whole_set: 1.0,
+        };
+        let text = report(&bench);
+        assert!(
+            text.contains("of which table cdc-state       2000.0 read, 2000.0 write"),
+            "{text}"
+        );
+        assert!(
+            text.contains("of which table cdc-view        0.0 read, 1500.0 write"),
+            "{text}"
+        );
+        assert!(text.contains("keeps no view"), "{text}");
+    }
 }
