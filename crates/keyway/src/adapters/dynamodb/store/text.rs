@@ -92,8 +92,7 @@ thread_local! {
 /// 2 KB against 60). The bytes are the same either way.
 #[derive(Default)]
 struct Compressors {
-    /// The primed compressors, by dictionary (a dictionary's bytes are static: their address
-    /// names them), the one used last at the end.
+    /// The primed compressors, by dictionary, the one used last at the end.
     primed: Vec<(Option<&'static [u8]>, Box<CompressorOxide>)>,
     /// The copy each text is deflated with. Kept so that its box, the 64 KB of the compressor
     /// held inline, is reused; a copy still allocates the buffers the compressor boxes (some
@@ -117,20 +116,19 @@ impl Compressors {
     }
 }
 
-/// The compressor primed with `dictionary` (none: a fresh one), made the first time.
+/// The compressor primed with `dictionary` (none: a fresh one), made the first time. A
+/// dictionary's bytes are named by their address and length: static bytes never move or change.
 fn primed_for<'a>(
     primed: &'a mut Vec<(Option<&'static [u8]>, Box<CompressorOxide>)>,
     dictionary: Option<&'static [u8]>,
 ) -> &'a CompressorOxide {
-    let same = |held: &Option<&'static [u8]>| match (held, dictionary) {
-        (Some(held), Some(wanted)) => std::ptr::eq(*held, wanted),
-        (held, wanted) => held.is_none() && wanted.is_none(),
-    };
-    match primed.iter().position(|(held, _)| same(held)) {
-        Some(index) => {
-            let used = primed.remove(index);
-            primed.push(used);
-        }
+    let address = |bytes: Option<&'static [u8]>| bytes.map(std::ptr::from_ref::<[u8]>);
+    match primed
+        .iter()
+        .position(|(held, _)| address(*held) == address(dictionary))
+    {
+        // The one used last goes to the end, where eviction reaches it last.
+        Some(index) => primed[index..].rotate_left(1),
         None => {
             if primed.len() == PRIMED_PER_THREAD {
                 primed.remove(0);
@@ -144,7 +142,8 @@ fn primed_for<'a>(
             primed.push((dictionary, compressor));
         }
     }
-    &primed.last().expect("just pushed").1
+    // Not empty: the compressor found or made is the last.
+    &primed[primed.len() - 1].1
 }
 
 /// `text` deflated (raw, no zlib header), behind `dictionary` if there is one.
@@ -512,5 +511,36 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Two invocations of one key on two threads deflate at once, each with its thread's
+    /// compressors: every text still makes the bytes a fresh compressor makes.
+    #[test]
+    fn texts_deflated_on_several_threads_at_once_each_deflate_as_afresh() {
+        let dictionary = Dictionary::new(SAMPLE);
+        let texts: Vec<String> = (0..4u64)
+            .map(|seed| {
+                format!(
+                    r#"{{"n":"{}","r":{}}}"#,
+                    noise(seed + 7, 500),
+                    some_records()
+                )
+            })
+            .collect();
+        std::thread::scope(|scope| {
+            for text in &texts {
+                let dictionary = &dictionary;
+                scope.spawn(move || {
+                    for round in 0..20 {
+                        let with = (round % 3 != 0).then_some(dictionary);
+                        assert_eq!(
+                            deflate(text.as_bytes(), with.map(Dictionary::bytes)),
+                            deflated_afresh(text, with),
+                            "round {round}"
+                        );
+                    }
+                });
+            }
+        });
     }
 }
