@@ -29,6 +29,8 @@ const FLINK_STORAGE_GB_PER_KPU: f64 = 50.0;
 const HOURS_A_MONTH: f64 = 730.0;
 /// The keyed counter's target: dollars per million events at BatchSize 10,000 with a window.
 const COUNTER_TARGET_USD: f64 = 0.05;
+/// The dynamic filter's BatchSize in template.yaml, kept in its run with a batching window.
+const FILTER_BATCH_SIZE: usize = 500;
 
 /// The arguments of `keyway bench cost`.
 #[derive(clap::Args)]
@@ -50,6 +52,10 @@ pub(crate) struct Args {
     /// The keyed counter's MaximumBatchingWindowInSeconds in its second and third runs (the stack's is 1).
     #[arg(long, default_value_t = 5)]
     counter_window_seconds: u64,
+    /// The dynamic filter's MaximumBatchingWindowInSeconds in its second run, at the stack's
+    /// BatchSize (the stack's window is 0: events go out as they come).
+    #[arg(long, default_value_t = 1)]
+    filter_window_seconds: u64,
     #[command(flatten)]
     prices: Prices,
     #[command(flatten)]
@@ -350,10 +356,13 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
             "must be at least 1, 1 to 16 and 1 to 10",
         ));
     }
-    if !(1..=10_000).contains(&args.counter_batch_size) || args.counter_window_seconds > 300 {
+    if !(1..=10_000).contains(&args.counter_batch_size)
+        || args.counter_window_seconds > 300
+        || args.filter_window_seconds > 300
+    {
         return Err(
-            "--counter-batch-size must be 1 to 10,000 and --counter-window-seconds at most 300 \
-             (Lambda's limits for a Kinesis mapping)"
+            "--counter-batch-size must be 1 to 10,000, and --counter-window-seconds and \
+             --filter-window-seconds at most 300 (Lambda's limits for a Kinesis mapping)"
                 .into(),
         );
     }
@@ -370,6 +379,18 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
     for app in App::ALL {
         apps.push(app_cost(app, None, Vec::new(), &args)?);
     }
+    // The filter's cost is mostly its SendMessageBatch calls, one per queue a batch: what a
+    // batching window saves, for the latency it adds.
+    let filter_batching = Batching {
+        batch_size: FILTER_BATCH_SIZE,
+        window: Duration::from_secs(args.filter_window_seconds),
+    };
+    apps.push(app_cost(
+        App::Filter,
+        Some(filter_batching),
+        Vec::new(),
+        &args,
+    )?);
     let batching = Batching {
         batch_size: args.counter_batch_size,
         window: Duration::from_secs(args.counter_window_seconds),
@@ -493,6 +514,7 @@ fn print_verdict(r: &CostBench) {
         r.naive_dynamodb_usd_per_million_events
     );
     let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    // The counter's two runs with its batching are the last rows (`run`).
     let runs = &r.apps[r.apps.len() - 2..];
     for (run, met) in runs.iter().zip([
         r.counter_target_met_sending_every_count,
@@ -590,6 +612,17 @@ mod tests {
             1,
             "no function sets its own"
         );
+    }
+
+    #[test]
+    fn the_filters_batch_size_is_what_template_yaml_gives_its_mapping() {
+        let template = keyway_stack::TEMPLATE;
+        let function = template
+            .split("\n  DynamicFilterFunction:\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n  DynamicFilterFunctionLogGroup:").next())
+            .expect("the dynamic filter's resource");
+        assert!(function.contains(&format!("BatchSize: {FILTER_BATCH_SIZE}\n")));
     }
 
     #[test]

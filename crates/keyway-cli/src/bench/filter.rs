@@ -43,6 +43,7 @@ use crate::error::CliError;
 const FILTER_KEYS: usize = 100_000;
 const CONSUMERS: usize = 1_000;
 const ALL_EVENTS_SUBSCRIBERS: usize = 10;
+/// Records a batch by default: template.yaml's BatchSize for the filter.
 const BATCH: usize = 500;
 const EPOCH: i64 = 1_767_225_600_000;
 const STREAM_ARN: &str = "arn:aws:kinesis:us-east-1:000000000000:stream/filter-events";
@@ -135,9 +136,11 @@ pub(super) struct Targets {
 struct Generated {
     subscriptions: Vec<Subscription>,
     events: Vec<Value>,
+    /// Records a batch.
+    batch: usize,
 }
 
-fn generate(events: usize, seed: u64) -> Generated {
+fn generate(events: usize, batch: usize, seed: u64) -> Generated {
     let mut rng = StdRng::seed_from_u64(seed);
     let consumers = Zipf::new(CONSUMERS as f64, 1.2).expect("a Zipf distribution");
     let ops = ["update", "create", "delete", "share"];
@@ -174,6 +177,7 @@ fn generate(events: usize, seed: u64) -> Generated {
     Generated {
         subscriptions,
         events,
+        batch,
     }
 }
 
@@ -232,7 +236,7 @@ fn services() -> Arc<LocalServices> {
 /// Runs every batch through `handler`, returns the handler's CPU time less the services' own.
 async fn drive(
     handler: &dyn Handler,
-    events: &[Value],
+    generated: &Generated,
     services: &LocalServices,
 ) -> Result<Duration, CliError> {
     services.sqs.meter().set_cpu_accounting(true);
@@ -241,8 +245,9 @@ async fn drive(
     }
     let service_before: Duration = services_cpu(services);
     let mut cpu = Duration::ZERO;
-    for (n, chunk) in events.chunks(BATCH).enumerate() {
-        let text = batch_json(chunk, n * BATCH + 1);
+    let batch = generated.batch;
+    for (n, chunk) in generated.events.chunks(batch).enumerate() {
+        let text = batch_json(chunk, n * batch + 1);
         let start = thread_cpu_time();
         let response = handler
             .handle(&text, &Invocation::default())
@@ -299,7 +304,7 @@ struct Delivered {
     fewest_calls: u64,
 }
 
-fn delivered(services: &LocalServices) -> Delivered {
+fn delivered(services: &LocalServices, batch: usize) -> Delivered {
     let mut events = std::collections::HashSet::new();
     let (mut messages, mut fewest_calls) = (0, 0);
     for c in 0..CONSUMERS {
@@ -312,7 +317,7 @@ fn delivered(services: &LocalServices) -> Delivered {
             let event: Value = serde_json::from_str(&message.body).unwrap_or_default();
             let id = event["id"].as_u64().unwrap_or(u64::MAX);
             events.insert(id);
-            *by_batch.entry(id / BATCH as u64).or_default() += 1;
+            *by_batch.entry(id / batch as u64).or_default() += 1;
         }
         fewest_calls += by_batch.values().map(|n| n.div_ceil(10)).sum::<u64>();
     }
@@ -379,9 +384,9 @@ async fn run_filter(generated: &Generated) -> Result<(Design, ColdStart, Deliver
         dynamodb_calls: cold_calls,
         cpu_millis: cold_cpu.as_secs_f64() * 1000.0,
     };
-    let cpu = drive(&handler, &generated.events, &services).await?;
+    let cpu = drive(&handler, generated, &services).await?;
     let (units, calls) = difference(&table_meter(&services, "filter-state"), &loaded);
-    let delivered = delivered(&services);
+    let delivered = delivered(&services, generated.batch);
     let sends = sqs_sends(&services);
     Ok((
         design(
@@ -528,11 +533,11 @@ async fn run_lookup(generated: &Generated) -> Result<Design, CliError> {
         router,
         all,
     };
-    let cpu = drive(&lookup, &generated.events, &services).await?;
+    let cpu = drive(&lookup, generated, &services).await?;
     let after = table.meter().snapshot();
     let (strong_units, calls) = difference(&after, &before);
     // The lookup reads eventually consistent, at half the units of the strong reads metered.
-    let delivered = delivered(&services).messages;
+    let delivered = delivered(&services, generated.batch).messages;
     Ok(design(
         generated.events.len(),
         cpu,
@@ -546,7 +551,12 @@ async fn run_lookup(generated: &Generated) -> Result<Design, CliError> {
 /// The monthly cost of this design and of the article's brute force (every event published to
 /// SNS and delivered to every consumer's queue, each consumer's function receiving, looking up,
 /// and deleting every event), at `COST_EVENTS_PER_SECOND`.
-fn monthly_cost(filter: &Design, lookup: &Design, deliveries_per_event: f64) -> MonthlyCost {
+fn monthly_cost(
+    filter: &Design,
+    lookup: &Design,
+    deliveries_per_event: f64,
+    batch: usize,
+) -> MonthlyCost {
     let events = COST_EVENTS_PER_SECOND * SECONDS_PER_MONTH;
     let shards = (COST_EVENTS_PER_SECOND / 1000.0).ceil();
     let kinesis = shards * 730.0 * price::KINESIS_SHARD_HOUR + events * price::KINESIS_PUT_UNIT;
@@ -555,7 +565,7 @@ fn monthly_cost(filter: &Design, lookup: &Design, deliveries_per_event: f64) -> 
     };
     let delivered = events * deliveries_per_event;
     let this_design = kinesis
-        + lambda(events / BATCH as f64, events, filter.events_per_second_per_core)
+        + lambda(events / batch as f64, events, filter.events_per_second_per_core)
         + events / 1000.0 * filter.capacity_units_per_1000_events * price::DYNAMODB_READ
         // Sends as measured; consumers receive and delete ten at a time.
         + (delivered / 1000.0 * filter.sqs_calls_per_1000_deliveries + delivered * 0.2) * price::SQS_REQUEST;
@@ -581,14 +591,29 @@ pub(crate) struct Args {
     pub events: usize,
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Records a batch (the stack's BatchSize is 500): each queue gets at least one call a
+    /// batch it has deliveries in, so larger batches need fewer calls.
+    #[arg(long, default_value_t = BATCH)]
+    pub batch_size: usize,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
 pub(super) fn run(args: Args) -> Result<(), CliError> {
-    let Args { events, seed, json } = args;
-    let generated = generate(events, seed);
+    let Args {
+        events,
+        seed,
+        batch_size,
+        json,
+    } = args;
+    if !(1..=10_000).contains(&batch_size) {
+        return Err(CliError::option(
+            "--batch-size",
+            "must be 1 to 10,000 (Lambda's limit for a Kinesis mapping)",
+        ));
+    }
+    let generated = generate(events, batch_size, seed);
     let runtime = crate::job::runtime_builder(true);
     let (filter, cold_start, delivered) = runtime.block_on(run_filter(&generated))?;
     let (deliveries, events_delivered) = (delivered.messages, delivered.events);
@@ -602,7 +627,12 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
         filter.capacity_units_per_1000_events / lookup.capacity_units_per_1000_events;
     let targets_met = capacity_units_vs_lookup <= targets.capacity_units_vs_lookup_at_most
         && filter.sqs_calls_per_1000_deliveries <= targets.sqs_calls_per_1000_deliveries_at_most;
-    let monthly_cost = monthly_cost(&filter, &lookup, deliveries as f64 / events as f64);
+    let monthly_cost = monthly_cost(
+        &filter,
+        &lookup,
+        deliveries as f64 / events as f64,
+        batch_size,
+    );
     let result = FilterBench {
         seed,
         workload: Workload {
@@ -611,7 +641,7 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
             consumers: CONSUMERS,
             all_events_subscribers: ALL_EVENTS_SUBSCRIBERS,
             subscriptions: generated.subscriptions.len(),
-            batch_size: BATCH,
+            batch_size,
             matched_no_one_share: unmatched,
             deliveries,
             fewest_sqs_calls_per_1000_deliveries: delivered.fewest_calls as f64 * 1000.0
@@ -689,4 +719,28 @@ fn report(r: &FilterBench) -> String {
         if r.targets_met { "met" } else { "MISSED" }
     ));
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fewest_calls_count_each_batchs_deliveries_to_a_queue_apart() {
+        let services = services();
+        let url = format!("{QUEUE_PREFIX}{}", queue_of(7));
+        for id in 0..12 {
+            services
+                .sqs
+                .send_message(&url, json!({ "id": id }).to_string())
+                .expect("sent");
+        }
+        // Batches of 4 events: three batches, a call each. One batch of 500: two calls of ten.
+        let small = delivered(&services, 4);
+        assert_eq!(
+            (small.messages, small.events, small.fewest_calls),
+            (12, 12, 3)
+        );
+        assert_eq!(delivered(&services, 500).fewest_calls, 2);
+    }
 }
