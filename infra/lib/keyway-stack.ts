@@ -624,6 +624,10 @@ export class KeywayStack extends Stack {
         CHANGELOG_SINK: `kinesis:${changelog.streamName}`,
         DEAD_LETTER_SINK: `sqs:${deadLetters.queueUrl}`,
         TABLE_NAMES: `{"${users.tableName}": "users"}`,
+        // "sometimes": the re-key stores each row, for changes without a whole before image
+        // (PostgreSQL's REPLICA IDENTITY DEFAULT) and for truncates; "always" when every update
+        // and delete carries one: no row is stored, read or written.
+        BEFORE_IMAGES: 'sometimes',
         // The streams keep records 24 hours; an hour more covers clock skew.
         KEYWAY_REDELIVERY_WINDOW_SECONDS: '90000',
       },

@@ -528,15 +528,10 @@ async fn generated_changes_replayed_in_any_interleaving_on_any_shards_end_as_the
     use keyway_stack::cdc::{final_tables, interleave, replay, Settings};
     use keyway_stack::cdc_changes::{generate, Workload, JOIN};
     for seed in 0..4 {
-        let workload = Workload {
-            changes: 1_500,
-            domains: 200,
-            users: 50,
+        let events = generate(&Workload {
             truncates: seed as usize % 3,
-            seed,
-            ..Workload::default()
-        };
-        let events = generate(&workload);
+            ..small_workload(seed)
+        });
         let kind = [JoinKind::Inner, JoinKind::LeftOuter][seed as usize % 2];
         let spec = JoinSpec::parse(JOIN, kind).unwrap();
         let expected = final_tables(&events).join(&spec);
@@ -558,6 +553,17 @@ async fn generated_changes_replayed_in_any_interleaving_on_any_shards_end_as_the
             "{:?}",
             outcome.dead_letters
         );
+    }
+}
+
+/// 1,500 changes of 200 domains and 50 users, drawn from `seed`.
+fn small_workload(seed: u64) -> keyway_stack::cdc_changes::Workload {
+    keyway_stack::cdc_changes::Workload {
+        changes: 1_500,
+        domains: 200,
+        users: 50,
+        seed,
+        ..Default::default()
     }
 }
 
@@ -1093,4 +1099,147 @@ async fn a_sweep_that_crashes_part_way_keeps_what_it_removed_and_a_few_runs_end_
         .map(|r| String::from_utf8_lossy(&r.data).into_owned())
         .collect();
     assert_eq!(deletes.len(), 2_500, "one delete a row, whoever sent it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn trusting_whole_before_images_the_rekey_stores_no_row_reads_half_the_state_and_the_view_still_ends_as_the_join_under_faults(
+) {
+    use cdc_join::rekey::BeforeImages;
+    use keyway_local::FaultPlan;
+    use keyway_stack::cdc::{final_tables, interleave, replay, Settings};
+    use keyway_stack::cdc_changes::{generate, JOIN};
+    for seed in 0..2u64 {
+        let events = generate(&small_workload(seed));
+        let kind = [JoinKind::Inner, JoinKind::LeftOuter][seed as usize % 2];
+        let spec = JoinSpec::parse(JOIN, kind).unwrap();
+        let expected = final_tables(&events).join(&spec);
+        let ordered = interleave(events, seed);
+        let settings = |before_images, faults| Settings {
+            shards: 1 + seed as usize,
+            batch_size: [7, 100][seed as usize],
+            faults,
+            before_images,
+            ..Settings::new(spec.clone())
+        };
+        let run = |before_images, faults| {
+            let settings = settings(before_images, faults);
+            let ordered = ordered.clone();
+            async move { replay(&settings, &ordered).await.unwrap() }
+        };
+        let stored = run(BeforeImages::Sometimes, FaultPlan::default()).await;
+        let trusted = run(BeforeImages::Always, FaultPlan::default()).await;
+        let joined_rows = state_rows(&stored.state_items, "cdc-join", &["left", "right"]);
+        ends_as(
+            &trusted,
+            &expected,
+            (0, joined_rows),
+            &format!("seed {seed}"),
+        );
+        let state = |outcome: &keyway_stack::cdc::Outcome| outcome.meters["cdc-state"].clone();
+        let (before, after) = (state(&stored), state(&trusted));
+        // The join's reads and writes are left: about one of each a change, as the re-key's were.
+        assert!(
+            after.read_units < 0.6 * before.read_units
+                && after.write_units < 0.6 * before.write_units,
+            "seed {seed}: the state's units {} read, {} written against {} and {}",
+            after.read_units,
+            after.write_units,
+            before.read_units,
+            before.write_units
+        );
+        let faulty = run(BeforeImages::Always, FaultPlan::all(0.05, seed)).await;
+        ends_as(
+            &faulty,
+            &expected,
+            (0, joined_rows),
+            &format!("seed {seed}, every fault at 5%"),
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn trusting_whole_before_images_a_change_without_one_and_a_truncate_are_dead_lettered_with_their_reasons(
+) {
+    use cdc_join::rekey::BeforeImages;
+    use keyway_stack::cdc::{replay, Settings};
+    let user = |op: &str, before: Option<Value>, after: Option<Value>, lsn: u64| SourceEvent {
+        topic: "app.public.users".into(),
+        key: json!({"id": 1}),
+        value: Some(json!({
+            "before": before, "after": after, "op": op,
+            "source": {"connector": "postgresql", "table": "users", "snapshot": "false", "lsn": lsn},
+        })),
+    };
+    let events = vec![
+        user("c", None, Some(json!({"id": 1, "name": "a"})), 1),
+        // REPLICA IDENTITY DEFAULT: the key columns only, or nothing.
+        user(
+            "u",
+            Some(json!({"id": 1})),
+            Some(json!({"id": 1, "name": "b"})),
+            2,
+        ),
+        user("d", None, None, 3),
+        at_lsn("users", json!("default"), "t", None, 4),
+    ];
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::LeftOuter).unwrap();
+    let settings = Settings {
+        shards: 1,
+        before_images: BeforeImages::Always,
+        ..Settings::new(spec)
+    };
+    let outcome = replay(&settings, &events).await.unwrap();
+    let mut reasons = outcome.dead_letters.clone();
+    reasons.sort();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("before: missing: with BEFORE_IMAGES=always"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].starts_with("before: without the column \"name\""),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[2].starts_with("op: a truncate of \"users\""),
+        "{reasons:?}"
+    );
+    assert_eq!(state_rows(&outcome.state_items, "cdc-rekey", &["row"]), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn trusting_whole_before_images_a_change_sent_again_changes_no_joined_row_again() {
+    use cdc_join::rekey::BeforeImages;
+    use keyway_stack::cdc::{replay, Settings};
+    let change =
+        |table: &str, id: u32, op: &str, before: Option<Value>, after: Option<Value>| SourceEvent {
+            topic: format!("app.public.{table}"),
+            key: json!({ "id": id }),
+            value: Some(json!({
+                "before": before, "after": after, "op": op,
+                "source": {"connector": "postgresql", "table": table, "snapshot": "false"},
+            })),
+        };
+    let ada = json!({"id": 1, "name": "ada"});
+    let grace = json!({"id": 1, "name": "grace"});
+    let mut events = vec![change("users", 1, "c", None, Some(ada.clone()))];
+    for id in 0..20 {
+        let domain = json!({"id": id, "user_id": 1});
+        events.push(change("domains", id, "c", None, Some(domain)));
+    }
+    let rename = change("users", 1, "u", Some(ada), Some(grace));
+    events.push(rename.clone());
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+    let settings = Settings {
+        shards: 1,
+        before_images: BeforeImages::Always,
+        ..Settings::new(spec)
+    };
+    let once = replay(&settings, &events).await.unwrap();
+    events.push(rename);
+    let twice = replay(&settings, &events).await.unwrap();
+    assert_eq!(twice.view, once.view);
+    // The rename took the twenty joined rows out and put them back; the same rename again, none.
+    assert_eq!(once.joined.len(), 20 + 40);
+    assert_eq!(twice.joined.len(), once.joined.len());
 }

@@ -4,11 +4,13 @@
 //! and interleavings of the rows, with and without a filter on a column that updates change, with
 //! and without every fault of the embedded runtime, the view table and the folded joined changelog
 //! equal the join of the final tables, the re-key holds exactly the live source rows and the join
-//! exactly those the filter lets through.
+//! exactly those the filter lets through. The same without truncates with the re-key trusting
+//! whole before images, when it holds no row.
 
 use std::collections::BTreeMap;
 
 use cdc_join::filter::Filter;
+use cdc_join::rekey::BeforeImages;
 use cdc_join::spec::{JoinKind, JoinSpec};
 use keyway_local::FaultPlan;
 use keyway_stack::cdc::{final_tables, interleave, replay, Settings, SourceEvent};
@@ -149,61 +151,134 @@ fn events(script: &[Op]) -> Vec<SourceEvent> {
     out
 }
 
+/// How a script is run: the property's other arguments.
+#[derive(Clone, Debug)]
+struct Run {
+    shards: usize,
+    batch_size: usize,
+    order: u64,
+    faults: Option<u64>,
+    left_outer: bool,
+    filter: Option<(bool, bool, u32)>,
+}
+
+/// Any shard count, batch size, interleaving, faults or none, kind of join, and filter or none.
+fn run() -> impl Strategy<Value = Run> {
+    (
+        1..5usize,
+        prop::sample::select(vec![1usize, 3, 10, 100]),
+        any::<u64>(),
+        prop::option::of(any::<u64>()),
+        any::<bool>(),
+        prop::option::of((any::<bool>(), any::<bool>(), 0..60u32)),
+    )
+        .prop_map(
+            |(shards, batch_size, order, faults, left_outer, filter)| Run {
+                shards,
+                batch_size,
+                order,
+                faults,
+                left_outer,
+                filter,
+            },
+        )
+}
+
+/// Runs `script` as `run` says, with the re-key's `before_images`, and checks the view, the
+/// folded joined changelog and the rows each operator holds.
+fn check(script: &[Op], run: Run, before_images: BeforeImages) -> Result<(), TestCaseError> {
+    let kind = if run.left_outer {
+        JoinKind::LeftOuter
+    } else {
+        JoinKind::Inner
+    };
+    // A filter on a column that updates change (renames only raise it): rows leave it (`<`)
+    // or come into it (`>=`).
+    let filter = run
+        .filter
+        .map_or_else(String::new, |(domains, below, name)| {
+            let table = if domains { "domains" } else { "users" };
+            format!("{table}.name {} {name}", if below { "<" } else { ">=" })
+        });
+    let spec = JoinSpec::parse("domains.user_id=users.id", kind)
+        .unwrap()
+        .with_filter(Filter::parse(&filter).unwrap())
+        .unwrap();
+    let events = events(script);
+    let tables = final_tables(&events);
+    let expected = tables.join(&spec);
+    let settings = Settings {
+        shards: run.shards,
+        batch_size: run.batch_size,
+        faults: run
+            .faults
+            .map_or_else(FaultPlan::default, |seed| FaultPlan::all(0.05, seed)),
+        before_images,
+        ..Settings::new(spec.clone())
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let outcome = runtime
+        .block_on(replay(&settings, &interleave(events, run.order)))
+        .unwrap();
+    prop_assert_eq!(&outcome.view, &expected, "the view table");
+    prop_assert_eq!(&folded(&outcome.joined), &expected, "the joined changelog");
+    prop_assert!(
+        outcome.dead_letters.is_empty(),
+        "{:?}",
+        outcome.dead_letters
+    );
+    let live = match before_images {
+        BeforeImages::Sometimes => tables.len(),
+        BeforeImages::Always => 0,
+    };
+    prop_assert_eq!(
+        state_rows(&outcome.state_items, "cdc-rekey", &["row"]),
+        live
+    );
+    // The join holds the rows the filter lets through, and no other.
+    let taking_part = tables
+        .rows
+        .iter()
+        .map(|(table, rows)| {
+            rows.values()
+                .filter(|row| spec.takes_part(table, row))
+                .count()
+        })
+        .sum::<usize>();
+    prop_assert_eq!(
+        state_rows(&outcome.state_items, "cdc-join", &["left", "right"]),
+        taking_part
+    );
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
     fn any_changes_on_any_shards_in_any_interleaving_under_faults_leave_the_join_of_the_final_tables_and_no_stale_state(
         script in prop::collection::vec(op(), 1..80),
-        shards in 1..5usize,
-        batch_size in prop::sample::select(vec![1usize, 3, 10, 100]),
-        order in any::<u64>(),
-        faults in prop::option::of(any::<u64>()),
-        left_outer in any::<bool>(),
-        filter in prop::option::of((any::<bool>(), any::<bool>(), 0..60u32)),
+        run in run(),
     ) {
-        let kind = if left_outer { JoinKind::LeftOuter } else { JoinKind::Inner };
-        // A filter on a column that updates change (renames only raise it): rows leave it (`<`)
-        // or come into it (`>=`).
-        let filter = filter.map_or_else(String::new, |(domains, below, name)| {
-            let table = if domains { "domains" } else { "users" };
-            format!("{table}.name {} {name}", if below { "<" } else { ">=" })
-        });
-        let spec = JoinSpec::parse("domains.user_id=users.id", kind)
-            .unwrap()
-            .with_filter(Filter::parse(&filter).unwrap())
-            .unwrap();
-        let events = events(&script);
-        let tables = final_tables(&events);
-        let expected = tables.join(&spec);
-        let settings = Settings {
-            shards,
-            batch_size,
-            faults: faults.map_or_else(FaultPlan::default, |seed| FaultPlan::all(0.05, seed)),
-            ..Settings::new(spec.clone())
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let outcome = runtime
-            .block_on(replay(&settings, &interleave(events, order)))
-            .unwrap();
-        prop_assert_eq!(&outcome.view, &expected, "the view table");
-        prop_assert_eq!(&folded(&outcome.joined), &expected, "the joined changelog");
-        prop_assert!(outcome.dead_letters.is_empty(), "{:?}", outcome.dead_letters);
-        let live = tables.len();
-        prop_assert_eq!(state_rows(&outcome.state_items, "cdc-rekey", &["row"]), live);
-        // The join holds the rows the filter lets through, and no other.
-        let taking_part = tables
-            .rows
-            .iter()
-            .map(|(table, rows)| rows.values().filter(|row| spec.takes_part(table, row)).count())
-            .sum::<usize>();
-        prop_assert_eq!(
-            state_rows(&outcome.state_items, "cdc-join", &["left", "right"]),
-            taking_part
-        );
+        check(&script, run, BeforeImages::Sometimes)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Every update and delete the script makes carries the whole row before it: the re-key
+    /// trusts them, keeps no row, and takes no truncate (the script makes none).
+    #[test]
+    fn trusting_whole_before_images_any_changes_without_truncates_leave_the_join_of_the_final_tables(
+        script in prop::collection::vec(op(), 1..80),
+        run in run(),
+    ) {
+        let script: Vec<Op> = script.into_iter().map(|op| Op { truncate: false, ..op }).collect();
+        check(&script, run, BeforeImages::Always)?;
     }
 }

@@ -81,6 +81,18 @@ fn the_cdc_join_under_every_fault_ends_with_the_view_the_oracle_joins() {
     clean(App::Cdc, settings(3, 2, 34));
 }
 
+/// Trusting whole before images (`BEFORE_IMAGES=always`), the re-key stores no row: the view
+/// still ends as the oracle joins it.
+#[test]
+fn the_cdc_join_trusting_whole_before_images_under_every_fault_ends_with_the_view_the_oracle_joins()
+{
+    let settings = Settings {
+        variables: vec![Variable::new("CdcRekeyFunction", "BEFORE_IMAGES", "always")],
+        ..settings(3, 2, 35)
+    };
+    clean(App::Cdc, settings);
+}
+
 /// At 20,000 records the rarest fault kinds (a crash inside a commit, a duplicate delivery) are
 /// injected a few times a run, depending on the calls the run makes: a change that makes fewer
 /// (one timer index entry for the timers a batch sets at once) can leave one of those kinds
@@ -130,4 +142,14 @@ fn every_applications_metered_run_ends_and_bills_its_functions_work() {
         let swept = [App::Identity, App::Cdc, App::Aggregate].contains(&app);
         assert_eq!(usage.schedules.len(), usize::from(swept), "{usage:?}");
     }
+    // The CDC join with its re-key trusting whole before images, as `keyway bench cost` prices it.
+    let settings = Settings {
+        events: 3_000,
+        fault_rate: 0.0,
+        metering,
+        variables: vec![Variable::new("CdcRekeyFunction", "BEFORE_IMAGES", "always")],
+        ..settings(1, 2, 35)
+    };
+    let usage = usage(App::Cdc, &settings).expect("the metered run ends");
+    assert!(usage.write_units > 0.0 && usage.put_payload_units > 0.0);
 }

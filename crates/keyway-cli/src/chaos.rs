@@ -79,11 +79,13 @@ pub(crate) fn run(args: Args) -> Result<(), CliError> {
         ));
     }
     let apps = apps(&args.app)?;
-    if !settings.variables.is_empty() && apps.iter().any(|app| !app.deploys_the_template()) {
+    let refused = |app: &App| settings.variables.iter().any(|v| !app.takes(v));
+    if apps.iter().any(refused) {
         return Err(CliError::option(
             "--set",
-            "applies to the runs that deploy template.yaml: counter, identity and aggregate \
-             (the filter's and the CDC join's wire their functions themselves)",
+            "applies to the runs that deploy template.yaml: counter, identity and aggregate; \
+             the CDC join's takes CdcRekeyFunction.BEFORE_IMAGES only, the filter's none (they \
+             wire their functions themselves)",
         ));
     }
     crate::allocator::keep_freed_memory();

@@ -1,5 +1,6 @@
 //! `keyway chaos` as a user runs it: a variant of template.yaml made with `--set`, which runs
-//! that wire their functions themselves refuse.
+//! that wire their functions themselves refuse, but for the variable the CDC join's run sets on
+//! the function it wires.
 
 use std::process::{Command, Output};
 
@@ -25,6 +26,13 @@ fn set_changes_a_variable_of_a_run_that_deploys_the_template_and_is_refused_else
     let out = keyway(&["chaos", "filter", "--events", "100", "--set", latest]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--set"), "{}", stderr(&out));
+    let out = keyway(&["chaos", "cdc", "--events", "100", "--set", latest]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("BEFORE_IMAGES only"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = keyway(&["chaos", "counter", "--set", "KeyedCounterFunction"]);
     assert!(!out.status.success());
@@ -44,4 +52,30 @@ fn set_changes_a_variable_of_a_run_that_deploys_the_template_and_is_refused_else
     ]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("NOPE"), "{}", stderr(&out));
+}
+
+#[test]
+fn the_cdc_joins_run_takes_the_rekeys_before_images_and_holds_the_join_to_its_oracle_storing_no_row(
+) {
+    // Without faults: the chaos test of tests/ runs it under every fault, with enough changes
+    // for each kind to fire.
+    let always = "CdcRekeyFunction.BEFORE_IMAGES=always";
+    let out = keyway(&[
+        "chaos",
+        "cdc",
+        "--events",
+        "3000",
+        "--fault-rate",
+        "0",
+        "--set",
+        always,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    assert!(text.contains("the re-key stores no row"), "{text}");
+
+    let wrong = "CdcRekeyFunction.BEFORE_IMAGES=full";
+    let out = keyway(&["chaos", "cdc", "--events", "100", "--set", wrong]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("BEFORE_IMAGES"), "{}", stderr(&out));
 }

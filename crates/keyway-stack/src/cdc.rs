@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cdc_join::join::{Joined, JoinedId, Stamped};
 use cdc_join::oracle::Tables;
-use cdc_join::rekey::primary_key;
+use cdc_join::rekey::{primary_key, BeforeImages};
 use cdc_join::spec::{JoinKind, JoinSpec};
 use cdc_join::truncate::RekeyHandler;
 use cdc_join::view_table::joined_of;
@@ -76,6 +76,8 @@ pub struct Settings {
     pub late: Vec<SourceEvent>,
     /// How the run is metered for a cost report (its batching replaces `batch_size`).
     pub metering: Metering,
+    /// Whether the changes carry whole before images: the re-key's `BEFORE_IMAGES`.
+    pub before_images: BeforeImages,
 }
 
 impl Settings {
@@ -90,6 +92,7 @@ impl Settings {
             faults: FaultPlan::default(),
             late: Vec::new(),
             metering: Metering::default(),
+            before_images: BeforeImages::Sometimes,
         }
     }
 }
@@ -172,7 +175,8 @@ pub fn final_tables(events: &[SourceEvent]) -> Tables {
 }
 
 /// The environment the stack gives both functions, here.
-fn environment(spec: &JoinSpec, dead_letters: &str) -> keyway::lambda::Env {
+fn environment(settings: &Settings, dead_letters: &str) -> keyway::lambda::Env {
+    let spec = &settings.spec;
     let kind = match spec.kind {
         JoinKind::Inner => "inner",
         JoinKind::LeftOuter => "left",
@@ -186,6 +190,14 @@ fn environment(spec: &JoinSpec, dead_letters: &str) -> keyway::lambda::Env {
         ("DEAD_LETTER_SINK", format!("sqs:{dead_letters}")),
         ("CHANGELOG_SINK", format!("kinesis:{CHANGELOG}")),
         ("JOINED_SINK", format!("kinesis:{JOINED}")),
+        (
+            "BEFORE_IMAGES",
+            match settings.before_images {
+                BeforeImages::Sometimes => "sometimes",
+                BeforeImages::Always => "always",
+            }
+            .to_owned(),
+        ),
         ("KEYWAY_REDELIVERY_WINDOW_SECONDS", "90000".to_owned()),
         (
             "TRUNCATE_SETTLE_SECONDS",
@@ -219,7 +231,7 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     services.kinesis.create_stream(CHANGELOG, settings.shards);
     services.kinesis.create_stream(JOINED, 1);
     let dead_letters = services.sqs.create_queue("cdc-dead-letters");
-    let env = environment(&settings.spec, &dead_letters);
+    let env = environment(settings, &dead_letters);
     let mut runtime = LocalRuntime::new(services.clone());
     let mapping = settings
         .metering

@@ -78,6 +78,14 @@ const OPERATORS: [(&str, Compare); 7] = [
 ];
 
 impl Filter {
+    /// The columns the conditions on `table` read.
+    pub fn columns_of<'a>(&'a self, table: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.conditions
+            .iter()
+            .filter(move |c| c.table == table)
+            .map(|c| c.column.as_str())
+    }
+
     /// Reads conditions joined by `AND`; empty text is no filter.
     pub fn parse(text: &str) -> Result<Self, FilterError> {
         let mut conditions = Vec::new();

@@ -13,6 +13,15 @@
 //!
 //! One writer per key (one input stream) and outputs computed from the record and the stored
 //! row alone: emit-then-commit (DESIGN §3); a retry re-emits the same steps under the same ids.
+//!
+//! A source whose every update and delete carries the row before it whole (`BeforeImages::
+//! Always`: a DynamoDB stream of new and old images, PostgreSQL's REPLICA IDENTITY FULL, MySQL's
+//! full row images) needs no stored row: the re-key then keeps no state at all, and a change
+//! costs no read and no write of it. It refuses (dead-letters) a change whose before image is
+//! missing or partial, and truncates, which remove rows that only stored rows name. A change sent
+//! again is re-keyed again: its delete names the version of the row it replaced
+//! (`Step::of_version`), which the join no longer holds, so that the join leaves it, and the
+//! insert of a version held changes nothing.
 //! The truncate sweep (`truncate`) writes rows too, but only removes a row from before its
 //! table's truncate, which the re-key retracts and drops itself on the row's next change, with
 //! the same retraction: the join ends the same whichever of the two gets there first.
@@ -92,6 +101,10 @@ pub struct Step {
     /// The delete or insert of the row, with its columns.
     #[serde(flatten)]
     pub change: RowChange<Row>,
+    /// A delete made from the change's whole before image (`BeforeImages::Always`): it deletes
+    /// that version of the row only, and a group holding another (later) one leaves it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub of_version: bool,
 }
 
 /// A record as read: a change of a row of a table of the join; a truncate of such a table, which
@@ -124,6 +137,18 @@ pub enum SourceChange {
     },
 }
 
+/// Whether the source's updates and deletes carry the row before them whole (`BEFORE_IMAGES`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BeforeImages {
+    /// Not always (PostgreSQL's REPLICA IDENTITY DEFAULT sends the key columns only): the re-key
+    /// stores each row, to retract what a change replaces.
+    #[default]
+    Sometimes,
+    /// Always: the re-key stores nothing and retracts the before image; a change without a whole
+    /// one, or a truncate, is dead-lettered.
+    Always,
+}
+
 /// The re-key of one join.
 #[derive(Clone, Debug)]
 pub struct Rekey {
@@ -132,15 +157,22 @@ pub struct Rekey {
     /// A source table's name in the join by the name its changes carry, where the two differ: a
     /// DynamoDB table's changes carry its physical name (`stack-UsersTable-1A2B`).
     pub table_names: BTreeMap<String, String>,
+    /// Whether changes carry whole before images, so that no row need be stored.
+    pub before_images: BeforeImages,
 }
 
 impl Rekey {
-    /// The re-key of `spec`, its tables named in their changes as in the join.
+    /// The re-key of `spec`, its tables named in their changes as in the join, storing rows.
     pub fn new(spec: JoinSpec) -> Self {
         Self {
             spec,
             table_names: BTreeMap::new(),
+            before_images: BeforeImages::Sometimes,
         }
+    }
+
+    fn stores_rows(&self) -> bool {
+        self.before_images == BeforeImages::Sometimes
     }
 
     /// A change's table under its name in the join.
@@ -165,12 +197,15 @@ impl Rekey {
     fn change(
         &self,
         table: String,
-        field: &str,
+        (field, before_field): (&str, &str),
         pk: String,
         event: RowEvent,
     ) -> Result<SourceChange, InvalidInput> {
         let table = self.joined_name(table);
         let side = self.side_of(&table, field)?;
+        if !self.stores_rows() {
+            self.check_before_image(&table, side, &event, before_field)?;
+        }
         Ok(SourceChange::Change {
             table,
             side,
@@ -203,13 +238,23 @@ impl Rekey {
             return Ok(SourceChange::Tombstone { pk });
         };
         let table = table_of(record, &event);
-        self.change(table, "source.table", pk, event)
+        self.change(table, ("source.table", "before"), pk, event)
     }
 
     /// A truncate of a table of the join, which must say where it stands in the source's log.
     fn truncate(&self, table: String, at: &Option<Position>) -> Result<SourceChange, InvalidInput> {
         let table = self.joined_name(table);
         self.side_of(&table, "source.table")?;
+        if !self.stores_rows() {
+            return Err(InvalidInput::new(
+                "op",
+                format!(
+                    "a truncate of {table:?} removes rows that only stored rows name, and with \
+                     BEFORE_IMAGES=always the re-key stores none (set it to sometimes to take \
+                     truncates)"
+                ),
+            ));
+        }
         let at = at.clone().ok_or_else(|| {
             InvalidInput::new(
                 "source",
@@ -232,6 +277,7 @@ impl Rekey {
             pk: pk.to_owned(),
             stamp: Stamp::truncated(&stored.seq),
             change: RowChange::Delete(stored.row.clone()),
+            of_version: false,
         })
     }
 
@@ -242,7 +288,41 @@ impl Rekey {
         })?;
         let pk = primary_key(&item_to_plain_json(&change.keys));
         let event = dynamodb_row_event(change)?;
-        self.change(table, "eventSourceARN", pk, event)
+        self.change(table, ("eventSourceARN", "dynamodb.OldImage"), pk, event)
+    }
+
+    /// Refuses, naming `field`, an update or delete of a row of `table` whose before image the
+    /// re-key cannot retract from alone: missing, or without a column the row after it has, or
+    /// (a delete) without the row's join column or a column the filter reads.
+    fn check_before_image(
+        &self,
+        table: &str,
+        side: Side,
+        event: &RowEvent,
+        field: &str,
+    ) -> Result<(), InvalidInput> {
+        let needed: Vec<&str> = match (&event.op, &event.after) {
+            (Op::Update, Some(after)) => after.keys().map(String::as_str).collect(),
+            (Op::Delete, _) => std::iter::once(self.spec.column(side))
+                .chain(self.spec.filter.columns_of(table))
+                .collect(),
+            _ => return Ok(()),
+        };
+        let problem = match &event.before {
+            None => "missing".to_owned(),
+            Some(before) => match needed.iter().find(|c| !before.contains_key(**c)) {
+                None => return Ok(()),
+                Some(column) => format!("without the column {column:?}"),
+            },
+        };
+        Err(InvalidInput::new(
+            field,
+            format!(
+                "{problem}: with BEFORE_IMAGES=always every update and delete must carry the \
+                 whole row before it (PostgreSQL: REPLICA IDENTITY FULL; a DynamoDB stream: \
+                 NEW_AND_OLD_IMAGES)"
+            ),
+        ))
     }
 }
 
@@ -288,17 +368,7 @@ impl Rekey {
             };
             // The row is stored whether or not it matches the filter: a later delete without a
             // before image retracts what was there. Only matching rows go on (see `filter`).
-            if !self.spec.takes_part(table, change.row()) {
-                continue;
-            }
-            out.push(Step {
-                group: group_of(&self.spec, side, pk, change.row()),
-                side,
-                table: table.to_owned(),
-                pk: pk.to_owned(),
-                stamp,
-                change,
-            });
+            out.extend(self.step(table, side, pk, stamp, change));
         }
         // A change that leaves the row as it was (made again after a truncate the re-key has
         // not seen yet, the same as before it) is no step, but moves the row past that truncate.
@@ -317,6 +387,53 @@ impl Rekey {
         }
         for step in out {
             ctx.emit(&CHANGELOG, step.group.clone(), &step)?;
+        }
+        Ok(())
+    }
+}
+
+impl Rekey {
+    /// The step of `change` to a row of `table` under `pk`, stamped `stamp`; none when the row
+    /// does not take part in the join (see `filter`).
+    fn step(
+        &self,
+        table: &str,
+        side: Side,
+        pk: &str,
+        stamp: Stamp,
+        change: RowChange<Row>,
+    ) -> Option<Step> {
+        self.spec.takes_part(table, change.row()).then(|| Step {
+            group: group_of(&self.spec, side, pk, change.row()),
+            side,
+            table: table.to_owned(),
+            pk: pk.to_owned(),
+            stamp,
+            of_version: false,
+            change,
+        })
+    }
+
+    /// One change of a source row from its images alone (`BeforeImages::Always`): the decoder
+    /// refused a change without a whole before image, so no stored row is needed.
+    fn change_from_images(
+        &self,
+        ctx: &mut Ctx<'_>,
+        table: &str,
+        side: Side,
+        pk: &str,
+        event: &RowEvent,
+    ) -> Result<(), ProcessError> {
+        let sequence = ctx.record().sequence.as_str().to_owned();
+        for change in debezium_changes(event, None) {
+            let (stamp, of_version) = match &change {
+                RowChange::Delete(_) => (Stamp::delete(&sequence), true),
+                RowChange::Insert(_) => (Stamp::insert(&sequence), false),
+            };
+            if let Some(step) = self.step(table, side, pk, stamp, change) {
+                let step = Step { of_version, ..step };
+                ctx.emit(&CHANGELOG, step.group.clone(), &step)?;
+            }
         }
         Ok(())
     }
@@ -361,7 +478,15 @@ impl KeyedOperator for Rekey {
     }
 
     fn states(&self) -> Vec<StateDescriptor> {
-        vec![ROW.descriptor(), TRUNCATED.descriptor()]
+        if self.stores_rows() {
+            vec![ROW.descriptor(), TRUNCATED.descriptor()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn stateless(&self) -> bool {
+        !self.stores_rows()
     }
 
     fn sinks(&self) -> Vec<SinkDescriptor> {
@@ -394,7 +519,13 @@ impl KeyedOperator for Rekey {
                 side,
                 pk,
                 event,
-            } => self.change_row(ctx, &table, side, &pk, &event),
+            } if self.stores_rows() => self.change_row(ctx, &table, side, &pk, &event),
+            SourceChange::Change {
+                table,
+                side,
+                pk,
+                event,
+            } => self.change_from_images(ctx, &table, side, &pk, &event),
             SourceChange::Truncate { table, at } => {
                 let mut fences = ctx.broadcast_mut(&TRUNCATED)?;
                 let mut fenced = fences.get().cloned().unwrap_or_default();

@@ -171,13 +171,17 @@ impl JoinSpec {
         join
     }
 
-    /// What `row` of `side` joins on.
-    pub fn join_key(&self, side: Side, row: &Row) -> JoinKey {
-        let column = match side {
+    /// The join column of `side`'s table.
+    pub fn column(&self, side: Side) -> &str {
+        match side {
             Side::Left => &self.left.column,
             Side::Right => &self.right.column,
-        };
-        match row.get(column) {
+        }
+    }
+
+    /// What `row` of `side` joins on.
+    pub fn join_key(&self, side: Side, row: &Row) -> JoinKey {
+        match row.get(self.column(side)) {
             None | Some(Value::Null) => JoinKey::Null,
             Some(Value::Number(n)) => JoinKey::Value(Number::of(n).canonical()),
             Some(value) => JoinKey::Value(value.to_string()),

@@ -6,8 +6,9 @@
 //! executor's variables (see `keyway::lambda::executor_config`). The re-key's: `CHANGELOG_SINK`
 //! (`kinesis:<stream>`, the changelog the join reads) and `TABLE_NAMES` (optional: a JSON object
 //! of a source table's name in its changes to its name in the join, for a DynamoDB table, whose
-//! changes carry its physical name), and `TRUNCATE_SETTLE_SECONDS` (optional: see
-//! `truncate`; its schedule runs the truncate sweep). The join's: `JOINED_SINK` (the joined
+//! changes carry its physical name), `BEFORE_IMAGES` (`sometimes`, the default, or `always`: see
+//! `rekey::BeforeImages`) and `TRUNCATE_SETTLE_SECONDS` (optional: see `truncate`; its schedule
+//! runs the truncate sweep). The join's: `JOINED_SINK` (the joined
 //! changelog) and `VIEW_TABLE` (the materialized view, keyed `pk`, `sk`, TTL on `ttl`).
 
 use std::collections::BTreeMap;
@@ -18,11 +19,11 @@ use keyway::lambda::{
     executor_config, observed, required, sink_from, state_store_from, table_from, ConfigError, Env,
     Platform, SetupError, StreamHandler,
 };
-use keyway::{Executor, Sinks};
+use keyway::{Executor, KeyedOperator, Sinks};
 
 use crate::filter::Filter;
 use crate::joiner::{Join, JOINED, VIEW};
-use crate::rekey::{Rekey, CHANGELOG};
+use crate::rekey::{BeforeImages, Rekey, CHANGELOG};
 use crate::spec::{JoinKind, JoinSpec};
 use crate::truncate::{RekeyHandler, Sweeper};
 use crate::view_table::ViewTable;
@@ -67,6 +68,19 @@ pub fn table_names_from(env: &Env) -> Result<BTreeMap<String, String>, ConfigErr
     }
 }
 
+/// Whether the source's updates and deletes carry whole before images (`BEFORE_IMAGES`:
+/// `sometimes` unless set).
+pub fn before_images_from(env: &Env) -> Result<BeforeImages, ConfigError> {
+    match env.get("BEFORE_IMAGES").map(|t| t.trim()) {
+        None | Some("" | "sometimes") => Ok(BeforeImages::Sometimes),
+        Some("always") => Ok(BeforeImages::Always),
+        Some(other) => Err(ConfigError {
+            name: "BEFORE_IMAGES".into(),
+            problem: format!("{other:?} is not sometimes or always"),
+        }),
+    }
+}
+
 /// The re-key function: its stream batches, and on its schedule the truncate sweep.
 pub fn rekey_handler(platform: &dyn Platform, env: &Env) -> Result<RekeyHandler, SetupError> {
     let changelog = sink_from(platform, env, "CHANGELOG_SINK")?;
@@ -76,9 +90,15 @@ pub fn rekey_handler(platform: &dyn Platform, env: &Env) -> Result<RekeyHandler,
     let operator = Rekey {
         spec: spec_from(env)?,
         table_names: table_names_from(env)?,
+        before_images: before_images_from(env)?,
     };
     let config = executor_config(env)?;
-    let executor = Executor::new(operator.clone(), store.clone(), sinks, platform.clock())?;
+    // Trusting whole before images, it keeps no state: the sweep then finds no row to retract.
+    let executor = if operator.stateless() {
+        Executor::stateless(operator.clone(), sinks, platform.clock())?
+    } else {
+        Executor::new(operator.clone(), store.clone(), sinks, platform.clock())?
+    };
     let sweeper = Sweeper {
         rekey: operator,
         store,
@@ -178,6 +198,15 @@ mod tests {
             let err = spec_from(&env(&[join, ("FILTER", filter)])).unwrap_err();
             assert_eq!(err.name, "FILTER", "{filter}");
         }
+    }
+
+    #[test]
+    fn the_environment_says_whether_before_images_are_whole_and_a_bad_answer_is_named() {
+        let read = |value: &str| before_images_from(&env(&[("BEFORE_IMAGES", value)]));
+        assert_eq!(before_images_from(&env(&[])), Ok(BeforeImages::Sometimes));
+        assert_eq!(read("sometimes"), Ok(BeforeImages::Sometimes));
+        assert_eq!(read(" always "), Ok(BeforeImages::Always));
+        assert_eq!(read("full").unwrap_err().name, "BEFORE_IMAGES");
     }
 
     #[test]

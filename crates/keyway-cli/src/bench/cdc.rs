@@ -4,7 +4,9 @@
 //! domains).
 //!
 //! - keyway: the re-key and the join on the embedded runtime, one shard, each row's state and
-//!   each joined row an item of its own, the view in its table.
+//!   each joined row an item of its own, the view in its table; and again with the re-key
+//!   trusting the changes' whole before images (`BEFORE_IMAGES=always`), storing no row, as the
+//!   whole-set design trusts them.
 //! - whole set per join key: for each change, read the item of every join key it touches (the
 //!   old and the new), put back the item with both sides' rows (the join key's joined rows, to
 //!   whoever reads it). The change's before image says where the row was; nothing else is kept.
@@ -19,7 +21,7 @@ use std::time::Duration;
 
 use cdc_join::join::{Joined, JoinedId};
 use cdc_join::oracle::Tables;
-use cdc_join::rekey::primary_key;
+use cdc_join::rekey::{primary_key, BeforeImages};
 use cdc_join::spec::{JoinKey, JoinKind, JoinSpec, Side};
 use keyway::adapters::dynamodb::{Expect, ItemKey, Table, WriteRequest};
 use keyway::domain::changelog::debezium_changes;
@@ -61,9 +63,47 @@ pub(super) struct CdcBench {
     /// keyway's capacity units by table: the state (the re-key's rows and the join's groups)
     /// and the view, which the whole-set design does not keep.
     pub keyway_by_table: BTreeMap<String, TableUnits>,
+    /// keyway with the re-key trusting whole before images: it stores no row.
+    pub keyway_trusting_before_images: Design,
+    pub keyway_trusting_before_images_by_table: BTreeMap<String, TableUnits>,
     pub whole_set_per_join_key: Design,
     pub capacity_units_vs_whole_set: f64,
     pub changes_per_second_vs_whole_set: f64,
+    pub trusting_before_images_capacity_units_vs_whole_set: f64,
+}
+
+/// keyway's run over `events` (of `changes` changes), with the re-key's `before_images`: its
+/// design, and its capacity units by table; an error unless its view ends as `expected`.
+fn keyway_run(
+    runtime: &tokio::runtime::Runtime,
+    (spec, events, changes): (&JoinSpec, &[SourceEvent], usize),
+    before_images: BeforeImages,
+    expected: &BTreeMap<JoinedId, Joined>,
+) -> Result<(Design, BTreeMap<String, TableUnits>), CliError> {
+    let settings = Settings {
+        shards: 1,
+        before_images,
+        ..Settings::new(spec.clone())
+    };
+    let start = thread_cpu_time();
+    let outcome = runtime.block_on(replay(&settings, events))?;
+    let cpu = thread_cpu_time() - start;
+    if outcome.view != *expected {
+        return Err("keyway's view did not end as the join of the final tables".into());
+    }
+    let mut meter = MeterSnapshot::default();
+    let mut by_table = BTreeMap::new();
+    let per_1000 = |units: f64| units * 1000.0 / changes.max(1) as f64;
+    for (table, snapshot) in &outcome.meters {
+        meter.read_units += snapshot.read_units;
+        meter.write_units += snapshot.write_units;
+        let units = TableUnits {
+            read_units_per_1000_changes: per_1000(snapshot.read_units),
+            write_units_per_1000_changes: per_1000(snapshot.write_units),
+        };
+        by_table.insert(table.clone(), units);
+    }
+    Ok((design(&meter, cpu, changes, outcome.largest_item), by_table))
 }
 
 /// The rows of one join key as the whole-set design keeps them: both sides by primary key.
@@ -221,29 +261,9 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
         largest_item(&table),
     );
 
-    let settings = Settings {
-        shards: 1,
-        ..Settings::new(spec)
-    };
-    let start = thread_cpu_time();
-    let outcome = runtime.block_on(replay(&settings, &events))?;
-    let keyway_cpu = thread_cpu_time() - start;
-    if outcome.view != expected {
-        return Err("keyway's view did not end as the join of the final tables".into());
-    }
-    let mut meter = MeterSnapshot::default();
-    let mut keyway_by_table = BTreeMap::new();
-    let per_1000 = |units: f64| units * 1000.0 / changes as f64;
-    for (table, snapshot) in &outcome.meters {
-        meter.read_units += snapshot.read_units;
-        meter.write_units += snapshot.write_units;
-        let units = TableUnits {
-            read_units_per_1000_changes: per_1000(snapshot.read_units),
-            write_units_per_1000_changes: per_1000(snapshot.write_units),
-        };
-        keyway_by_table.insert(table.clone(), units);
-    }
-    let keyway = design(&meter, keyway_cpu, changes, outcome.largest_item);
+    let run = |images| keyway_run(&runtime, (&spec, &events, changes), images, &expected);
+    let (keyway, keyway_by_table) = run(BeforeImages::Sometimes)?;
+    let (trusting, trusting_by_table) = run(BeforeImages::Always)?;
     let bench = CdcBench {
         changes,
         events: events.len(),
@@ -254,8 +274,13 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
             / whole.capacity_units_per_1000_changes,
         changes_per_second_vs_whole_set: keyway.changes_per_second_per_core
             / whole.changes_per_second_per_core,
+        trusting_before_images_capacity_units_vs_whole_set: trusting
+            .capacity_units_per_1000_changes
+            / whole.capacity_units_per_1000_changes,
         keyway,
         keyway_by_table,
+        keyway_trusting_before_images: trusting,
+        keyway_trusting_before_images_by_table: trusting_by_table,
         whole_set_per_join_key: whole,
     };
     if json {
@@ -270,7 +295,7 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
 fn report(b: &CdcBench) -> String {
     let design = |name: &str, d: &Design| {
         format!(
-            "  {name:<26} {:>8.1} capacity units / 1,000 changes ({:.1} read, {:.1} write), {:>8.0} changes/s/core, largest item {} bytes\n",
+            "  {name:<30} {:>8.1} capacity units / 1,000 changes ({:.1} read, {:.1} write), {:>8.0} changes/s/core, largest item {} bytes\n",
             d.capacity_units_per_1000_changes,
             d.read_units_per_1000_changes,
             d.write_units_per_1000_changes,
@@ -286,17 +311,30 @@ fn report(b: &CdcBench) -> String {
         b.seed,
         b.view_rows
     );
+    let tables = |by_table: &BTreeMap<String, TableUnits>| {
+        by_table
+            .iter()
+            .map(|(table, units)| {
+                format!(
+                    "    of which table {table:<15} {:.1} read, {:.1} write\n",
+                    units.read_units_per_1000_changes, units.write_units_per_1000_changes
+                )
+            })
+            .collect::<String>()
+    };
     text += &design("keyway", &b.keyway);
-    for (table, units) in &b.keyway_by_table {
-        text += &format!(
-            "    of which table {table:<15} {:.1} read, {:.1} write\n",
-            units.read_units_per_1000_changes, units.write_units_per_1000_changes
-        );
-    }
+    text += &tables(&b.keyway_by_table);
+    text += &design(
+        "keyway, BEFORE_IMAGES=always",
+        &b.keyway_trusting_before_images,
+    );
+    text += &tables(&b.keyway_trusting_before_images_by_table);
     text += &design("whole set per join key", &b.whole_set_per_join_key);
     text += &format!(
-        "  ratio                      {:.2}x capacity units, {:.2}x changes/s/core\n",
-        b.capacity_units_vs_whole_set, b.changes_per_second_vs_whole_set
+        "  ratio                          {:.2}x capacity units ({:.2}x with BEFORE_IMAGES=always), {:.2}x changes/s/core\n",
+        b.capacity_units_vs_whole_set,
+        b.trusting_before_images_capacity_units_vs_whole_set,
+        b.changes_per_second_vs_whole_set
     );
     text += "  (the whole-set design keeps no view: a reader joins a join key's rows itself)\n";
     text
@@ -333,9 +371,15 @@ mod tests {
                 ("cdc-state".to_owned(), units(2000.0, 2000.0)),
                 ("cdc-view".to_owned(), units(0.0, 1500.0)),
             ]),
+            keyway_trusting_before_images: design(1000.0, 2500.0),
+            keyway_trusting_before_images_by_table: BTreeMap::from([
+                ("cdc-state".to_owned(), units(1000.0, 1000.0)),
+                ("cdc-view".to_owned(), units(0.0, 1500.0)),
+            ]),
             whole_set_per_join_key: design(1000.0, 1000.0),
             capacity_units_vs_whole_set: 2.75,
             changes_per_second_vs_whole_set: 1.0,
+            trusting_before_images_capacity_units_vs_whole_set: 1.75,
         };
         let text = report(&bench);
         assert!(
@@ -346,6 +390,11 @@ mod tests {
             text.contains("of which table cdc-view        0.0 read, 1500.0 write"),
             "{text}"
         );
+        assert!(
+            text.contains("of which table cdc-state       1000.0 read, 1000.0 write"),
+            "{text}"
+        );
+        assert!(text.contains("(1.75x with BEFORE_IMAGES=always)"), "{text}");
         assert!(text.contains("keeps no view"), "{text}");
     }
 }

@@ -69,10 +69,15 @@ impl App {
         Self::ALL.into_iter().find(|app| app.name() == text)
     }
 
-    /// Whether its chaos run deploys template.yaml, whose functions' variables a run may set
-    /// (`Settings::variables`); the filter's and the CDC join's wire their functions themselves.
-    pub fn deploys_the_template(self) -> bool {
-        matches!(self, App::Counter | App::Identity | App::Aggregate)
+    /// Whether its chaos run takes `variable` (`Settings::variables`): a run that deploys
+    /// template.yaml takes any the template lists; the filter's and the CDC join's wire their
+    /// functions themselves, and the CDC join's takes the re-key's `BEFORE_IMAGES` only.
+    pub fn takes(self, variable: &Variable) -> bool {
+        match self {
+            App::Counter | App::Identity | App::Aggregate => true,
+            App::Cdc => cdc::takes(variable),
+            App::Filter => false,
+        }
     }
 
     /// Whether the schedule named `name` (`function/event`) is of this application: the stack
