@@ -171,25 +171,6 @@ impl Group {
         self.rows() == 0
     }
 
-    /// Whether `step` deletes a version of the row `pk` of `side` other than the one held: one
-    /// that sets a column both have otherwise. A delete made from a change's before image names
-    /// the version the change replaced, so this one is of a change applied already, sent again.
-    /// Columns only one of them has (one added to the table since) do not tell versions apart.
-    pub fn holds_another_version(&self, side: Side, pk: &str, step: &RowChange<Row>) -> bool {
-        let RowChange::Delete(named) = step else {
-            return false;
-        };
-        let held = match side {
-            Side::Left => self.left.get(pk),
-            Side::Right => self.right.get(pk),
-        };
-        held.is_some_and(|held| {
-            held.row
-                .iter()
-                .any(|(column, value)| named.get(column).is_some_and(|v| v != value))
-        })
-    }
-
     /// Applies `step`, stamped `stamp`, of the row `pk` of `side`; returns the joined changes,
     /// deletes first.
     pub fn apply(
@@ -388,29 +369,6 @@ mod tests {
 
     fn del(row: &Row) -> RowChange<Row> {
         RowChange::Delete(row.clone())
-    }
-
-    #[test]
-    fn a_delete_names_another_version_only_when_a_column_both_have_differs() {
-        let mut group = Group::default();
-        let held = row(json!({"id": 7, "name": "ann"}));
-        group.apply(
-            JoinKind::Inner,
-            Side::Right,
-            "7",
-            Stamp::insert("1"),
-            ins(&held),
-        );
-        let another = |named: serde_json::Value| {
-            group.holds_another_version(Side::Right, "7", &del(&row(named)))
-        };
-        assert!(another(json!({"id": 7, "name": "bob"})));
-        assert!(!another(json!({"id": 7, "name": "ann"})));
-        // A column added to the table since the row was held tells nothing.
-        assert!(!another(json!({"id": 7, "name": "ann", "tier": 2})));
-        // An insert, or a row not held, is never another version.
-        assert!(!group.holds_another_version(Side::Right, "7", &ins(&held)));
-        assert!(!group.holds_another_version(Side::Left, "7", &del(&held)));
     }
 
     #[test]

@@ -166,10 +166,6 @@ impl KeyedOperator for Join {
 
     fn process(&self, ctx: &mut Ctx<'_>, step: Step) -> Result<(), ProcessError> {
         let mut group = self.load(ctx, step.side, &step.pk)?;
-        if step.of_version && group.holds_another_version(step.side, &step.pk, &step.change) {
-            // A change applied already, sent again: the row held is a later version.
-            return Ok(());
-        }
         let before = group.clock;
         let joined = group.apply(self.kind, step.side, &step.pk, step.stamp, step.change);
         if group.clock == before {

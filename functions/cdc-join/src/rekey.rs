@@ -19,9 +19,9 @@
 //! full row images) needs no stored row: the re-key then keeps no state at all, and a change
 //! costs no read and no write of it. It refuses (dead-letters) a change whose before image is
 //! missing or partial, and truncates, which remove rows that only stored rows name. A change sent
-//! again is re-keyed again: its delete names the version of the row it replaced
-//! (`Step::of_version`), which the join no longer holds, so that the join leaves it, and the
-//! insert of a version held changes nothing.
+//! again (a retry, a source replaying from an older position) is re-keyed again: the join applies
+//! its steps over the version it holds, as it applies any later step, and rewrites the row's
+//! joined rows; a replay of a change with every change after it ends as the first time did.
 //! The truncate sweep (`truncate`) writes rows too, but only removes a row from before its
 //! table's truncate, which the re-key retracts and drops itself on the row's next change, with
 //! the same retraction: the join ends the same whichever of the two gets there first.
@@ -101,10 +101,6 @@ pub struct Step {
     /// The delete or insert of the row, with its columns.
     #[serde(flatten)]
     pub change: RowChange<Row>,
-    /// A delete made from the change's whole before image (`BeforeImages::Always`): it deletes
-    /// that version of the row only, and a group holding another (later) one leaves it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub of_version: bool,
 }
 
 /// A record as read: a change of a row of a table of the join; a truncate of such a table, which
@@ -147,6 +143,26 @@ pub enum BeforeImages {
     /// Always: the re-key stores nothing and retracts the before image; a change without a whole
     /// one, or a truncate, is dead-lettered.
     Always,
+}
+
+/// Where a change comes from, which says what its before image holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Images {
+    /// A Debezium change of a table: a whole row has every column, a NULL one as `null`.
+    Debezium,
+    /// A DynamoDB stream's change of an item: its old image is the whole item, whose attributes
+    /// vary from item to item (one it lacks is NULL).
+    DynamoDb,
+}
+
+impl Images {
+    /// The fields that name the change's table and its before image.
+    fn fields(self) -> (&'static str, &'static str) {
+        match self {
+            Images::Debezium => ("source.table", "before"),
+            Images::DynamoDb => ("eventSourceARN", "dynamodb.OldImage"),
+        }
+    }
 }
 
 /// The re-key of one join.
@@ -197,14 +213,14 @@ impl Rekey {
     fn change(
         &self,
         table: String,
-        (field, before_field): (&str, &str),
+        images: Images,
         pk: String,
         event: RowEvent,
     ) -> Result<SourceChange, InvalidInput> {
         let table = self.joined_name(table);
-        let side = self.side_of(&table, field)?;
+        let side = self.side_of(&table, images.fields().0)?;
         if !self.stores_rows() {
-            self.check_before_image(&table, side, &event, before_field)?;
+            self.check_before_image(&table, side, &event, images)?;
         }
         Ok(SourceChange::Change {
             table,
@@ -238,7 +254,7 @@ impl Rekey {
             return Ok(SourceChange::Tombstone { pk });
         };
         let table = table_of(record, &event);
-        self.change(table, ("source.table", "before"), pk, event)
+        self.change(table, Images::Debezium, pk, event)
     }
 
     /// A truncate of a table of the join, which must say where it stands in the source's log.
@@ -277,7 +293,6 @@ impl Rekey {
             pk: pk.to_owned(),
             stamp: Stamp::truncated(&stored.seq),
             change: RowChange::Delete(stored.row.clone()),
-            of_version: false,
         })
     }
 
@@ -288,22 +303,27 @@ impl Rekey {
         })?;
         let pk = primary_key(&item_to_plain_json(&change.keys));
         let event = dynamodb_row_event(change)?;
-        self.change(table, ("eventSourceARN", "dynamodb.OldImage"), pk, event)
+        self.change(table, Images::DynamoDb, pk, event)
     }
 
-    /// Refuses, naming `field`, an update or delete of a row of `table` whose before image the
-    /// re-key cannot retract from alone: missing, or without a column the row after it has, or
-    /// (a delete) without the row's join column or a column the filter reads.
+    /// Refuses, naming its field, an update or delete of a row of `table` whose before image
+    /// the re-key cannot retract from alone: missing, or (a Debezium row, whose columns are
+    /// fixed) without a column the row after it has, or for a delete, without the row's join
+    /// column or a column the filter reads. A DynamoDB item's old image is whole when present.
     fn check_before_image(
         &self,
         table: &str,
         side: Side,
         event: &RowEvent,
-        field: &str,
+        images: Images,
     ) -> Result<(), InvalidInput> {
-        let needed: Vec<&str> = match (&event.op, &event.after) {
-            (Op::Update, Some(after)) => after.keys().map(String::as_str).collect(),
-            (Op::Delete, _) => std::iter::once(self.spec.column(side))
+        let field = images.fields().1;
+        let needed: Vec<&str> = match (&event.op, &event.after, images) {
+            (Op::Update | Op::Delete, _, Images::DynamoDb) => Vec::new(),
+            (Op::Update, Some(after), Images::Debezium) => {
+                after.keys().map(String::as_str).collect()
+            }
+            (Op::Delete, _, Images::Debezium) => std::iter::once(self.spec.column(side))
                 .chain(self.spec.filter.columns_of(table))
                 .collect(),
             _ => return Ok(()),
@@ -409,7 +429,6 @@ impl Rekey {
             table: table.to_owned(),
             pk: pk.to_owned(),
             stamp,
-            of_version: false,
             change,
         })
     }
@@ -426,12 +445,11 @@ impl Rekey {
     ) -> Result<(), ProcessError> {
         let sequence = ctx.record().sequence.as_str().to_owned();
         for change in debezium_changes(event, None) {
-            let (stamp, of_version) = match &change {
-                RowChange::Delete(_) => (Stamp::delete(&sequence), true),
-                RowChange::Insert(_) => (Stamp::insert(&sequence), false),
+            let stamp = match &change {
+                RowChange::Delete(_) => Stamp::delete(&sequence),
+                RowChange::Insert(_) => Stamp::insert(&sequence),
             };
             if let Some(step) = self.step(table, side, pk, stamp, change) {
-                let step = Step { of_version, ..step };
                 ctx.emit(&CHANGELOG, step.group.clone(), &step)?;
             }
         }
@@ -538,5 +556,76 @@ impl KeyedOperator for Rekey {
             }
             SourceChange::Tombstone { .. } => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn trusting() -> Rekey {
+        let spec = JoinSpec::parse("domains.user_id=users.id", crate::spec::JoinKind::LeftOuter)
+            .expect("the join");
+        Rekey {
+            before_images: BeforeImages::Always,
+            ..Rekey::new(spec)
+        }
+    }
+
+    fn row(value: Value) -> Row {
+        value.as_object().expect("an object").clone()
+    }
+
+    /// The field a change is refused for, if it is.
+    fn refused(
+        images: Images,
+        op: Op,
+        before: Option<Value>,
+        after: Option<Value>,
+    ) -> Option<String> {
+        let event = RowEvent::new(op, before.map(row), after.map(row));
+        let table = match images {
+            Images::Debezium => "domains",
+            Images::DynamoDb => "users",
+        };
+        trusting()
+            .change(table.into(), images, "7".into(), event)
+            .err()
+            .map(|e| e.field)
+    }
+
+    #[test]
+    fn trusting_before_images_a_dynamodb_items_old_image_is_whole_whatever_attributes_it_lacks() {
+        let old = json!({"id": 7});
+        let new = json!({"id": 7, "plan": "pro"});
+        assert_eq!(
+            refused(
+                Images::DynamoDb,
+                Op::Update,
+                Some(old.clone()),
+                Some(new.clone())
+            ),
+            None
+        );
+        assert_eq!(refused(Images::DynamoDb, Op::Delete, Some(old), None), None);
+        let missing = refused(Images::DynamoDb, Op::Delete, None, None);
+        assert_eq!(missing.as_deref(), Some("dynamodb.OldImage"));
+        // A Debezium row has every column: one missing is a partial image.
+        let partial = refused(
+            Images::Debezium,
+            Op::Update,
+            Some(json!({"id": 7})),
+            Some(new),
+        );
+        assert_eq!(partial.as_deref(), Some("before"));
+        let no_join_column = refused(Images::Debezium, Op::Delete, Some(json!({"id": 7})), None);
+        assert_eq!(no_join_column.as_deref(), Some("before"));
+        let whole = json!({"id": 7, "user_id": null});
+        assert_eq!(
+            refused(Images::Debezium, Op::Delete, Some(whole), None),
+            None
+        );
     }
 }
