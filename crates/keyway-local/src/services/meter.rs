@@ -111,14 +111,15 @@ impl Meter {
         self.cpu_accounting.store(on, Ordering::Relaxed);
     }
 
-    /// A guard that accounts the time until it drops, when accounting is on. It reads the
-    /// monotonic clock (a few nanoseconds, where the thread CPU clock is a system call that would
-    /// weigh on what it measures): inside a call that never yields, on one thread, that is CPU time.
+    /// A guard that accounts the thread's CPU time until it drops, when accounting is on. Not
+    /// the monotonic clock, though the thread CPU clock is a system call (a fraction of a
+    /// microsecond): on a busy machine a thread is descheduled inside calls too, and counting
+    /// that time as the services' took it from the caller's.
     pub fn busy(&self) -> Busy<'_> {
         let start = self
             .cpu_accounting
             .load(Ordering::Relaxed)
-            .then(std::time::Instant::now);
+            .then(thread_cpu_time);
         Busy { meter: self, start }
     }
 
@@ -187,13 +188,15 @@ impl Meter {
 /// Accounts service CPU time on drop (see `Meter::busy`).
 pub struct Busy<'a> {
     meter: &'a Meter,
-    start: Option<std::time::Instant>,
+    /// The thread's CPU time when the call began.
+    start: Option<Duration>,
 }
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
         if let Some(start) = self.start {
-            self.meter.inner.lock().expect("meter lock").service_cpu += start.elapsed();
+            let spent = thread_cpu_time().saturating_sub(start);
+            self.meter.inner.lock().expect("meter lock").service_cpu += spent;
         }
     }
 }
@@ -227,6 +230,19 @@ pub fn sqs_requests(size: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_accounts_the_cpu_time_it_used_not_the_time_its_thread_was_off_the_cpu() {
+        let meter = Meter::default();
+        meter.set_cpu_accounting(true);
+        {
+            let _busy = meter.busy();
+            // As if the machine descheduled the thread in the middle of a call.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let spent = meter.snapshot().service_cpu;
+        assert!(spent < Duration::from_millis(10), "{spent:?}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn concurrent_calls_count_as_one_wave_and_sequential_ones_as_two() {
