@@ -142,7 +142,7 @@ fn every_applications_metered_run_ends_and_bills_its_functions_work() {
         let swept = [App::Identity, App::Cdc, App::Aggregate].contains(&app);
         assert_eq!(usage.schedules.len(), usize::from(swept), "{usage:?}");
     }
-    // The CDC join with its re-key trusting whole before images, as `keyway bench cost` prices it.
+    // The CDC join with its re-key trusting whole before images, metered the same way.
     let settings = Settings {
         events: 3_000,
         fault_rate: 0.0,
