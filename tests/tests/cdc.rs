@@ -415,16 +415,20 @@ const NAME_FILTER: &str = "domains.name != 0 AND users.name < 2";
 /// The stack as template.yaml deploys it, on the embedded runtime: `domains` from Debezium on
 /// the changes stream, `users` written to the stack's DynamoDB table and re-keyed from its
 /// stream; the view table ends as the join of the final tables (of the rows `NAME_FILTER` lets
-/// through, when `filtered`).
-async fn through_the_stack(seed: u64, kind: &str, filtered: bool) {
+/// through, when `filtered`), the re-key's `BEFORE_IMAGES` set to `before_images`.
+async fn through_the_stack(seed: u64, kind: &str, filtered: bool, before_images: &str) {
     use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
     let mut parameters = BTreeMap::from([("CdcJoinKind".to_owned(), kind.to_owned())]);
     if filtered {
         parameters.insert("CdcFilter".to_owned(), NAME_FILTER.to_owned());
     }
     let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+    let stored = "BEFORE_IMAGES: sometimes";
+    assert_eq!(keyway_stack::TEMPLATE.matches(stored).count(), 1);
+    let template =
+        keyway_stack::TEMPLATE.replace(stored, &format!("BEFORE_IMAGES: {before_images}"));
     let mut runtime = LocalRuntime::from_template_with(
-        keyway_stack::TEMPLATE,
+        &template,
         &parameters,
         services,
         &keyway_stack::functions(),
@@ -503,13 +507,25 @@ async fn through_the_stack(seed: u64, kind: &str, filtered: bool) {
     let dead_letters =
         keyway_tests::dead_letter_reasons(&services.sqs, &resource("DeadLetterQueue"));
     assert!(dead_letters.is_empty(), "{dead_letters:?}");
+    let state = services
+        .dynamodb
+        .table(&runtime.resource("StateTable").unwrap())
+        .unwrap();
+    let rekey_rows = state_rows(&state.items(), "cdc-rekey", &["row"]);
+    // Trusting whole before images it stores none; otherwise every source row.
+    let stores = before_images != "always";
+    assert_eq!(
+        rekey_rows > 0,
+        stores,
+        "seed {seed}: {rekey_rows} rows the re-key holds"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_stack_joins_debezium_changes_with_a_dynamodb_tables_changes_into_its_view_table() {
     for seed in 0..3 {
-        through_the_stack(seed, "inner", false).await;
-        through_the_stack(seed, "left", false).await;
+        through_the_stack(seed, "inner", false, "sometimes").await;
+        through_the_stack(seed, "left", false, "sometimes").await;
     }
 }
 
@@ -517,9 +533,43 @@ async fn the_stack_joins_debezium_changes_with_a_dynamodb_tables_changes_into_it
 async fn a_stack_whose_filter_names_non_key_columns_of_both_tables_ends_with_the_join_of_the_rows_it_lets_through(
 ) {
     for seed in 0..3 {
-        through_the_stack(seed, "inner", true).await;
-        through_the_stack(seed, "left", true).await;
+        through_the_stack(seed, "inner", true, "sometimes").await;
+        through_the_stack(seed, "left", true, "sometimes").await;
     }
+}
+
+/// The users' changes come from a DynamoDB stream of new and old images (an item's removal
+/// among them), the domains' from Debezium with whole before images: trusted, stored nowhere.
+#[tokio::test(start_paused = true)]
+async fn trusting_whole_before_images_the_stack_joins_debezium_and_dynamodb_changes_into_its_view_table(
+) {
+    for seed in 0..2 {
+        through_the_stack(seed, "inner", true, "always").await;
+        through_the_stack(seed, "left", false, "always").await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn trusting_whole_before_images_with_parallelization_factor_ten_the_view_still_ends_as_the_join(
+) {
+    use cdc_join::rekey::BeforeImages;
+    use keyway_local::FaultPlan;
+    use keyway_stack::cdc::{final_tables, interleave, replay, Settings};
+    use keyway_stack::cdc_changes::{generate, JOIN};
+    let events = generate(&small_workload(3));
+    let spec = JoinSpec::parse(JOIN, JoinKind::LeftOuter).unwrap();
+    let expected = final_tables(&events).join(&spec);
+    let settings = Settings {
+        shards: 2,
+        lanes: 10,
+        faults: FaultPlan::all(0.05, 3),
+        before_images: BeforeImages::Always,
+        ..Settings::new(spec)
+    };
+    let outcome = replay(&settings, &interleave(events, 3)).await.unwrap();
+    let joined = state_rows(&outcome.state_items, "cdc-join", &["left", "right"]);
+    assert!(joined > 0, "the join holds rows");
+    ends_as(&outcome, &expected, (0, joined), "ParallelizationFactor 10");
 }
 
 #[tokio::test(start_paused = true)]

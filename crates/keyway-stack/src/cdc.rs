@@ -190,14 +190,7 @@ fn environment(settings: &Settings, dead_letters: &str) -> keyway::lambda::Env {
         ("DEAD_LETTER_SINK", format!("sqs:{dead_letters}")),
         ("CHANGELOG_SINK", format!("kinesis:{CHANGELOG}")),
         ("JOINED_SINK", format!("kinesis:{JOINED}")),
-        (
-            "BEFORE_IMAGES",
-            match settings.before_images {
-                BeforeImages::Sometimes => "sometimes",
-                BeforeImages::Always => "always",
-            }
-            .to_owned(),
-        ),
+        ("BEFORE_IMAGES", settings.before_images.name().to_owned()),
         ("KEYWAY_REDELIVERY_WINDOW_SECONDS", "90000".to_owned()),
         (
             "TRUNCATE_SETTLE_SECONDS",

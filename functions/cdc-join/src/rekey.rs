@@ -145,6 +145,19 @@ pub enum BeforeImages {
     Always,
 }
 
+impl BeforeImages {
+    /// Both, as `BEFORE_IMAGES` names them.
+    pub const ALL: [BeforeImages; 2] = [BeforeImages::Sometimes, BeforeImages::Always];
+
+    /// Its value of `BEFORE_IMAGES`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BeforeImages::Sometimes => "sometimes",
+            BeforeImages::Always => "always",
+        }
+    }
+}
+
 /// Where a change comes from, which says what its before image holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Images {

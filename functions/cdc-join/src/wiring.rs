@@ -71,14 +71,17 @@ pub fn table_names_from(env: &Env) -> Result<BTreeMap<String, String>, ConfigErr
 /// Whether the source's updates and deletes carry whole before images (`BEFORE_IMAGES`:
 /// `sometimes` unless set).
 pub fn before_images_from(env: &Env) -> Result<BeforeImages, ConfigError> {
-    match env.get("BEFORE_IMAGES").map(|t| t.trim()) {
-        None | Some("" | "sometimes") => Ok(BeforeImages::Sometimes),
-        Some("always") => Ok(BeforeImages::Always),
-        Some(other) => Err(ConfigError {
-            name: "BEFORE_IMAGES".into(),
-            problem: format!("{other:?} is not sometimes or always"),
-        }),
+    let text = env.get("BEFORE_IMAGES").map_or("", |t| t.trim());
+    if text.is_empty() {
+        return Ok(BeforeImages::Sometimes);
     }
+    BeforeImages::ALL
+        .into_iter()
+        .find(|b| b.name() == text)
+        .ok_or_else(|| ConfigError {
+            name: "BEFORE_IMAGES".into(),
+            problem: format!("{text:?} is not sometimes or always"),
+        })
 }
 
 /// The re-key function: its stream batches, and on its schedule the truncate sweep.
