@@ -844,6 +844,73 @@ async fn a_join_key_whose_rows_come_and_go_by_the_thousand_keeps_every_deletes_s
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_join_key_with_thousands_of_rows_sends_each_change_of_its_other_side_within_the_timeout_at_real_latencies(
+) {
+    use keyway_local::Latencies;
+    use keyway_stack::cdc::{final_tables, replay, Settings, SourceEvent};
+    use keyway_stack::metering::Metering;
+    use std::time::Duration;
+    // Each rename of the user retracts and inserts its 2,000 joined rows: 4,000 joined changes
+    // to the changelog from one record, one PutRecords call each (20 ms) if they went one after
+    // another, 80 s against the function's 30.
+    let user = |name: &str| json!({"id": 1, "name": name}).as_object().unwrap().clone();
+    let user_change = |op: &str, before: Option<&Row>, after: Option<&Row>| SourceEvent {
+        topic: "app.public.users".into(),
+        key: json!({"id": 1}),
+        value: Some(event("users", op, before, after)),
+    };
+    let mut events = vec![user_change("c", None, Some(&user("ada")))];
+    for n in 0..2_000 {
+        let domain = json!({"id": n, "user_id": 1}).as_object().unwrap().clone();
+        events.push(SourceEvent {
+            topic: "app.public.domains".into(),
+            key: json!({ "id": n }),
+            value: Some(event("domains", "c", None, Some(&domain))),
+        });
+    }
+    let names = ["ada", "grace", "edsger", "barbara"];
+    for pair in names.windows(2) {
+        events.push(user_change("u", Some(&user(pair[0])), Some(&user(pair[1]))));
+    }
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+    let expected = final_tables(&events).join(&spec);
+    assert_eq!(expected.len(), 2_000);
+    let settings = Settings {
+        metering: Metering {
+            latencies: Some(Latencies {
+                dynamodb: Duration::from_millis(5),
+                kinesis: Duration::from_millis(20),
+                sqs: Duration::from_millis(15),
+            }),
+            batching: None,
+        },
+        ..Settings::new(spec)
+    };
+    let outcome = replay(&settings, &events).await.unwrap();
+    assert_eq!(outcome.timeouts, 0, "no invocation ran out of time");
+    assert!(
+        outcome.dead_letters.is_empty(),
+        "{:?}",
+        outcome.dead_letters.first()
+    );
+    assert_eq!(differences(&outcome.view, &expected), "");
+    assert_eq!(differences(&folded(&outcome.joined), &expected), "");
+    // The joined changelog keeps each joined row's changes in order, a change sent again after
+    // a retry aside (it has the same body).
+    let mut seen = BTreeSet::new();
+    let mut last: BTreeMap<JoinedId, (String, String)> = BTreeMap::new();
+    for stamped in &outcome.joined {
+        if !seen.insert(serde_json::to_string(stamped).unwrap()) {
+            continue;
+        }
+        let pair = (stamped.stamp.0 .0.clone(), stamped.stamp.1 .0.clone());
+        if let Some(before) = last.insert(stamped.change.row().id(), pair.clone()) {
+            assert!(before < pair, "{before:?} then {pair:?}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_row_that_an_update_takes_out_of_the_filter_leaves_no_phantom_row_in_the_view_or_the_state(
 ) {
     use keyway_stack::cdc::{final_tables, replay, Settings, SourceEvent};

@@ -122,6 +122,8 @@ pub struct Outcome {
     pub faults_missing: Vec<Fault>,
     /// The faults, dead letters (their bodies) and batches given up, as a chaos run reads them.
     pub ending: crate::chaos::Ending,
+    /// Invocations of the re-key and the join that the function's timeout stopped.
+    pub timeouts: u64,
 }
 
 /// `events` in an order that keeps each row's changes (one topic's record key) in order and
@@ -260,6 +262,7 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     outcome.failed_sweeps = runtime.schedules().iter().map(|(_, s)| s.errors).sum();
     outcome.sweeps_took = sweeps_took;
     outcome.ending.usage = runtime.usage();
+    outcome.timeouts = runtime.mappings().iter().map(|m| m.stats().timeouts).sum();
     Ok(outcome)
 }
 
@@ -389,6 +392,7 @@ fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, Loca
         failed_sweeps: 0,
         sweeps_took: Duration::ZERO,
         ending: crate::chaos::Ending::read(services, dead_letters, None),
+        timeouts: 0,
     })
 }
 

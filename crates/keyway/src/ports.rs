@@ -321,10 +321,18 @@ pub trait Sink: Send + Sync {
     fn max_message_bytes(&self) -> usize;
 
     /// Whether the sink keeps the order of a partition key's messages (a FIFO queue, a Kinesis
-    /// stream). The executor then sends a key's messages one after another and stops the key at
-    /// its first failure, so that nothing overtakes a message that has to be sent again.
+    /// stream). The executor then sends a key's messages to one partition key one after another
+    /// and stops the key at its first failure, so that nothing overtakes a message that has to
+    /// be sent again.
     fn ordered(&self) -> bool {
         true
+    }
+
+    /// What an ordered sink keeps order by for an output's partition key: the key it sends
+    /// (a stream's partition key, a FIFO queue's message group), which a sink may derive from a
+    /// partition key it cannot take as it is.
+    fn order_of<'a>(&self, partition_key: &'a str) -> std::borrow::Cow<'a, str> {
+        std::borrow::Cow::Borrowed(partition_key)
     }
 }
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use cdc_join::rekey::BeforeImages;
 use keyway_local::{Latencies, Spent, Usage};
 use keyway_stack::chaos::{usage, App, Settings, Variable};
 use keyway_stack::metering::{Batching, Metering};
@@ -296,6 +297,15 @@ fn latest_counts() -> Variable {
     Variable::new("KeyedCounterFunction", "COUNTS_EMIT", "latest")
 }
 
+/// The CDC join's re-key trusting whole before images: a stateless re-key.
+fn whole_before_images() -> Variable {
+    Variable::new(
+        "CdcRekeyFunction",
+        "BEFORE_IMAGES",
+        BeforeImages::Always.name(),
+    )
+}
+
 /// One application's cost from its metered run, with `batching` and `variables` if any.
 fn app_cost(
     app: App,
@@ -389,6 +399,13 @@ pub(super) fn run(args: Args) -> Result<(), CliError> {
         App::Filter,
         Some(filter_batching),
         Vec::new(),
+        &args,
+    )?);
+    // Sources whose changes carry whole before images need no rows kept by the re-key.
+    apps.push(app_cost(
+        App::Cdc,
+        None,
+        vec![whole_before_images()],
         &args,
     )?);
     let batching = Batching {

@@ -154,12 +154,51 @@ async fn key_order(under: &SinkUnderTest) {
                 .collect();
             assert_eq!(got, sent, "messages of one key arrive in the order sent");
         }
+        order_of_is_the_key_sent(under).await;
     }
     assert_eq!(
         under.sink.ordered(),
         under.keeps_order,
         "the sink says whether the executor must keep a key's order for it"
     );
+}
+
+/// Keys a destination cannot take as they are (too long, not ASCII) are sent as another key:
+/// `Sink::order_of` names the one sent, which the executor keeps order by.
+async fn order_of_is_the_key_sent(under: &SinkUnderTest) {
+    let keys = ["k".repeat(300), "ü".repeat(100)];
+    let messages: Vec<Output> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| Output {
+            partition_key: key.clone(),
+            ..output(300 + i, format!("{{\"promise\":\"order-of\",\"n\":{i}}}"))
+        })
+        .collect();
+    let failed = under.sink.send(&messages).await;
+    assert!(failed.is_empty(), "every message is sent: {failed:?}");
+    let mut received = Vec::new();
+    for _ in 0..50 {
+        received = (under.read_back)()
+            .await
+            .into_iter()
+            .filter(|r| r.body.contains("\"promise\":\"order-of\""))
+            .collect();
+        if received.len() >= messages.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let body = &messages[i].body;
+        let got = received.iter().find(|r| &r.body == body);
+        assert_eq!(
+            got.and_then(|r| r.group.as_deref()),
+            Some(under.sink.order_of(key).as_ref()),
+            "the key a message of key {:?}… is sent under is the one the sink orders by",
+            key.chars().next()
+        );
+    }
 }
 
 async fn refused_message_fails_alone(under: &SinkUnderTest) {

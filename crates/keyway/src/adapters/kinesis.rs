@@ -258,4 +258,8 @@ impl<A: KinesisApi> Sink for KinesisSink<A> {
     fn max_message_bytes(&self) -> usize {
         RECORD_MAX_BYTES - 256
     }
+
+    fn order_of<'a>(&self, key: &'a str) -> std::borrow::Cow<'a, str> {
+        partition_key(key)
+    }
 }

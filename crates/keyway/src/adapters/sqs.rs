@@ -307,4 +307,8 @@ impl<A: SqsApi> Sink for SqsSink<A> {
     fn ordered(&self) -> bool {
         self.fifo
     }
+
+    fn order_of<'a>(&self, key: &'a str) -> Cow<'a, str> {
+        group_id(key)
+    }
 }

@@ -1,8 +1,8 @@
 //! Phase 4: dead letters, outboxes left by earlier invocations and (emit-then-commit) outputs go
 //! out, every sink at once; so do an outbox operator's settled outputs. A sink that keeps order
-//! gets a key's messages one after another: each round sends every key's next message, and a key
-//! whose message failed sends nothing more to that sink. Which messages failed decides how many
-//! of each key's records stay applied.
+//! gets a key's messages to one partition key one after another: each round sends the next
+//! message of every key and partition key, and a key whose message failed sends nothing more to
+//! that sink. Which messages failed decides how many of each key's records stay applied.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -35,11 +35,19 @@ pub(super) enum Tag {
 }
 
 impl Tag {
-    /// Messages with the same order key go to an ordered sink one after another.
+    /// Messages with the same order key and partition key go to an ordered sink one after
+    /// another.
     fn order_key(&self) -> (usize, usize) {
+        self.rank().0
+    }
+
+    /// The order key, then where the message stands among its key's: an outbox left by an
+    /// earlier invocation goes before the records' outputs, each record's before the next's.
+    fn rank(&self) -> ((usize, usize), usize) {
         match *self {
-            Tag::Record { group, .. } | Tag::Outbox { group } => (0, group),
-            Tag::Unkeyed { index } => (1, index),
+            Tag::Outbox { group } => ((0, group), 0),
+            Tag::Record { group, position } => ((0, group), position + 1),
+            Tag::Unkeyed { index } => ((1, index), 0),
         }
     }
 }
@@ -221,8 +229,8 @@ impl<O: KeyedOperator> Executor<O> {
         (failed, refused)
     }
 
-    /// Sends one sink's messages: all at once to a sink without order, key by key in rounds to
-    /// one that keeps order.
+    /// Sends one sink's messages: all at once to a sink without order, in rounds to one that
+    /// keeps order (`OrderedQueues`).
     async fn send_to(&self, name: &str, messages: Vec<(Tag, Output)>) -> Sent {
         let Some(sink) = self.sinks.get(name) else {
             // Ctx refuses unknown sinks; an outbox written under an older configuration may
@@ -239,34 +247,88 @@ impl<O: KeyedOperator> Executor<O> {
             send_once(sink.as_ref(), name, &tags, &outputs, &mut sent).await;
             return sent;
         }
-        let mut queues: Vec<VecDeque<(Tag, Output)>> = Vec::new();
-        let mut by_key: HashMap<(usize, usize), usize> = HashMap::new();
+        let mut queues = OrderedQueues::default();
         for (tag, output) in messages {
-            let at = *by_key.entry(tag.order_key()).or_insert_with(|| {
-                queues.push(VecDeque::new());
-                queues.len() - 1
-            });
-            queues[at].push_back((tag, output));
+            let partition = sink.order_of(&output.partition_key).into_owned();
+            queues.push(tag, partition, output);
         }
         loop {
-            let mut from = Vec::new();
-            let mut tags = Vec::new();
-            let mut outputs = Vec::new();
-            for (q, queue) in queues.iter_mut().enumerate() {
-                if let Some((tag, output)) = queue.pop_front() {
-                    from.push(q);
-                    tags.push(tag);
-                    outputs.push(output);
-                }
-            }
+            let (tags, outputs) = queues.next_round();
             if outputs.is_empty() {
                 return sent;
             }
             for i in send_once(sink.as_ref(), name, &tags, &outputs, &mut sent).await {
-                // Nothing of this key may overtake the message that failed.
-                queues[from[i]].clear();
+                // Nothing of this key's records from the failed one on may go out after it.
+                sent.failed.extend(queues.stop_key_from(tags[i]));
             }
         }
+    }
+}
+
+/// An ordered sink's messages, one queue per key and partition key (as the sink orders them:
+/// `Sink::order_of`): each round takes every queue's next message, so a key's messages to one
+/// partition key go out one after another while those to other partition keys go beside them.
+/// The sink keeps order per partition key (a Kinesis shard holds many, and a consumer with
+/// ParallelizationFactor above 1 reads each alone; a FIFO queue per message group), so that is
+/// all the order a consumer can see; and a key that emits thousands of outputs, each to its own
+/// partition key (a join key's joined rows), sends them in a few calls instead of thousands.
+#[derive(Default)]
+struct OrderedQueues {
+    queues: Vec<VecDeque<(Tag, Output)>>,
+    /// The queues that still hold messages, in the order they were made.
+    waiting: Vec<usize>,
+    by_partition: HashMap<((usize, usize), String), usize>,
+    /// Each key's queues (`Tag::order_key`).
+    by_key: HashMap<(usize, usize), Vec<usize>>,
+}
+
+impl OrderedQueues {
+    fn push(&mut self, tag: Tag, partition: String, output: Output) {
+        let key = tag.order_key();
+        let at = match self.by_partition.entry((key, partition)) {
+            Entry::Occupied(at) => *at.get(),
+            Entry::Vacant(slot) => {
+                let at = self.queues.len();
+                self.queues.push(VecDeque::new());
+                self.waiting.push(at);
+                self.by_key.entry(key).or_default().push(at);
+                *slot.insert(at)
+            }
+        };
+        self.queues[at].push_back((tag, output));
+    }
+
+    /// Every waiting queue's next message, with its tag.
+    fn next_round(&mut self) -> (Vec<Tag>, Vec<Output>) {
+        let (mut tags, mut outputs) = (Vec::new(), Vec::new());
+        for &q in &self.waiting {
+            if let Some((tag, output)) = self.queues[q].pop_front() {
+                tags.push(tag);
+                outputs.push(output);
+            }
+        }
+        let queues = &self.queues;
+        self.waiting.retain(|&q| !queues[q].is_empty());
+        (tags, outputs)
+    }
+
+    /// After the message tagged `failed`, takes out of every queue of its key the messages from
+    /// the failed one's record on, and returns their tags: those records stay unapplied, and
+    /// their outputs go out again when they are. Earlier records' messages to other partition
+    /// keys still go: their records may be committed.
+    fn stop_key_from(&mut self, failed: Tag) -> Vec<Tag> {
+        let (key, _) = failed.rank();
+        let mut stopped = Vec::new();
+        for &at in &self.by_key[&key] {
+            let queue = &mut self.queues[at];
+            // A queue holds its messages in the order of their records.
+            let from = queue
+                .iter()
+                .position(|(tag, _)| tag.rank() >= failed.rank())
+                .unwrap_or(queue.len());
+            stopped.extend(queue.drain(from..).map(|(tag, _)| tag));
+        }
+        stopped
     }
 }
 
@@ -348,9 +410,14 @@ mod tests {
     use std::sync::Arc;
 
     use super::super::testkit::Summer;
-    use super::super::testkit::{bench, bench_with, record, Recorder, OUT, START};
+    use super::super::testkit::{bench, bench_with, key_and_n, record, Recorder, OUT, START, SUM};
     use super::super::{Executor, Sinks};
+    use super::{OrderedQueues, Tag};
     use crate::adapters::dynamodb::DynamoStateStore;
+    use crate::domain::{Output, SourceRecord};
+    use crate::operator::{
+        Ctx, InvalidInput, KeyedOperator, ProcessError, SinkDescriptor, StateDescriptor,
+    };
     use crate::ports::ManualClock;
 
     #[tokio::test]
@@ -409,6 +476,154 @@ mod tests {
             "a's third output waits behind the second, which failed"
         );
         assert_eq!(report.failed_from.unwrap().as_str(), "2");
+    }
+
+    /// Emits, for a record `(key, n)` at sequence number `s`, `n % 10` outputs: the `i`th is
+    /// `10 s + i`, to partition key `p{n / 10 + i}`; keeps the last `n` as state.
+    struct Fanner;
+
+    impl KeyedOperator for Fanner {
+        type Input = (String, i64);
+
+        fn name(&self) -> &str {
+            "fanner"
+        }
+
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![SUM.descriptor()]
+        }
+
+        fn sinks(&self) -> Vec<SinkDescriptor> {
+            vec![OUT.descriptor()]
+        }
+
+        fn decode(&self, record: &SourceRecord) -> Result<(String, i64), InvalidInput> {
+            key_and_n(record)
+        }
+
+        fn key(&self, input: &(String, i64)) -> String {
+            input.0.clone()
+        }
+
+        fn process(&self, ctx: &mut Ctx<'_>, (_, n): (String, i64)) -> Result<(), ProcessError> {
+            ctx.value(&SUM)?.set(n);
+            let s: i64 = ctx.record().sequence.as_str().parse().unwrap();
+            for i in 0..n % 10 {
+                ctx.emit(&OUT, format!("p{}", n / 10 + i), &(10 * s + i))?;
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_ordered_sink_gets_a_keys_outputs_to_other_partition_keys_in_one_call_and_to_one_partition_key_one_call_each(
+    ) {
+        let b = bench(Fanner, true);
+        let batch = vec![
+            record(1, "p", "a", 3),
+            record(2, "p", "a", 2),
+            record(3, "q", "b", 1),
+        ];
+        let report = b.executor.run(batch).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(
+            b.out.bodies(),
+            [vec!["10", "11", "12", "30"], vec!["20", "21"]],
+            "a's second record's outputs follow its first's to p0 and p1"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_output_stops_its_key_at_every_partition_key_and_no_other_key() {
+        let b = bench(Fanner, true);
+        b.out.fail("11");
+        let batch = || {
+            vec![
+                record(1, "p", "a", 3),
+                record(2, "p", "a", 2),
+                record(3, "q", "b", 1),
+            ]
+        };
+        let report = b.executor.run(batch()).await;
+        assert_eq!(
+            report.failed_from.unwrap().as_str(),
+            "1",
+            "a's first record stays unapplied"
+        );
+        assert_eq!(
+            b.out.bodies(),
+            [vec!["10", "11", "12", "30"]],
+            "a's second record sends nothing, to p1 or to p0, which its first reached"
+        );
+        b.out.failing.lock().unwrap().clear();
+        let report = b.executor.run(batch()).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(
+            b.out.bodies()[1..],
+            [vec!["10", "11", "12"], vec!["20", "21"]],
+            "a goes out again from its first record; b's record is not applied twice"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_earlier_records_output_waiting_behind_another_still_goes_when_a_later_records_fails(
+    ) {
+        let b = bench(Fanner, true);
+        // Records 1 and 2 send to p0, one after the other; record 3 to p1, beside record 1.
+        b.out.fail("30");
+        let batch = || {
+            vec![
+                record(1, "p", "a", 1),
+                record(2, "p", "a", 1),
+                record(3, "p", "a", 11),
+            ]
+        };
+        let report = b.executor.run(batch()).await;
+        assert_eq!(report.failed_from.unwrap().as_str(), "3");
+        assert_eq!(
+            b.out.bodies(),
+            [vec!["10", "30"], vec!["20"]],
+            "record 2 is committed: its output went"
+        );
+        b.out.failing.lock().unwrap().clear();
+        let report = b.executor.run(batch()).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(b.out.bodies()[2..], [vec!["30"]], "only record 3 again");
+    }
+
+    #[test]
+    fn a_failed_outbox_message_stops_every_message_of_its_key_and_each_is_counted_failed() {
+        let output = |partition: &str| Output {
+            id: crate::domain::OutputId(String::new()),
+            sink: "out".into(),
+            partition_key: partition.into(),
+            body: String::new(),
+            settled: false,
+        };
+        let mut queues = OrderedQueues::default();
+        let outbox = Tag::Outbox { group: 0 };
+        let first = Tag::Record {
+            group: 0,
+            position: 0,
+        };
+        let other = Tag::Record {
+            group: 1,
+            position: 0,
+        };
+        queues.push(outbox, "P".into(), output("P"));
+        queues.push(outbox, "P".into(), output("P"));
+        queues.push(outbox, "Q".into(), output("Q"));
+        queues.push(first, "Q".into(), output("Q"));
+        queues.push(other, "P".into(), output("P"));
+        let (tags, _) = queues.next_round();
+        assert_eq!(tags, [outbox, outbox, other]);
+        let stopped = queues.stop_key_from(outbox);
+        assert_eq!(
+            stopped,
+            [outbox, first],
+            "the outbox's second to P, the record's to Q"
+        );
+        assert!(queues.next_round().0.is_empty());
     }
 
     #[tokio::test]

@@ -38,8 +38,9 @@
 //! (`ExecutorConfig::redelivery_window`, at most a year by default). Watermarks are never pruned
 //! sooner, and a key's state TTL never takes them (nor its outbox) along.
 //!
-//! **Order of outputs.** A sink that keeps order (a FIFO queue, a stream) gets a key's outputs one
-//! after another; after one fails, none of that key's later outputs go to that sink in this
+//! **Order of outputs.** A sink that keeps order (a FIFO queue, a stream) gets a key's outputs to
+//! one partition key one after another (those to others beside them: a sink keeps order per
+//! partition key); after one fails, none of that key's later outputs go to that sink in this
 //! invocation, so that a redelivered output never lands behind a later one.
 //!
 //! **Errors no retry can fix** dead-letter the record with the reason and let the key go on: bad
