@@ -406,6 +406,7 @@ async fn send_once(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
@@ -414,11 +415,11 @@ mod tests {
     use super::super::{Executor, Sinks};
     use super::{OrderedQueues, Tag};
     use crate::adapters::dynamodb::DynamoStateStore;
-    use crate::domain::{Output, SourceRecord};
+    use crate::domain::{Output, Payload, SourceRecord};
     use crate::operator::{
         Ctx, InvalidInput, KeyedOperator, ProcessError, SinkDescriptor, StateDescriptor,
     };
-    use crate::ports::ManualClock;
+    use crate::ports::{ManualClock, Sink, SinkError};
 
     #[tokio::test]
     async fn an_outbox_for_a_sink_no_longer_configured_waits_and_blocks_its_key() {
@@ -624,6 +625,153 @@ mod tests {
             "the outbox's second to P, the record's to Q"
         );
         assert!(queues.next_round().0.is_empty());
+    }
+
+    /// Emits, for a record `{"key", "to": [..]}` at sequence number `s`, an output to each
+    /// partition key of `to` in turn, the `i`th with body `100 s + i`; counts its records.
+    struct Router;
+
+    impl KeyedOperator for Router {
+        type Input = (String, Vec<u8>);
+
+        fn name(&self) -> &str {
+            "router"
+        }
+
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![SUM.descriptor()]
+        }
+
+        fn sinks(&self) -> Vec<SinkDescriptor> {
+            vec![OUT.descriptor()]
+        }
+
+        fn decode(&self, record: &SourceRecord) -> Result<(String, Vec<u8>), InvalidInput> {
+            let Payload::Bytes(data) = &record.payload else {
+                return Err(InvalidInput::new("record", "not Kinesis"));
+            };
+            serde_json::from_slice(data).map_err(|e| InvalidInput::new("data", e.to_string()))
+        }
+
+        fn key(&self, input: &(String, Vec<u8>)) -> String {
+            input.0.clone()
+        }
+
+        fn process(
+            &self,
+            ctx: &mut Ctx<'_>,
+            (_, to): (String, Vec<u8>),
+        ) -> Result<(), ProcessError> {
+            let mut count = ctx.value(&SUM)?;
+            let n = count.get().copied().unwrap_or(0) + 1;
+            count.set(n);
+            let s: i64 = ctx.record().sequence.as_str().parse().unwrap();
+            for (i, partition) in to.into_iter().enumerate() {
+                ctx.emit(&OUT, format!("p{partition}"), &(100 * s + i as i64))?;
+            }
+            Ok(())
+        }
+    }
+
+    /// An ordered sink that fails each message at `rate`, and keeps those it took, in order.
+    struct Flaky {
+        rng: std::sync::Mutex<rand::rngs::StdRng>,
+        rate: f64,
+        took: std::sync::Mutex<Vec<Output>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for Flaky {
+        async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+            use rand::Rng;
+            let mut rng = self.rng.lock().unwrap();
+            let mut failed = Vec::new();
+            for (i, message) in messages.iter().enumerate() {
+                if rng.random_bool(self.rate) {
+                    failed.push((i, SinkError::Unavailable("flaky".into())));
+                } else {
+                    self.took.lock().unwrap().push(message.clone());
+                }
+            }
+            failed
+        }
+
+        fn max_message_bytes(&self) -> usize {
+            1024
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Records of three keys, each emitting to some of four partition keys, a sink failing
+        /// messages at random, and Lambda's retries from the lowest failed record: every output
+        /// arrives, and each key's outputs to one partition key arrive first in the order emitted.
+        #[test]
+        fn outputs_to_flaky_ordered_sinks_all_arrive_first_in_each_keys_order_per_partition_key(
+            records in proptest::collection::vec(
+                (0u8..3, proptest::collection::vec(0u8..4, 0..4)),
+                1..24,
+            ),
+            rate in 0.0f64..0.4,
+            seed in 0u64..1_000,
+        ) {
+            use rand::SeedableRng;
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let clock = ManualClock::at(START);
+            let table = Arc::new(crate::adapters::dynamodb::MemoryTable::new());
+            let store = Arc::new(DynamoStateStore::new(table, clock.clone()));
+            let flaky = Arc::new(Flaky {
+                rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+                rate,
+                took: std::sync::Mutex::new(Vec::new()),
+            });
+            let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, flaky.clone());
+            let executor = Executor::new(Router, store, sinks, clock).unwrap();
+            let batch: Vec<_> = records
+                .iter()
+                .enumerate()
+                .map(|(i, (key, to))| {
+                    let mut r = record(i as u64 + 1, "p", "", 0).unwrap();
+                    let body = serde_json::json!([format!("k{key}"), to]).to_string();
+                    r.payload = Payload::Bytes(body.into_bytes().into());
+                    Ok(r)
+                })
+                .collect();
+            let mut from = 0;
+            for _ in 0..500 {
+                let report = runtime.block_on(executor.run(batch[from..].to_vec()));
+                match report.failed_from {
+                    None => {
+                        from = batch.len();
+                        break;
+                    }
+                    Some(seq) => from = seq.as_str().parse::<usize>().unwrap() - 1,
+                }
+            }
+            proptest::prop_assert_eq!(from, batch.len(), "the batch ends applied");
+            // What each key emitted to each partition key, in order.
+            let mut emitted: HashMap<(u8, u8), Vec<String>> = HashMap::new();
+            for (s, (key, to)) in records.iter().enumerate() {
+                for (i, partition) in to.iter().enumerate() {
+                    let body = (100 * (s as i64 + 1) + i as i64).to_string();
+                    emitted.entry((*key, *partition)).or_default().push(body);
+                }
+            }
+            let took = flaky.took.lock().unwrap();
+            for ((key, partition), bodies) in emitted {
+                let mut first = Vec::new();
+                for output in took.iter() {
+                    if output.partition_key == format!("p{partition}")
+                        && bodies.contains(&output.body)
+                        && !first.contains(&output.body)
+                    {
+                        first.push(output.body.clone());
+                    }
+                }
+                proptest::prop_assert_eq!(&first, &bodies, "key k{} to p{}", key, partition);
+            }
+        }
     }
 
     #[tokio::test]
