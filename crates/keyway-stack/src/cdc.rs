@@ -78,11 +78,13 @@ pub struct Settings {
     pub metering: Metering,
     /// Whether the changes carry whole before images: the re-key's `BEFORE_IMAGES`.
     pub before_images: BeforeImages,
+    /// Whether a shard takes at most 1,000 records or 1 MiB a second, as on AWS.
+    pub write_limit: bool,
 }
 
 impl Settings {
     /// The join `spec` on two shards read in two lanes each, 100 records a batch, no faults, no
-    /// late events and no metering.
+    /// late events, no metering and no write limit.
     pub fn new(spec: JoinSpec) -> Self {
         Self {
             spec,
@@ -93,6 +95,7 @@ impl Settings {
             late: Vec::new(),
             metering: Metering::default(),
             before_images: BeforeImages::Sometimes,
+            write_limit: false,
         }
     }
 }
@@ -207,6 +210,7 @@ fn environment(settings: &Settings, dead_letters: &str) -> keyway::lambda::Env {
 /// Runs `events`, in their order (see `interleave`), through the re-key and the join.
 pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outcome, LocalError> {
     let services = LocalServices::new(EPOCH, settings.faults.clone());
+    services.kinesis.set_write_limit(settings.write_limit);
     for table in [STATE_TABLE, VIEW_TABLE] {
         let schema = KeySchema::state_table();
         services
