@@ -63,11 +63,8 @@ impl Backoff {
 
     /// Gives `work` to `round` (one call, or calls at once over parts of it), then what the round
     /// asks to retry, after a backoff, until nothing is left to retry or the attempts run out.
-    /// Only rounds that get none of their work through use attempts up: a call larger than a
-    /// limit takes a second (a Kinesis shard's 1,000 records) goes through a part at a time, for
-    /// as many rounds as that takes, the waits growing to the cap as ever. Returns the work that
-    /// failed: for good, or still failing at the last attempt, each with its last error.
-    /// Successes are the round's own to keep.
+    /// Returns the work that failed: for good, or still failing at the last attempt, each with
+    /// its last error. Successes are the round's own to keep.
     pub(crate) async fn retry_rounds<T, E, F, Fut>(&self, work: Vec<T>, mut round: F) -> Vec<(T, E)>
     where
         F: FnMut(Vec<T>) -> Fut,
@@ -75,25 +72,22 @@ impl Backoff {
     {
         let mut failed = Vec::new();
         let mut pending = work;
-        // Retries so far, which set the next wait; rounds in a row that got nothing through.
-        let (mut retries, mut stalled) = (0, 0);
+        let mut attempt = 0;
         while !pending.is_empty() {
-            let asked = pending.len();
             let Round {
                 retry,
                 failed: lost,
             } = round(pending).await;
             failed.extend(lost);
+            attempt += 1;
             if retry.is_empty() {
                 break;
             }
-            stalled = if retry.len() < asked { 0 } else { stalled + 1 };
-            if stalled >= self.max_attempts {
+            if attempt >= self.max_attempts {
                 failed.extend(retry);
                 break;
             }
-            self.wait(retries).await;
-            retries += 1;
+            self.wait(attempt - 1).await;
             pending = retry.into_iter().map(|(item, _)| item).collect();
         }
         failed
@@ -269,37 +263,13 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn rounds_give_up_after_the_attempts_that_got_nothing_through_with_the_last_errors() {
+    async fn rounds_give_up_after_the_attempts_with_the_last_errors() {
         let backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 3);
         let given = Mutex::new(Vec::new());
         let failed = backoff.retry_rounds(vec![0, 1, 3], round(&given, 10)).await;
         let throttled = StoreError::Throttled("slow down".into());
         assert_eq!(failed, vec![(0, throttled.clone()), (1, throttled)]);
-        assert_eq!(
-            given.into_inner().unwrap().len(),
-            4,
-            "the first round, which got 3 through, and three that got nothing through"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn work_a_limit_lets_through_a_part_a_round_all_goes_through_however_many_rounds_it_takes(
-    ) {
-        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 3);
-        let rounds = std::sync::atomic::AtomicU32::new(0);
-        // Two items a round get through, as a shard's second of capacity would let them.
-        let failed = backoff
-            .retry_rounds((0..20).collect::<Vec<u32>>(), |pending| {
-                rounds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let mut round = Round::default();
-                for item in pending.into_iter().skip(2) {
-                    round.add_error(item, StoreError::Throttled("slow down".into()));
-                }
-                std::future::ready(round)
-            })
-            .await;
-        assert_eq!(failed, Vec::new());
-        assert_eq!(rounds.load(std::sync::atomic::Ordering::SeqCst), 10);
+        assert_eq!(given.into_inner().unwrap().len(), 3);
     }
 
     #[tokio::test(start_paused = true)]

@@ -56,8 +56,6 @@ impl Tag {
 #[derive(Default)]
 pub(super) struct Emission {
     by_sink: BTreeMap<String, Vec<(Tag, Output)>>,
-    /// When the invocation ends (epoch milliseconds on the executor's clock), if it does.
-    deadline_millis: Option<i64>,
 }
 
 impl Emission {
@@ -87,11 +85,9 @@ impl<O: KeyedOperator> Executor<O> {
         &self,
         plan: &Plan<'_>,
         keys: &mut [KeyWork],
-        deadline_millis: Option<i64>,
         report: &mut BatchReport,
     ) {
-        let mut emission = self.collect(plan, keys);
-        emission.deadline_millis = deadline_millis;
+        let emission = self.collect(plan, keys);
         let failed = self.send_all(emission, report).await;
         for work in keys.iter_mut() {
             work.keep = work
@@ -211,12 +207,11 @@ impl<O: KeyedOperator> Executor<O> {
         emission: Emission,
         report: &mut BatchReport,
     ) -> (Vec<Tag>, Vec<(Tag, Output, SinkError)>) {
-        let deadline = emission.deadline_millis;
         let sends = emission
             .by_sink
             .into_iter()
             .map(|(name, messages)| async move {
-                let sent = self.send_to(&name, messages, deadline).await;
+                let sent = self.send_to(&name, messages).await;
                 (name, sent)
             });
         let (mut failed, mut refused) = (Vec::new(), Vec::new());
@@ -235,14 +230,8 @@ impl<O: KeyedOperator> Executor<O> {
     }
 
     /// Sends one sink's messages: all at once to a sink without order, in rounds to one that
-    /// keeps order (`OrderedQueues`), a call at most `ORDERED_CALL` messages, until the
-    /// invocation's deadline nears.
-    async fn send_to(
-        &self,
-        name: &str,
-        messages: Vec<(Tag, Output)>,
-        deadline_millis: Option<i64>,
-    ) -> Sent {
+    /// keeps order (`OrderedQueues`).
+    async fn send_to(&self, name: &str, messages: Vec<(Tag, Output)>) -> Sent {
         let Some(sink) = self.sinks.get(name) else {
             // Ctx refuses unknown sinks; an outbox written under an older configuration may
             // still name one. Keep it until the sink is configured again.
@@ -263,56 +252,18 @@ impl<O: KeyedOperator> Executor<O> {
             let partition = sink.order_of(&output.partition_key).into_owned();
             queues.push(tag, partition, output);
         }
-        // The reserve the process phase keeps: a call under way (a throttled one takes seconds)
-        // and the commit of what went out fit in it.
-        let stop_at = deadline_millis.map(|d| d - self.config.deadline_reserve.as_millis() as i64);
         loop {
-            let round = queues.next_round();
-            if round.is_empty() {
+            let (tags, outputs) = queues.next_round();
+            if outputs.is_empty() {
                 return sent;
             }
-            // A key stopped in this round, from which message on.
-            let mut stopped: HashMap<(usize, usize), Tag> = HashMap::new();
-            let mut round = round.into_iter();
-            loop {
-                let call: Vec<(Tag, Output)> = round.by_ref().take(ORDERED_CALL).collect();
-                if call.is_empty() {
-                    break;
-                }
-                if stop_at.is_some_and(|at| self.clock.now_millis() >= at) {
-                    // Too late to send more: every message left waits for its record's retry.
-                    let left = call.into_iter().chain(round).map(|(tag, _)| tag);
-                    sent.failed.extend(left.chain(queues.stop_all()));
-                    return sent;
-                }
-                let (tags, outputs): (Vec<Tag>, Vec<Output>) = call
-                    .into_iter()
-                    .filter(|(tag, _)| {
-                        let after = stopped
-                            .get(&tag.order_key())
-                            .is_some_and(|f| tag.rank() >= f.rank());
-                        if after {
-                            sent.failed.push(*tag);
-                        }
-                        !after
-                    })
-                    .unzip();
-                for i in send_once(sink.as_ref(), name, &tags, &outputs, &mut sent).await {
-                    // Nothing of this key's records from the failed one on may go out after it.
-                    let first = stopped.entry(tags[i].order_key()).or_insert(tags[i]);
-                    if tags[i].rank() < first.rank() {
-                        *first = tags[i];
-                    }
-                    sent.failed.extend(queues.stop_key_from(tags[i]));
-                }
+            for i in send_once(sink.as_ref(), name, &tags, &outputs, &mut sent).await {
+                // Nothing of this key's records from the failed one on may go out after it.
+                sent.failed.extend(queues.stop_key_from(tags[i]));
             }
         }
     }
 }
-
-/// The most messages one call of an ordered sink takes (a PutRecords call's): between calls, the
-/// invocation's deadline is looked at.
-const ORDERED_CALL: usize = 500;
 
 /// An ordered sink's messages, one queue per key and partition key (as the sink orders them:
 /// `Sink::order_of`): each round takes every queue's next message, so a key's messages to one
@@ -348,25 +299,17 @@ impl OrderedQueues {
     }
 
     /// Every waiting queue's next message, with its tag.
-    fn next_round(&mut self) -> Vec<(Tag, Output)> {
-        let mut round = Vec::new();
+    fn next_round(&mut self) -> (Vec<Tag>, Vec<Output>) {
+        let (mut tags, mut outputs) = (Vec::new(), Vec::new());
         for &q in &self.waiting {
-            if let Some(message) = self.queues[q].pop_front() {
-                round.push(message);
+            if let Some((tag, output)) = self.queues[q].pop_front() {
+                tags.push(tag);
+                outputs.push(output);
             }
         }
         let queues = &self.queues;
         self.waiting.retain(|&q| !queues[q].is_empty());
-        round
-    }
-
-    /// Takes every message out, returning their tags.
-    fn stop_all(&mut self) -> Vec<Tag> {
-        self.waiting.clear();
-        self.queues
-            .iter_mut()
-            .flat_map(|queue| queue.drain(..).map(|(tag, _)| tag))
-            .collect()
+        (tags, outputs)
     }
 
     /// After the message tagged `failed`, takes out of every queue of its key the messages from
@@ -673,11 +616,7 @@ mod tests {
         queues.push(outbox, "Q".into(), output("Q"));
         queues.push(first, "Q".into(), output("Q"));
         queues.push(other, "P".into(), output("P"));
-        let tags: Vec<Tag> = queues
-            .next_round()
-            .into_iter()
-            .map(|(tag, _)| tag)
-            .collect();
+        let (tags, _) = queues.next_round();
         assert_eq!(tags, [outbox, outbox, other]);
         let stopped = queues.stop_key_from(outbox);
         assert_eq!(
@@ -685,7 +624,7 @@ mod tests {
             [outbox, first],
             "the outbox's second to P, the record's to Q"
         );
-        assert!(queues.next_round().is_empty());
+        assert!(queues.next_round().0.is_empty());
     }
 
     /// Emits, for a record `{"key", "to": [..]}` at sequence number `s`, an output to each
@@ -693,7 +632,7 @@ mod tests {
     struct Router;
 
     impl KeyedOperator for Router {
-        type Input = (String, Vec<u16>);
+        type Input = (String, Vec<u8>);
 
         fn name(&self) -> &str {
             "router"
@@ -707,21 +646,21 @@ mod tests {
             vec![OUT.descriptor()]
         }
 
-        fn decode(&self, record: &SourceRecord) -> Result<(String, Vec<u16>), InvalidInput> {
+        fn decode(&self, record: &SourceRecord) -> Result<(String, Vec<u8>), InvalidInput> {
             let Payload::Bytes(data) = &record.payload else {
                 return Err(InvalidInput::new("record", "not Kinesis"));
             };
             serde_json::from_slice(data).map_err(|e| InvalidInput::new("data", e.to_string()))
         }
 
-        fn key(&self, input: &(String, Vec<u16>)) -> String {
+        fn key(&self, input: &(String, Vec<u8>)) -> String {
             input.0.clone()
         }
 
         fn process(
             &self,
             ctx: &mut Ctx<'_>,
-            (_, to): (String, Vec<u16>),
+            (_, to): (String, Vec<u8>),
         ) -> Result<(), ProcessError> {
             let mut count = ctx.value(&SUM)?;
             let n = count.get().copied().unwrap_or(0) + 1;
@@ -771,7 +710,7 @@ mod tests {
         #[test]
         fn outputs_to_flaky_ordered_sinks_all_arrive_first_in_each_keys_order_per_partition_key(
             records in proptest::collection::vec(
-                (0u8..3, proptest::collection::vec(0u16..4, 0..4)),
+                (0u8..3, proptest::collection::vec(0u8..4, 0..4)),
                 1..24,
             ),
             rate in 0.0f64..0.4,
@@ -812,7 +751,7 @@ mod tests {
             }
             proptest::prop_assert_eq!(from, batch.len(), "the batch ends applied");
             // What each key emitted to each partition key, in order.
-            let mut emitted: HashMap<(u8, u16), Vec<String>> = HashMap::new();
+            let mut emitted: HashMap<(u8, u8), Vec<String>> = HashMap::new();
             for (s, (key, to)) in records.iter().enumerate() {
                 for (i, partition) in to.iter().enumerate() {
                     let body = (100 * (s as i64 + 1) + i as i64).to_string();
@@ -833,65 +772,6 @@ mod tests {
                 proptest::prop_assert_eq!(&first, &bodies, "key k{} to p{}", key, partition);
             }
         }
-    }
-
-    /// An ordered sink whose every call takes ten seconds of `clock`'s time; it counts the
-    /// messages of each call.
-    struct Slow {
-        clock: Arc<ManualClock>,
-        calls: std::sync::Mutex<Vec<usize>>,
-    }
-
-    #[async_trait::async_trait]
-    impl Sink for Slow {
-        async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
-            self.calls.lock().unwrap().push(messages.len());
-            self.clock.advance(10_000);
-            Vec::new()
-        }
-
-        fn max_message_bytes(&self) -> usize {
-            1024
-        }
-    }
-
-    #[tokio::test]
-    async fn near_the_deadline_an_ordered_sink_gets_no_more_calls_and_the_records_left_are_retried()
-    {
-        let clock = ManualClock::at(START);
-        let table = Arc::new(crate::adapters::dynamodb::MemoryTable::new());
-        let store = Arc::new(DynamoStateStore::new(table, clock.clone()));
-        let slow = Arc::new(Slow {
-            clock: clock.clone(),
-            calls: std::sync::Mutex::new(Vec::new()),
-        });
-        let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, slow.clone());
-        let executor = Executor::new(Router, store, sinks, clock.clone()).unwrap();
-        let routed = |seq: u64, key: &str, to: Vec<u16>| {
-            let mut r = record(seq, "p", "", 0).unwrap();
-            let body = serde_json::json!([key, to]).to_string();
-            r.payload = Payload::Bytes(body.into_bytes().into());
-            Ok(r)
-        };
-        // a's record sends 1,200 outputs, each to its own partition key; b's one.
-        let batch = || {
-            vec![
-                routed(1, "a", (0..1_200).collect()),
-                routed(2, "b", vec![0]),
-            ]
-        };
-        // Calls start at 0, 10 and 20 s; the third is within the reserve of 2 s of the deadline.
-        let deadline = START + 21_000;
-        let report = executor.run_until(batch(), Some(deadline)).await;
-        assert_eq!(
-            *slow.calls.lock().unwrap(),
-            [500, 500],
-            "calls of 500 at most"
-        );
-        assert_eq!(report.failed_from.unwrap().as_str(), "1");
-        let report = executor.run_until(batch(), None).await;
-        assert_eq!(report.failed_from, None);
-        assert_eq!(*slow.calls.lock().unwrap(), [500, 500, 500, 500, 201]);
     }
 
     #[tokio::test]

@@ -47,11 +47,9 @@
 //! input, state a record makes too large for the store, an output too large for its sink or the
 //! outbox. A panicking operator fails its key only (retried, like any programming error).
 //!
-//! **Deadline.** Given the invocation's deadline, the executor stops starting keys, and calls of
-//! a sink that keeps order (500 messages at most), once less than
-//! `ExecutorConfig::deadline_reserve` remains, commits what it finished and sent, and reports the
-//! rest as batch item failures, instead of being stopped by the timeout with nothing committed: a
-//! key whose records emit more than a shard takes in the invocation goes on at its retry.
+//! **Deadline.** Given the invocation's deadline, the executor stops starting keys once less than
+//! `ExecutorConfig::deadline_reserve` remains, commits what it finished and reports the rest as
+//! batch item failures, instead of being stopped by the timeout with nothing committed.
 
 mod commit;
 mod emit;
@@ -216,9 +214,8 @@ pub struct ExecutorConfig {
     /// looked up under the previous one for this long, to count it as reset. (Migrations look up
     /// their signatures whenever a key is missing.)
     pub look_back: Duration,
-    /// No key is started, and no call of a sink that keeps order made, once less than this
-    /// remains before the invocation's deadline: what was processed still has to be sent and
-    /// committed.
+    /// No key is started once less than this remains before the invocation's deadline: what was
+    /// processed still has to be sent and committed.
     pub deadline_reserve: Duration,
 }
 
@@ -477,8 +474,7 @@ impl<O: KeyedOperator> Executor<O> {
                 observer.log.write(line);
             }
         }
-        self.emit_all(&plan, &mut keys, deadline_millis, &mut report)
-            .await;
+        self.emit_all(&plan, &mut keys, &mut report).await;
         if stateless {
             self.settle_stateless(&plan, &keys, &mut report);
         } else {
