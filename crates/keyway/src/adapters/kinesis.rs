@@ -201,6 +201,12 @@ impl<A: KinesisApi> KinesisSink<A> {
         let mut round = Round::default();
         match self.api.put_records(&self.stream, &entries).await {
             Ok(outcomes) => {
+                // A response that names fewer records than were put says nothing of the rest:
+                // they are sent again, not taken as written.
+                for &i in pending.iter().skip(outcomes.len()) {
+                    let missing = "the response does not mention this record".to_owned();
+                    round.retry.push((i, SinkError::Unavailable(missing)));
+                }
                 for (&i, outcome) in pending.iter().zip(outcomes) {
                     if let PutOutcome::Failed { code, message } = outcome {
                         let text = format!("{code}: {message}");
@@ -261,5 +267,58 @@ impl<A: KinesisApi> Sink for KinesisSink<A> {
 
     fn order_of<'a>(&self, key: &'a str) -> std::borrow::Cow<'a, str> {
         partition_key(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Origin, OutputId, SequenceNumber};
+
+    /// Answers every PutRecords with the outcome of its first entry only, written.
+    struct Short {
+        calls: std::sync::Mutex<Vec<usize>>,
+    }
+
+    #[async_trait]
+    impl KinesisApi for Short {
+        async fn put_records(
+            &self,
+            _stream: &str,
+            entries: &[PutEntry<'_>],
+        ) -> Result<Vec<PutOutcome>, SinkError> {
+            self.calls.lock().unwrap().push(entries.len());
+            Ok(vec![PutOutcome::Written {
+                shard_id: "shardId-000000000000".into(),
+                sequence_number: "1".into(),
+            }])
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_a_response_does_not_mention_are_sent_again_and_never_taken_as_written() {
+        let api = Arc::new(Short {
+            calls: std::sync::Mutex::new(Vec::new()),
+        });
+        let sink = KinesisSink::new(api.clone(), "out");
+        let messages: Vec<Output> = (0..3)
+            .map(|i| Output {
+                id: OutputId::derive(
+                    "op",
+                    "out",
+                    &Origin("s/shardId-0".into()),
+                    &SequenceNumber::parse("1").unwrap(),
+                    i,
+                ),
+                sink: "out".into(),
+                partition_key: "k".into(),
+                body: i.to_string(),
+                settled: false,
+            })
+            .collect();
+        let failed = sink.send(&messages).await;
+        // Each call writes its first record: 3 calls for 3 records.
+        assert_eq!(*api.calls.lock().unwrap(), [3, 2, 1]);
+        assert!(failed.is_empty(), "{failed:?}");
     }
 }
