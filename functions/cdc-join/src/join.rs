@@ -57,6 +57,14 @@ impl Stamp {
         Self(format!("{sequence:0>DIGITS$}.1"))
     }
 
+    /// The step `change` of the change at `sequence`: its delete or its insert.
+    pub fn of<R>(change: &RowChange<R>, sequence: &str) -> Self {
+        match change {
+            RowChange::Delete(_) => Self::delete(sequence),
+            RowChange::Insert(_) => Self::insert(sequence),
+        }
+    }
+
     /// The delete, by a truncate of its table, of the row the change at `sequence` inserted:
     /// after that insert, before the next change of the row (whose sequence number is larger),
     /// wherever the truncate itself came from.

@@ -385,20 +385,15 @@ impl Rekey {
             stored.clear();
         }
         for change in debezium_changes(event, stored.get().map(|s| &s.row)) {
-            let stamp = match &change {
-                RowChange::Delete(_) => {
-                    stored.clear();
-                    Stamp::delete(&sequence)
-                }
-                RowChange::Insert(row) => {
-                    stored.set(Stored {
-                        row: row.clone(),
-                        at: event.source.position.clone(),
-                        seq: sequence.clone(),
-                    });
-                    Stamp::insert(&sequence)
-                }
-            };
+            match &change {
+                RowChange::Delete(_) => stored.clear(),
+                RowChange::Insert(row) => stored.set(Stored {
+                    row: row.clone(),
+                    at: event.source.position.clone(),
+                    seq: sequence.clone(),
+                }),
+            }
+            let stamp = Stamp::of(&change, &sequence);
             // The row is stored whether or not it matches the filter: a later delete without a
             // before image retracts what was there. Only matching rows go on (see `filter`).
             out.extend(self.step(table, side, pk, stamp, change));
@@ -458,10 +453,7 @@ impl Rekey {
     ) -> Result<(), ProcessError> {
         let sequence = ctx.record().sequence.as_str().to_owned();
         for change in debezium_changes(event, None) {
-            let stamp = match &change {
-                RowChange::Delete(_) => Stamp::delete(&sequence),
-                RowChange::Insert(_) => Stamp::insert(&sequence),
-            };
+            let stamp = Stamp::of(&change, &sequence);
             if let Some(step) = self.step(table, side, pk, stamp, change) {
                 ctx.emit(&CHANGELOG, step.group.clone(), &step)?;
             }

@@ -249,7 +249,7 @@ impl<O: KeyedOperator> Executor<O> {
         }
         let mut queues = OrderedQueues::default();
         for (tag, output) in messages {
-            let partition = sink.order_of(&output.partition_key).into_owned();
+            let partition = queues.partition(&sink.order_of(&output.partition_key));
             queues.push(tag, partition, output);
         }
         loop {
@@ -277,13 +277,22 @@ struct OrderedQueues {
     queues: Vec<VecDeque<(Tag, Output)>>,
     /// The queues that still hold messages, in the order they were made.
     waiting: Vec<usize>,
-    by_partition: HashMap<((usize, usize), String), usize>,
+    /// A queue by its key and the hash of its partition key, which saves copying each key: two
+    /// partition keys of one hash share a queue, and so go one after another, more order than
+    /// they need, never less.
+    by_partition: HashMap<((usize, usize), u64), usize>,
+    hasher: std::hash::RandomState,
     /// Each key's queues (`Tag::order_key`).
     by_key: HashMap<(usize, usize), Vec<usize>>,
 }
 
 impl OrderedQueues {
-    fn push(&mut self, tag: Tag, partition: String, output: Output) {
+    /// What names the queue of a partition key: its hash.
+    fn partition(&self, partition_key: &str) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, partition_key)
+    }
+
+    fn push(&mut self, tag: Tag, partition: u64, output: Output) {
         let key = tag.order_key();
         let at = match self.by_partition.entry((key, partition)) {
             Entry::Occupied(at) => *at.get(),
@@ -611,11 +620,11 @@ mod tests {
             group: 1,
             position: 0,
         };
-        queues.push(outbox, "P".into(), output("P"));
-        queues.push(outbox, "P".into(), output("P"));
-        queues.push(outbox, "Q".into(), output("Q"));
-        queues.push(first, "Q".into(), output("Q"));
-        queues.push(other, "P".into(), output("P"));
+        queues.push(outbox, 1, output("P"));
+        queues.push(outbox, 1, output("P"));
+        queues.push(outbox, 2, output("Q"));
+        queues.push(first, 2, output("Q"));
+        queues.push(other, 1, output("P"));
         let (tags, _) = queues.next_round();
         assert_eq!(tags, [outbox, outbox, other]);
         let stopped = queues.stop_key_from(outbox);
