@@ -10,8 +10,8 @@ use keyway::domain::{KeyState, Output, Payload, SourceRecord};
 use keyway::executor::SIGNATURE_HISTORY;
 use keyway::operator::{SinkDescriptor, StateDescriptor};
 use keyway::ports::{
-    Commit, Committed, LoadKey, ManualClock, Namespace, Sink as SinkPort, SinkError, StateStore,
-    StoreError, StoreLimits, TimerIndex,
+    Commit, Committed, Deadline, LoadKey, ManualClock, Namespace, Sink as SinkPort, SinkError,
+    StateStore, StoreError, StoreLimits, TimerIndex,
 };
 use keyway::{
     Ctx, Delivery, InvalidInput, KeyedOperator, ListState, ProcessError, Sink, ValueState,
@@ -296,13 +296,13 @@ impl FlakySink {
 
 #[async_trait]
 impl SinkPort for FlakySink {
-    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+    async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
         if self.down.load(Ordering::SeqCst) {
             return (0..messages.len())
                 .map(|i| (i, SinkError::Unavailable("the sink is down".into())))
                 .collect();
         }
-        self.inner.send(messages).await
+        self.inner.send(messages, deadline).await
     }
 
     fn max_message_bytes(&self) -> usize {

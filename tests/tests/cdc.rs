@@ -858,7 +858,16 @@ async fn a_join_keys_changes_past_what_its_stream_takes_in_a_second_go_out_in_ea
 ) {
     // 12,000 joined changes a rename, on one shard that takes 1,000 records a second: most
     // PutRecords calls are throttled in part, and what failed is sent again without overtaking.
-    rename_a_user_of(6_000, true).await;
+    // The three renames come in one batch, 36 s of sending: the join stops sending near its
+    // timeout, commits the renames that went out and leaves the rest to the retry.
+    let outcome = rename_a_user_of(6_000, true).await;
+    assert_eq!(outcome.timeouts, 0, "no invocation ran out of time");
+    let sent_once = 6_000 + 3 * 12_000;
+    assert!(
+        outcome.joined.len() < sent_once * 5 / 4,
+        "{} joined changes for {sent_once}: a rename is not sent again whole, again and again",
+        outcome.joined.len()
+    );
 }
 
 /// A user with `domains` domains renamed three times, at real latencies, with the streams'

@@ -367,8 +367,9 @@ async fn an_output_the_sink_refuses_for_good_is_dead_lettered_instead_of_blockin
         async fn send(
             &self,
             messages: &[keyway::domain::Output],
+            deadline: keyway::ports::Deadline,
         ) -> Vec<(usize, keyway::ports::SinkError)> {
-            self.0.send(messages).await
+            self.0.send(messages, deadline).await
         }
         fn max_message_bytes(&self) -> usize {
             2 * 1024 * 1024

@@ -461,11 +461,12 @@ impl Sink for FailFirst {
     async fn send(
         &self,
         messages: &[keyway::domain::Output],
+        deadline: keyway::ports::Deadline,
     ) -> Vec<(usize, keyway::ports::SinkError)> {
         if messages.is_empty() || self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            return self.inner.send(messages).await;
+            return self.inner.send(messages, deadline).await;
         }
-        let mut failures = self.inner.send(&messages[1..]).await;
+        let mut failures = self.inner.send(&messages[1..], deadline).await;
         for failure in &mut failures {
             failure.0 += 1;
         }
@@ -664,7 +665,9 @@ fn output(i: usize, body: String) -> keyway::domain::Output {
 async fn a_kms_error_on_an_encrypted_queue_is_retried_not_dead_lettered() {
     let api = Arc::new(KmsThrottledOnce::default());
     let sink = SqsSink::new(api.clone(), "https://sqs.us-east-1.amazonaws.com/1/counts");
-    let failed = sink.send(&[output(0, "{}".into())]).await;
+    let failed = sink
+        .send(&[output(0, "{}".into())], keyway::ports::Deadline::NONE)
+        .await;
     assert!(failed.is_empty(), "{failed:?}");
     assert_eq!(
         api.calls.lock().unwrap().len(),
@@ -681,7 +684,7 @@ async fn an_sqs_batch_counts_the_output_id_attribute_against_its_size_limit() {
     // Ten bodies that fit one call by themselves, but not with their attributes.
     let body = BATCH_MAX_BYTES / 10 - 10;
     let messages: Vec<_> = (0..10).map(|i| output(i, "x".repeat(body))).collect();
-    let failed = sink.send(&messages).await;
+    let failed = sink.send(&messages, keyway::ports::Deadline::NONE).await;
     assert!(failed.is_empty(), "{failed:?}");
     let calls = api.calls.lock().unwrap();
     assert!(calls.len() >= 3, "two calls and a retry: {calls:?}");

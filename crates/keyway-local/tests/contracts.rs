@@ -8,8 +8,8 @@ use keyway::adapters::dynamodb::DynamoStateStore;
 use keyway::adapters::kinesis::KinesisSink;
 use keyway::adapters::retry::Backoff;
 use keyway::adapters::sqs::SqsSink;
-use keyway::ports::ManualClock;
 use keyway::ports::SystemClock;
+use keyway::ports::{Deadline, ManualClock};
 use keyway_local::services::faults::Fault;
 use keyway_local::testing::{
     state_store_contract, table_contract, Received, SinkUnderTest, StoreUnderTest,
@@ -200,7 +200,7 @@ async fn the_sqs_sink_retries_the_entries_a_batch_could_not_send_until_all_are_s
     let sink = SqsSink::new(sqs.clone(), url.clone()).with_backoff(Backoff::default().seeded(3));
     let messages = outputs(95);
     assert!(
-        sink.send(&messages).await.is_empty(),
+        sink.send(&messages, Deadline::NONE).await.is_empty(),
         "every entry is sent in the end"
     );
     let mut bodies: Vec<String> = sqs.messages(&url).into_iter().map(|m| m.body).collect();
@@ -231,7 +231,7 @@ async fn the_kinesis_sink_retries_records_a_put_could_not_write_and_reports_thos
     flaky.create_stream("out", 4);
     let sink = KinesisSink::new(flaky.clone(), "out").with_backoff(Backoff::default().seeded(9));
     assert!(
-        sink.send(&outputs(600)).await.is_empty(),
+        sink.send(&outputs(600), Deadline::NONE).await.is_empty(),
         "600 records in two calls, failures retried"
     );
     assert_eq!(flaky.records("out").len(), 600);
@@ -249,7 +249,7 @@ async fn the_kinesis_sink_retries_records_a_put_could_not_write_and_reports_thos
     ));
     down.create_stream("out", 1);
     let sink = KinesisSink::new(down.clone(), "out").with_backoff(Backoff::default().seeded(1));
-    let failed = sink.send(&outputs(3)).await;
+    let failed = sink.send(&outputs(3), Deadline::NONE).await;
     assert_eq!(
         failed.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
         [0, 1, 2]
@@ -282,7 +282,7 @@ async fn keys_the_services_would_refuse_as_group_or_partition_keys_are_sent_unde
     let sqs = Arc::new(LocalSqs::default());
     let url = sqs.create_queue("out.fifo");
     assert!(SqsSink::new(sqs.clone(), url.clone())
-        .send(&messages)
+        .send(&messages, Deadline::NONE)
         .await
         .is_empty());
     let groups: Vec<String> = sqs
@@ -301,7 +301,7 @@ async fn keys_the_services_would_refuse_as_group_or_partition_keys_are_sent_unde
     let kinesis = Arc::new(LocalKinesis::new(Arc::new(SystemClock), Faults::none()));
     kinesis.create_stream("out", 2);
     assert!(KinesisSink::new(kinesis.clone(), "out")
-        .send(&messages)
+        .send(&messages, Deadline::NONE)
         .await
         .is_empty());
     assert!(kinesis

@@ -59,12 +59,49 @@ pub enum SinkError {
     /// will never succeed.
     #[error("message rejected by the sink: {0}")]
     Rejected(String),
+    /// The message was not sent, or its failure not retried, because the invocation's time to
+    /// send ran out (`Deadline`): it goes with its record's retry.
+    #[error("not sent: the invocation's time to send ran out ({0})")]
+    OutOfTime(String),
 }
 
 impl SinkError {
     /// Whether resending the message as is may succeed: every failure but `Rejected`.
     pub fn is_retryable(&self) -> bool {
         !matches!(self, SinkError::Rejected(_))
+    }
+}
+
+/// When a sink stops calling: the invocation's deadline, less the time kept for what comes after
+/// sending (the commit). A sink makes the first call of a `send` whatever the time, so that every
+/// invocation gets something through; it starts no later call, and no retry, that would begin
+/// past the deadline. Read on tokio's clock, which tests pause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deadline(Option<tokio::time::Instant>);
+
+impl Deadline {
+    /// No deadline: calls and retries go on until the sink's own attempts run out.
+    pub const NONE: Deadline = Deadline(None);
+
+    /// The deadline `remaining` from now.
+    pub fn after(remaining: Duration) -> Self {
+        Deadline(Some(tokio::time::Instant::now() + remaining))
+    }
+
+    /// Whether there is one.
+    pub fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Whether something that starts `wait` from now starts before the deadline.
+    pub fn allows(&self, wait: Duration) -> bool {
+        self.0
+            .is_none_or(|at| tokio::time::Instant::now() + wait < at)
+    }
+
+    /// Whether the deadline has come.
+    pub fn passed(&self) -> bool {
+        !self.allows(Duration::ZERO)
     }
 }
 
@@ -313,9 +350,11 @@ impl Default for StoreLimits {
 /// A destination for outputs.
 #[async_trait]
 pub trait Sink: Send + Sync {
-    /// Sends the messages, retrying what the service lets us retry. Returns the messages that
-    /// could still not be sent (by index into `messages`) with the reason; empty means all sent.
-    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)>;
+    /// Sends the messages, retrying what the service lets us retry, until `deadline` (its first
+    /// call whatever the time). Returns the messages that could still not be sent (by index into
+    /// `messages`) with the reason; empty means all sent. A sink whose calls go one after another
+    /// sends a later message only once the earlier ones went or failed.
+    async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)>;
 
     /// The largest message body the sink accepts.
     fn max_message_bytes(&self) -> usize;

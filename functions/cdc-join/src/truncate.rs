@@ -28,7 +28,7 @@ use keyway::domain::hash::xxh3_128_hex;
 use keyway::domain::{KeyState, Output, OutputId, SlotData};
 use keyway::lambda::{is_scheduled, FunctionError, Handler, Invocation, Response, StreamHandler};
 use keyway::operator::BROADCAST_KEY;
-use keyway::ports::{Clock, Commit, Namespace, Sink, SinkError, StateStore, StoreError};
+use keyway::ports::{Clock, Commit, Deadline, Namespace, Sink, SinkError, StateStore, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -265,7 +265,13 @@ impl Sweeper {
             }
             // The deletes go out before the rows go: a sweep that stops between the two sends
             // them again next time, which the join's stamps make harmless.
-            if let Some((_, error)) = self.changelog.send(&outputs).await.into_iter().next() {
+            if let Some((_, error)) = self
+                .changelog
+                .send(&outputs, Deadline::NONE)
+                .await
+                .into_iter()
+                .next()
+            {
                 return Err(SweepError::Sink(error));
             }
             // The chunk's rows go in one commit call: a sweep of a large table makes few round

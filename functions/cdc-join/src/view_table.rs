@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use keyway::adapters::dynamodb::{apply_latest, Expect, ItemKey, Table, ITEM_MAX_BYTES, TTL};
 use keyway::adapters::retry::Backoff;
 use keyway::domain::{AttrValue, Item, Output, RowChange};
-use keyway::ports::{Clock, Sink, SinkError, StoreError};
+use keyway::ports::{Clock, Deadline, Sink, SinkError, StoreError};
 
 use crate::join::{Joined, Stamped};
 use crate::view::rank;
@@ -129,13 +129,14 @@ pub fn joined_of(item: &Item) -> Result<Option<Joined>, StoreError> {
 
 #[async_trait]
 impl Sink for ViewTable {
-    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+    async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
         // A row's changes in one batch come down to its latest: an update of a row that keeps
         // its join key is a delete and an insert of it, one write instead of two.
         let order = |stamped: &Stamped| (stamped.change.row().id(), rank(stamped));
         apply_latest(
             messages,
             "a joined change",
+            deadline,
             order,
             |stamped: Stamped| async move { self.apply(&stamped).await },
         )
@@ -240,7 +241,7 @@ mod tests {
         let clock = ManualClock::at(1_767_225_600_000);
         let view = ViewTable::new(table.clone(), clock, Duration::from_secs(3600));
         let update = [output(&change(false, "20")), output(&change(true, "20"))];
-        assert!(view.send(&update).await.is_empty());
+        assert!(view.send(&update, Deadline::NONE).await.is_empty());
         assert_eq!(table.meter().snapshot().write_units, 1.0);
         assert_eq!(rows(&table), 1);
         assert_eq!(
@@ -266,7 +267,7 @@ mod tests {
                 output(&stamped)
             })
             .collect();
-        assert!(view.send(&changes).await.is_empty());
+        assert!(view.send(&changes, Deadline::NONE).await.is_empty());
         assert_eq!(rows(&table), 20);
         let waves = table.meter().snapshot().waves;
         assert!(waves <= 2, "{waves} round trips for 20 rows");
@@ -304,7 +305,10 @@ mod tests {
             let last = if highest_is_delete { "40" } else { "20" };
             let left_behind = [alone(true, "10"), alone(false, last)];
             let moved_in = [alone(true, "30")];
-            let (a, b) = tokio::join!(old_key.send(&left_behind), new_key.send(&moved_in));
+            let (a, b) = tokio::join!(
+                old_key.send(&left_behind, Deadline::NONE),
+                new_key.send(&moved_in, Deadline::NONE)
+            );
             assert!(a.is_empty() && b.is_empty(), "{a:?} {b:?}");
             let fired = table.faults_fired();
             assert!(fired.get(&Fault::LostResponse) > Some(&0), "{fired:?}");

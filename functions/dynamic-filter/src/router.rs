@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use keyway::domain::Output;
 use keyway::lambda::PortError;
-use keyway::ports::{Sink, SinkError};
+use keyway::ports::{Deadline, Sink, SinkError};
 
 /// SQS's largest message.
 pub const SQS_MESSAGE_MAX_BYTES: usize = keyway::adapters::sqs::BATCH_MAX_BYTES;
@@ -46,7 +46,7 @@ impl QueueRouter {
 
 #[async_trait]
 impl Sink for QueueRouter {
-    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+    async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
         let mut by_queue: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (i, message) in messages.iter().enumerate() {
             by_queue.entry(&message.partition_key).or_default().push(i);
@@ -60,7 +60,7 @@ impl Sink for QueueRouter {
                 }
             };
             let batch: Vec<Output> = indices.iter().map(|&i| messages[i].clone()).collect();
-            sink.send(&batch)
+            sink.send(&batch, deadline)
                 .await
                 .into_iter()
                 .map(|(j, e)| (indices[j], e))

@@ -36,7 +36,7 @@ use keyway::adapters::dynamodb::{
 use keyway::adapters::retry::Backoff;
 use keyway::domain::hash::xxh3_128_hex;
 use keyway::domain::{AttrValue, Item, Output};
-use keyway::ports::{Clock, Sink, SinkError, StoreError};
+use keyway::ports::{Clock, Deadline, Sink, SinkError, StoreError};
 
 use crate::index::{Journaled, Revised};
 
@@ -255,10 +255,11 @@ impl FilterState {
 /// one `Revised`, applied in order.
 #[async_trait]
 impl Sink for FilterState {
-    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+    async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
         apply_each(
             messages,
             "a subscription change",
+            deadline,
             |change: Revised| async move { self.apply(&change).await.map(|_| ()) },
         )
         .await

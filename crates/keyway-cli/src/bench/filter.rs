@@ -29,7 +29,7 @@ use keyway::adapters::dynamodb::{ItemKey, Table, TTL};
 use keyway::domain::pattern::Pattern;
 use keyway::domain::{AttrValue, Output, OutputId, Payload};
 use keyway::lambda::{Env, FunctionError, Handler, Invocation, Platform, Response};
-use keyway::ports::Sink;
+use keyway::ports::{Deadline, Sink};
 use keyway_local::mapping::events::{kinesis_event_json, KinesisEventRecord};
 use keyway_local::{thread_cpu_time, FaultPlan, KeySchema, LocalServices, MeterSnapshot};
 use rand::rngs::StdRng;
@@ -484,7 +484,7 @@ impl Handler for Lookup {
                 }
             }
         }
-        let failed = self.router.send(&outputs).await;
+        let failed = self.router.send(&outputs, Deadline::NONE).await;
         if !failed.is_empty() {
             return Err(FunctionError::Failed(format!(
                 "{} deliveries failed",

@@ -209,7 +209,7 @@ impl Message {
 fn sink(err: SinkError) -> ApiError {
     match err {
         SinkError::Throttled(m) => ApiError::code("ProvisionedThroughputExceededException", m),
-        SinkError::Unavailable(m) => ApiError {
+        SinkError::Unavailable(m) | SinkError::OutOfTime(m) => ApiError {
             status: 500,
             code: "InternalFailure".into(),
             message: m,

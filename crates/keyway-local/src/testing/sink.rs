@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 
 use super::output;
 use keyway::domain::Output;
-use keyway::ports::{Sink, SinkError};
+use keyway::ports::{Deadline, Sink, SinkError};
 
 /// Messages a sink's destination received, as the contract reads them back.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,7 +102,7 @@ async fn send_25(
     let messages: Vec<Output> = (first..first + 25)
         .map(|i| output(i, format!("{{\"promise\":\"{promise}\",\"n\":{i}}}")))
         .collect();
-    let failed = under.sink.send(&messages).await;
+    let failed = under.sink.send(&messages, Deadline::NONE).await;
     assert!(failed.is_empty(), "every message is sent: {failed:?}");
     let ours = |r: &Received| r.body.contains(&format!("\"promise\":\"{promise}\""));
     let mut received = Vec::new();
@@ -175,7 +175,7 @@ async fn order_of_is_the_key_sent(under: &SinkUnderTest) {
             ..output(300 + i, format!("{{\"promise\":\"order-of\",\"n\":{i}}}"))
         })
         .collect();
-    let failed = under.sink.send(&messages).await;
+    let failed = under.sink.send(&messages, Deadline::NONE).await;
     assert!(failed.is_empty(), "every message is sent: {failed:?}");
     let mut received = Vec::new();
     for _ in 0..50 {
@@ -204,7 +204,7 @@ async fn order_of_is_the_key_sent(under: &SinkUnderTest) {
 async fn refused_message_fails_alone(under: &SinkUnderTest) {
     let too_big = output(99, "x".repeat(1024 * 1024 + 1));
     let small = output(100, "{\"promise\":\"refused\"}".into());
-    let failed = under.sink.send(&[too_big, small]).await;
+    let failed = under.sink.send(&[too_big, small], Deadline::NONE).await;
     assert_eq!(
         failed.len(),
         1,

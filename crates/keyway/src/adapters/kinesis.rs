@@ -18,7 +18,7 @@ use super::retry::{Backoff, Round};
 use super::sdk_error::{class_of, classify, CodeClass, ErrorClass};
 use crate::domain::hash::sha256_hex;
 use crate::domain::Output;
-use crate::ports::{Sink, SinkError};
+use crate::ports::{Deadline, Sink, SinkError};
 
 /// A record's data plus partition key may be at most 1 MiB.
 pub const RECORD_MAX_BYTES: usize = 1024 * 1024;
@@ -172,14 +172,6 @@ impl<A: KinesisApi> KinesisSink<A> {
         self
     }
 
-    /// Sends `indexes` of `messages` in one call (they fit), retrying the records that fail.
-    /// Returns the ones that could not be sent.
-    async fn send_call(&self, messages: &[Output], indexes: Vec<usize>) -> Vec<(usize, SinkError)> {
-        self.backoff
-            .retry_rounds(indexes, |pending| self.put_records(messages, pending))
-            .await
-    }
-
     async fn put_records(
         &self,
         messages: &[Output],
@@ -230,14 +222,15 @@ impl<A: KinesisApi> KinesisSink<A> {
 
 #[async_trait]
 impl<A: KinesisApi> Sink for KinesisSink<A> {
-    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
-        let mut failed = Vec::new();
+    async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
+        let mut refused = Vec::new();
+        let mut calls: Vec<Vec<usize>> = Vec::new();
         let mut call: Vec<usize> = Vec::new();
         let mut call_bytes = 0;
         for (i, message) in messages.iter().enumerate() {
             let size = message.body.len() + partition_key(&message.partition_key).len();
             if size > RECORD_MAX_BYTES {
-                failed.push((
+                refused.push((
                     i,
                     SinkError::Rejected(format!(
                         "a Kinesis record holds at most 1 MiB of data and partition key; this one is {size} bytes"
@@ -246,17 +239,23 @@ impl<A: KinesisApi> Sink for KinesisSink<A> {
                 continue;
             }
             if call.len() == PUT_RECORDS_MAX || call_bytes + size > PUT_RECORDS_MAX_BYTES {
-                // Calls go one after another so that a key's outputs keep their order.
-                let sent = self.send_call(messages, std::mem::take(&mut call));
-                failed.extend(sent.await);
+                calls.push(std::mem::take(&mut call));
                 call_bytes = 0;
             }
             call.push(i);
             call_bytes += size;
         }
         if !call.is_empty() {
-            failed.extend(self.send_call(messages, call).await);
+            calls.push(call);
         }
+        // Calls go one after another so that a key's outputs keep their order.
+        let mut failed = self
+            .backoff
+            .send_calls(calls, true, deadline, |pending| {
+                self.put_records(messages, pending)
+            })
+            .await;
+        failed.extend(refused);
         failed.sort_by_key(|(i, _)| *i);
         failed
     }
@@ -274,6 +273,7 @@ impl<A: KinesisApi> Sink for KinesisSink<A> {
 mod tests {
     use super::*;
     use crate::domain::{Origin, OutputId, SequenceNumber};
+    use std::time::Duration;
 
     /// Answers every PutRecords with the outcome of its first entry only, written.
     struct Short {
@@ -295,13 +295,9 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn records_a_response_does_not_mention_are_sent_again_and_never_taken_as_written() {
-        let api = Arc::new(Short {
-            calls: std::sync::Mutex::new(Vec::new()),
-        });
-        let sink = KinesisSink::new(api.clone(), "out");
-        let messages: Vec<Output> = (0..3)
+    /// `n` outputs to one partition key, the `i`th with body `i`.
+    fn outputs(n: u32) -> Vec<Output> {
+        (0..n)
             .map(|i| Output {
                 id: OutputId::derive(
                     "op",
@@ -315,10 +311,75 @@ mod tests {
                 body: i.to_string(),
                 settled: false,
             })
-            .collect();
-        let failed = sink.send(&messages).await;
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_a_response_does_not_mention_are_sent_again_and_never_taken_as_written() {
+        let api = Arc::new(Short {
+            calls: std::sync::Mutex::new(Vec::new()),
+        });
+        let sink = KinesisSink::new(api.clone(), "out");
+        let failed = sink.send(&outputs(3), Deadline::NONE).await;
         // Each call writes its first record: 3 calls for 3 records.
         assert_eq!(*api.calls.lock().unwrap(), [3, 2, 1]);
         assert!(failed.is_empty(), "{failed:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_deadline_a_call_that_gets_some_through_is_retried_past_its_attempts_until_then()
+    {
+        let api = Arc::new(Short {
+            calls: std::sync::Mutex::new(Vec::new()),
+        });
+        let sink = KinesisSink::new(api.clone(), "out").with_backoff(Backoff::default().seeded(5));
+        let start = tokio::time::Instant::now();
+        let failed = sink
+            .send(&outputs(1_200), Deadline::after(Duration::from_secs(5)))
+            .await;
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        // The first call of 500 writes a record a round, for more rounds than its 8 attempts.
+        let calls = api.calls.lock().unwrap().clone();
+        let rounds = calls.iter().take_while(|&&n| n > 0).zip((1..=500).rev());
+        let rounds = rounds.take_while(|(n, left)| *n == left).count();
+        assert!(rounds > 8, "{rounds} rounds of the first call: {calls:?}");
+        assert!(failed
+            .iter()
+            .all(|(i, err)| *i >= rounds && err.is_retryable()));
+        assert_eq!(
+            failed.len(),
+            1_200 - calls.len(),
+            "a record written a round"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_deadline_a_send_makes_its_first_call_once_and_no_other() {
+        let api = Arc::new(Short {
+            calls: std::sync::Mutex::new(Vec::new()),
+        });
+        let sink = KinesisSink::new(api.clone(), "out");
+        let failed = sink
+            .send(&outputs(1_200), Deadline::after(Duration::ZERO))
+            .await;
+        assert_eq!(*api.calls.lock().unwrap(), [500]);
+        let indexes: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
+        assert_eq!(
+            indexes,
+            (1..1_200).collect::<Vec<_>>(),
+            "the first record went"
+        );
+        for (i, err) in &failed {
+            assert!(err.is_retryable());
+            assert_eq!(
+                matches!(err, SinkError::OutOfTime(_)),
+                *i >= 500,
+                "the later calls are not made: {i} {err}"
+            );
+        }
     }
 }

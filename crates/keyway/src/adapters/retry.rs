@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::ports::{SinkError, StoreError};
+use crate::ports::{Deadline, SinkError, StoreError};
 
 /// Capped exponential backoff with full jitter, and how many attempts a call gets.
 #[derive(Debug)]
@@ -56,39 +56,88 @@ impl Backoff {
         Duration::from_nanos(jitter)
     }
 
-    /// Sleeps the jittered wait before retry number `retry` (`delay`).
-    pub async fn wait(&self, retry: u32) {
-        tokio::time::sleep(self.delay(retry)).await;
-    }
-
     /// Gives `work` to `round` (one call, or calls at once over parts of it), then what the round
-    /// asks to retry, after a backoff, until nothing is left to retry or the attempts run out.
-    /// Returns the work that failed: for good, or still failing at the last attempt, each with
-    /// its last error. Successes are the round's own to keep.
-    pub(crate) async fn retry_rounds<T, E, F, Fut>(&self, work: Vec<T>, mut round: F) -> Vec<(T, E)>
+    /// asks to retry, after a backoff, until nothing is left to retry, the attempts run out, or
+    /// the next retry would start past `deadline`. With a deadline, only rounds that get none of
+    /// their work through use attempts up: a call larger than what a limit takes a second (a
+    /// Kinesis shard's 1,000 records) goes through a part at a time, as long as the time allows.
+    /// Without one, every round counts, which bounds the time a call takes. Returns the work that
+    /// failed: for good, or still failing at the last attempt or the deadline, each with its last
+    /// error. Successes are the round's own to keep.
+    pub(crate) async fn retry_rounds<T, E, F, Fut>(
+        &self,
+        work: Vec<T>,
+        deadline: Deadline,
+        mut round: F,
+    ) -> Vec<(T, E)>
     where
         F: FnMut(Vec<T>) -> Fut,
         Fut: Future<Output = Round<T, E>>,
     {
         let mut failed = Vec::new();
         let mut pending = work;
-        let mut attempt = 0;
+        // Retries so far, which set the next wait; rounds in a row that used an attempt up.
+        let (mut retries, mut stalled) = (0, 0);
         while !pending.is_empty() {
+            let asked = pending.len();
             let Round {
                 retry,
                 failed: lost,
             } = round(pending).await;
             failed.extend(lost);
-            attempt += 1;
             if retry.is_empty() {
                 break;
             }
-            if attempt >= self.max_attempts {
+            let progressed = deadline.is_set() && retry.len() < asked;
+            stalled = if progressed { 0 } else { stalled + 1 };
+            if stalled >= self.max_attempts {
                 failed.extend(retry);
                 break;
             }
-            self.wait(attempt - 1).await;
+            let wait = self.delay(retries);
+            if !deadline.allows(wait) {
+                failed.extend(retry);
+                break;
+            }
+            tokio::time::sleep(wait).await;
+            retries += 1;
             pending = retry.into_iter().map(|(item, _)| item).collect();
+        }
+        failed
+    }
+
+    /// Sends a sink's `calls` (each the indexes of the messages one call takes), each call's
+    /// `round` retried as `retry_rounds` does: one call after another where the sink keeps order,
+    /// so that a later message goes only once the earlier ones went or failed, all at once where
+    /// it does not. A call after the first is not started once `deadline` has passed: its
+    /// messages come back `OutOfTime`, to go with their records' retry. Returns every message not
+    /// sent.
+    pub(crate) async fn send_calls<F, Fut>(
+        &self,
+        calls: Vec<Vec<usize>>,
+        in_order: bool,
+        deadline: Deadline,
+        round: F,
+    ) -> Vec<(usize, SinkError)>
+    where
+        F: Fn(Vec<usize>) -> Fut,
+        Fut: Future<Output = Round<usize, SinkError>>,
+    {
+        let call = |indexes| self.retry_rounds(indexes, deadline, &round);
+        let mut failed = Vec::new();
+        if in_order {
+            let mut calls = calls.into_iter();
+            for indexes in calls.by_ref() {
+                failed.extend(call(indexes).await);
+                if deadline.passed() {
+                    break;
+                }
+            }
+            let late = || SinkError::OutOfTime("a later call of the same send".into());
+            failed.extend(calls.flatten().map(|i| (i, late())));
+        } else {
+            let sends = calls.into_iter().map(call);
+            failed.extend(futures::future::join_all(sends).await.into_iter().flatten());
         }
         failed
     }
@@ -103,7 +152,7 @@ impl Backoff {
         let done = Mutex::new(None);
         let done = &done;
         let failed = self
-            .retry_rounds(vec![()], move |_| {
+            .retry_rounds(vec![()], Deadline::NONE, move |_| {
                 let attempt = call();
                 async move {
                     match attempt.await {
@@ -183,7 +232,8 @@ impl<T, E: Retryable> Round<T, E> {
 
 impl Default for Backoff {
     /// 25 ms doubling up to 2 s, 8 attempts: about 5 s of trying in the worst case, well inside a
-    /// Lambda timeout, and past the short throttling bursts DynamoDB and Kinesis answer with.
+    /// Lambda timeout, and past the short throttling bursts DynamoDB and Kinesis answer with. (A
+    /// sink's call given a deadline goes on while it gets work through, until then.)
     fn default() -> Self {
         Self::new(Duration::from_millis(25), Duration::from_secs(2), 8)
     }
@@ -246,7 +296,7 @@ mod tests {
         let start = tokio::time::Instant::now();
         let failed = backoff()
             .seeded(3)
-            .retry_rounds(vec![0, 1, 2, 3], round(&given, 2))
+            .retry_rounds(vec![0, 1, 2, 3], Deadline::NONE, round(&given, 2))
             .await;
         // A backoff wait before each retry (tokio's timer counts whole milliseconds).
         let waited = start.elapsed();
@@ -266,10 +316,83 @@ mod tests {
     async fn rounds_give_up_after_the_attempts_with_the_last_errors() {
         let backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 3);
         let given = Mutex::new(Vec::new());
-        let failed = backoff.retry_rounds(vec![0, 1, 3], round(&given, 10)).await;
+        let failed = backoff
+            .retry_rounds(vec![0, 1, 3], Deadline::NONE, round(&given, 10))
+            .await;
         let throttled = StoreError::Throttled("slow down".into());
         assert_eq!(failed, vec![(0, throttled.clone()), (1, throttled)]);
-        assert_eq!(given.into_inner().unwrap().len(), 3);
+        assert_eq!(
+            given.into_inner().unwrap().len(),
+            3,
+            "without a deadline, the first round counts although it got item 3 through"
+        );
+    }
+
+    /// A round that lets two items through and throttles the rest, as a shard's second of
+    /// capacity would; it counts its rounds.
+    fn two_a_round(
+        rounds: &std::sync::atomic::AtomicU32,
+    ) -> impl FnMut(Vec<u32>) -> std::future::Ready<Round<u32, StoreError>> + '_ {
+        move |pending| {
+            rounds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut round = Round::default();
+            for item in pending.into_iter().skip(2) {
+                round.add_error(item, StoreError::Throttled("slow down".into()));
+            }
+            std::future::ready(round)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_deadline_work_a_limit_lets_through_a_part_a_round_all_goes_through_however_many_rounds(
+    ) {
+        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 3);
+        let rounds = std::sync::atomic::AtomicU32::new(0);
+        let deadline = Deadline::after(Duration::from_secs(60));
+        let failed = backoff
+            .retry_rounds((0..20).collect(), deadline, two_a_round(&rounds))
+            .await;
+        assert_eq!(failed, Vec::new());
+        assert_eq!(rounds.load(std::sync::atomic::Ordering::SeqCst), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_retry_starts_past_the_deadline_and_what_is_left_fails_with_its_last_error() {
+        let backoff =
+            Backoff::new(Duration::from_millis(400), Duration::from_millis(400), 3).seeded(7);
+        let rounds = std::sync::atomic::AtomicU32::new(0);
+        let start = tokio::time::Instant::now();
+        let deadline = Deadline::after(Duration::from_secs(2));
+        let failed = backoff
+            .retry_rounds((0..100).collect(), deadline, two_a_round(&rounds))
+            .await;
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        let rounds = rounds.load(std::sync::atomic::Ordering::SeqCst) as usize;
+        // Waits of 400 ms at most: five rounds at least fit in two seconds, far from the 50 the
+        // work needs.
+        assert!((5..50).contains(&rounds), "{rounds} rounds");
+        let left: Vec<u32> = failed.iter().map(|(item, _)| *item).collect();
+        assert_eq!(left, (2 * rounds as u32..100).collect::<Vec<_>>());
+        assert!(failed
+            .iter()
+            .all(|(_, err)| *err == StoreError::Throttled("slow down".into())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_already_passed_still_lets_the_first_round_go_and_no_retry() {
+        let backoff = Backoff::default();
+        let rounds = std::sync::atomic::AtomicU32::new(0);
+        let deadline = Deadline::after(Duration::ZERO);
+        assert!(deadline.passed());
+        let failed = backoff
+            .retry_rounds((0..5).collect(), deadline, two_a_round(&rounds))
+            .await;
+        assert_eq!(rounds.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(failed.len(), 3);
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,7 +18,7 @@ use super::sdk_error::{class_of, classify, CodeClass};
 
 use crate::domain::hash::sha256_hex;
 use crate::domain::Output;
-use crate::ports::{Sink, SinkError};
+use crate::ports::{Deadline, Sink, SinkError};
 
 /// SendMessageBatch takes at most 10 entries.
 pub const BATCH_MAX_ENTRIES: usize = 10;
@@ -196,14 +196,6 @@ impl<A: SqsApi> SqsSink<A> {
         self
     }
 
-    /// Sends `indexes` of `messages` in one call (they fit), retrying the messages that fail.
-    /// Returns the ones that could not be sent.
-    async fn send_call(&self, messages: &[Output], indexes: Vec<usize>) -> Vec<(usize, SinkError)> {
-        self.backoff
-            .retry_rounds(indexes, |pending| self.send_batch(messages, pending))
-            .await
-    }
-
     async fn send_batch(
         &self,
         messages: &[Output],
@@ -257,15 +249,15 @@ impl<A: SqsApi> SqsSink<A> {
 
 #[async_trait]
 impl<A: SqsApi> Sink for SqsSink<A> {
-    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
-        let mut failed = Vec::new();
+    async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
+        let mut refused = Vec::new();
         let mut calls: Vec<Vec<usize>> = Vec::new();
         let mut call: Vec<usize> = Vec::new();
         let mut call_bytes = 0;
         for (i, message) in messages.iter().enumerate() {
             let size = message.body.len() + ATTRIBUTE_BYTES;
             if size > BATCH_MAX_BYTES {
-                failed.push((
+                refused.push((
                     i,
                     SinkError::Rejected(format!(
                         "an SQS message is at most {BATCH_MAX_BYTES} bytes with its attributes; this one is {size}"
@@ -283,18 +275,15 @@ impl<A: SqsApi> Sink for SqsSink<A> {
         if !call.is_empty() {
             calls.push(call);
         }
-        if self.fifo {
-            // One call after another, so that a group's messages keep their order.
-            for call in calls {
-                failed.extend(self.send_call(messages, call).await);
-            }
-        } else {
-            // A standard queue keeps no order: send every call at once.
-            let results =
-                futures::future::join_all(calls.into_iter().map(|c| self.send_call(messages, c)))
-                    .await;
-            failed.extend(results.into_iter().flatten());
-        }
+        // A FIFO queue gets one call after another, so that a group's messages keep their
+        // order; a standard queue keeps none and gets every call at once.
+        let mut failed = self
+            .backoff
+            .send_calls(calls, self.fifo, deadline, |pending| {
+                self.send_batch(messages, pending)
+            })
+            .await;
+        failed.extend(refused);
         failed.sort_by_key(|(i, _)| *i);
         failed
     }

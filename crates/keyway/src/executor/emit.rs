@@ -2,7 +2,8 @@
 //! out, every sink at once; so do an outbox operator's settled outputs. A sink that keeps order
 //! gets a key's messages to one partition key one after another: each round sends the next
 //! message of every key and partition key, and a key whose message failed sends nothing more to
-//! that sink. Which messages failed decides how many of each key's records stay applied.
+//! that sink. Rounds stop at the batch's send deadline (`Plan::sends_until`), the first one
+//! excepted. Which messages failed decides how many of each key's records stay applied.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -15,7 +16,7 @@ use super::process::{KeyWork, Outcome};
 use super::{BatchReport, Executor};
 use crate::domain::{DeadLetter, Output, DEAD_LETTER_SINK};
 use crate::operator::{Delivery, KeyedOperator};
-use crate::ports::{Sink, SinkError};
+use crate::ports::{Deadline, Sink, SinkError};
 
 /// Which record a message was emitted for, to map a send failure back to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +40,15 @@ impl Tag {
     /// another.
     fn order_key(&self) -> (usize, usize) {
         self.rank().0
+    }
+
+    /// Of two tags of one key, the one that stands first.
+    fn min_by_rank(self, other: Tag) -> Tag {
+        if other.rank() < self.rank() {
+            other
+        } else {
+            self
+        }
     }
 
     /// The order key, then where the message stands among its key's: an outbox left by an
@@ -88,7 +98,7 @@ impl<O: KeyedOperator> Executor<O> {
         report: &mut BatchReport,
     ) {
         let emission = self.collect(plan, keys);
-        let failed = self.send_all(emission, report).await;
+        let failed = self.send_all(emission, plan.sends_until, report).await;
         for work in keys.iter_mut() {
             work.keep = work
                 .run
@@ -176,9 +186,15 @@ impl<O: KeyedOperator> Executor<O> {
 
     /// Sends every message; a message a sink refuses for good (too large, a name the service
     /// rejects) is dead-lettered instead: retrying could never deliver it, and nothing may block
-    /// a key forever. Returns the tags of the messages that may go out later.
-    pub(super) async fn send_all(&self, emission: Emission, report: &mut BatchReport) -> Vec<Tag> {
-        let (mut failed, refused) = self.send_round(emission, report).await;
+    /// a key forever. Returns the tags of the messages that may go out later. Sinks start no call
+    /// after `deadline` but their first.
+    pub(super) async fn send_all(
+        &self,
+        emission: Emission,
+        deadline: Deadline,
+        report: &mut BatchReport,
+    ) -> Vec<Tag> {
+        let (mut failed, refused) = self.send_round(emission, deadline, report).await;
         if refused.is_empty() {
             return failed;
         }
@@ -195,7 +211,7 @@ impl<O: KeyedOperator> Executor<O> {
             );
             letters.push(tag, letter.into_output(limit));
         }
-        let (failed_letters, refused_letters) = self.send_round(letters, report).await;
+        let (failed_letters, refused_letters) = self.send_round(letters, deadline, report).await;
         failed.extend(failed_letters);
         failed.extend(refused_letters.into_iter().map(|(tag, _, _)| tag));
         failed
@@ -205,13 +221,14 @@ impl<O: KeyedOperator> Executor<O> {
     async fn send_round(
         &self,
         emission: Emission,
+        deadline: Deadline,
         report: &mut BatchReport,
     ) -> (Vec<Tag>, Vec<(Tag, Output, SinkError)>) {
         let sends = emission
             .by_sink
             .into_iter()
             .map(|(name, messages)| async move {
-                let sent = self.send_to(&name, messages).await;
+                let sent = self.send_to(&name, messages, deadline).await;
                 (name, sent)
             });
         let (mut failed, mut refused) = (Vec::new(), Vec::new());
@@ -230,8 +247,8 @@ impl<O: KeyedOperator> Executor<O> {
     }
 
     /// Sends one sink's messages: all at once to a sink without order, in rounds to one that
-    /// keeps order (`OrderedQueues`).
-    async fn send_to(&self, name: &str, messages: Vec<(Tag, Output)>) -> Sent {
+    /// keeps order (`OrderedQueues`), no round after `deadline` but the first.
+    async fn send_to(&self, name: &str, messages: Vec<(Tag, Output)>, deadline: Deadline) -> Sent {
         let Some(sink) = self.sinks.get(name) else {
             // Ctx refuses unknown sinks; an outbox written under an older configuration may
             // still name one. Keep it until the sink is configured again.
@@ -244,7 +261,7 @@ impl<O: KeyedOperator> Executor<O> {
         let mut sent = Sent::default();
         if !sink.ordered() {
             let (tags, outputs): (Vec<Tag>, Vec<Output>) = messages.into_iter().unzip();
-            send_once(sink.as_ref(), name, &tags, &outputs, &mut sent).await;
+            send_once(sink.as_ref(), name, &tags, &outputs, deadline, &mut sent).await;
             return sent;
         }
         let mut queues = OrderedQueues::default();
@@ -257,9 +274,22 @@ impl<O: KeyedOperator> Executor<O> {
             if outputs.is_empty() {
                 return sent;
             }
-            for i in send_once(sink.as_ref(), name, &tags, &outputs, &mut sent).await {
-                // Nothing of this key's records from the failed one on may go out after it.
-                sent.failed.extend(queues.stop_key_from(tags[i]));
+            let failed = send_once(sink.as_ref(), name, &tags, &outputs, deadline, &mut sent).await;
+            // Nothing of a key's records from its first failed one on may go out after it.
+            let mut first: HashMap<(usize, usize), Tag> = HashMap::new();
+            for tag in failed.into_iter().map(|i| tags[i]) {
+                first
+                    .entry(tag.order_key())
+                    .and_modify(|f| *f = (*f).min_by_rank(tag))
+                    .or_insert(tag);
+            }
+            for tag in first.into_values() {
+                sent.failed.extend(queues.stop_key_from(tag));
+            }
+            if deadline.passed() {
+                // Too late for another round: what waits goes with its records' retry.
+                sent.failed.extend(queues.stop_all());
+                return sent;
             }
         }
     }
@@ -319,6 +349,15 @@ impl OrderedQueues {
         let queues = &self.queues;
         self.waiting.retain(|&q| !queues[q].is_empty());
         (tags, outputs)
+    }
+
+    /// Takes every message out, returning their tags.
+    fn stop_all(&mut self) -> Vec<Tag> {
+        self.waiting.clear();
+        self.queues
+            .iter_mut()
+            .flat_map(|queue| queue.drain(..).map(|(tag, _)| tag))
+            .collect()
     }
 
     /// After the message tagged `failed`, takes out of every queue of its key the messages from
@@ -396,19 +435,29 @@ async fn send_once(
     name: &str,
     tags: &[Tag],
     outputs: &[Output],
+    deadline: Deadline,
     sent: &mut Sent,
 ) -> Vec<usize> {
-    let failures = sink.send(outputs).await;
+    let failures = sink.send(outputs, deadline).await;
     sent.count += outputs.len() - failures.len();
     let mut retryable = Vec::new();
+    // What may go later can be thousands of outputs when a batch outruns its sink: one line
+    // says how many, with the first one's reason. Each refused output is named: it is
+    // dead-lettered.
+    let mut first_retryable = None;
     for (i, err) in failures {
-        warn!(sink = %name, id = %outputs[i].id, error = %err, "output not sent");
         if err.is_retryable() {
             sent.failed.push(tags[i]);
             retryable.push(i);
+            first_retryable.get_or_insert((i, err));
         } else {
+            warn!(sink = %name, id = %outputs[i].id, error = %err, "output refused");
             sent.refused.push((tags[i], outputs[i].clone(), err));
         }
+    }
+    if let Some((i, err)) = first_retryable {
+        let id = &outputs[i].id;
+        warn!(sink = %name, outputs = retryable.len(), first = %id, error = %err, "outputs not sent; they go with their records' retry");
     }
     retryable
 }
@@ -424,11 +473,11 @@ mod tests {
     use super::super::{Executor, Sinks};
     use super::{OrderedQueues, Tag};
     use crate::adapters::dynamodb::DynamoStateStore;
-    use crate::domain::{Output, Payload, SourceRecord};
+    use crate::domain::{Output, Payload, RejectedRecord, SourceRecord};
     use crate::operator::{
         Ctx, InvalidInput, KeyedOperator, ProcessError, SinkDescriptor, StateDescriptor,
     };
-    use crate::ports::{ManualClock, Sink, SinkError};
+    use crate::ports::{Deadline, ManualClock, Sink, SinkError};
 
     #[tokio::test]
     async fn an_outbox_for_a_sink_no_longer_configured_waits_and_blocks_its_key() {
@@ -691,7 +740,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Sink for Flaky {
-        async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+        async fn send(&self, messages: &[Output], _: Deadline) -> Vec<(usize, SinkError)> {
             use rand::Rng;
             let mut rng = self.rng.lock().unwrap();
             let mut failed = Vec::new();
@@ -781,6 +830,107 @@ mod tests {
                 proptest::prop_assert_eq!(&first, &bodies, "key k{} to p{}", key, partition);
             }
         }
+    }
+
+    /// An ordered sink whose every call takes ten seconds, on tokio's clock and on `clock`; it
+    /// keeps the number of messages of each call.
+    struct Slow {
+        clock: Arc<ManualClock>,
+        calls: std::sync::Mutex<Vec<usize>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for Slow {
+        async fn send(&self, messages: &[Output], _: Deadline) -> Vec<(usize, SinkError)> {
+            self.calls.lock().unwrap().push(messages.len());
+            tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+            self.clock.advance(10_000);
+            Vec::new()
+        }
+
+        fn max_message_bytes(&self) -> usize {
+            1024
+        }
+    }
+
+    /// An executor of `Router` onto a `Slow` sink, with `config`; and a batch of two records:
+    /// key a's, with six outputs to partition key p0 (six rounds), and key b's, with one to p1.
+    fn slow_router(
+        config: super::super::ExecutorConfig,
+    ) -> (
+        Executor<Router>,
+        Arc<Slow>,
+        Vec<Result<SourceRecord, RejectedRecord>>,
+    ) {
+        let clock = ManualClock::at(START);
+        let table = Arc::new(crate::adapters::dynamodb::MemoryTable::new());
+        let store = Arc::new(DynamoStateStore::new(table, clock.clone()));
+        let slow = Arc::new(Slow {
+            clock: clock.clone(),
+            calls: std::sync::Mutex::new(Vec::new()),
+        });
+        let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, slow.clone());
+        let executor = Executor::new(Router, store, sinks, clock)
+            .unwrap()
+            .with_config(config);
+        let routed = |seq: u64, key: &str, to: Vec<u8>| {
+            let mut r = record(seq, "p", "", 0).unwrap();
+            let body = serde_json::json!([key, to]).to_string();
+            r.payload = Payload::Bytes(body.into_bytes().into());
+            Ok(r)
+        };
+        let batch = vec![routed(1, "a", vec![0; 6]), routed(2, "b", vec![1])];
+        (executor, slow, batch)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn near_the_deadline_an_ordered_sink_gets_no_more_rounds_and_the_records_left_are_retried(
+    ) {
+        let (executor, slow, batch) = slow_router(Default::default());
+        // Sends stop a second before the deadline, at 20 s: rounds start at 0 and 10 s.
+        let report = executor
+            .run_until(batch.clone(), Some(START + 21_000))
+            .await;
+        assert_eq!(
+            *slow.calls.lock().unwrap(),
+            [2, 1],
+            "a's first two, b's one"
+        );
+        assert_eq!(
+            report.failed_from.unwrap().as_str(),
+            "1",
+            "a's record is retried"
+        );
+        let report = executor.run_until(batch, None).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(
+            *slow.calls.lock().unwrap(),
+            [2, 1, 1, 1, 1, 1, 1, 1],
+            "b's record was applied, and is skipped; a's goes again whole"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_that_starts_sending_past_its_send_deadline_still_sends_its_first_round() {
+        let config = super::super::ExecutorConfig {
+            deadline_reserve: std::time::Duration::from_secs(1),
+            commit_reserve: std::time::Duration::from_secs(3),
+            ..Default::default()
+        };
+        let (executor, slow, batch) = slow_router(config);
+        // Keys start until a second before the deadline; sends stop three seconds before it, so
+        // before they begin (as when processing takes the time up).
+        let report = executor.run_until(batch, Some(START + 2_000)).await;
+        assert_eq!(
+            *slow.calls.lock().unwrap(),
+            [2],
+            "one round: a's first, b's one"
+        );
+        assert_eq!(
+            report.failed_from.unwrap().as_str(),
+            "1",
+            "b's record is applied"
+        );
     }
 
     #[tokio::test]

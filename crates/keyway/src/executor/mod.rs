@@ -48,8 +48,12 @@
 //! outbox. A panicking operator fails its key only (retried, like any programming error).
 //!
 //! **Deadline.** Given the invocation's deadline, the executor stops starting keys once less than
-//! `ExecutorConfig::deadline_reserve` remains, commits what it finished and reports the rest as
-//! batch item failures, instead of being stopped by the timeout with nothing committed.
+//! `ExecutorConfig::deadline_reserve` remains, and its sinks start no more calls or retries once
+//! less than `ExecutorConfig::commit_reserve` remains (a sink's first call of a send goes
+//! whatever the time, so that every invocation gets something out). It commits the records whose
+//! outputs all went out and reports the rest as batch item failures, instead of being stopped by
+//! the timeout with nothing committed: a key whose records emit more than a shard takes in one
+//! invocation goes on at its retry.
 
 mod commit;
 mod emit;
@@ -83,7 +87,7 @@ use crate::operator::{
     KeyedOperator, Migration, SinkWiringError, StateDescriptor,
 };
 use crate::ports::{
-    Clock, HotKeyReports, MetricLog, Namespace, Sink, StateStore, StoreLimits,
+    Clock, Deadline, HotKeyReports, MetricLog, Namespace, Sink, StateStore, StoreLimits,
     DEFAULT_REDELIVERY_WINDOW,
 };
 
@@ -217,6 +221,12 @@ pub struct ExecutorConfig {
     /// No key is started once less than this remains before the invocation's deadline: what was
     /// processed still has to be sent and committed.
     pub deadline_reserve: Duration,
+    /// No sink call or retry is started once less than this remains before the invocation's
+    /// deadline: what went out still has to be committed. Less than `deadline_reserve`, so that a
+    /// batch whose processing took its time up still has time to send. A call started before
+    /// then that the service does not answer can still run to its attempt timeout: the reserve
+    /// is sized for calls that answer in their usual time.
+    pub commit_reserve: Duration,
 }
 
 impl Default for ExecutorConfig {
@@ -226,6 +236,7 @@ impl Default for ExecutorConfig {
             lineage: Lineage::default(),
             look_back: Duration::from_secs(7 * 24 * 3600),
             deadline_reserve: Duration::from_secs(2),
+            commit_reserve: Duration::from_secs(1),
         }
     }
 }
@@ -454,7 +465,8 @@ impl<O: KeyedOperator> Executor<O> {
         let now = self.clock.now_millis();
         let started = std::time::Instant::now();
         let mut report = BatchReport::new(batch.len());
-        let (plan, mut inputs) = self.plan(&batch);
+        let (mut plan, mut inputs) = self.plan(&batch);
+        plan.sends_until = self.sends_until(deadline_millis);
         report.keys = plan.groups.len();
         let stateless = self.operator.stateless();
         let loaded = if stateless {
@@ -486,6 +498,16 @@ impl<O: KeyedOperator> Executor<O> {
         self.observe_outcome(&plan, &report, now, started);
         report.log(&self.namespace);
         report
+    }
+
+    /// When sinks stop calling, for a batch that must be done by `deadline_millis`.
+    fn sends_until(&self, deadline_millis: Option<i64>) -> Deadline {
+        let Some(deadline) = deadline_millis else {
+            return Deadline::NONE;
+        };
+        let reserve = self.config.commit_reserve.as_millis() as i64;
+        let left = deadline - reserve - self.clock.now_millis();
+        Deadline::after(Duration::from_millis(left.max(0) as u64))
     }
 
     /// Writes the batch's outcome line, where the executor writes metric lines.
@@ -546,7 +568,7 @@ mod tests {
 
     #[async_trait]
     impl Sink for Wide {
-        async fn send(&self, _: &[Output]) -> Vec<(usize, SinkError)> {
+        async fn send(&self, _: &[Output], _: Deadline) -> Vec<(usize, SinkError)> {
             Vec::new()
         }
         fn max_message_bytes(&self) -> usize {

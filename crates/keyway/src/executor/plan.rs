@@ -10,6 +10,7 @@ use super::Executor;
 use crate::domain::RejectedRecord;
 use crate::domain::{BatchPlan, DeadLetter, KeyGroup, SequenceNumber, SourceRecord};
 use crate::operator::{InvalidInput, KeyedOperator};
+use crate::ports::Deadline;
 
 /// A batch decoded and grouped. (The decoded inputs travel apart: they need not be `Sync`.)
 pub(super) struct Plan<'b> {
@@ -22,6 +23,8 @@ pub(super) struct Plan<'b> {
     /// The key skew detection counts a group under, where it is not the group's key
     /// (`KeyedOperator::hot_key`).
     pub hot_keys: HashMap<String, String>,
+    /// When the batch's sinks stop calling (`ExecutorConfig::commit_reserve`).
+    pub sends_until: Deadline,
 }
 
 impl<'b> Plan<'b> {
@@ -106,6 +109,7 @@ impl<O: KeyedOperator> Executor<O> {
             unkeyed,
             panicked,
             hot_keys,
+            sends_until: Deadline::NONE,
         };
         (plan, inputs)
     }

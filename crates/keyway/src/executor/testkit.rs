@@ -15,7 +15,7 @@ use crate::domain::{Origin, Output, Payload, SequenceNumber, SourceRecord};
 use crate::operator::{
     Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, SinkDescriptor, StateDescriptor,
 };
-use crate::ports::{ManualClock, Sink, SinkError};
+use crate::ports::{Deadline, ManualClock, Sink, SinkError};
 use crate::ValueState;
 
 pub(crate) const SUM: ValueState<i64> = ValueState::new("sum");
@@ -197,7 +197,7 @@ impl Recorder {
 
 #[async_trait]
 impl Sink for Recorder {
-    async fn send(&self, messages: &[Output]) -> Vec<(usize, SinkError)> {
+    async fn send(&self, messages: &[Output], _: Deadline) -> Vec<(usize, SinkError)> {
         self.calls.lock().unwrap().push(messages.to_vec());
         let failing = self.failing.lock().unwrap();
         let refusing = self.refusing.lock().unwrap();

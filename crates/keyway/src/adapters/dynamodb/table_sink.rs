@@ -2,7 +2,8 @@
 //! it carries and apply it, one after another, each failure reported with whether a retry can
 //! help. The filter state applies every change in order (`apply_each`); the CDC view, whose
 //! writes are conditional on raising a row's rank, applies only the latest change of each row,
-//! rows at once (`apply_latest`).
+//! rows at once (`apply_latest`). Neither starts a write but its first past the send's deadline:
+//! what is left comes back `OutOfTime`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,13 +13,14 @@ use futures::stream::{self, StreamExt};
 use serde::de::DeserializeOwned;
 
 use crate::domain::Output;
-use crate::ports::{SinkError, StoreError};
+use crate::ports::{Deadline, SinkError, StoreError};
 
 /// Applies the body of each of `messages`, read as a `T`, with `apply`. A body that is no `T` is
 /// rejected as not `what`; a store error becomes the sink error that says whether to retry.
 pub async fn apply_each<T, F, Fut>(
     messages: &[Output],
     what: &str,
+    deadline: Deadline,
     mut apply: F,
 ) -> Vec<(usize, SinkError)>
 where
@@ -28,6 +30,10 @@ where
 {
     let mut failed = Vec::new();
     for (i, message) in messages.iter().enumerate() {
+        if i > 0 && deadline.passed() {
+            failed.extend((i..messages.len()).map(|i| (i, out_of_time())));
+            break;
+        }
         let outcome = match serde_json::from_str::<T>(&message.body) {
             Err(e) => Err(SinkError::Rejected(format!("not {what}: {e}"))),
             Ok(change) => apply(change).await.map_err(sink_error),
@@ -50,6 +56,7 @@ where
 pub async fn apply_latest<T, K, R, O, F, Fut>(
     messages: &[Output],
     what: &str,
+    deadline: Deadline,
     order: O,
     apply: F,
 ) -> Vec<(usize, SinkError)>
@@ -88,8 +95,21 @@ where
     // Each row is written once, so the writes may go at once: a batch's view changes take a few
     // round trips instead of one each.
     let apply = &apply;
-    let mut writes = stream::iter(latest.into_iter().map(|row| row.write(apply)))
-        .buffer_unordered(WRITES_IN_FLIGHT);
+    let first = std::sync::atomic::AtomicBool::new(true);
+    let first = &first;
+    let writes = latest.into_iter().map(|row| async move {
+        // Looked at as the write starts, not as the batch does: rows go 16 at a time.
+        let started = first.swap(false, std::sync::atomic::Ordering::Relaxed);
+        if !started && deadline.passed() {
+            return row
+                .changes
+                .iter()
+                .map(|(i, _)| (*i, out_of_time()))
+                .collect();
+        }
+        row.write(apply).await
+    });
+    let mut writes = stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
     while let Some(row_failed) = writes.next().await {
         failed.extend(row_failed);
     }
@@ -142,6 +162,11 @@ impl<T, R: Ord> Row<T, R> {
     }
 }
 
+/// A write not started: the send's time ran out.
+fn out_of_time() -> SinkError {
+    SinkError::OutOfTime("a later write of the same send".into())
+}
+
 /// A store error as the sink error that says whether to retry.
 fn sink_error(e: StoreError) -> SinkError {
     match e {
@@ -176,7 +201,7 @@ mod tests {
             output("4"),
         ];
         let mut seen = Vec::new();
-        let failed = apply_each(&messages, "a number", |n: u32| {
+        let failed = apply_each(&messages, "a number", Deadline::NONE, |n: u32| {
             seen.push(n);
             async move {
                 match n {
@@ -206,11 +231,21 @@ mod tests {
         bodies: &[&str],
         fails: &[(&str, StoreError)],
     ) -> (Vec<(usize, bool)>, Vec<String>) {
+        apply_latest_until(bodies, fails, Deadline::NONE).await
+    }
+
+    /// `apply_latest_failing` with a `deadline`.
+    async fn apply_latest_until(
+        bodies: &[&str],
+        fails: &[(&str, StoreError)],
+        deadline: Deadline,
+    ) -> (Vec<(usize, bool)>, Vec<String>) {
         let messages: Vec<Output> = bodies.iter().map(|b| output(b)).collect();
         let applied = std::sync::Mutex::new(Vec::new());
         let failed = apply_latest(
             &messages,
             "a change",
+            deadline,
             |b: &String| row_and_rank(b),
             |body: String| {
                 applied.lock().unwrap().push(body.clone());
@@ -251,5 +286,29 @@ mod tests {
         let (failed, applied) = apply_latest_failing(&bodies, &[("a:3", refused)]).await;
         assert_eq!(failed, [(2, false)]);
         assert_eq!(applied, ["a:3", "a:1", "a:2"]);
+    }
+
+    #[tokio::test]
+    async fn past_the_deadline_only_the_first_row_is_written_and_the_others_wait_for_the_retry() {
+        let bodies = [r#""a:1""#, r#""b:1""#, r#""a:2""#, r#""c:1""#];
+        let passed = Deadline::after(std::time::Duration::ZERO);
+        let (failed, applied) = apply_latest_until(&bodies, &[], passed).await;
+        assert_eq!(applied, ["a:2"], "a's latest, its first row");
+        assert_eq!(failed, [(1, true), (3, true)], "b's and c's");
+    }
+
+    #[tokio::test]
+    async fn past_the_deadline_only_the_first_change_is_applied_in_order() {
+        let messages = [output("1"), output("2"), output("3")];
+        let mut seen = Vec::new();
+        let passed = Deadline::after(std::time::Duration::ZERO);
+        let failed = apply_each(&messages, "a number", passed, |n: u32| {
+            seen.push(n);
+            async { Ok(()) }
+        })
+        .await;
+        assert_eq!(seen, [1]);
+        let failed: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
+        assert_eq!(failed, [1, 2]);
     }
 }

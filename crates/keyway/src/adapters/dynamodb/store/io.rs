@@ -10,7 +10,7 @@ use super::super::{Expect, ItemKey, Table, WriteRequest, BATCH_GET_MAX, BATCH_WR
 use super::DynamoStateStore;
 use crate::adapters::retry::Round;
 use crate::domain::Item;
-use crate::ports::StoreError;
+use crate::ports::{Deadline, StoreError};
 
 impl<T: Table> DynamoStateStore<T> {
     /// Reads every key, 100 a call, all calls at once; keys DynamoDB leaves unprocessed (or whose
@@ -22,7 +22,9 @@ impl<T: Table> DynamoStateStore<T> {
         let found = Mutex::new(HashMap::with_capacity(keys.len()));
         let failed = self
             .backoff
-            .retry_rounds(keys.to_vec(), |pending| self.get_round(pending, &found))
+            .retry_rounds(keys.to_vec(), Deadline::NONE, |pending| {
+                self.get_round(pending, &found)
+            })
             .await;
         match failed.into_iter().next() {
             Some((_, err)) => Err(err),
@@ -74,7 +76,9 @@ impl<T: Table> DynamoStateStore<T> {
     ) -> (Vec<WriteRequest>, Option<StoreError>) {
         let failed = self
             .backoff
-            .retry_rounds(requests, |pending| self.write_round(pending))
+            .retry_rounds(requests, Deadline::NONE, |pending| {
+                self.write_round(pending)
+            })
             .await;
         let err = failed
             .iter()
