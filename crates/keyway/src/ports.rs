@@ -59,8 +59,9 @@ pub enum SinkError {
     /// will never succeed.
     #[error("message rejected by the sink: {0}")]
     Rejected(String),
-    /// The message was not sent, or its failure not retried, because the invocation's time to
-    /// send ran out (`Deadline`): it goes with its record's retry.
+    /// The message was not sent because the invocation's time to send ran out (`Deadline`): it
+    /// goes with its record's retry. (A message whose call went out but was not retried for
+    /// want of time keeps the error of its last try.)
     #[error("not sent: the invocation's time to send ran out ({0})")]
     OutOfTime(String),
 }

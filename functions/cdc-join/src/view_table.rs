@@ -52,6 +52,11 @@ impl ViewTable {
 
     /// Writes `stamped` unless the view holds its row at a rank as high.
     pub async fn apply(&self, stamped: &Stamped) -> Result<(), StoreError> {
+        self.apply_until(stamped, Deadline::NONE).await
+    }
+
+    /// `apply`, with no retry of the write starting past `deadline`.
+    async fn apply_until(&self, stamped: &Stamped, deadline: Deadline) -> Result<(), StoreError> {
         let item = self.item(stamped);
         let raise = Expect::Raise {
             attribute: RANK,
@@ -59,7 +64,7 @@ impl ViewTable {
         };
         match self
             .backoff
-            .retry_call(|| self.table.put(&item, &raise))
+            .retry_call_until(deadline, || self.table.put(&item, &raise))
             .await
         {
             // The row holds this change already, or a later one.
@@ -138,7 +143,7 @@ impl Sink for ViewTable {
             "a joined change",
             deadline,
             order,
-            |stamped: Stamped| async move { self.apply(&stamped).await },
+            |stamped: Stamped| async move { self.apply_until(&stamped, deadline).await },
         )
         .await
     }

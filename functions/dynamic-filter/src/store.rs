@@ -102,6 +102,16 @@ impl FilterState {
     /// Writes `change` to its subscription's row and appends it to the journal, unless the row
     /// holds a newer revision.
     pub async fn apply(&self, change: &Revised) -> Result<Applied, StoreError> {
+        self.apply_until(change, Deadline::NONE).await
+    }
+
+    /// `apply`, with no retry of a call starting past `deadline`. A change cut short is applied
+    /// again whole: each step of it finds what an earlier try left.
+    async fn apply_until(
+        &self,
+        change: &Revised,
+        deadline: Deadline,
+    ) -> Result<Applied, StoreError> {
         let key = ItemKey {
             pk: ROWS.to_owned(),
             sk: row_key(change),
@@ -118,12 +128,15 @@ impl FilterState {
         for attempt in 1.. {
             match self
                 .backoff
-                .retry_call(|| self.table.put(&row, &raise))
+                .retry_call_until(deadline, || self.table.put(&row, &raise))
                 .await
             {
                 Ok(()) => break,
                 Err(StoreError::Conflict) => {
-                    let stored = self.backoff.retry_call(|| self.table.get(&key)).await?;
+                    let stored = self
+                        .backoff
+                        .retry_call_until(deadline, || self.table.get(&key))
+                        .await?;
                     let revision = stored.as_ref().and_then(|r| r.get(REVISION)?.as_s());
                     match revision.map(|r| r.cmp(change.revision.as_str())) {
                         Some(std::cmp::Ordering::Greater) => return Ok(Applied::Stale),
@@ -142,14 +155,18 @@ impl FilterState {
                 Err(e) => return Err(e),
             }
         }
-        self.drop_untabled_row(change).await?;
-        self.append(change).await.map(Applied::Journaled)
+        self.drop_untabled_row(change, deadline).await?;
+        self.append(change, deadline).await.map(Applied::Journaled)
     }
 
     /// Deletes the row a change of the same subscription left before tables were told apart
     /// (`row_key`), once a change names its table: that row gives way to the table's in the
     /// index, but would stand for the subscription again once the table's tombstone expired.
-    async fn drop_untabled_row(&self, change: &Revised) -> Result<(), StoreError> {
+    async fn drop_untabled_row(
+        &self,
+        change: &Revised,
+        deadline: Deadline,
+    ) -> Result<(), StoreError> {
         if change.table.is_empty() {
             return Ok(());
         }
@@ -158,7 +175,7 @@ impl FilterState {
             sk: change.identity.key(),
         };
         self.backoff
-            .retry_call(|| async {
+            .retry_call_until(deadline, || async {
                 let left = self
                     .table
                     .batch_write(vec![WriteRequest::Delete(untabled.clone())])
@@ -174,7 +191,7 @@ impl FilterState {
     }
 
     /// Appends `change` to the journal; the time of the entry that appeared in time.
-    async fn append(&self, change: &Revised) -> Result<i64, StoreError> {
+    async fn append(&self, change: &Revised, deadline: Deadline) -> Result<i64, StoreError> {
         for _ in 0..APPEND_ATTEMPTS {
             let at = self.clock.now_millis();
             let key = ItemKey {
@@ -185,7 +202,7 @@ impl FilterState {
             entry.insert(APPENDED_AT.to_owned(), AttrValue::N(at.to_string()));
             entry.insert(TTL.to_owned(), self.expiry(JOURNAL_RETENTION));
             self.backoff
-                .retry_call(|| self.table.put(&entry, &Expect::Anything))
+                .retry_call_until(deadline, || self.table.put(&entry, &Expect::Anything))
                 .await?;
             // A reader may have read past an entry that appeared this late: make it again.
             if self.clock.now_millis() - at <= LANDING_BOUND.as_millis() as i64 {
@@ -260,7 +277,7 @@ impl Sink for FilterState {
             messages,
             "a subscription change",
             deadline,
-            |change: Revised| async move { self.apply(&change).await.map(|_| ()) },
+            |change: Revised| async move { self.apply_until(&change, deadline).await.map(|_| ()) },
         )
         .await
     }

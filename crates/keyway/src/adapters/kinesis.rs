@@ -14,7 +14,7 @@ use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use aws_sdk_kinesis::Client;
 
-use super::retry::{Backoff, Round};
+use super::retry::{split_calls, Backoff, CallLimits, Round};
 use super::sdk_error::{class_of, classify, CodeClass, ErrorClass};
 use crate::domain::hash::sha256_hex;
 use crate::domain::Output;
@@ -26,6 +26,12 @@ pub const RECORD_MAX_BYTES: usize = 1024 * 1024;
 pub const PUT_RECORDS_MAX: usize = 500;
 /// PutRecords takes at most 5 MiB of data and partition keys in all.
 pub const PUT_RECORDS_MAX_BYTES: usize = 5 * 1024 * 1024;
+/// What a PutRecords call takes.
+const PUT_RECORDS: CallLimits = CallLimits {
+    entries: PUT_RECORDS_MAX,
+    bytes: PUT_RECORDS_MAX_BYTES,
+    entry_bytes: RECORD_MAX_BYTES,
+};
 
 /// One record of a PutRecords call, borrowed from the output it sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -223,39 +229,17 @@ impl<A: KinesisApi> KinesisSink<A> {
 #[async_trait]
 impl<A: KinesisApi> Sink for KinesisSink<A> {
     async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
-        let mut refused = Vec::new();
-        let mut calls: Vec<Vec<usize>> = Vec::new();
-        let mut call: Vec<usize> = Vec::new();
-        let mut call_bytes = 0;
-        for (i, message) in messages.iter().enumerate() {
-            let size = message.body.len() + partition_key(&message.partition_key).len();
-            if size > RECORD_MAX_BYTES {
-                refused.push((
-                    i,
-                    SinkError::Rejected(format!(
-                        "a Kinesis record holds at most 1 MiB of data and partition key; this one is {size} bytes"
-                    )),
-                ));
-                continue;
-            }
-            if call.len() == PUT_RECORDS_MAX || call_bytes + size > PUT_RECORDS_MAX_BYTES {
-                calls.push(std::mem::take(&mut call));
-                call_bytes = 0;
-            }
-            call.push(i);
-            call_bytes += size;
-        }
-        if !call.is_empty() {
-            calls.push(call);
-        }
+        let sizes = messages
+            .iter()
+            .map(|m| m.body.len() + partition_key(&m.partition_key).len());
+        let (calls, mut failed) = split_calls(sizes, PUT_RECORDS, |size| {
+            format!("a Kinesis record holds at most 1 MiB of data and partition key; this one is {size} bytes")
+        });
         // Calls go one after another so that a key's outputs keep their order.
-        let mut failed = self
-            .backoff
-            .send_calls(calls, true, deadline, |pending| {
-                self.put_records(messages, pending)
-            })
-            .await;
-        failed.extend(refused);
+        let sent = self.backoff.send_calls(calls, true, deadline, |pending| {
+            self.put_records(messages, pending)
+        });
+        failed.extend(sent.await);
         failed.sort_by_key(|(i, _)| *i);
         failed
     }

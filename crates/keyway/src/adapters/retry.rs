@@ -1,6 +1,7 @@
 //! Capped exponential backoff with full jitter (the AWS Architecture Blog's "Exponential Backoff
 //! And Jitter"): the n-th wait is uniform in [0, min(cap, base * 2^n)]; and the one loop every
-//! adapter retries its calls with, from a single put to the entries a batch call left unprocessed.
+//! adapter retries its calls with, from a single put to the entries a batch call left unprocessed,
+//! with how a sink's messages split into batch calls.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -58,8 +59,8 @@ impl Backoff {
 
     /// Gives `work` to `round` (one call, or calls at once over parts of it), then what the round
     /// asks to retry, after a backoff, until nothing is left to retry, the attempts run out, or
-    /// the next retry would start past `deadline`. With a deadline, only rounds that get none of
-    /// their work through use attempts up: a call larger than what a limit takes a second (a
+    /// the next retry would start past `deadline`. With a deadline, only rounds that leave all
+    /// their work to retry use attempts up: a call larger than what a limit takes a second (a
     /// Kinesis shard's 1,000 records) goes through a part at a time, as long as the time allows.
     /// Without one, every round counts, which bounds the time a call takes. Returns the work that
     /// failed: for good, or still failing at the last attempt or the deadline, each with its last
@@ -143,7 +144,22 @@ impl Backoff {
     }
 
     /// `call`, again after a backoff while its error is retryable, up to the attempts.
-    pub async fn retry_call<T, E, F, Fut>(&self, mut call: F) -> Result<T, E>
+    pub async fn retry_call<T, E, F, Fut>(&self, call: F) -> Result<T, E>
+    where
+        E: Retryable,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.retry_call_until(Deadline::NONE, call).await
+    }
+
+    /// `retry_call`, with no retry starting past `deadline`: a sink's write, which must be done
+    /// before its invocation commits.
+    pub async fn retry_call_until<T, E, F, Fut>(
+        &self,
+        deadline: Deadline,
+        mut call: F,
+    ) -> Result<T, E>
     where
         E: Retryable,
         F: FnMut() -> Fut,
@@ -152,7 +168,7 @@ impl Backoff {
         let done = Mutex::new(None);
         let done = &done;
         let failed = self
-            .retry_rounds(vec![()], Deadline::NONE, move |_| {
+            .retry_rounds(vec![()], deadline, move |_| {
                 let attempt = call();
                 async move {
                     match attempt.await {
@@ -174,6 +190,45 @@ impl Backoff {
                 .expect("a round without an error has a result")),
         }
     }
+}
+
+/// What one batch call of a service takes (a PutRecords, a SendMessageBatch).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallLimits {
+    /// Entries a call.
+    pub entries: usize,
+    /// Bytes a call, all entries together.
+    pub bytes: usize,
+    /// Bytes an entry.
+    pub entry_bytes: usize,
+}
+
+/// Splits messages of `sizes` (as the service counts them), in order, into calls within
+/// `limits`; a message larger than an entry may be is refused for good, `too_large` saying why.
+/// Returns the calls (message indexes) and the refused.
+pub(crate) fn split_calls(
+    sizes: impl Iterator<Item = usize>,
+    limits: CallLimits,
+    too_large: impl Fn(usize) -> String,
+) -> (Vec<Vec<usize>>, Vec<(usize, SinkError)>) {
+    let (mut calls, mut refused) = (Vec::new(), Vec::new());
+    let (mut call, mut call_bytes): (Vec<usize>, usize) = (Vec::new(), 0);
+    for (i, size) in sizes.enumerate() {
+        if size > limits.entry_bytes {
+            refused.push((i, SinkError::Rejected(too_large(size))));
+            continue;
+        }
+        if call.len() == limits.entries || call_bytes + size > limits.bytes {
+            calls.push(std::mem::take(&mut call));
+            call_bytes = 0;
+        }
+        call.push(i);
+        call_bytes += size;
+    }
+    if !call.is_empty() {
+        calls.push(call);
+    }
+    (calls, refused)
 }
 
 /// An error that says whether trying again can help.
@@ -231,9 +286,9 @@ impl<T, E: Retryable> Round<T, E> {
 }
 
 impl Default for Backoff {
-    /// 25 ms doubling up to 2 s, 8 attempts: about 5 s of trying in the worst case, well inside a
-    /// Lambda timeout, and past the short throttling bursts DynamoDB and Kinesis answer with. (A
-    /// sink's call given a deadline goes on while it gets work through, until then.)
+    /// 25 ms doubling up to 2 s, 8 attempts: at most 3.2 s of waits (half that on average), well
+    /// inside a Lambda timeout, and past the short throttling bursts DynamoDB and Kinesis answer
+    /// with. (A sink's call given a deadline goes on while it gets work through, until then.)
     fn default() -> Self {
         Self::new(Duration::from_millis(25), Duration::from_secs(2), 8)
     }
@@ -380,6 +435,44 @@ mod tests {
         assert!(failed
             .iter()
             .all(|(_, err)| *err == StoreError::Throttled("slow down".into())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_deadline_rounds_that_get_nothing_through_still_stop_after_the_attempts() {
+        let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100), 3);
+        let given = Mutex::new(Vec::new());
+        let deadline = Deadline::after(Duration::from_secs(3600));
+        let failed = backoff
+            .retry_rounds(vec![0, 1], deadline, round(&given, 100))
+            .await;
+        assert_eq!(failed.len(), 2);
+        assert_eq!(
+            given.into_inner().unwrap().len(),
+            3,
+            "three attempts, an hour to spare"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_retried_until_a_deadline_is_not_retried_past_it() {
+        let backoff =
+            Backoff::new(Duration::from_millis(400), Duration::from_millis(400), 100).seeded(3);
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let start = tokio::time::Instant::now();
+        let result = backoff
+            .retry_call_until(Deadline::after(Duration::from_secs(1)), || {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                std::future::ready(Err::<(), _>(StoreError::Throttled("slow down".into())))
+            })
+            .await;
+        assert_eq!(result, Err(StoreError::Throttled("slow down".into())));
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
+        let calls = calls.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((3..100).contains(&calls), "{calls} calls");
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,7 +13,7 @@ use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
 
 use super::kinesis::sink_error;
-use super::retry::{Backoff, Round};
+use super::retry::{split_calls, Backoff, CallLimits, Round};
 use super::sdk_error::{class_of, classify, CodeClass};
 
 use crate::domain::hash::sha256_hex;
@@ -27,6 +27,12 @@ const ENTRY_IDS: [&str; BATCH_MAX_ENTRIES] = ["0", "1", "2", "3", "4", "5", "6",
 /// The total payload of one SendMessageBatch, and of one message: 1 MiB, SQS's limit since
 /// August 2025 (256 KB before).
 pub const BATCH_MAX_BYTES: usize = 1024 * 1024;
+/// What a SendMessageBatch call takes: a message may fill one alone.
+const SEND_MESSAGE_BATCH: CallLimits = CallLimits {
+    entries: BATCH_MAX_ENTRIES,
+    bytes: BATCH_MAX_BYTES,
+    entry_bytes: BATCH_MAX_BYTES,
+};
 /// The attribute that carries the output id on standard queues.
 pub const OUTPUT_ID_ATTRIBUTE: &str = "outputId";
 /// What the output id attribute adds to a message's size: SQS counts an attribute's name, data
@@ -250,40 +256,18 @@ impl<A: SqsApi> SqsSink<A> {
 #[async_trait]
 impl<A: SqsApi> Sink for SqsSink<A> {
     async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
-        let mut refused = Vec::new();
-        let mut calls: Vec<Vec<usize>> = Vec::new();
-        let mut call: Vec<usize> = Vec::new();
-        let mut call_bytes = 0;
-        for (i, message) in messages.iter().enumerate() {
-            let size = message.body.len() + ATTRIBUTE_BYTES;
-            if size > BATCH_MAX_BYTES {
-                refused.push((
-                    i,
-                    SinkError::Rejected(format!(
-                        "an SQS message is at most {BATCH_MAX_BYTES} bytes with its attributes; this one is {size}"
-                    )),
-                ));
-                continue;
-            }
-            if call.len() == BATCH_MAX_ENTRIES || call_bytes + size > BATCH_MAX_BYTES {
-                calls.push(std::mem::take(&mut call));
-                call_bytes = 0;
-            }
-            call.push(i);
-            call_bytes += size;
-        }
-        if !call.is_empty() {
-            calls.push(call);
-        }
+        let sizes = messages.iter().map(|m| m.body.len() + ATTRIBUTE_BYTES);
+        let (calls, mut failed) = split_calls(sizes, SEND_MESSAGE_BATCH, |size| {
+            format!("an SQS message is at most {BATCH_MAX_BYTES} bytes with its attributes; this one is {size}")
+        });
         // A FIFO queue gets one call after another, so that a group's messages keep their
         // order; a standard queue keeps none and gets every call at once.
-        let mut failed = self
+        let sent = self
             .backoff
             .send_calls(calls, self.fifo, deadline, |pending| {
                 self.send_batch(messages, pending)
-            })
-            .await;
-        failed.extend(refused);
+            });
+        failed.extend(sent.await);
         failed.sort_by_key(|(i, _)| *i);
         failed
     }

@@ -444,11 +444,12 @@ async fn send_once(
     // What may go later can be thousands of outputs when a batch outruns its sink: one line
     // says how many, with the first one's reason. Each refused output is named: it is
     // dead-lettered.
-    let mut first_retryable = None;
+    let (mut first_retryable, mut out_of_time) = (None, 0);
     for (i, err) in failures {
         if err.is_retryable() {
             sent.failed.push(tags[i]);
             retryable.push(i);
+            out_of_time += usize::from(matches!(err, SinkError::OutOfTime(_)));
             first_retryable.get_or_insert((i, err));
         } else {
             warn!(sink = %name, id = %outputs[i].id, error = %err, "output refused");
@@ -457,7 +458,7 @@ async fn send_once(
     }
     if let Some((i, err)) = first_retryable {
         let id = &outputs[i].id;
-        warn!(sink = %name, outputs = retryable.len(), first = %id, error = %err, "outputs not sent; they go with their records' retry");
+        warn!(sink = %name, outputs = retryable.len(), out_of_time, first = %id, error = %err, "outputs not sent; they go with their records' retry");
     }
     retryable
 }

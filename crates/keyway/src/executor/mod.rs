@@ -53,7 +53,8 @@
 //! whatever the time, so that every invocation gets something out). It commits the records whose
 //! outputs all went out and reports the rest as batch item failures, instead of being stopped by
 //! the timeout with nothing committed: a key whose records emit more than a shard takes in one
-//! invocation goes on at its retry.
+//! invocation goes on at its retry, from its first record not sent whole (a record is sent again
+//! whole, so one record's outputs must fit in one invocation).
 
 mod commit;
 mod emit;

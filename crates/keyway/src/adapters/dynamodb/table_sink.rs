@@ -107,7 +107,7 @@ where
                 .map(|(i, _)| (*i, out_of_time()))
                 .collect();
         }
-        row.write(apply).await
+        row.write(apply, deadline).await
     });
     let mut writes = stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
     while let Some(row_failed) = writes.next().await {
@@ -137,7 +137,7 @@ impl<T, R: Ord> Row<T, R> {
     }
 
     /// Writes the row's latest change; what failed, by message index.
-    async fn write<F, Fut>(mut self, apply: &F) -> Vec<(usize, SinkError)>
+    async fn write<F, Fut>(mut self, apply: &F, deadline: Deadline) -> Vec<(usize, SinkError)>
     where
         F: Fn(T) -> Fut,
         Fut: Future<Output = Result<(), StoreError>>,
@@ -152,6 +152,10 @@ impl<T, R: Ord> Row<T, R> {
             Err(refused) => {
                 let mut failed = vec![(message, refused)];
                 for (i, change) in self.changes {
+                    if deadline.passed() {
+                        failed.push((i, out_of_time()));
+                        continue;
+                    }
                     if let Err(e) = apply(change).await.map_err(sink_error) {
                         failed.push((i, e));
                     }
