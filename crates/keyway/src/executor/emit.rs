@@ -42,15 +42,6 @@ impl Tag {
         self.rank().0
     }
 
-    /// Of two tags of one key, the one that stands first.
-    fn min_by_rank(self, other: Tag) -> Tag {
-        if other.rank() < self.rank() {
-            other
-        } else {
-            self
-        }
-    }
-
     /// The order key, then where the message stands among its key's: an outbox left by an
     /// earlier invocation goes before the records' outputs, each record's before the next's.
     fn rank(&self) -> ((usize, usize), usize) {
@@ -280,7 +271,7 @@ impl<O: KeyedOperator> Executor<O> {
             for tag in failed.into_iter().map(|i| tags[i]) {
                 first
                     .entry(tag.order_key())
-                    .and_modify(|f| *f = (*f).min_by_rank(tag))
+                    .and_modify(|f| *f = std::cmp::min_by_key(*f, tag, Tag::rank))
                     .or_insert(tag);
             }
             for tag in first.into_values() {
