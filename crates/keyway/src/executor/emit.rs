@@ -469,7 +469,7 @@ mod tests {
     use crate::operator::{
         Ctx, InvalidInput, KeyedOperator, ProcessError, SinkDescriptor, StateDescriptor,
     };
-    use crate::ports::{Deadline, ManualClock, Sink, SinkError};
+    use crate::ports::{Clock, Deadline, ManualClock, Sink, SinkError};
 
     #[tokio::test]
     async fn an_outbox_for_a_sink_no_longer_configured_waits_and_blocks_its_key() {
@@ -923,6 +923,84 @@ mod tests {
             "1",
             "b's record is applied"
         );
+    }
+
+    /// An ordered sink whose every call takes `per_call`, on tokio's clock and on `clock`; it
+    /// keeps what it took, in order.
+    struct Timed {
+        clock: Arc<ManualClock>,
+        per_call: std::time::Duration,
+        took: std::sync::Mutex<Vec<Output>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for Timed {
+        async fn send(&self, messages: &[Output], _: Deadline) -> Vec<(usize, SinkError)> {
+            tokio::time::sleep(self.per_call).await;
+            self.clock.advance(self.per_call.as_millis() as i64);
+            self.took.lock().unwrap().extend(messages.iter().cloned());
+            Vec::new()
+        }
+
+        fn max_message_bytes(&self) -> usize {
+            1024
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_fed_by_thousands_of_records_to_one_partition_key_sends_a_part_each_invocation_in_order_within_its_time(
+    ) {
+        let clock = ManualClock::at(START);
+        let table = Arc::new(crate::adapters::dynamodb::MemoryTable::new());
+        let store = Arc::new(DynamoStateStore::new(table, clock.clone()));
+        let timed = Arc::new(Timed {
+            clock: clock.clone(),
+            per_call: std::time::Duration::from_millis(10),
+            took: std::sync::Mutex::new(Vec::new()),
+        });
+        let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, timed.clone());
+        let executor = Executor::new(Router, store, sinks, clock.clone()).unwrap();
+        // Key a's 2,000 records, an output each to p0: 2,000 rounds of 10 ms, 20 s of sending.
+        let batch: Vec<_> = (1..=2_000u64)
+            .map(|seq| {
+                let mut r = record(seq, "p", "", 0).unwrap();
+                let body = serde_json::json!(["a", [0]]).to_string();
+                r.payload = Payload::Bytes(body.into_bytes().into());
+                Ok(r)
+            })
+            .collect();
+        let (mut from, mut invocations) = (0, 0);
+        while from < batch.len() {
+            invocations += 1;
+            assert!(invocations <= 6, "five seconds of sending an invocation");
+            // A function of 6 s: sends stop a second before its deadline.
+            let deadline = clock.now_millis() + 6_000;
+            let report = executor
+                .run_until(batch[from..].to_vec(), Some(deadline))
+                .await;
+            assert!(
+                clock.now_millis() <= deadline - 1_000 + 10,
+                "invocation {invocations} sent until {} ms before its deadline",
+                deadline - clock.now_millis()
+            );
+            let next = match report.failed_from {
+                None => batch.len(),
+                Some(seq) => seq.as_str().parse::<usize>().unwrap() - 1,
+            };
+            assert!(next > from, "invocation {invocations} commits some records");
+            from = next;
+        }
+        // Each record's output went once, in the key's order: a record is committed once its
+        // output went, and the rest wait for the retry.
+        let bodies: Vec<String> = timed
+            .took
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|o| o.body.clone())
+            .collect();
+        let expected: Vec<String> = (1..=2_000).map(|s: i64| (100 * s).to_string()).collect();
+        assert_eq!(bodies, expected);
     }
 
     #[tokio::test]
