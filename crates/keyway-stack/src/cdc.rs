@@ -80,11 +80,13 @@ pub struct Settings {
     pub before_images: BeforeImages,
     /// Whether a shard takes at most 1,000 records or 1 MiB a second, as on AWS.
     pub write_limit: bool,
+    /// Both functions' timeout (the stack's is 30 s).
+    pub function_timeout: std::time::Duration,
 }
 
 impl Settings {
     /// The join `spec` on two shards read in two lanes each, 100 records a batch, no faults, no
-    /// late events, no metering and no write limit.
+    /// late events, no metering, no write limit and the stack's timeout.
     pub fn new(spec: JoinSpec) -> Self {
         Self {
             spec,
@@ -96,6 +98,7 @@ impl Settings {
             metering: Metering::default(),
             before_images: BeforeImages::Sometimes,
             write_limit: false,
+            function_timeout: crate::stack_mapping(0, 1).function_timeout,
         }
     }
 }
@@ -232,9 +235,11 @@ pub async fn replay(settings: &Settings, events: &[SourceEvent]) -> Result<Outco
     let dead_letters = services.sqs.create_queue("cdc-dead-letters");
     let env = environment(settings, &dead_letters);
     let mut runtime = LocalRuntime::new(services.clone());
-    let mapping = settings
-        .metering
-        .mapping(stack_mapping(settings.batch_size, settings.lanes));
+    let mapping = keyway_local::MappingSettings {
+        function_timeout: settings.function_timeout,
+        ..stack_mapping(settings.batch_size, settings.lanes)
+    };
+    let mapping = settings.metering.mapping(mapping);
     settings.metering.apply(&services);
     let source = |stream: &str| MappingSource::Kinesis {
         kinesis: services.kinesis.clone(),

@@ -34,4 +34,6 @@ pub use record::{
     stream_name_of, Change, ChangeKind, NotASequenceNumber, Origin, Payload, RawJson,
     RejectedRecord, SequenceNumber, SourceRecord,
 };
-pub use state::{KeyState, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark, Watermarks};
+pub use state::{
+    KeyState, SentSoFar, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark, Watermarks,
+};

@@ -9,7 +9,8 @@
 //! Beside the slots, a key holds its watermarks (the last sequence number applied per lineage) and
 //! its outbox (outputs committed with the state and not yet confirmed sent). Both outlive the
 //! slots' TTL: an expired key starts with empty slots but still skips what it applied and still
-//! sends what it owes.
+//! sends what it owes. It may also hold notes of which outputs of its records not yet applied went
+//! out (`SentSoFar`), good only on the state they were noted on.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -200,6 +201,75 @@ fn recreated(watermark: &Watermark, arrival_millis: Option<i64>) -> bool {
     arrival_millis.is_some_and(|a| a > watermark.at_millis.saturating_add(RECREATED_AFTER_MILLIS))
 }
 
+/// The outputs of a key's record not yet applied that an invocation already sent: stored with
+/// the key, so that the record's retry sends only the rest. A record whose outputs take more
+/// than one invocation to send (a join key's thousands of joined rows on a busy shard) then gets
+/// through a part at each retry instead of being sent again whole at every one. Outputs are named
+/// by their place among the record's outputs, which a retry on the same state computes again in
+/// the same order, as it computes the same ids. A note holds only at the version its commit wrote:
+/// any other commit of the key, by whoever makes it and whatever it carries over, retires it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SentSoFar {
+    /// The key's version the note was committed at.
+    #[serde(rename = "v")]
+    pub version: u64,
+    /// The record's lineage.
+    #[serde(rename = "l")]
+    pub lineage: Origin,
+    /// The record's sequence number.
+    #[serde(rename = "s")]
+    pub sequence: SequenceNumber,
+    /// The places sent, as ranges `[start, end)` in increasing order.
+    #[serde(rename = "r")]
+    pub ranges: Vec<(u32, u32)>,
+}
+
+impl SentSoFar {
+    /// The most ranges a key keeps, over all its records: a record whose sent places break into
+    /// more (failures scattered over thousands of outputs) keeps its first ones, and the retry
+    /// sends the rest again, under the same ids. At most some 14 KB of the key's head item.
+    pub const MAX_RANGES: usize = 1_000;
+
+    /// The places of `count` outputs that went out, all but `unsent`, to be committed at
+    /// `version`; `None` when none did.
+    pub fn of(
+        version: u64,
+        lineage: Origin,
+        sequence: SequenceNumber,
+        count: u32,
+        unsent: impl IntoIterator<Item = u32>,
+    ) -> Option<Self> {
+        let mut unsent: Vec<u32> = unsent.into_iter().filter(|&p| p < count).collect();
+        unsent.sort_unstable();
+        unsent.dedup();
+        let mut ranges = Vec::new();
+        let mut start = 0;
+        for end in unsent.into_iter().chain(std::iter::once(count)) {
+            if start < end && ranges.len() < Self::MAX_RANGES {
+                ranges.push((start, end));
+            }
+            start = end + 1;
+        }
+        (!ranges.is_empty()).then_some(Self {
+            version,
+            lineage,
+            sequence,
+            ranges,
+        })
+    }
+
+    /// Whether the output at `place` went out.
+    pub fn contains(&self, place: u32) -> bool {
+        let after = self.ranges.partition_point(|&(start, _)| start <= place);
+        after > 0 && place < self.ranges[after - 1].1
+    }
+
+    /// Whether this is the record at `sequence` of `lineage`.
+    pub fn is_for(&self, lineage: &Origin, sequence: &SequenceNumber) -> bool {
+        self.lineage == *lineage && self.sequence == *sequence
+    }
+}
+
 /// What a store remembers of a key it loaded (where its entries live, what its stored item held),
 /// carried through the executor untouched and read back at commit. Only the store that made it
 /// knows its type.
@@ -241,6 +311,8 @@ pub struct KeyState {
     pub outbox: Vec<Output>,
     /// Epoch seconds after which the slots count as absent. Watermarks and outbox stay.
     pub expires_at: Option<i64>,
+    /// What went out already of the outputs of the key's records not yet applied, by record.
+    pub sent_so_far: Vec<SentSoFar>,
     /// The store's own notes on the key as loaded.
     pub memo: StoreMemo,
 }
@@ -347,6 +419,36 @@ mod tests {
             slot.entries.iter().map(|r| r.get()).collect::<Vec<_>>(),
             ["1", "9"]
         );
+    }
+
+    #[test]
+    fn the_outputs_sent_of_a_record_are_the_ranges_between_those_that_were_not() {
+        let sent = |count, unsent: &[u32]| {
+            SentSoFar::of(1, Origin("o".into()), seq(3), count, unsent.iter().copied())
+        };
+        assert_eq!(sent(5, &[]).unwrap().ranges, [(0, 5)]);
+        assert_eq!(
+            sent(10, &[7, 2, 3, 9]).unwrap().ranges,
+            [(0, 2), (4, 7), (8, 9)]
+        );
+        assert_eq!(sent(3, &[0, 1, 2]), None, "nothing went out");
+        assert_eq!(sent(0, &[]), None);
+        let marks = sent(10, &[2, 3, 7]).unwrap();
+        let places: Vec<u32> = (0..11).filter(|&p| marks.contains(p)).collect();
+        assert_eq!(places, [0, 1, 4, 5, 6, 8, 9]);
+        assert!(marks.is_for(&Origin("o".into()), &seq(3)));
+        assert!(!marks.is_for(&Origin("o".into()), &seq(4)));
+        assert!(!marks.is_for(&Origin("p".into()), &seq(3)));
+    }
+
+    #[test]
+    fn outputs_sent_in_more_ranges_than_kept_keep_the_first_ones_and_claim_no_more() {
+        let every_other: Vec<u32> = (0..5_000).map(|p| 2 * p + 1).collect();
+        let marks = SentSoFar::of(1, Origin("o".into()), seq(1), 10_000, every_other).unwrap();
+        assert_eq!(marks.ranges.len(), SentSoFar::MAX_RANGES);
+        let claimed = (0..10_000).filter(|&p| marks.contains(p)).count();
+        assert_eq!(claimed, SentSoFar::MAX_RANGES);
+        assert!(!marks.contains(2 * SentSoFar::MAX_RANGES as u32));
     }
 
     #[test]

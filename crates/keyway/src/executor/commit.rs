@@ -281,7 +281,11 @@ impl<O: KeyedOperator> Executor<O> {
         }
         let mut state = std::mem::take(&mut work.base);
         let timers_before = pending_timers(&state.slots);
-        let mut changed = work.migrated || work.expired || !state.outbox.is_empty();
+        let sent_so_far = std::mem::take(&mut work.sent_so_far);
+        let mut changed = work.migrated
+            || work.expired
+            || !state.outbox.is_empty()
+            || (!sent_so_far.is_empty() && sent_so_far != state.sent_so_far);
         let updates = std::mem::take(&mut work.updates);
         let updated: Vec<(&'static str, Option<i64>)> = updates
             .iter()
@@ -310,6 +314,7 @@ impl<O: KeyedOperator> Executor<O> {
         }
         self.advance(&mut state, &work.run.outcomes, records, now);
         state.outbox = outbox.clone();
+        state.sent_so_far = sent_so_far;
         let timers = pending_timers(&state.slots);
         let states_expire = expiry::stamp(
             &mut state,
@@ -423,6 +428,7 @@ impl<O: KeyedOperator> Executor<O> {
             Tag::Record {
                 group: g,
                 position: p,
+                output: 0,
             },
             letter.into_output(self.sinks.dead_letter_limit()),
         );

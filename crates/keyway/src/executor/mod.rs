@@ -53,8 +53,18 @@
 //! whatever the time, so that every invocation gets something out). It commits the records whose
 //! outputs all went out and reports the rest as batch item failures, instead of being stopped by
 //! the timeout with nothing committed: a key whose records emit more than a shard takes in one
-//! invocation goes on at its retry, from its first record not sent whole (a record is sent again
-//! whole, so one record's outputs must fit in one invocation).
+//! invocation goes on at its retry, from its first record not sent whole.
+//!
+//! **What went out of a record left unapplied.** An emit-then-commit operator with state commits,
+//! with the key, which outputs of its unapplied records went out (`SentSoFar`: ranges of places
+//! among each record's outputs, each sink's counted apart), and the records' retry skips them: a
+//! record whose outputs take more than one invocation to send (a join key's thousands of joined
+//! rows on a busy shard) gets through a part at each, where it would otherwise be sent again whole
+//! at every retry and never end. The retry runs the record on the state it ran on, so it computes
+//! the same outputs in the same order (as it computes the same ids). A note holds only at the
+//! version its commit wrote, and not after a migration or an expiry: any other change of the key
+//! retires it, and the record goes again whole. Not for outbox operators (their outputs are stored
+//! whole) nor with a sink that keeps the latest (the output sent stands for several records).
 
 mod commit;
 mod emit;

@@ -13,7 +13,7 @@ use tracing::{error, warn};
 
 use super::plan::Plan;
 use super::Executor;
-use crate::domain::{KeyState, Origin, Output, SlotUpdate, SourceRecord};
+use crate::domain::{KeyState, Origin, Output, SentSoFar, SlotUpdate, SourceRecord};
 use crate::operator::{
     BroadcastSnapshot, Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, TypedSlot,
     BROADCAST_KEY,
@@ -91,6 +91,9 @@ pub(super) struct KeyWork {
     /// The operator answers the key's records without its state, which was not read: the key
     /// touches no state and commits nothing (`KeyedOperator::answer_without_state`).
     pub without_state: bool,
+    /// What went out of the outputs of the records that stay unapplied: committed with the key,
+    /// so that their retry sends only the rest.
+    pub sent_so_far: Vec<SentSoFar>,
 }
 
 impl<O: KeyedOperator> Executor<O> {

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::domain::json::{push_number, push_string};
-use crate::domain::{Origin, Watermark};
+use crate::domain::{Origin, SentSoFar, Watermark};
 
 /// An immutable run of a slot's (or the outbox's) entries stored outside the head item.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +64,9 @@ pub(super) struct HeadDoc {
     /// The key itself when the partition key holds its hash, for people reading the table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// What went out already of the outputs of the key's records not yet applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pg: Vec<SentSoFar>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -89,6 +92,7 @@ pub(super) struct HeadDocRef<'a> {
     pub exp: Option<i64>,
     pub tk: &'a [u64],
     pub key: Option<&'a str>,
+    pub pg: &'a [SentSoFar],
 }
 
 impl HeadDocRef<'_> {
@@ -105,19 +109,7 @@ impl HeadDocRef<'_> {
         };
         if !self.wm.is_empty() {
             field(&mut out, "wm");
-            out.push('{');
-            for (i, (lineage, mark)) in self.wm.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                push_string(&mut out, lineage.as_str());
-                out.push_str(":{\"s\":");
-                push_string(&mut out, mark.sequence.as_str());
-                out.push_str(",\"t\":");
-                push_number(&mut out, mark.at_millis);
-                out.push('}');
-            }
-            out.push('}');
+            push_watermarks(&mut out, self.wm);
         }
         if self.wx {
             field(&mut out, "wx");
@@ -170,9 +162,30 @@ impl HeadDocRef<'_> {
             field(&mut out, "key");
             push_string(&mut out, key);
         }
+        if !self.pg.is_empty() {
+            // Written only when a key leaves records half sent: no need for a hand-written form.
+            field(&mut out, "pg");
+            out.push_str(&serde_json::to_string(self.pg).expect("sent places always serialize"));
+        }
         out.push('}');
         out
     }
+}
+
+fn push_watermarks(out: &mut String, wm: &BTreeMap<&Origin, &Watermark>) {
+    out.push('{');
+    for (i, (lineage, mark)) in wm.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_string(out, lineage.as_str());
+        out.push_str(":{\"s\":");
+        push_string(out, mark.sequence.as_str());
+        out.push_str(",\"t\":");
+        push_number(out, mark.at_millis);
+        out.push('}');
+    }
+    out.push('}');
 }
 
 fn push_list(out: &mut String, list: &ListRef<'_>) {
@@ -262,6 +275,7 @@ mod tests {
             at_millis: 7,
         };
         let wm = BTreeMap::from([(&lineage, &mark)]);
+        let sent = SentSoFar::of(3, lineage.clone(), mark.sequence.clone(), 9, [4]).unwrap();
         let entries = vec![RawValue::from_string("1".into()).unwrap()];
         let segments = vec![Segment {
             id: 9,
@@ -287,9 +301,11 @@ mod tests {
             exp: Some(5),
             tk: &[3, u64::MAX],
             key: Some("a \"quoted\" key"),
+            pg: std::slice::from_ref(&sent),
         };
         let doc: HeadDoc = serde_json::from_str(&written.to_json()).unwrap();
         assert_eq!(doc.key.as_deref(), Some("a \"quoted\" key"));
+        assert_eq!(doc.pg, [sent]);
         assert_eq!(doc.ob.unwrap().e[0].get(), "1");
         assert_eq!(doc.wm[&lineage], mark);
         assert!(doc.wx);
