@@ -35,5 +35,6 @@ pub use record::{
     RejectedRecord, SequenceNumber, SourceRecord,
 };
 pub use state::{
-    KeyState, SentSoFar, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark, Watermarks,
+    KeyState, SentNotes, SentSoFar, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark,
+    Watermarks,
 };

@@ -10,7 +10,7 @@
 //! its outbox (outputs committed with the state and not yet confirmed sent). Both outlive the
 //! slots' TTL: an expired key starts with empty slots but still skips what it applied and still
 //! sends what it owes. It may also hold notes of which outputs of its records not yet applied went
-//! out (`SentSoFar`), good only on the state they were noted on.
+//! out (`SentNotes`), good only on the state they were noted on.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -201,18 +201,45 @@ fn recreated(watermark: &Watermark, arrival_millis: Option<i64>) -> bool {
     arrival_millis.is_some_and(|a| a > watermark.at_millis.saturating_add(RECREATED_AFTER_MILLIS))
 }
 
-/// The outputs of a key's record not yet applied that an invocation already sent: stored with
-/// the key, so that the record's retry sends only the rest. A record whose outputs take more
-/// than one invocation to send (a join key's thousands of joined rows on a busy shard) then gets
-/// through a part at each retry instead of being sent again whole at every one. Outputs are named
-/// by their place among the record's outputs, which a retry on the same state computes again in
-/// the same order, as it computes the same ids. A note holds only at the version its commit wrote:
-/// any other commit of the key, by whoever makes it and whatever it carries over, retires it.
+/// What went out of the outputs of a key's records not yet applied, noted with the key so that
+/// their retry sends only the rest: a record whose outputs take more than one invocation to send
+/// (a join key's thousands of joined rows on a busy shard) then gets through a part at each retry
+/// instead of being sent again whole at every one. Outputs are named by their place among their
+/// record's outputs, which a retry computes again in the same order only if it runs the same
+/// records, on the same state, with the same code: the notes hold only at the key's version their
+/// commit wrote (any other commit of the key, whoever makes it and whatever it carries over,
+/// retires them), under the build that wrote them, and while the retry runs the same records
+/// before each noted one to the same outcomes (a record dropped, aged out or discarded, or one
+/// added by a changed trigger, changes what the later ones compute).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SentSoFar {
-    /// The key's version the note was committed at.
+pub struct SentNotes {
+    /// The key's version the notes were committed at.
     #[serde(rename = "v")]
     pub version: u64,
+    /// The fingerprint of the code and configuration that computed the outputs.
+    #[serde(rename = "b")]
+    pub build: u64,
+    /// The key's records from its first left unapplied to the last noted, when the notes were
+    /// made: how many, and a hash of each one's lineage, sequence number and outcome. The notes
+    /// hold for a run that starts with the same records, run to the same outcomes: the state each
+    /// noted record ran on.
+    #[serde(rename = "c")]
+    pub chain: (u32, u64),
+    /// Each record's outputs that went out.
+    #[serde(rename = "n")]
+    pub records: Vec<SentSoFar>,
+}
+
+impl SentNotes {
+    /// The note of the record at `sequence` of `lineage`, if it has one.
+    pub fn of_record(&self, lineage: &Origin, sequence: &SequenceNumber) -> Option<&SentSoFar> {
+        self.records.iter().find(|r| r.is_for(lineage, sequence))
+    }
+}
+
+/// The outputs of one record not yet applied that went out (see `SentNotes`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SentSoFar {
     /// The record's lineage.
     #[serde(rename = "l")]
     pub lineage: Origin,
@@ -227,13 +254,15 @@ pub struct SentSoFar {
 impl SentSoFar {
     /// The most ranges a key keeps, over all its records: a record whose sent places break into
     /// more (failures scattered over thousands of outputs) keeps its first ones, and the retry
-    /// sends the rest again, under the same ids. At most some 14 KB of the key's head item.
+    /// sends the rest again, under the same ids.
     pub const MAX_RANGES: usize = 1_000;
 
-    /// The places of `count` outputs that went out, all but `unsent`, to be committed at
-    /// `version`; `None` when none did.
+    /// The most records a key keeps notes of: with `MAX_RANGES`, some 45 KB of the key's head
+    /// item at most (a DynamoDB stream's lineage names its table).
+    pub const MAX_RECORDS: usize = 100;
+
+    /// The places of `count` outputs that went out, all but `unsent`; `None` when none did.
     pub fn of(
-        version: u64,
         lineage: Origin,
         sequence: SequenceNumber,
         count: u32,
@@ -251,7 +280,6 @@ impl SentSoFar {
             start = end + 1;
         }
         (!ranges.is_empty()).then_some(Self {
-            version,
             lineage,
             sequence,
             ranges,
@@ -311,8 +339,8 @@ pub struct KeyState {
     pub outbox: Vec<Output>,
     /// Epoch seconds after which the slots count as absent. Watermarks and outbox stay.
     pub expires_at: Option<i64>,
-    /// What went out already of the outputs of the key's records not yet applied, by record.
-    pub sent_so_far: Vec<SentSoFar>,
+    /// What went out already of the outputs of the key's records not yet applied.
+    pub sent_so_far: Option<SentNotes>,
     /// The store's own notes on the key as loaded.
     pub memo: StoreMemo,
 }
@@ -424,7 +452,7 @@ mod tests {
     #[test]
     fn the_outputs_sent_of_a_record_are_the_ranges_between_those_that_were_not() {
         let sent = |count, unsent: &[u32]| {
-            SentSoFar::of(1, Origin("o".into()), seq(3), count, unsent.iter().copied())
+            SentSoFar::of(Origin("o".into()), seq(3), count, unsent.iter().copied())
         };
         assert_eq!(sent(5, &[]).unwrap().ranges, [(0, 5)]);
         assert_eq!(
@@ -444,7 +472,7 @@ mod tests {
     #[test]
     fn outputs_sent_in_more_ranges_than_kept_keep_the_first_ones_and_claim_no_more() {
         let every_other: Vec<u32> = (0..5_000).map(|p| 2 * p + 1).collect();
-        let marks = SentSoFar::of(1, Origin("o".into()), seq(1), 10_000, every_other).unwrap();
+        let marks = SentSoFar::of(Origin("o".into()), seq(1), 10_000, every_other).unwrap();
         assert_eq!(marks.ranges.len(), SentSoFar::MAX_RANGES);
         let claimed = (0..10_000).filter(|&p| marks.contains(p)).count();
         assert_eq!(claimed, SentSoFar::MAX_RANGES);

@@ -281,11 +281,11 @@ impl<O: KeyedOperator> Executor<O> {
         }
         let mut state = std::mem::take(&mut work.base);
         let timers_before = pending_timers(&state.slots);
-        let sent_so_far = std::mem::take(&mut work.sent_so_far);
+        let sent_so_far = work.sent_so_far.take();
         let mut changed = work.migrated
             || work.expired
             || !state.outbox.is_empty()
-            || (!sent_so_far.is_empty() && sent_so_far != state.sent_so_far);
+            || (sent_so_far.is_some() && sent_so_far != state.sent_so_far);
         let updates = std::mem::take(&mut work.updates);
         let updated: Vec<(&'static str, Option<i64>)> = updates
             .iter()

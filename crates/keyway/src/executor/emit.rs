@@ -14,7 +14,7 @@ use tracing::warn;
 use super::plan::Plan;
 use super::process::{KeyWork, Outcome};
 use super::{BatchReport, Executor};
-use crate::domain::{DeadLetter, KeyState, Output, SentSoFar, DEAD_LETTER_SINK};
+use crate::domain::{DeadLetter, KeyState, Output, SentNotes, SentSoFar, DEAD_LETTER_SINK};
 use crate::operator::{Delivery, KeyedOperator};
 use crate::ports::{Deadline, Sink, SinkError};
 
@@ -171,17 +171,20 @@ impl<O: KeyedOperator> Executor<O> {
     /// Whether what went out of a record's outputs is noted with its key, for its retry to send
     /// only the rest: for an emit-then-commit operator with state, whose retry computes the same
     /// outputs in the same order. Not where a sink keeps only the latest output (the one sent
-    /// stands for several records) nor for outbox operators (their outputs are stored whole).
-    fn notes_sent(&self) -> bool {
+    /// stands for several records), nor for outbox operators (their outputs are stored whole),
+    /// nor for operators that read broadcast state (which can change between two attempts
+    /// without the key's version showing it).
+    pub(super) fn notes_sent(&self) -> bool {
         self.operator.delivery() == Delivery::EmitThenCommit
             && !self.operator.stateless()
             && self.sinks.latest.is_empty()
+            && self.broadcast_states.is_empty()
     }
 
     /// What went out of the outputs of the key's records left unapplied, in this invocation or
-    /// (as loaded) before, record by record: a record's retry sends only the rest. Not only the
-    /// first such record's: an ordered sink's round sends a later record's output to a partition
-    /// key the first one's output went to already. At most `SentSoFar::MAX_RANGES` in all.
+    /// (skipped as noted) before, record by record: a record's retry sends only the rest. Not
+    /// only the first such record's: an ordered sink's round sends a later record's output to a
+    /// partition key the first one's output went to already. `None` when nothing is noted.
     fn sent_so_far(
         &self,
         plan: &Plan<'_>,
@@ -189,49 +192,70 @@ impl<O: KeyedOperator> Executor<O> {
         work: &KeyWork,
         emitted: &HashMap<(usize, usize), u32>,
         unsent: &mut HashMap<(usize, usize), Vec<u32>>,
-    ) -> Vec<SentSoFar> {
-        let mut noted = Vec::new();
-        let mut ranges = 0;
+    ) -> Option<SentNotes> {
+        let (mut records, mut ranges, mut last) = (Vec::new(), 0, work.keep);
         for (position, &index) in plan.groups[g].records.iter().enumerate().skip(work.keep) {
-            let record = plan.record(index);
-            let lineage = self.lineage_of(record);
-            let sent = match emitted.get(&(g, position)) {
-                // Those skipped as sent before are not among the unsent: still noted.
-                Some(&count) => {
-                    let unsent = unsent.remove(&(g, position)).unwrap_or_default();
-                    let next_version = work.base.version + 1;
-                    SentSoFar::of(
-                        next_version,
-                        lineage.clone(),
-                        record.sequence.clone(),
-                        count,
-                        unsent,
-                    )
-                }
-                // Not run this time (failed, deferred): what an earlier invocation noted holds.
-                None => self
-                    .loaded_sent(work)
-                    .find(|sent| sent.is_for(lineage, &record.sequence))
-                    .map(|sent| SentSoFar {
-                        version: work.base.version + 1,
-                        ..sent.clone()
-                    }),
+            // A record not run this time (failed, deferred) has its outputs computed again whole.
+            let Some(&count) = emitted.get(&(g, position)) else {
+                continue;
             };
-            if let Some(mut sent) = sent {
+            if records.len() == SentSoFar::MAX_RECORDS {
+                break;
+            }
+            let record = plan.record(index);
+            // Those skipped as sent before are not among the unsent: still noted.
+            let unsent = unsent.remove(&(g, position)).unwrap_or_default();
+            let lineage = self.lineage_of(record).clone();
+            if let Some(mut sent) = SentSoFar::of(lineage, record.sequence.clone(), count, unsent) {
                 sent.ranges.truncate(SentSoFar::MAX_RANGES - ranges);
                 ranges += sent.ranges.len();
                 if !sent.ranges.is_empty() {
-                    noted.push(sent);
+                    records.push(sent);
+                    last = position;
                 }
             }
         }
-        noted
+        if records.is_empty() {
+            return None;
+        }
+        let chain = self.chain(plan, g, &work.run.outcomes, work.keep, last + 1 - work.keep)?;
+        Some(SentNotes {
+            version: work.base.version + 1,
+            build: super::build::fingerprint(),
+            chain,
+            records,
+        })
     }
 
-    /// What the key's load says went out of its unapplied records' outputs, if they run on the
-    /// state they ran on then (`same_state`).
-    fn loaded_sent<'w>(&self, work: &'w KeyWork) -> impl Iterator<Item = &'w SentSoFar> {
-        loaded_sent(&work.base, work.migrated || work.expired)
+    /// The `length` records of key `g` from `position` on as a chain (`SentNotes::chain`): `None`
+    /// when the run did not get that far.
+    fn chain(
+        &self,
+        plan: &Plan<'_>,
+        g: usize,
+        outcomes: &[Outcome],
+        position: usize,
+        length: usize,
+    ) -> Option<(u32, u64)> {
+        let ran = outcomes.get(position..position + length)?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        for (outcome, &index) in ran.iter().zip(&plan.groups[g].records[position..]) {
+            let record = plan.record(index);
+            let kind: &[u8] = match outcome {
+                Outcome::Replayed => b"r",
+                Outcome::Applied(_) => b"a",
+                Outcome::Invalid(_) => b"i",
+                Outcome::Failed => b"f",
+                Outcome::Deferred => b"d",
+            };
+            for part in [self.lineage_of(record).as_str().as_bytes(), b"\0"] {
+                hasher.update(part);
+            }
+            for part in [record.sequence.as_str().as_bytes(), b"\0", kind] {
+                hasher.update(part);
+            }
+        }
+        Some((length as u32, hasher.digest()))
     }
 
     /// Everything phase 4 sends. Outputs sent now are taken out of their outcomes.
@@ -260,8 +284,16 @@ impl<O: KeyedOperator> Executor<O> {
                 emission.push(Tag::Outbox { group: g }, output.clone());
             }
             // Field by field, beside the outcomes taken below.
-            let changed_since = !notes_sent || work.migrated || work.expired;
-            let sent_before: Vec<&SentSoFar> = loaded_sent(&work.base, changed_since).collect();
+            let notes = match notes_sent {
+                true => notes_holding(&work.base, work.migrated || work.expired, |length| {
+                    let outcomes = &work.run.outcomes;
+                    let first = outcomes
+                        .iter()
+                        .position(|o| !matches!(o, Outcome::Replayed))?;
+                    self.chain(plan, g, outcomes, first, length)
+                }),
+                false => None,
+            };
             for (position, outcome) in work.run.outcomes.iter_mut().enumerate() {
                 let tag = Tag::Record {
                     group: g,
@@ -278,10 +310,8 @@ impl<O: KeyedOperator> Executor<O> {
                             }
                             continue;
                         }
-                        let sent = sent_before
-                            .iter()
-                            .find(|sent| sent.is_for(self.lineage_of(record), &record.sequence))
-                            .copied();
+                        let lineage = self.lineage_of(record);
+                        let sent = notes.and_then(|n| n.of_record(lineage, &record.sequence));
                         emission.push_noted(g, position, outputs, sent);
                     }
                     // An outbox operator's settled outputs go now; the rest into its outbox.
@@ -416,14 +446,20 @@ impl<O: KeyedOperator> Executor<O> {
     }
 }
 
-/// The notes of what went out of the outputs of `base`'s unapplied records that still hold:
-/// none once the key changed since they were committed, its version (another commit) or
-/// `changed_since` (a migration, an expired state) says so; the records would not compute the
-/// same outputs.
-fn loaded_sent(base: &KeyState, changed_since: bool) -> impl Iterator<Item = &SentSoFar> {
-    base.sent_so_far
-        .iter()
-        .filter(move |sent| !changed_since && sent.version == base.version)
+/// The notes `base` was loaded with, if they hold: the key unchanged since they were committed
+/// (its version, and not `changed_since`: a migration, an expired state), the same build, and
+/// `chain` of the run's records, given how many the notes cover, the one they were made on.
+fn notes_holding(
+    base: &KeyState,
+    changed_since: bool,
+    chain: impl FnOnce(usize) -> Option<(u32, u64)>,
+) -> Option<&SentNotes> {
+    let notes = base.sent_so_far.as_ref()?;
+    let holds = !changed_since
+        && notes.version == base.version
+        && notes.build == super::build::fingerprint()
+        && chain(notes.chain.0 as usize) == Some(notes.chain);
+    holds.then_some(notes)
 }
 
 /// An ordered sink's messages, one queue per key and partition key (as the sink orders them:
@@ -757,6 +793,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_later_records_outputs_that_went_out_are_not_sent_again_unless_the_retry_starts_after_an_earlier_record(
+    ) {
+        let b = bench(Fanner, true);
+        // a's first record sends to p0, its second to p1 and p2, all in the first round.
+        b.out.fail("10");
+        let first = || record(1, "p", "a", 1);
+        let second = || record(2, "p", "a", 12);
+        let report = b.executor.run(vec![first(), second()]).await;
+        assert_eq!(report.failed_from.unwrap().as_str(), "1");
+        assert_eq!(b.out.bodies(), [vec!["10", "20", "21"]]);
+        b.out.failing.lock().unwrap().clear();
+        // Lambda drops the first record (aged out, say): the second runs on another state than
+        // the one its outputs were computed on, and goes again whole.
+        let report = b.executor.run(vec![second()]).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(b.out.bodies()[1..], [vec!["20", "21"]]);
+
+        let b = bench(Fanner, true);
+        b.out.fail("10");
+        b.executor.run(vec![first(), second()]).await;
+        b.out.failing.lock().unwrap().clear();
+        // The retry from the first record sends only its output.
+        let report = b.executor.run(vec![first(), second()]).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(b.out.bodies()[1..], [vec!["10"]]);
+    }
+
+    #[tokio::test]
     async fn an_earlier_records_output_waiting_behind_another_still_goes_when_a_later_records_fails(
     ) {
         let b = bench(Fanner, true);
@@ -1049,25 +1113,21 @@ mod tests {
         assert_eq!(bodies, expected, "each output once, in order");
     }
 
-    #[tokio::test]
-    async fn what_went_out_of_a_record_is_sent_again_after_a_commit_from_outside_that_kept_the_note(
-    ) {
+    /// Runs key a's record of 200 outputs once (half of them fail), rewrites the key as loaded
+    /// with `rewrite`, and runs it until applied: says how many of its outputs went out again.
+    async fn sent_again_after(rewrite: impl FnOnce(&mut crate::domain::KeyState)) -> usize {
         use crate::ports::{Commit, StateStore};
         let (executor, flaky, store) = flaky_router(3, 0.5);
         let to: Vec<u8> = (0..200).collect();
-        assert!(executor
-            .run(vec![one_record_to(&to)])
-            .await
-            .failed_from
-            .is_some());
-        // A tool (a sweep, a migration) rewrites the key as loaded, the note with it: the state
-        // it leaves may not be the one the record ran on.
+        let first = executor.run(vec![one_record_to(&to)]).await;
+        assert!(first.failed_from.is_some());
         let ns = executor.namespace().clone();
         let mut loaded = store.load(&ns, &["a".to_owned()]).await.unwrap();
         let mut state = loaded.remove("a").unwrap();
-        assert_eq!(state.sent_so_far.len(), 1, "the record's note");
-        state.clear_slots();
+        let notes = state.sent_so_far.as_ref().expect("the record's note");
+        assert_eq!(notes.records.len(), 1);
         let version = state.version;
+        rewrite(&mut state);
         let committed = store
             .commit(&ns, vec![Commit::new("a", version, state)])
             .await;
@@ -1075,7 +1135,35 @@ mod tests {
         flaky.took.lock().unwrap().clear();
         let (_, mut bodies) = until_applied(&executor, &flaky, &to, 50).await;
         bodies.dedup();
-        assert_eq!(bodies.len(), 200, "every output sent again");
+        bodies.len()
+    }
+
+    #[tokio::test]
+    async fn what_went_out_of_a_record_is_sent_again_after_a_commit_from_outside_that_kept_the_note(
+    ) {
+        // A tool (a sweep, a migration) rewrites the key as loaded, the note with it: the state
+        // it leaves may not be the one the record ran on.
+        let again = sent_again_after(|state| state.clear_slots()).await;
+        assert_eq!(again, 200, "every output sent again");
+        // The same note at the version it lands at, as if the code that wrote it had written
+        // it: only the outputs that did not go out go.
+        let again = sent_again_after(|state| {
+            let notes = state.sent_so_far.as_mut().unwrap();
+            notes.version += 1;
+        })
+        .await;
+        assert!(again < 200, "{again}");
+    }
+
+    #[tokio::test]
+    async fn what_went_out_of_a_record_is_sent_again_under_another_build() {
+        let again = sent_again_after(|state| {
+            let notes = state.sent_so_far.as_mut().unwrap();
+            notes.version += 1;
+            notes.build ^= 1;
+        })
+        .await;
+        assert_eq!(again, 200, "every output sent again");
     }
 
     #[tokio::test]

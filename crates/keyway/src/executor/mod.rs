@@ -56,16 +56,23 @@
 //! invocation goes on at its retry, from its first record not sent whole.
 //!
 //! **What went out of a record left unapplied.** An emit-then-commit operator with state commits,
-//! with the key, which outputs of its unapplied records went out (`SentSoFar`: ranges of places
+//! with the key, which outputs of its unapplied records went out (`SentNotes`: ranges of places
 //! among each record's outputs, each sink's counted apart), and the records' retry skips them: a
 //! record whose outputs take more than one invocation to send (a join key's thousands of joined
 //! rows on a busy shard) gets through a part at each, where it would otherwise be sent again whole
-//! at every retry and never end. The retry runs the record on the state it ran on, so it computes
-//! the same outputs in the same order (as it computes the same ids). A note holds only at the
-//! version its commit wrote, and not after a migration or an expiry: any other change of the key
-//! retires it, and the record goes again whole. Not for outbox operators (their outputs are stored
-//! whole) nor with a sink that keeps the latest (the output sent stands for several records).
+//! at every retry and never end. Skipping by place is right only if the retry computes the same
+//! outputs in the same order, as it must to give them the same ids: so the notes hold only at the
+//! key's version their commit wrote (any other commit retires them), not after a migration or an
+//! expiry, under the same build (`build`: the executable and its environment), and when the retry
+//! runs the same records up to the last noted one to the same outcomes (Lambda may drop a record,
+//! aged out or discarded after its retries, and a changed trigger may bring one more). Otherwise
+//! the records go again whole, under the same ids. Not for
+//! outbox operators (their outputs are stored whole), with a sink that keeps the latest (the
+//! output sent stands for several records), nor for operators that read broadcast state (it can
+//! change between two attempts without the key's version showing it). An operator's outputs must
+//! not depend on the clock in ways that change between two attempts of a record.
 
+mod build;
 mod commit;
 mod emit;
 pub(crate) mod expiry;
@@ -405,7 +412,7 @@ impl<O: KeyedOperator> Executor<O> {
         let outbox = operator.delivery() == Delivery::Outbox;
         let sink_limits = sink_limits(&declared, &sinks, outbox, &limits);
         let migrations = operator.migrations();
-        Ok(Self {
+        let executor = Self {
             operator,
             routes,
             namespace,
@@ -422,7 +429,11 @@ impl<O: KeyedOperator> Executor<O> {
             history: tokio::sync::OnceCell::new(),
             observer: None,
             hot_key_reports: None,
-        })
+        };
+        if executor.notes_sent() {
+            build::prepare();
+        }
+        Ok(executor)
     }
 
     /// Tunes the executor with `config` rather than `ExecutorConfig::default()`.

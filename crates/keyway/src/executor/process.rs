@@ -13,7 +13,7 @@ use tracing::{error, warn};
 
 use super::plan::Plan;
 use super::Executor;
-use crate::domain::{KeyState, Origin, Output, SentSoFar, SlotUpdate, SourceRecord};
+use crate::domain::{KeyState, Origin, Output, SentNotes, SlotUpdate, SourceRecord};
 use crate::operator::{
     BroadcastSnapshot, Ctx, Delivery, InvalidInput, KeyedOperator, ProcessError, TypedSlot,
     BROADCAST_KEY,
@@ -93,7 +93,7 @@ pub(super) struct KeyWork {
     pub without_state: bool,
     /// What went out of the outputs of the records that stay unapplied: committed with the key,
     /// so that their retry sends only the rest.
-    pub sent_so_far: Vec<SentSoFar>,
+    pub sent_so_far: Option<SentNotes>,
 }
 
 impl<O: KeyedOperator> Executor<O> {

@@ -87,7 +87,7 @@ impl Prepared<'_> {
             exp: self.commit.state.expires_at,
             tk: &self.tokens,
             key: (key.len() > KEY_MAX_BYTES).then_some(key.as_str()),
-            pg: &self.commit.state.sent_so_far,
+            sn: self.commit.state.sent_so_far.as_ref(),
         };
         Ok(doc.to_json())
     }

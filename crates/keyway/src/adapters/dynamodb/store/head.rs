@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::domain::json::{push_number, push_string};
-use crate::domain::{Origin, SentSoFar, Watermark};
+use crate::domain::{Origin, SentNotes, Watermark};
 
 /// An immutable run of a slot's (or the outbox's) entries stored outside the head item.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,8 +65,8 @@ pub(super) struct HeadDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     /// What went out already of the outputs of the key's records not yet applied.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pg: Vec<SentSoFar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sn: Option<SentNotes>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -92,7 +92,7 @@ pub(super) struct HeadDocRef<'a> {
     pub exp: Option<i64>,
     pub tk: &'a [u64],
     pub key: Option<&'a str>,
-    pub pg: &'a [SentSoFar],
+    pub sn: Option<&'a SentNotes>,
 }
 
 impl HeadDocRef<'_> {
@@ -162,10 +162,10 @@ impl HeadDocRef<'_> {
             field(&mut out, "key");
             push_string(&mut out, key);
         }
-        if !self.pg.is_empty() {
+        if let Some(notes) = self.sn {
             // Written only when a key leaves records half sent: no need for a hand-written form.
-            field(&mut out, "pg");
-            out.push_str(&serde_json::to_string(self.pg).expect("sent places always serialize"));
+            field(&mut out, "sn");
+            out.push_str(&serde_json::to_string(notes).expect("notes always serialize"));
         }
         out.push('}');
         out
@@ -275,7 +275,13 @@ mod tests {
             at_millis: 7,
         };
         let wm = BTreeMap::from([(&lineage, &mark)]);
-        let sent = SentSoFar::of(3, lineage.clone(), mark.sequence.clone(), 9, [4]).unwrap();
+        let record = crate::domain::SentSoFar::of(lineage.clone(), mark.sequence.clone(), 9, [4]);
+        let sent = SentNotes {
+            version: 3,
+            build: 11,
+            chain: (1, 12),
+            records: vec![record.unwrap()],
+        };
         let entries = vec![RawValue::from_string("1".into()).unwrap()];
         let segments = vec![Segment {
             id: 9,
@@ -301,11 +307,11 @@ mod tests {
             exp: Some(5),
             tk: &[3, u64::MAX],
             key: Some("a \"quoted\" key"),
-            pg: std::slice::from_ref(&sent),
+            sn: Some(&sent),
         };
         let doc: HeadDoc = serde_json::from_str(&written.to_json()).unwrap();
         assert_eq!(doc.key.as_deref(), Some("a \"quoted\" key"));
-        assert_eq!(doc.pg, [sent]);
+        assert_eq!(doc.sn, Some(sent));
         assert_eq!(doc.ob.unwrap().e[0].get(), "1");
         assert_eq!(doc.wm[&lineage], mark);
         assert!(doc.wx);

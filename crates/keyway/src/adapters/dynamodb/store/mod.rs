@@ -17,9 +17,9 @@
 //! - Operator name and state signature lead the partition key, so state written under another
 //!   structure is never read under this one, and ages out by TTL.
 //! - The head holds everything small about a key — version, recent watermarks, slots' inline
-//!   entries, the outbox, the notes of what went out of records not yet applied (`pg`, at most
-//!   `SentSoFar::MAX_RANGES` ranges) — so the common batch costs one read and one conditional
-//!   write per key.
+//!   entries, the outbox, the notes of what went out of records not yet applied (`sn`, at most
+//!   `SentSoFar::MAX_RECORDS` records and `SentSoFar::MAX_RANGES` ranges) — so the common batch
+//!   costs one read and one conditional write per key.
 //!   It is JSON text (`doc`): cheap to write, readable in the console; above a KB it is stored
 //!   deflated beside (`docz`, B; see `text`), as segments' entries are (`ez`), since DynamoDB
 //!   bills a write by the item's bytes. A head is deflated with its operator's preset
@@ -357,7 +357,7 @@ impl Pending {
             outbox,
             expires_at: if self.expired { None } else { doc.exp },
             // An expired key's record runs on empty state: its outputs are not the ones sent.
-            sent_so_far: if self.expired { Vec::new() } else { doc.pg },
+            sent_so_far: if self.expired { None } else { doc.sn },
             memo: StoreMemo::new(loaded),
         })
     }
