@@ -10,7 +10,10 @@ static FINGERPRINT: OnceLock<u64> = OnceLock::new();
 /// batch that first needs the fingerprint, near its deadline, does not read the executable then.
 pub(crate) fn prepare() {
     if FINGERPRINT.get().is_none() {
-        std::thread::spawn(fingerprint);
+        // A process that can start no thread hashes when it first needs the fingerprint.
+        let _ = std::thread::Builder::new()
+            .name("keyway-build".into())
+            .spawn(fingerprint);
     }
 }
 
@@ -19,9 +22,13 @@ pub(crate) fn fingerprint() -> u64 {
     *FINGERPRINT.get_or_init(|| {
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
         // An executable that cannot be read (on Lambda it always can) leaves the environment to
-        // tell builds apart.
-        if let Ok(bytes) = std::env::current_exe().and_then(std::fs::read) {
-            hasher.update(&bytes);
+        // tell builds apart. Read a piece at a time: a function of 128 MB has no room for a
+        // copy of its binary.
+        if let Ok(mut file) = std::env::current_exe().and_then(std::fs::File::open) {
+            let mut piece = vec![0u8; 64 * 1024];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut file, &mut piece) {
+                hasher.update(&piece[..n]);
+            }
         }
         let mut vars: Vec<(String, String)> = std::env::vars_os()
             .map(|(k, v)| {
@@ -43,7 +50,8 @@ pub(crate) fn fingerprint() -> u64 {
 }
 
 /// Variables the platform sets for each execution environment or invocation (credentials, the
-/// trace id, the handler's paths): they change while the function stays the same.
+/// trace id, the handler's paths, the log stream), and those it sets the same for every function:
+/// they change while the function stays the same, or tell nothing of it.
 fn volatile(name: &str) -> bool {
     name.starts_with("AWS_")
         || name.starts_with('_')

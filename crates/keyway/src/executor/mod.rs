@@ -63,7 +63,7 @@
 //! at every retry and never end. Skipping by place is right only if the retry computes the same
 //! outputs in the same order, as it must to give them the same ids: so the notes hold only at the
 //! key's version their commit wrote (any other commit retires them), not after a migration or an
-//! expiry, under the same build (`build`: the executable and its environment), and when the retry
+//! expiry, under the same build (`build`: the executable and its own environment, the platform's variables left out), and when the retry
 //! runs the same records up to the last noted one to the same outcomes (Lambda may drop a record,
 //! aged out or discarded after its retries, and a changed trigger may bring one more). Otherwise
 //! the records go again whole, under the same ids. Not for

@@ -260,6 +260,8 @@ impl<'a> Ctx<'a> {
     /// until another record or a timer released it keeps the id it would have had going out at
     /// once: one id per input record, whatever the arrival order, retry or replay. An operator
     /// sends a sink's outputs either all with `emit_for` or all with `emit`, so ids never meet.
+    /// The order it emits them in must still be the same at every attempt (see
+    /// `crate::operator` on determinism).
     pub fn emit_for<T: Serialize>(
         &mut self,
         sink: &Sink<T>,

@@ -7,10 +7,11 @@
 //!
 //! `process` must be deterministic given the key's state and the input (read time only through
 //! `Ctx::now_millis`): when part of a key's batch has to be undone, the executor replays the part
-//! that stays, and retries recompute outputs that must carry the same ids. What outputs a record
-//! emits, and in which order, must not depend on the time between two attempts of it: the retry
-//! of a record whose outputs went out in part skips those by their place (see the executor's
-//! notes on what went out of a record left unapplied).
+//! that stays, and retries recompute outputs that must carry the same ids. Which outputs a record
+//! emits to each sink, and in which order, must be the same at every attempt of it (never the
+//! iteration order of a `HashMap` or of a cache of the process, nor anything that changes with the
+//! time between two attempts): the retry of a record whose outputs went out in part skips those by
+//! their place (see the executor's notes on what went out of a record left unapplied).
 
 mod broadcast;
 mod ctx;
