@@ -57,9 +57,10 @@ impl Tag {
 #[derive(Default)]
 pub(super) struct Emission {
     by_sink: BTreeMap<String, Vec<(Tag, Output)>>,
-    /// How many outputs each record emitted, by (group, position), where what went out of a
-    /// record's outputs is noted with its key (`Executor::notes_sent`).
-    emitted: HashMap<(usize, usize), u32>,
+    /// How many outputs each record emitted, as (group, position, count) in the order of groups
+    /// and positions, where what went out of a record's outputs is noted with its key
+    /// (`Executor::notes_sent`).
+    emitted: Vec<(usize, usize, u32)>,
 }
 
 impl Emission {
@@ -74,14 +75,20 @@ impl Emission {
         outputs: Vec<Output>,
         sent: Option<&SentSoFar>,
     ) {
-        let mut by_sink: Vec<usize> = (0..outputs.len()).collect();
-        by_sink.sort_by(|&a, &b| outputs[a].sink.cmp(&outputs[b].sink));
-        let mut places = vec![0u32; outputs.len()];
-        for (place, &i) in by_sink.iter().enumerate() {
-            places[i] = place as u32;
-        }
-        self.emitted.insert((g, position), outputs.len() as u32);
-        for (output, place) in outputs.into_iter().zip(places) {
+        self.emitted.push((g, position, outputs.len() as u32));
+        // Outputs already in sink order (a record's outputs to one sink) are their own places.
+        let sorted = outputs.windows(2).all(|w| w[0].sink <= w[1].sink);
+        let places = (!sorted).then(|| {
+            let mut by_sink: Vec<usize> = (0..outputs.len()).collect();
+            by_sink.sort_by(|&a, &b| outputs[a].sink.cmp(&outputs[b].sink));
+            let mut places = vec![0u32; outputs.len()];
+            for (place, &i) in by_sink.iter().enumerate() {
+                places[i] = place as u32;
+            }
+            places
+        });
+        for (i, output) in outputs.into_iter().enumerate() {
+            let place = places.as_ref().map_or(i as u32, |places| places[i]);
             if !sent.is_some_and(|sent| sent.contains(place)) {
                 let tag = Tag::Record {
                     group: g,
@@ -132,6 +139,11 @@ impl<O: KeyedOperator> Executor<O> {
                 .position(|o| matches!(o, Outcome::Failed | Outcome::Deferred))
                 .unwrap_or(work.run.outcomes.len());
         }
+        let emitted: HashMap<(usize, usize), u32> = match failed.is_empty() {
+            // Nothing failed, nothing to note: skip hashing every record of the batch.
+            true => HashMap::new(),
+            false => emitted.into_iter().map(|(g, p, n)| ((g, p), n)).collect(),
+        };
         let mut unsent: HashMap<(usize, usize), Vec<u32>> = HashMap::new();
         for tag in failed {
             match tag {
