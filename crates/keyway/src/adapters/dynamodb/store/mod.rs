@@ -522,6 +522,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn notes_of_what_went_out_read_back_until_the_keys_ttl_passes() {
+        use crate::domain::{Origin, SentNotes, SentSoFar, SequenceNumber};
+        let (ns, _, store) = store_on_a_table();
+        let sequence = SequenceNumber::parse("7").unwrap();
+        let record = SentSoFar::of(Origin("s/shardId-0".into()), sequence, 10, [4]).unwrap();
+        let notes = SentNotes {
+            version: 1,
+            build: 9,
+            chain: (1, 3),
+            records: vec![record],
+        };
+        // The store's clock reads 0 s: a key expiring at 0 has expired.
+        for (key, expires_at, kept) in [("live", None, true), ("expired", Some(0), false)] {
+            let state = KeyState {
+                sent_so_far: Some(notes.clone()),
+                expires_at,
+                ..KeyState::default()
+            };
+            let results = store.commit(&ns, vec![Commit::new(key, 0, state)]).await;
+            assert!(results[0].is_ok(), "{results:?}");
+            let loaded = store.load(&ns, &[key.to_owned()]).await.unwrap();
+            let read = loaded[key].sent_so_far.clone();
+            assert_eq!(
+                read.is_some(),
+                kept,
+                "{key}: the record would run on empty state"
+            );
+            if kept {
+                assert_eq!(read, Some(notes.clone()));
+            }
+        }
+    }
+
+    #[tokio::test]
     async fn only_a_head_stored_under_its_keys_hash_spells_out_the_key() {
         let (ns, table, store) = store_on_a_table();
         let mut state = KeyState::default();
