@@ -128,7 +128,7 @@ impl<O: KeyedOperator> Executor<O> {
         keys: &mut [KeyWork],
         report: &mut BatchReport,
     ) {
-        let mut emission = self.collect(plan, keys);
+        let mut emission = self.collect(plan, keys, report);
         let emitted = std::mem::take(&mut emission.emitted);
         let failed = self.send_all(emission, plan.sends_until, report).await;
         for work in keys.iter_mut() {
@@ -271,7 +271,7 @@ impl<O: KeyedOperator> Executor<O> {
     }
 
     /// Everything phase 4 sends. Outputs sent now are taken out of their outcomes.
-    fn collect(&self, plan: &Plan<'_>, keys: &mut [KeyWork]) -> Emission {
+    fn collect(&self, plan: &Plan<'_>, keys: &mut [KeyWork], report: &mut BatchReport) -> Emission {
         let dlq_limit = self.sinks.dead_letter_limit();
         let mut emission = Emission::default();
         for (index, letter) in &plan.unkeyed {
@@ -303,6 +303,12 @@ impl<O: KeyedOperator> Executor<O> {
                         .iter()
                         .position(|o| !matches!(o, Outcome::Replayed))?;
                     self.chain(plan, g, outcomes, first, length)
+                })
+                .unwrap_or_else(|why| {
+                    let key = &plan.groups[g].key;
+                    warn!(operator = %self.namespace.operator, key, why, "the notes of what went out of the key's records no longer hold: their outputs go again whole");
+                    report.notes_unused += 1;
+                    None
                 }),
                 false => None,
             };
@@ -461,17 +467,26 @@ impl<O: KeyedOperator> Executor<O> {
 /// The notes `base` was loaded with, if they hold: the key unchanged since they were committed
 /// (its version, and not `changed_since`: a migration, an expired state), the same build, and
 /// `chain` of the run's records, given how many the notes cover, the one they were made on.
+/// `Ok(None)` when there are none; why they do not hold when they do not.
 fn notes_holding(
     base: &KeyState,
     changed_since: bool,
     chain: impl FnOnce(usize) -> Option<(u32, u64)>,
-) -> Option<&SentNotes> {
-    let notes = base.sent_so_far.as_ref()?;
-    let holds = !changed_since
-        && notes.version == base.version
-        && notes.build == super::build::fingerprint()
-        && chain(notes.chain.0 as usize) == Some(notes.chain);
-    holds.then_some(notes)
+) -> Result<Option<&SentNotes>, &'static str> {
+    let Some(notes) = base.sent_so_far.as_ref() else {
+        return Ok(None);
+    };
+    if changed_since {
+        Err("the key's state was migrated or expired since")
+    } else if notes.version != base.version {
+        Err("another commit changed the key since")
+    } else if notes.build != super::build::fingerprint() {
+        Err("another build (executable or environment) wrote them")
+    } else if chain(notes.chain.0 as usize) != Some(notes.chain) {
+        Err("the records run are not the ones they were made on")
+    } else {
+        Ok(Some(notes))
+    }
 }
 
 /// An ordered sink's messages, one queue per key and partition key (as the sink orders them:
@@ -1048,6 +1063,20 @@ mod tests {
         Arc<Flaky>,
         Arc<DynamoStateStore<crate::adapters::dynamodb::MemoryTable>>,
     ) {
+        flaky_executor(Router, seed, rate)
+    }
+
+    /// `operator` with a sink that fails messages at `rate` (seeded with `seed`), on a store of
+    /// its own.
+    fn flaky_executor<O: KeyedOperator>(
+        operator: O,
+        seed: u64,
+        rate: f64,
+    ) -> (
+        Executor<O>,
+        Arc<Flaky>,
+        Arc<DynamoStateStore<crate::adapters::dynamodb::MemoryTable>>,
+    ) {
         use rand::SeedableRng;
         let clock = ManualClock::at(START);
         let table = Arc::new(crate::adapters::dynamodb::MemoryTable::new());
@@ -1058,7 +1087,7 @@ mod tests {
             took: std::sync::Mutex::new(Vec::new()),
         });
         let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, flaky.clone());
-        let executor = Executor::new(Router, store.clone(), sinks, clock).unwrap();
+        let executor = Executor::new(operator, store.clone(), sinks, clock).unwrap();
         (executor, flaky, store)
     }
 
@@ -1126,8 +1155,11 @@ mod tests {
     }
 
     /// Runs key a's record of 200 outputs once (half of them fail), rewrites the key as loaded
-    /// with `rewrite`, and runs it until applied: says how many of its outputs went out again.
-    async fn sent_again_after(rewrite: impl FnOnce(&mut crate::domain::KeyState)) -> usize {
+    /// with `rewrite`, and runs it until applied: says how many of its outputs went out again,
+    /// and how many keys the first retry reported notes unused for.
+    async fn sent_again_after(
+        rewrite: impl FnOnce(&mut crate::domain::KeyState),
+    ) -> (usize, usize) {
         use crate::ports::{Commit, StateStore};
         let (executor, flaky, store) = flaky_router(3, 0.5);
         let to: Vec<u8> = (0..200).collect();
@@ -1145,9 +1177,10 @@ mod tests {
             .await;
         assert!(committed[0].is_ok());
         flaky.took.lock().unwrap().clear();
+        let unused = executor.run(vec![one_record_to(&to)]).await.notes_unused;
         let (_, mut bodies) = until_applied(&executor, &flaky, &to, 50).await;
         bodies.dedup();
-        bodies.len()
+        (bodies.len(), unused)
     }
 
     #[tokio::test]
@@ -1156,15 +1189,16 @@ mod tests {
         // A tool (a sweep, a migration) rewrites the key as loaded, the note with it: the state
         // it leaves may not be the one the record ran on.
         let again = sent_again_after(|state| state.clear_slots()).await;
-        assert_eq!(again, 200, "every output sent again");
+        assert_eq!(again, (200, 1), "every output sent again, the key counted");
         // The same note at the version it lands at, as if the code that wrote it had written
         // it: only the outputs that did not go out go.
-        let again = sent_again_after(|state| {
+        let (again, unused) = sent_again_after(|state| {
             let notes = state.sent_so_far.as_mut().unwrap();
             notes.version += 1;
         })
         .await;
         assert!(again < 200, "{again}");
+        assert_eq!(unused, 0);
     }
 
     #[tokio::test]
@@ -1175,7 +1209,75 @@ mod tests {
             notes.build ^= 1;
         })
         .await;
-        assert_eq!(again, 200, "every output sent again");
+        assert_eq!(again, (200, 1), "every output sent again, the key counted");
+    }
+
+    /// A `Router` that reads a broadcast state before it routes, as the CDC re-key does.
+    struct Broadcasting;
+
+    const ROUTES: crate::operator::BroadcastState<Vec<u8>> =
+        crate::operator::BroadcastState::new("routes");
+
+    impl KeyedOperator for Broadcasting {
+        type Input = (String, Vec<u8>);
+
+        fn name(&self) -> &str {
+            "broadcasting"
+        }
+
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![SUM.descriptor(), ROUTES.descriptor()]
+        }
+
+        fn sinks(&self) -> Vec<SinkDescriptor> {
+            Router.sinks()
+        }
+
+        fn decode(&self, record: &SourceRecord) -> Result<(String, Vec<u8>), InvalidInput> {
+            Router.decode(record)
+        }
+
+        fn key(&self, input: &(String, Vec<u8>)) -> String {
+            Router.key(input)
+        }
+
+        fn process(&self, ctx: &mut Ctx<'_>, input: (String, Vec<u8>)) -> Result<(), ProcessError> {
+            assert!(ctx.broadcast(&ROUTES)?.is_none(), "no routes were set");
+            Router.process(ctx, input)
+        }
+    }
+
+    #[tokio::test]
+    async fn an_operator_that_reads_broadcast_state_notes_nothing_of_what_went_out_and_sends_a_retried_record_whole(
+    ) {
+        // A broadcast state can change between two attempts without the key's version showing
+        // it, and the outputs with it: a note would skip outputs the retry no longer computes.
+        use crate::ports::StateStore;
+        let (executor, flaky, store) = flaky_executor(Broadcasting, 3, 0.5);
+        let to: Vec<u8> = (0..200).collect();
+        assert!(executor
+            .run(vec![one_record_to(&to)])
+            .await
+            .failed_from
+            .is_some());
+        let first: Vec<Output> = std::mem::take(&mut *flaky.took.lock().unwrap());
+        assert!(!first.is_empty(), "some outputs went out");
+        let ns = executor.namespace().clone();
+        let mut loaded = store.load(&ns, &["a".to_owned()]).await.unwrap();
+        let state = loaded.remove("a").expect("the key's state");
+        assert!(
+            state.sent_so_far.is_none(),
+            "no note: {:?}",
+            state.sent_so_far
+        );
+        executor.run(vec![one_record_to(&to)]).await;
+        let again = flaky.took.lock().unwrap();
+        assert!(
+            first
+                .iter()
+                .any(|sent| again.iter().any(|o| o.body == sent.body)),
+            "the retry sends outputs that went out before"
+        );
     }
 
     #[tokio::test]

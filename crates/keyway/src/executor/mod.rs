@@ -674,13 +674,14 @@ mod tests {
             "DuplicatesSkipped",
             "DeadLetters",
             "CommitConflicts",
+            "SentNotesUnused",
             "RecordsLeftForRetry",
             "IteratorAge",
         ]
         .map(|name| outcome[name].as_f64());
         assert_eq!(
             counts,
-            [10.0, 10.0, 0.0, 0.0, 0.0, 0.0, 5_000.0].map(Some),
+            [10.0, 10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5_000.0].map(Some),
             "{outcome}"
         );
         assert!(outcome["BatchDuration"].as_f64().is_some());

@@ -111,6 +111,7 @@ impl Observer {
             .count("DeadLetters", report.dead_lettered as u64)
             .count("Outputs", report.outputs_sent as u64)
             .count("CommitConflicts", report.conflicts as u64)
+            .count("SentNotesUnused", report.notes_unused as u64)
             .count("RecordsLeftForRetry", left as u64)
             .milliseconds("BatchDuration", took.as_secs_f64() * 1000.0);
         if let Some(newest) = records().filter_map(|r| r.arrival_millis).max() {

@@ -32,6 +32,9 @@ pub struct BatchReport {
     pub migrated: usize,
     /// Keys whose state under the previous signature was left behind: they start afresh.
     pub reset: usize,
+    /// Keys whose notes of what went out of their unapplied records no longer held (another
+    /// commit, another build, other records): those records' outputs went again whole.
+    pub notes_unused: usize,
     /// The lowest sequence number not fully applied: Lambda redelivers from there.
     pub failed_from: Option<SequenceNumber>,
     /// Set when a record that has no sequence number could not be dead-lettered: the only way to
@@ -77,6 +80,7 @@ impl BatchReport {
             commits = self.commits,
             conflicts = self.conflicts,
             deferred_keys = self.deferred_keys,
+            notes_unused = self.notes_unused,
             failed_from = self.failed_from.as_ref().map(|s| s.as_str()),
             "batch done"
         );

@@ -263,6 +263,7 @@ impl BatchSource {
             dead_lettered = report.dead_lettered,
             outputs = report.outputs_sent,
             commit_conflicts = report.conflicts,
+            sent_notes_unused = report.notes_unused,
             failed_from = report.failed_from.as_ref().map(|s| s.as_str()),
             failed_whole = report.unreportable_failure.is_some(),
             duration_ms = took.as_secs_f64() * 1000.0,
