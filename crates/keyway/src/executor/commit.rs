@@ -432,11 +432,7 @@ impl<O: KeyedOperator> Executor<O> {
             },
             letter.into_output(self.sinks.dead_letter_limit()),
         );
-        if !self
-            .send_all(emission, plan.sends_until, report)
-            .await
-            .is_empty()
-        {
+        if !self.send_all(emission, plan.sends, report).await.is_empty() {
             return false;
         }
         let request = LoadKey {

@@ -2,8 +2,9 @@
 //! out, every sink at once; so do an outbox operator's settled outputs. A sink that keeps order
 //! gets a key's messages to one partition key one after another: each round sends the next
 //! message of every key and partition key, and a key whose message failed sends nothing more to
-//! that sink. Rounds stop at the batch's send deadline (`Plan::sends_until`), the first one
-//! excepted. Which messages failed decides how many of each key's records stay applied.
+//! that sink. Rounds stop at the batch's send deadline (`Plan::sends`), the first one excepted,
+//! and a send that has not answered by the end of the sends is given up. Which messages failed
+//! decides how many of each key's records stay applied.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -17,6 +18,17 @@ use super::{BatchReport, Executor};
 use crate::domain::{DeadLetter, KeyState, Output, SentNotes, SentSoFar, DEAD_LETTER_SINK};
 use crate::operator::{Delivery, KeyedOperator};
 use crate::ports::{Deadline, Sink, SinkError};
+
+/// When a batch's sends stop. No call or retry starts past `until`, but a send's first call
+/// (`Deadline`). A send started before `until` that has not answered at `end` is given up as
+/// failed: what it took may have gone out, and goes again, under the same ids, with its records'
+/// retry. (One started past `until`, the first round of a batch late to send, runs to its
+/// answer, so that every invocation gets something out.)
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct SendTimes {
+    pub until: Deadline,
+    pub end: Option<tokio::time::Instant>,
+}
 
 /// Which record a message was emitted for, to map a send failure back to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +142,7 @@ impl<O: KeyedOperator> Executor<O> {
     ) {
         let mut emission = self.collect(plan, keys, report);
         let emitted = std::mem::take(&mut emission.emitted);
-        let failed = self.send_all(emission, plan.sends_until, report).await;
+        let failed = self.send_all(emission, plan.sends, report).await;
         for work in keys.iter_mut() {
             work.keep = work
                 .run
@@ -356,14 +368,14 @@ impl<O: KeyedOperator> Executor<O> {
     /// Sends every message; a message a sink refuses for good (too large, a name the service
     /// rejects) is dead-lettered instead: retrying could never deliver it, and nothing may block
     /// a key forever. Returns the tags of the messages that may go out later. Sinks start no call
-    /// after `deadline` but their first.
+    /// after `times.until` but their first.
     pub(super) async fn send_all(
         &self,
         emission: Emission,
-        deadline: Deadline,
+        times: SendTimes,
         report: &mut BatchReport,
     ) -> Vec<Tag> {
-        let (mut failed, refused) = self.send_round(emission, deadline, report).await;
+        let (mut failed, refused) = self.send_round(emission, times, report).await;
         if refused.is_empty() {
             return failed;
         }
@@ -380,7 +392,7 @@ impl<O: KeyedOperator> Executor<O> {
             );
             letters.push(tag, letter.into_output(limit));
         }
-        let (failed_letters, refused_letters) = self.send_round(letters, deadline, report).await;
+        let (failed_letters, refused_letters) = self.send_round(letters, times, report).await;
         failed.extend(failed_letters);
         failed.extend(refused_letters.into_iter().map(|(tag, _, _)| tag));
         failed
@@ -390,14 +402,14 @@ impl<O: KeyedOperator> Executor<O> {
     async fn send_round(
         &self,
         emission: Emission,
-        deadline: Deadline,
+        times: SendTimes,
         report: &mut BatchReport,
     ) -> (Vec<Tag>, Vec<(Tag, Output, SinkError)>) {
         let sends = emission
             .by_sink
             .into_iter()
             .map(|(name, messages)| async move {
-                let sent = self.send_to(&name, messages, deadline).await;
+                let sent = self.send_to(&name, messages, times).await;
                 (name, sent)
             });
         let (mut failed, mut refused) = (Vec::new(), Vec::new());
@@ -416,8 +428,8 @@ impl<O: KeyedOperator> Executor<O> {
     }
 
     /// Sends one sink's messages: all at once to a sink without order, in rounds to one that
-    /// keeps order (`OrderedQueues`), no round after `deadline` but the first.
-    async fn send_to(&self, name: &str, messages: Vec<(Tag, Output)>, deadline: Deadline) -> Sent {
+    /// keeps order (`OrderedQueues`), no round after `times.until` but the first.
+    async fn send_to(&self, name: &str, messages: Vec<(Tag, Output)>, times: SendTimes) -> Sent {
         let Some(sink) = self.sinks.get(name) else {
             // Ctx refuses unknown sinks; an outbox written under an older configuration may
             // still name one. Keep it until the sink is configured again.
@@ -430,7 +442,7 @@ impl<O: KeyedOperator> Executor<O> {
         let mut sent = Sent::default();
         if !sink.ordered() {
             let (tags, outputs): (Vec<Tag>, Vec<Output>) = messages.into_iter().unzip();
-            send_once(sink.as_ref(), name, &tags, &outputs, deadline, &mut sent).await;
+            send_once(sink.as_ref(), name, &tags, &outputs, times, &mut sent).await;
             return sent;
         }
         let mut queues = OrderedQueues::default();
@@ -443,7 +455,7 @@ impl<O: KeyedOperator> Executor<O> {
             if outputs.is_empty() {
                 return sent;
             }
-            let failed = send_once(sink.as_ref(), name, &tags, &outputs, deadline, &mut sent).await;
+            let failed = send_once(sink.as_ref(), name, &tags, &outputs, times, &mut sent).await;
             // Nothing of a key's records from its first failed one on may go out after it.
             let mut first: HashMap<(usize, usize), Tag> = HashMap::new();
             for tag in failed.into_iter().map(|i| tags[i]) {
@@ -455,7 +467,7 @@ impl<O: KeyedOperator> Executor<O> {
             for tag in first.into_values() {
                 sent.failed.extend(queues.stop_key_from(tag));
             }
-            if deadline.passed() {
+            if times.until.passed() {
                 // Too late for another round: what waits goes with its records' retry.
                 sent.failed.extend(queues.stop_all());
                 return sent;
@@ -629,10 +641,20 @@ async fn send_once(
     name: &str,
     tags: &[Tag],
     outputs: &[Output],
-    deadline: Deadline,
+    times: SendTimes,
     sent: &mut Sent,
 ) -> Vec<usize> {
-    let failures = sink.send(outputs, deadline).await;
+    let send = sink.send(outputs, times.until);
+    let failures = match times.end.filter(|_| !times.until.passed()) {
+        Some(end) => tokio::time::timeout_at(end, send)
+            .await
+            .unwrap_or_else(|_| {
+                let unanswered = "the sink did not answer before the invocation's end";
+                let late = || SinkError::OutOfTime(unanswered.into());
+                (0..outputs.len()).map(|i| (i, late())).collect()
+            }),
+        None => send.await,
+    };
     sent.count += outputs.len() - failures.len();
     let mut retryable = Vec::new();
     // What may go later can be thousands of outputs when a batch outruns its sink: one line
@@ -1379,6 +1401,41 @@ mod tests {
             *slow.calls.lock().unwrap(),
             [2, 1, 1, 1, 1, 1],
             "b's record was applied, and is skipped; a's sends the four outputs not sent"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_that_has_not_answered_when_half_the_commit_reserve_is_left_is_given_up_and_its_records_retried(
+    ) {
+        let (executor, slow, batch) = slow_router(Default::default());
+        // A function of 15 s: sends stop at 14 s, the second round (started at 10 s, before
+        // then) would answer at 20 s, past the invocation's end.
+        let start = tokio::time::Instant::now();
+        let report = executor
+            .run_until(batch.clone(), Some(START + 15_000))
+            .await;
+        let took = start.elapsed();
+        assert!(
+            took <= std::time::Duration::from_millis(14_500),
+            "the batch must be done within the invocation's 15 s, not at {took:?}"
+        );
+        assert_eq!(
+            *slow.calls.lock().unwrap(),
+            [2, 1],
+            "the second round began"
+        );
+        assert_eq!(
+            report.failed_from.unwrap().as_str(),
+            "1",
+            "a's record is retried, b's applied"
+        );
+        assert_eq!(report.outputs_sent, 2);
+        let report = executor.run_until(batch, None).await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(
+            *slow.calls.lock().unwrap(),
+            [2, 1, 1, 1, 1, 1, 1],
+            "a's retry sends its five outputs after the first, the one given up among them"
         );
     }
 

@@ -50,10 +50,14 @@
 //! **Deadline.** Given the invocation's deadline, the executor stops starting keys once less than
 //! `ExecutorConfig::deadline_reserve` remains, and its sinks start no more calls or retries once
 //! less than `ExecutorConfig::commit_reserve` remains (a sink's first call of a send goes
-//! whatever the time, so that every invocation gets something out). It commits the records whose
-//! outputs all went out and reports the rest as batch item failures, instead of being stopped by
-//! the timeout with nothing committed: a key whose records emit more than a shard takes in one
-//! invocation goes on at its retry, from its first record not sent whole.
+//! whatever the time, so that every invocation gets something out). A send started before then
+//! that has not answered when half the commit reserve remains is given up, its messages left for
+//! their records' retry (they may have gone out: they go again under the same ids), so that a
+//! call that hangs does not run to its attempt timeout past the invocation's, where Lambda would
+//! fail the whole batch with nothing committed. It commits the records whose outputs all went
+//! out and reports the rest as batch item failures, instead of being stopped by the timeout with
+//! nothing committed: a key whose records emit more than a shard takes in one invocation goes on
+//! at its retry, from its first record not sent whole.
 //!
 //! **What went out of a record left unapplied.** An emit-then-commit operator with state commits,
 //! with the key, which outputs of its unapplied records went out (`SentNotes`: ranges of places
@@ -97,6 +101,8 @@ use tracing::info;
 pub use history::HISTORY as SIGNATURE_HISTORY;
 pub use report::BatchReport;
 pub use timers::{TimerSweep, TIMERS_PER_BATCH};
+
+use emit::SendTimes;
 
 use crate::domain::{stream_name_of, RejectedRecord, SourceRecord, DEAD_LETTER_SINK};
 use crate::domain::{Dictionary, StateKind};
@@ -488,7 +494,7 @@ impl<O: KeyedOperator> Executor<O> {
         let started = std::time::Instant::now();
         let mut report = BatchReport::new(batch.len());
         let (mut plan, mut inputs) = self.plan(&batch);
-        plan.sends_until = self.sends_until(deadline_millis);
+        plan.sends = self.send_times(deadline_millis);
         report.keys = plan.groups.len();
         let stateless = self.operator.stateless();
         let loaded = if stateless {
@@ -522,14 +528,22 @@ impl<O: KeyedOperator> Executor<O> {
         report
     }
 
-    /// When sinks stop calling, for a batch that must be done by `deadline_millis`.
-    fn sends_until(&self, deadline_millis: Option<i64>) -> Deadline {
+    /// When sinks stop calling, for a batch that must be done by `deadline_millis`: the commit
+    /// reserve before it; and when a send that has not answered is given up: half the reserve
+    /// before it, so that what did go out is still committed before Lambda stops the invocation.
+    fn send_times(&self, deadline_millis: Option<i64>) -> SendTimes {
         let Some(deadline) = deadline_millis else {
-            return Deadline::NONE;
+            return SendTimes::default();
         };
         let reserve = self.config.commit_reserve.as_millis() as i64;
-        let left = deadline - reserve - self.clock.now_millis();
-        Deadline::after(Duration::from_millis(left.max(0) as u64))
+        let left = |reserve: i64| {
+            let millis = deadline - reserve - self.clock.now_millis();
+            Duration::from_millis(millis.max(0) as u64)
+        };
+        SendTimes {
+            until: Deadline::after(left(reserve)),
+            end: Some(tokio::time::Instant::now() + left(reserve / 2)),
+        }
     }
 
     /// Writes the batch's outcome line, where the executor writes metric lines.

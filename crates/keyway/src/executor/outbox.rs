@@ -27,7 +27,7 @@ impl<O: KeyedOperator> Executor<O> {
                 emission.push(Tag::Outbox { group: key.group }, output.clone());
             }
         }
-        let failed = self.send_all(emission, plan.sends_until, report).await;
+        let failed = self.send_all(emission, plan.sends, report).await;
         let mut sent = Vec::new();
         for key in pending {
             if failed.contains(&Tag::Outbox { group: key.group }) {

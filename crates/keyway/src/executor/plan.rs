@@ -6,11 +6,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tracing::error;
 
+use super::emit::SendTimes;
 use super::Executor;
 use crate::domain::RejectedRecord;
 use crate::domain::{BatchPlan, DeadLetter, KeyGroup, SequenceNumber, SourceRecord};
 use crate::operator::{InvalidInput, KeyedOperator};
-use crate::ports::Deadline;
 
 /// A batch decoded and grouped. (The decoded inputs travel apart: they need not be `Sync`.)
 pub(super) struct Plan<'b> {
@@ -23,8 +23,9 @@ pub(super) struct Plan<'b> {
     /// The key skew detection counts a group under, where it is not the group's key
     /// (`KeyedOperator::hot_key`).
     pub hot_keys: HashMap<String, String>,
-    /// When the batch's sinks stop calling (`ExecutorConfig::commit_reserve`).
-    pub sends_until: Deadline,
+    /// When the batch's sinks stop calling, and when a send that has not answered is given up
+    /// (`ExecutorConfig::commit_reserve`).
+    pub sends: SendTimes,
 }
 
 impl<'b> Plan<'b> {
@@ -109,7 +110,7 @@ impl<O: KeyedOperator> Executor<O> {
             unkeyed,
             panicked,
             hot_keys,
-            sends_until: Deadline::NONE,
+            sends: SendTimes::default(),
         };
         (plan, inputs)
     }
