@@ -71,6 +71,16 @@ impl LocalServices {
         ])
     }
 
+    /// The chances each kind of fault had, at every service and invocation together: a kind
+    /// that never fired may have had none (no commit of several writes for a crash inside one).
+    pub fn faults_drawn(&self) -> FaultCounts {
+        let mut all = self.dynamodb.faults_drawn();
+        add_counts(&mut all, &self.kinesis.faults_drawn());
+        add_counts(&mut all, &self.sqs.faults_drawn());
+        add_counts(&mut all, &self.invocation_faults.drawn());
+        all
+    }
+
     /// Every kind of fault `plan` configured that never fired, anywhere.
     pub fn faults_missing(&self) -> Vec<Fault> {
         let mut all = FaultCounts::new();

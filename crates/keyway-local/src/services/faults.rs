@@ -158,6 +158,8 @@ pub struct Faults {
     /// The end of the current outage (epoch milliseconds of the virtual clock).
     outage_until: Mutex<i64>,
     fired: [AtomicU64; Fault::ALL.len()],
+    /// Draws made, fired or not: the chances each kind had.
+    drawn: [AtomicU64; Fault::ALL.len()],
 }
 
 impl Default for Faults {
@@ -176,6 +178,7 @@ impl Faults {
             rng: Mutex::new(rng),
             outage_until: Mutex::new(i64::MIN),
             fired: Default::default(),
+            drawn: Default::default(),
         }
     }
 
@@ -189,9 +192,13 @@ impl Faults {
         &self.plan
     }
 
-    /// Whether a fault of `kind` fires now; counted when it does.
+    /// Whether a fault of `kind` fires now; counted when it does, and as a chance when the plan
+    /// gives the kind one.
     pub fn draw(&self, kind: Fault) -> bool {
         let probability = kind.probability(&self.plan);
+        if probability > 0.0 {
+            self.drawn[kind as usize].fetch_add(1, Ordering::Relaxed);
+        }
         let fires = probability > 0.0
             && self
                 .rng
@@ -234,14 +241,24 @@ impl Faults {
 
     /// The faults that fired so far, by kind (kinds that never fired are left out).
     pub fn fired(&self) -> FaultCounts {
-        Fault::ALL
-            .into_iter()
-            .filter_map(|kind| {
-                let n = self.fired[kind as usize].load(Ordering::Relaxed);
-                (n > 0).then_some((kind, n))
-            })
-            .collect()
+        counts(&self.fired)
     }
+
+    /// The chances each kind had so far: draws, fired or not (kinds never drawn are left out).
+    pub fn drawn(&self) -> FaultCounts {
+        counts(&self.drawn)
+    }
+}
+
+/// The kinds counted above zero in `counters`.
+fn counts(counters: &[AtomicU64; Fault::ALL.len()]) -> FaultCounts {
+    Fault::ALL
+        .into_iter()
+        .filter_map(|kind| {
+            let n = counters[kind as usize].load(Ordering::Relaxed);
+            (n > 0).then_some((kind, n))
+        })
+        .collect()
 }
 
 /// Adds `more` into `counts`.
@@ -277,6 +294,16 @@ mod tests {
         assert!((400..600).contains(&throttles), "{throttles}");
         assert_eq!(fired[&Fault::Conflict], 1);
         assert!(!fired.contains_key(&Fault::Timeout));
+        let drawn = faults.drawn();
+        assert_eq!(
+            (drawn[&Fault::Throttle], drawn[&Fault::Conflict]),
+            (1000, 1),
+            "every draw a chance, fired or not"
+        );
+        assert!(
+            !drawn.contains_key(&Fault::Timeout),
+            "no chance in the plan"
+        );
     }
 
     #[test]

@@ -301,6 +301,11 @@ impl LocalKinesis {
         self.faults.fired()
     }
 
+    /// The chances each kind of fault had here (`Faults::drawn`).
+    pub fn faults_drawn(&self) -> super::faults::FaultCounts {
+        self.faults.drawn()
+    }
+
     /// The ARN of the stream named `name`, if it exists.
     pub fn stream_arn(&self, name: &str) -> Option<String> {
         self.streams

@@ -250,6 +250,11 @@ impl LocalSqs {
         self.faults.fired()
     }
 
+    /// The chances each kind of fault had here (`Faults::drawn`).
+    pub fn faults_drawn(&self) -> super::faults::FaultCounts {
+        self.faults.drawn()
+    }
+
     /// Every message the queue accepted, in order, received or not.
     pub fn messages(&self, url: &str) -> Vec<QueuedMessage> {
         self.queues

@@ -184,8 +184,13 @@ pub struct Report {
     pub lanes: u32,
     /// Faults injected in the faulty run, by kind.
     pub faults: BTreeMap<String, u64>,
-    /// Fault kinds the plan names that never fired.
+    /// The chances each kind had in the faulty run: its draws, fired or not.
+    pub faults_drawn: BTreeMap<String, u64>,
+    /// Fault kinds the plan names that had chances and never fired.
     pub faults_missing: Vec<String>,
+    /// Fault kinds the plan names that no call of the run gave a chance (a crash inside a
+    /// commit, where no commit wrote several items): not counted as missing.
+    pub faults_without_chance: Vec<String>,
     /// Fault kinds the application gives nothing to meet, with why (not counted as missing).
     pub faults_not_applicable: Vec<String>,
     /// What the oracle's units are ("keys' counts", "deliveries"...).
@@ -228,27 +233,86 @@ impl Report {
     }
 
     /// Something expected, nothing lost, nothing applied twice, nothing extra, every bad record
-    /// dead-lettered, every configured fault fired and no batch given up. (Dead letters are
-    /// counted, not matched to the bad records: a good record dead-lettered would be lost to the
-    /// oracle, so the counts agree only when the dead letters are the bad records.)
+    /// dead-lettered, every configured fault fired that had the chances to, and no batch given
+    /// up. (Dead letters are counted, not matched to the bad records: a good record
+    /// dead-lettered would be lost to the oracle, so the counts agree only when the dead letters
+    /// are the bad records.)
     pub fn clean(&self) -> bool {
         self.oracle.expected > 0
             && self.lost() == 0
             && self.applied_twice() == 0
             && self.extra() == 0
             && self.dead_lettered_records == self.bad_records
-            && self.faults_missing.is_empty()
+            && !self
+                .faults_missing
+                .iter()
+                .any(|kind| self.bound_to_fire(kind))
             && self.failed_batches == 0
     }
 
-    /// Takes `fault`, if it never fired, off the missing kinds: the application gives it
-    /// nothing to meet, for `why`.
+    /// How many chances `kind` had, and whether so many draws at the run's rate fire it in all
+    /// but one run in twenty. A kind that had fewer and never fired (a crash inside a commit of
+    /// several writes, which a key of the aggregation makes a few times a run) is shown, and
+    /// not held against the run.
+    fn bound_to_fire(&self, kind: &str) -> bool {
+        let chances = self.faults_drawn.get(kind).copied().unwrap_or(0);
+        1.0 - (1.0 - self.fault_rate).powf(chances as f64) >= 0.95
+    }
+
+    /// Takes `fault`, if it never fired, off the missing kinds (and those without a chance):
+    /// the application gives it nothing to meet, for `why`.
     fn not_applicable(&mut self, fault: Fault, why: &str) {
-        if self.faults_missing.iter().any(|f| f == fault.name()) {
-            self.faults_missing.retain(|f| f != fault.name());
-            self.faults_not_applicable
-                .push(format!("{} ({why})", fault.name()));
+        let name = fault.name();
+        let listed = |kinds: &[String]| kinds.iter().any(|f| f == name);
+        if listed(&self.faults_missing) || listed(&self.faults_without_chance) {
+            self.faults_missing.retain(|f| f != name);
+            self.faults_without_chance.retain(|f| f != name);
+            self.faults_not_applicable.push(format!("{name} ({why})"));
         }
+    }
+
+    /// The faults lines: those injected, those that never fired, those with nothing to meet.
+    fn write_faults(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n}"))
+            .collect();
+        writeln!(f, "  faults injected: {}", faults.join(", "))?;
+        if !self.faults_missing.is_empty() {
+            let missing: Vec<String> = self
+                .faults_missing
+                .iter()
+                .map(|kind| {
+                    let chances = self.faults_drawn.get(kind).copied().unwrap_or(0);
+                    match self.bound_to_fire(kind) {
+                        true => format!("{kind} ({chances} chances)"),
+                        false => {
+                            let none = (1.0 - self.fault_rate).powf(chances as f64) * 100.0;
+                            format!(
+                                "{kind} ({chances} chances: {none:.0}% of runs at this rate see \
+                                 none; not held against the run)"
+                            )
+                        }
+                    }
+                })
+                .collect();
+            writeln!(f, "  faults never fired: {}", missing.join(", "))?;
+        }
+        let without_chance = self
+            .faults_without_chance
+            .iter()
+            .map(|kind| format!("{kind} (no call of the run gave it a chance)"));
+        let unmet: Vec<String> = self
+            .faults_not_applicable
+            .iter()
+            .cloned()
+            .chain(without_chance)
+            .collect();
+        if !unmet.is_empty() {
+            writeln!(f, "  faults with nothing to meet: {}", unmet.join(", "))?;
+        }
+        Ok(())
     }
 
     fn example(&mut self, text: impl Into<String>) {
@@ -266,23 +330,7 @@ impl fmt::Display for Report {
             "{app}: {} records ({} bad) on {} shards of {} lanes, every fault at {} (seed {})",
             self.events, self.bad_records, self.shards, self.lanes, self.fault_rate, self.seed
         )?;
-        let faults: Vec<String> = self
-            .faults
-            .iter()
-            .map(|(kind, n)| format!("{kind} {n}"))
-            .collect();
-        writeln!(f, "  faults injected: {}", faults.join(", "))?;
-        if !self.faults_missing.is_empty() {
-            writeln!(
-                f,
-                "  faults never fired: {}",
-                self.faults_missing.join(", ")
-            )?;
-        }
-        if !self.faults_not_applicable.is_empty() {
-            let kinds = self.faults_not_applicable.join(", ");
-            writeln!(f, "  faults with nothing to meet: {kinds}")?;
-        }
+        self.write_faults(f)?;
         let tally = |t: &Tally| {
             format!(
                 "lost {}, applied twice {}, extra {}",
@@ -486,6 +534,8 @@ pub struct Ending {
     pub faults_fired: BTreeMap<&'static str, FaultCounts>,
     /// Kinds of fault the plan names that never fired.
     pub faults_missing: Vec<Fault>,
+    /// The chances each kind of fault had (`LocalServices::faults_drawn`).
+    pub faults_drawn: FaultCounts,
     /// The bodies of the messages on the dead-letter queue.
     pub dead_letters: Vec<String>,
     /// Messages on the failed-batches queue: one for each batch given up.
@@ -519,6 +569,7 @@ impl Ending {
         Self {
             faults_fired: services.faults_fired(),
             faults_missing: services.faults_missing(),
+            faults_drawn: services.faults_drawn(),
             dead_letters: services
                 .sqs
                 .messages(dead_letters)
@@ -540,11 +591,16 @@ impl Report {
                 *self.faults.entry(kind.name().to_owned()).or_default() += n;
             }
         }
-        self.faults_missing = ending
+        let (missing, without_chance): (Vec<Fault>, Vec<Fault>) = ending
             .faults_missing
             .iter()
-            .map(|f| f.name().to_owned())
-            .collect();
+            .partition(|f| ending.faults_drawn.contains_key(f));
+        for (kind, n) in &ending.faults_drawn {
+            *self.faults_drawn.entry(kind.name().to_owned()).or_default() += n;
+        }
+        let names = |kinds: Vec<Fault>| kinds.iter().map(|f| f.name().to_owned()).collect();
+        self.faults_missing = names(missing);
+        self.faults_without_chance = names(without_chance);
         let mut records = BTreeSet::new();
         for body in &ending.dead_letters {
             self.dead_letters += 1;
@@ -705,5 +761,66 @@ mod tests {
         report.bad_records = 2;
         report.failed_batches = 1;
         assert!(!report.clean());
+    }
+
+    #[test]
+    fn a_fault_that_never_fired_is_held_against_the_run_only_when_its_chances_fire_one_in_nineteen_runs_of_twenty(
+    ) {
+        let expected = || Report {
+            oracle: Tally {
+                expected: 1,
+                ..Tally::default()
+            },
+            fault_rate: 0.03,
+            ..Report::default()
+        };
+        let ending = Ending {
+            faults_missing: vec![Fault::CrashInCommit, Fault::Timeout],
+            faults_drawn: BTreeMap::from([(Fault::Timeout, 100), (Fault::Throttle, 900)]),
+            ..Ending::default()
+        };
+        let mut report = expected();
+        report.take_ending(&ending);
+        assert_eq!(report.faults_missing, ["timeout"]);
+        assert_eq!(report.faults_without_chance, ["crash in commit"]);
+        assert!(
+            !report.clean(),
+            "100 chances at 3%, no timeout: 95% of runs see one"
+        );
+        let text = report.to_string();
+        assert!(
+            text.contains("faults never fired: timeout (100 chances)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("faults with nothing to meet: crash in commit (no call of the run gave it a chance)"),
+            "{text}"
+        );
+        // An application's own reason replaces the generic one.
+        report.not_applicable(Fault::CrashInCommit, "one item a key");
+        assert!(report.faults_without_chance.is_empty());
+        assert_eq!(
+            report.faults_not_applicable,
+            ["crash in commit (one item a key)"]
+        );
+
+        let mut few = expected();
+        few.take_ending(&Ending {
+            faults_missing: vec![Fault::CrashInCommit],
+            faults_drawn: BTreeMap::from([(Fault::CrashInCommit, 19)]),
+            ..Ending::default()
+        });
+        assert!(few.clean(), "19 chances at 3%: 56% of runs see none");
+        let text = few.to_string();
+        assert!(
+            text.contains("crash in commit (19 chances: 56% of runs at this rate see none; not held against the run)"),
+            "{text}"
+        );
+        let mut none = expected();
+        none.take_ending(&Ending {
+            faults_missing: vec![Fault::CrashInCommit],
+            ..Ending::default()
+        });
+        assert!(none.clean());
     }
 }

@@ -268,6 +268,15 @@ impl LocalDynamoDb {
         counts
     }
 
+    /// The chances each kind of fault had, at every table.
+    pub fn faults_drawn(&self) -> FaultCounts {
+        let mut counts = FaultCounts::new();
+        for table in self.tables() {
+            super::faults::add_counts(&mut counts, &table.faults_drawn());
+        }
+        counts
+    }
+
     /// When the TTL process next deletes an item (epoch milliseconds), if any table holds one
     /// with a TTL.
     pub(crate) fn next_expiry_millis(&self) -> Option<i64> {

@@ -77,6 +77,11 @@ impl LocalTable {
         self.faults.fired()
     }
 
+    /// The chances each kind of fault had at this table (`Faults::drawn`).
+    pub fn faults_drawn(&self) -> FaultCounts {
+        self.faults.drawn()
+    }
+
     /// The ARN of the table's stream (one per table here).
     pub fn stream_arn(&self) -> String {
         format!(
