@@ -68,7 +68,9 @@ pub(crate) struct Args {
     /// the stack deploys 500; the 6 MB payload limit caps it for long lines.
     #[arg(long, default_value_t = 10_000)]
     pub batch_size: usize,
-    /// JSON Lines files, gzipped or not.
+    /// JSON Lines files, gzipped or not. A plain file is mapped, not copied: it must not change
+    /// during the run (one that may goes through a pipe: `cat f | keyway aggregate ...
+    /// /dev/stdin`).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
 }
@@ -478,10 +480,11 @@ fn mapped(file: &File) -> Option<Bytes> {
     if !meta.is_file() || meta.len() < 2 {
         return None;
     }
-    // SAFETY: the map is only read, as a byte slice. Another process that writes the file while
-    // it is read changes the lines read after its write, as it would for a read of the file;
-    // one that cuts the file shorter meanwhile ends the run (SIGBUS) where a read would have
-    // stopped early. Inputs are files at rest.
+    // SAFETY: the map is only read, as a byte slice, and lives as long as a line of it does.
+    // What the mapping cannot rule out is another process writing the file during the run: the
+    // bytes of a line already checked would change under it, and a file cut shorter ends the
+    // run (SIGBUS). The command's inputs are files at rest, as for any tool that maps its
+    // input; `--help` says so, and a pipe (`cat file |`) is read instead.
     let map = unsafe { memmap2::Mmap::map(file) }.ok()?;
     if map[..2] == [0x1f, 0x8b] {
         return None;

@@ -247,9 +247,9 @@ pub struct ExecutorConfig {
     pub deadline_reserve: Duration,
     /// No sink call or retry is started once less than this remains before the invocation's
     /// deadline: what went out still has to be committed. Less than `deadline_reserve`, so that a
-    /// batch whose processing took its time up still has time to send. A call started before
-    /// then that the service does not answer can still run to its attempt timeout: the reserve
-    /// is sized for calls that answer in their usual time.
+    /// batch whose processing took its time up still has time to send. A send started before
+    /// then that has not answered when half of it remains is given up (`emit::SendTimes`), so
+    /// that a call the service does not answer leaves the commit its time.
     pub commit_reserve: Duration,
 }
 
