@@ -59,10 +59,11 @@ pub enum SinkError {
     /// will never succeed.
     #[error("message rejected by the sink: {0}")]
     Rejected(String),
-    /// The message was not sent because the invocation's time to send ran out (`Deadline`): it
-    /// goes with its record's retry. (A message whose call went out but was not retried for
-    /// want of time keeps the error of its last try.)
-    #[error("not sent: the invocation's time to send ran out ({0})")]
+    /// The invocation's time to send ran out (`Deadline`): the message was not sent, or its call
+    /// was given up unanswered and it may have gone out. Either way it goes again, under its id,
+    /// with its record's retry. (A message whose call went out but was not retried for want of
+    /// time keeps the error of its last try.)
+    #[error("not sent, or not known to be: the invocation's time to send ran out ({0})")]
     OutOfTime(String),
 }
 
@@ -354,7 +355,9 @@ pub trait Sink: Send + Sync {
     /// Sends the messages, retrying what the service lets us retry, until `deadline` (its first
     /// call whatever the time). Returns the messages that could still not be sent (by index into
     /// `messages`) with the reason; empty means all sent. A sink whose calls go one after another
-    /// sends a later message only once the earlier ones went or failed.
+    /// sends a later message only once the earlier ones went or failed. The executor drops a
+    /// send that has not answered near the invocation's end and sends its messages again later:
+    /// dropping the future at any await must leave nothing half done that a resend cannot mend.
     async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)>;
 
     /// The largest message body the sink accepts.

@@ -20,14 +20,27 @@ use crate::operator::{Delivery, KeyedOperator};
 use crate::ports::{Deadline, Sink, SinkError};
 
 /// When a batch's sends stop. No call or retry starts past `until`, but a send's first call
-/// (`Deadline`). A send started before `until` that has not answered at `end` is given up as
-/// failed: what it took may have gone out, and goes again, under the same ids, with its records'
-/// retry. (One started past `until`, the first round of a batch late to send, runs to its
-/// answer, so that every invocation gets something out.)
+/// (`Deadline`). A send that has not answered at `end` is given up as failed: what it took may
+/// have gone out, and goes again, under the same ids, with its records' retry. A sink's first
+/// round has `first_round` to answer at least, wherever `end` falls: a batch late to send still
+/// gets something out whenever its sink answers in that time.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct SendTimes {
     pub until: Deadline,
     pub end: Option<tokio::time::Instant>,
+    pub first_round: std::time::Duration,
+}
+
+impl SendTimes {
+    /// The deadline of a send starting now, and when it is given up: the sends' end, or for a
+    /// sink's first round, no sooner than `first_round` from now.
+    fn give_up_at(&self, first: bool) -> (Deadline, Option<tokio::time::Instant>) {
+        let at = self.end.map(|end| match first {
+            true => end.max(tokio::time::Instant::now() + self.first_round),
+            false => end,
+        });
+        (self.until, at)
+    }
 }
 
 /// Which record a message was emitted for, to map a send failure back to it.
@@ -307,21 +320,9 @@ impl<O: KeyedOperator> Executor<O> {
             for output in &work.base.outbox {
                 emission.push(Tag::Outbox { group: g }, output.clone());
             }
-            // Field by field, beside the outcomes taken below.
             let notes = match notes_sent {
-                true => notes_holding(&work.base, work.migrated || work.expired, |length| {
-                    let outcomes = &work.run.outcomes;
-                    let first = outcomes
-                        .iter()
-                        .position(|o| !matches!(o, Outcome::Replayed))?;
-                    self.chain(plan, g, outcomes, first, length)
-                })
-                .unwrap_or_else(|why| {
-                    let key = &plan.groups[g].key;
-                    warn!(operator = %self.namespace.operator, key, why, "the notes of what went out of the key's records no longer hold: their outputs go again whole");
-                    report.notes_unused += 1;
-                    None
-                }),
+                // Field by field, beside the outcomes taken below.
+                true => self.notes_of(plan, g, &work.base, work, report),
                 false => None,
             };
             for (position, outcome) in work.run.outcomes.iter_mut().enumerate() {
@@ -363,6 +364,36 @@ impl<O: KeyedOperator> Executor<O> {
             }
         }
         emission
+    }
+
+    /// The notes key `g` was loaded with (`base`, its work's, borrowed apart from the outcomes
+    /// the caller takes), if they hold for its run. Notes that no longer do are
+    /// counted and logged where the key's records ran: a key deferred, or whose records were all
+    /// applied before (a redelivery), commits nothing and keeps its notes for the next attempt.
+    fn notes_of<'w>(
+        &self,
+        plan: &Plan<'_>,
+        g: usize,
+        base: &'w KeyState,
+        work: &KeyWork,
+        report: &mut BatchReport,
+    ) -> Option<&'w SentNotes> {
+        let outcomes = &work.run.outcomes;
+        let first = outcomes
+            .iter()
+            .position(|o| !matches!(o, Outcome::Replayed));
+        let changed = work.migrated || work.expired;
+        let chain = |length| self.chain(plan, g, outcomes, first?, length);
+        match notes_holding(base, changed, chain) {
+            Ok(notes) => notes,
+            Err(_) if work.deferred || first.is_none() => None,
+            Err(why) => {
+                let key = &plan.groups[g].key;
+                warn!(operator = %self.namespace.operator, key, why, "the notes of what went out of the key's records no longer hold: their outputs go again whole");
+                report.notes_unused += 1;
+                None
+            }
+        }
     }
 
     /// Sends every message; a message a sink refuses for good (too large, a name the service
@@ -442,7 +473,15 @@ impl<O: KeyedOperator> Executor<O> {
         let mut sent = Sent::default();
         if !sink.ordered() {
             let (tags, outputs): (Vec<Tag>, Vec<Output>) = messages.into_iter().unzip();
-            send_once(sink.as_ref(), name, &tags, &outputs, times, &mut sent).await;
+            send_once(
+                sink.as_ref(),
+                name,
+                &tags,
+                &outputs,
+                times.give_up_at(true),
+                &mut sent,
+            )
+            .await;
             return sent;
         }
         let mut queues = OrderedQueues::default();
@@ -450,12 +489,14 @@ impl<O: KeyedOperator> Executor<O> {
             let partition = queues.partition(&sink.order_of(&output.partition_key));
             queues.push(tag, partition, output);
         }
+        let mut first = true;
         loop {
             let (tags, outputs) = queues.next_round();
             if outputs.is_empty() {
                 return sent;
             }
-            let failed = send_once(sink.as_ref(), name, &tags, &outputs, times, &mut sent).await;
+            let give_up = times.give_up_at(std::mem::take(&mut first));
+            let failed = send_once(sink.as_ref(), name, &tags, &outputs, give_up, &mut sent).await;
             // Nothing of a key's records from its first failed one on may go out after it.
             let mut first: HashMap<(usize, usize), Tag> = HashMap::new();
             for tag in failed.into_iter().map(|i| tags[i]) {
@@ -634,25 +675,24 @@ fn keep_latest(
     }
 }
 
-/// One call of a sink: counts what went out and keeps what did not; returns the indexes of the
-/// messages that may go out later.
+/// One call of a sink, given up at `give_up` if it has not answered: counts what went out and
+/// keeps what did not; returns the indexes of the messages that may go out later.
 async fn send_once(
     sink: &dyn Sink,
     name: &str,
     tags: &[Tag],
     outputs: &[Output],
-    times: SendTimes,
+    (until, give_up): (Deadline, Option<tokio::time::Instant>),
     sent: &mut Sent,
 ) -> Vec<usize> {
-    let send = sink.send(outputs, times.until);
-    let failures = match times.end.filter(|_| !times.until.passed()) {
-        Some(end) => tokio::time::timeout_at(end, send)
-            .await
-            .unwrap_or_else(|_| {
-                let unanswered = "the sink did not answer before the invocation's end";
-                let late = || SinkError::OutOfTime(unanswered.into());
-                (0..outputs.len()).map(|i| (i, late())).collect()
-            }),
+    let send = sink.send(outputs, until);
+    let failures = match give_up {
+        Some(at) => tokio::time::timeout_at(at, send).await.unwrap_or_else(|_| {
+            let unanswered = "the sink did not answer before the invocation's end; what it took \
+                              may have gone out";
+            let late = || SinkError::OutOfTime(unanswered.into());
+            (0..outputs.len()).map(|i| (i, late())).collect()
+        }),
         None => send.await,
     };
     sent.count += outputs.len() - failures.len();
@@ -1234,6 +1274,33 @@ mod tests {
         assert_eq!(again, (200, 1), "every output sent again, the key counted");
     }
 
+    #[tokio::test]
+    async fn notes_kept_through_a_redelivery_of_records_applied_before_are_not_counted_unused() {
+        let (executor, flaky, _) = flaky_router(5, 0.5);
+        let routed = |seq: u64, to: &[u8]| {
+            let mut r = record(seq, "p", "", 0).unwrap();
+            r.payload =
+                Payload::Bytes(serde_json::json!(["a", to]).to_string().into_bytes().into());
+            Ok(r)
+        };
+        let to: Vec<u8> = (0..200).collect();
+        let first = executor.run(vec![routed(1, &[]), routed(2, &to)]).await;
+        assert_eq!(
+            first.failed_from.unwrap().as_str(),
+            "2",
+            "record 2 went out in part"
+        );
+        // Record 1 again alone (a duplicate delivery): nothing runs, the notes stay.
+        let again = executor.run(vec![routed(1, &[])]).await;
+        assert_eq!((again.replayed, again.notes_unused), (1, 0));
+        // Record 2's retry uses them.
+        let sent_first = flaky.took.lock().unwrap().len();
+        flaky.took.lock().unwrap().clear();
+        let retry = executor.run(vec![routed(2, &to)]).await;
+        assert_eq!(retry.notes_unused, 0);
+        assert!(flaky.took.lock().unwrap().len() <= 200 - sent_first);
+    }
+
     /// A `Router` that reads a broadcast state before it routes, as the CDC re-key does.
     struct Broadcasting;
 
@@ -1439,27 +1506,56 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_batch_that_starts_sending_past_its_send_deadline_still_sends_its_first_round() {
+    /// Runs `slow_router`'s batch with keys started until a second before a deadline 2 s away
+    /// and sends stopped `commit_reserve` before it, so before they begin (as when processing
+    /// takes the time up): the report, and how long the batch took.
+    async fn late_to_send(
+        commit_reserve: std::time::Duration,
+    ) -> (super::super::BatchReport, Arc<Slow>, std::time::Duration) {
         let config = super::super::ExecutorConfig {
             deadline_reserve: std::time::Duration::from_secs(1),
-            commit_reserve: std::time::Duration::from_secs(3),
+            commit_reserve,
             ..Default::default()
         };
         let (executor, slow, batch) = slow_router(config);
-        // Keys start until a second before the deadline; sends stop three seconds before it, so
-        // before they begin (as when processing takes the time up).
+        let start = tokio::time::Instant::now();
         let report = executor.run_until(batch, Some(START + 2_000)).await;
+        (report, slow, start.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_that_starts_sending_past_its_send_deadline_still_sends_its_first_round() {
+        // The sink's calls take 10 s; the first round gets the commit reserve, 12 s, to answer.
+        let (report, slow, _) = late_to_send(std::time::Duration::from_secs(12)).await;
         assert_eq!(
             *slow.calls.lock().unwrap(),
             [2],
             "one round: a's first, b's one"
         );
+        assert_eq!(report.outputs_sent, 2, "the round went out");
         assert_eq!(
             report.failed_from.unwrap().as_str(),
             "1",
             "b's record is applied"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_round_that_has_not_answered_within_the_commit_reserve_is_given_up() {
+        // Begun past the send deadline, with a reserve of 3 s: given up after 3 s, not 10.
+        let (report, slow, took) = late_to_send(std::time::Duration::from_secs(3)).await;
+        assert_eq!(*slow.calls.lock().unwrap(), [2]);
+        assert_eq!(took, std::time::Duration::from_secs(3));
+        assert_eq!(report.outputs_sent, 0);
+        assert_eq!(report.failed_from.unwrap().as_str(), "1", "both retried");
+        // Begun at once, in a function of 10.2 s: given up at 9.7 s, half the reserve before
+        // its end, though the round has more than the reserve's second by then.
+        let (executor, slow, batch) = slow_router(Default::default());
+        let start = tokio::time::Instant::now();
+        let report = executor.run_until(batch, Some(START + 10_200)).await;
+        assert_eq!(start.elapsed(), std::time::Duration::from_millis(9_700));
+        assert_eq!(*slow.calls.lock().unwrap(), [2]);
+        assert_eq!(report.outputs_sent, 0);
     }
 
     /// An ordered sink whose every call takes `per_call`, on tokio's clock and on `clock`; it

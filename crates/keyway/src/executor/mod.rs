@@ -50,11 +50,11 @@
 //! **Deadline.** Given the invocation's deadline, the executor stops starting keys once less than
 //! `ExecutorConfig::deadline_reserve` remains, and its sinks start no more calls or retries once
 //! less than `ExecutorConfig::commit_reserve` remains (a sink's first call of a send goes
-//! whatever the time, so that every invocation gets something out). A send started before then
-//! that has not answered when half the commit reserve remains is given up, its messages left for
-//! their records' retry (they may have gone out: they go again under the same ids), so that a
-//! call that hangs does not run to its attempt timeout past the invocation's, where Lambda would
-//! fail the whole batch with nothing committed. It commits the records whose outputs all went
+//! whatever the time, so that every invocation gets something out). A send that has not answered
+//! when half the commit reserve remains is given up (a sink's first round gets the whole reserve
+//! to answer at least), its messages left for their records' retry (they may have gone out: they
+//! go again under the same ids), so that a call that hangs does not run to its attempt timeout
+//! past the invocation's, where Lambda would fail the whole batch with nothing committed. It commits the records whose outputs all went
 //! out and reports the rest as batch item failures, instead of being stopped by the timeout with
 //! nothing committed: a key whose records emit more than a shard takes in one invocation goes on
 //! at its retry, from its first record not sent whole.
@@ -247,9 +247,10 @@ pub struct ExecutorConfig {
     pub deadline_reserve: Duration,
     /// No sink call or retry is started once less than this remains before the invocation's
     /// deadline: what went out still has to be committed. Less than `deadline_reserve`, so that a
-    /// batch whose processing took its time up still has time to send. A send started before
-    /// then that has not answered when half of it remains is given up (`emit::SendTimes`), so
-    /// that a call the service does not answer leaves the commit its time.
+    /// batch whose processing took its time up still has time to send. A send that has not
+    /// answered when half of it remains is given up (`emit::SendTimes`; a sink's first round
+    /// gets all of it to answer at least), so that a call the service does not answer leaves the
+    /// commit its time. Zero gives the commit no time of its own.
     pub commit_reserve: Duration,
 }
 
@@ -535,14 +536,16 @@ impl<O: KeyedOperator> Executor<O> {
         let Some(deadline) = deadline_millis else {
             return SendTimes::default();
         };
-        let reserve = self.config.commit_reserve.as_millis() as i64;
-        let left = |reserve: i64| {
-            let millis = deadline - reserve - self.clock.now_millis();
+        let reserve = self.config.commit_reserve;
+        let now = self.clock.now_millis();
+        let left = |reserve: Duration| {
+            let millis = deadline - reserve.as_millis() as i64 - now;
             Duration::from_millis(millis.max(0) as u64)
         };
         SendTimes {
             until: Deadline::after(left(reserve)),
             end: Some(tokio::time::Instant::now() + left(reserve / 2)),
+            first_round: reserve,
         }
     }
 
