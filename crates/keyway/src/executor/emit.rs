@@ -378,6 +378,8 @@ impl<O: KeyedOperator> Executor<O> {
         work: &KeyWork,
         report: &mut BatchReport,
     ) -> Option<&'w SentNotes> {
+        // Most keys have none: nothing to look through.
+        base.sent_so_far.as_ref()?;
         let outcomes = &work.run.outcomes;
         let first = outcomes
             .iter()
@@ -1556,6 +1558,72 @@ mod tests {
         assert_eq!(start.elapsed(), std::time::Duration::from_millis(9_700));
         assert_eq!(*slow.calls.lock().unwrap(), [2]);
         assert_eq!(report.outputs_sent, 0);
+    }
+
+    /// An ordered sink that takes nothing and never answers while `down`, as a partitioned
+    /// network makes a call hang; it keeps the bodies it took once back.
+    #[derive(Default)]
+    struct Hanging {
+        down: std::sync::atomic::AtomicBool,
+        took: std::sync::Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for Hanging {
+        async fn send(&self, messages: &[Output], _: Deadline) -> Vec<(usize, SinkError)> {
+            if self.down.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            let mut took = self.took.lock().unwrap();
+            took.extend(messages.iter().map(|m| m.body.clone()));
+            Vec::new()
+        }
+
+        fn max_message_bytes(&self) -> usize {
+            1024
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sink_that_does_not_answer_for_an_hour_costs_each_invocation_its_time_and_then_gets_every_output_once(
+    ) {
+        let clock = ManualClock::at(START);
+        let table = Arc::new(crate::adapters::dynamodb::MemoryTable::new());
+        let store = Arc::new(DynamoStateStore::new(table, clock.clone()));
+        let hanging = Arc::new(Hanging::default());
+        hanging.down.store(true, Ordering::SeqCst);
+        let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, hanging.clone());
+        let executor = Executor::new(Router, store, sinks, clock.clone()).unwrap();
+        let routed = |seq: u64, key: &str, to: Vec<u8>| {
+            let mut r = record(seq, "p", "", 0).unwrap();
+            let body = serde_json::json!([key, to]).to_string();
+            r.payload = Payload::Bytes(body.into_bytes().into());
+            Ok(r)
+        };
+        let batch = vec![routed(1, "a", vec![0, 0, 1]), routed(2, "b", vec![2])];
+        // Six invocations of a function of ten minutes: each ends half a second before its
+        // deadline, with nothing applied, instead of hanging to Lambda's timeout.
+        for _ in 0..6 {
+            let deadline = clock.now_millis() + 600_000;
+            let start = tokio::time::Instant::now();
+            let report = executor.run_until(batch.clone(), Some(deadline)).await;
+            let took = start.elapsed();
+            assert_eq!(took, std::time::Duration::from_millis(599_500));
+            assert_eq!((report.outputs_sent, report.applied), (0, 0));
+            assert_eq!(report.failed_from.unwrap().as_str(), "1");
+            clock.advance(600_000);
+        }
+        hanging.down.store(false, Ordering::SeqCst);
+        let report = executor
+            .run_until(batch, Some(clock.now_millis() + 600_000))
+            .await;
+        assert_eq!(report.failed_from, None);
+        assert_eq!(
+            *hanging.took.lock().unwrap(),
+            ["100", "102", "200", "101"],
+            "each output once: a round of a's first to p0, its one to p1 and b's, then a's second \
+             to p0"
+        );
     }
 
     /// An ordered sink whose every call takes `per_call`, on tokio's clock and on `clock`; it

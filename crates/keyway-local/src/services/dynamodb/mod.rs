@@ -261,20 +261,21 @@ impl LocalDynamoDb {
 
     /// The faults every table injected so far.
     pub fn faults_fired(&self) -> FaultCounts {
-        let mut counts = FaultCounts::new();
-        for table in self.tables() {
-            super::faults::add_counts(&mut counts, &table.faults_fired());
-        }
-        counts
+        self.summed(LocalTable::faults_fired)
     }
 
     /// The chances each kind of fault had, at every table.
     pub fn faults_drawn(&self) -> FaultCounts {
-        let mut counts = FaultCounts::new();
+        self.summed(LocalTable::faults_drawn)
+    }
+
+    /// `counts` of every table, added up.
+    fn summed(&self, counts: impl Fn(&LocalTable) -> FaultCounts) -> FaultCounts {
+        let mut all = FaultCounts::new();
         for table in self.tables() {
-            super::faults::add_counts(&mut counts, &table.faults_drawn());
+            super::faults::add_counts(&mut all, &counts(&table));
         }
-        counts
+        all
     }
 
     /// When the TTL process next deletes an item (epoch milliseconds), if any table holds one
