@@ -164,3 +164,22 @@ fn every_applications_metered_run_ends_and_bills_its_functions_work() {
     let usage = usage(App::Cdc, &settings).expect("the metered run ends");
     assert!(usage.write_units > 0.0 && usage.put_payload_units > 0.0);
 }
+
+/// A failure a chaos run finds is worth as much as its seed: run again with it, every
+/// application's run is the same run, whatever the process (each run here builds its stack
+/// afresh, as another process would, with its own hash keys and system entropy).
+#[test]
+fn every_applications_chaos_run_repeats_exactly_from_its_seed() {
+    for app in App::ALL {
+        let settings = Settings {
+            events: 3_000,
+            ..settings(2, 2, 7)
+        };
+        let report = || {
+            let report = run(app, &settings).expect("the run completes");
+            serde_json::to_string(&report).expect("a report as JSON")
+        };
+        let (first, second) = (report(), report());
+        assert_eq!(first, second, "{} ran twice from seed 7", app.name());
+    }
+}

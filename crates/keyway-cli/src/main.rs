@@ -85,7 +85,7 @@ enum Command {
     },
     /// Runs applications of the stack under every injected fault, each against a run without
     /// faults and an oracle of its own, and prints what was lost, applied twice or extra; fails
-    /// unless every run is clean. The same seed replays the same input and fault plan.
+    /// unless every run is clean. The same seed replays the same run, fault for fault.
     Chaos(chaos::Args),
     /// Benchmarks.
     Bench {

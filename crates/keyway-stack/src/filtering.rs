@@ -20,7 +20,7 @@ use dynamic_filter::store::{journal_position, FilterState};
 use dynamic_filter::subscription::QueueOwnership;
 use dynamic_filter::{FilterHandler, Refreshes};
 use keyway::adapters::kinesis::PutOutcome;
-use keyway::lambda::Handler;
+use keyway::lambda::{Handler, Platform};
 use keyway::ports::Clock;
 use keyway_local::{
     Factory, FaultPlan, LocalError, LocalRuntime, LocalServices, LocalSqs, MappingStats,
@@ -343,6 +343,7 @@ impl FilterStack {
             services.dynamodb.table(&name).expect("the filter state"),
             services.clock.clone(),
         )
+        .with_backoff(services.backoff())
     }
 
     /// Runs the stack until `at` (virtual time), then until nothing waits.

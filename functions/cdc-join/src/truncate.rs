@@ -248,9 +248,14 @@ impl Sweeper {
             if keys.is_empty() {
                 return Ok(removed);
             }
-            let states = self.store.load(&self.namespace, &keys).await?;
+            let mut states = self.store.load(&self.namespace, &keys).await?;
             let (mut outputs, mut gone) = (Vec::new(), Vec::new());
-            for (key, state) in states {
+            // In the page's order, not the map's: the outputs' order and the commits' must not
+            // vary from one process to the next (a chaos run's seed replays them).
+            for key in keys.drain(..) {
+                let Some(state) = states.remove(&key) else {
+                    continue;
+                };
                 let Some(stored) = decode_slot::<Stored>(Some(state.clone()), ROW.name, &key)?
                 else {
                     continue;

@@ -50,6 +50,12 @@ impl ViewTable {
         }
     }
 
+    /// With `backoff` between the attempts of a write, instead of the default.
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
     /// Writes `stamped` unless the view holds its row at a rank as high.
     pub async fn apply(&self, stamped: &Stamped) -> Result<(), StoreError> {
         self.apply_until(stamped, Deadline::NONE).await

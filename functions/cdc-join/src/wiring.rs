@@ -144,7 +144,8 @@ pub fn join_handler(platform: &dyn Platform, env: &Env) -> Result<StreamHandler<
         table_from(platform, env, "VIEW_TABLE")?,
         platform.clock(),
         config.redelivery_window,
-    );
+    )
+    .with_backoff(platform.backoff());
     let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
         .with(&JOINED, sink_from(platform, env, "JOINED_SINK")?)
         .with(&VIEW, Arc::new(view));

@@ -169,7 +169,8 @@ pub fn handler(platform: &dyn Platform, env: &Env) -> Result<FilterHandler, Setu
     let state = FilterState::new(
         read_table_from(platform, env, "FILTER_STATE_TABLE")?,
         platform.clock(),
-    );
+    )
+    .with_backoff(platform.backoff());
     let prefix = required(env, "QUEUE_URL_PREFIX")?.to_owned();
     let queues = queue_sinks(platform, prefix);
     let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)

@@ -217,7 +217,8 @@ pub fn handler(
     let filter_state = FilterState::new(
         table_from(platform, env, "FILTER_STATE_TABLE")?,
         platform.clock(),
-    );
+    )
+    .with_backoff(platform.backoff());
     let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
         .with(&FILTER_STATE, std::sync::Arc::new(filter_state));
     let store = state_store_from(platform, env, "STATE_TABLE")?;

@@ -172,9 +172,9 @@ impl Platform for LocalServices {
     fn metrics(&self) -> Arc<dyn MetricLog> {
         self.metrics.clone()
     }
-}
 
-impl LocalServices {
+    /// Seeded from the faults' seed, one after another: a retry's wait moves every later
+    /// invocation on the virtual clock, and so which faults they draw.
     fn backoff(&self) -> Backoff {
         Backoff::default().seeded(self.backoff_seeds.fetch_add(1, Ordering::SeqCst))
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::adapters::dynamodb::Table;
 use crate::adapters::permissions::{TABLE_READ, TABLE_READ_WRITE};
+use crate::adapters::retry::Backoff;
 use crate::ports::{Clock, MetricLog, Sink, StateStore};
 
 /// Where a function runs: it builds the ports the function's configuration names.
@@ -26,6 +27,12 @@ pub trait Platform: Send + Sync {
     fn clock(&self) -> Arc<dyn Clock>;
     /// Where the function's metric lines go.
     fn metrics(&self) -> Arc<dyn MetricLog>;
+    /// The backoff for a port a function builds itself on a table or sink of this platform (a
+    /// sink that writes a table): jittered from the system's entropy, or from the platform's seed
+    /// where runs must repeat (the embedded runtime's), as the ports it hands out are.
+    fn backoff(&self) -> Backoff {
+        Backoff::default()
+    }
 }
 
 /// What a function does with a table it asks for: what the templates grant its role on it.
