@@ -388,3 +388,66 @@ async fn a_filter_that_ran_no_batch_for_over_a_day_delivers_to_what_was_subscrib
     assert_eq!(stack.received(AUDIT), ["b"]);
     assert_eq!(stack.received("keyway-live_1"), ["c"]);
 }
+
+/// A consumer's queue that refuses every delivery (its owner disabled the queue's KMS key) holds
+/// back the other consumers of its shard no longer than the filter's patience: their events keep
+/// coming, its own deliveries reach the dead-letter queue with why, none lost, and once its
+/// queue takes messages again it receives the events after.
+#[tokio::test(start_paused = true)]
+async fn a_consumer_whose_queue_refuses_every_delivery_holds_the_others_back_no_longer_than_the_filters_patience(
+) {
+    use dynamic_filter::router::DEFAULT_PATIENCE;
+    let mut stack = Stack::new(REGISTRY);
+    let (live, audit) = (
+        stack.client("live", REGISTRY),
+        stack.client("audit", REGISTRY),
+    );
+    live.subscribe("sheet-1", "keyway-live_1", None)
+        .await
+        .unwrap();
+    audit.subscribe("sheet-1", AUDIT, None).await.unwrap();
+    stack.run().await;
+    let broken = format!("{}keyway-live_1", keyway_local::LocalSqs::URL_PREFIX);
+    stack.runtime.services.sqs.set_key_disabled(&broken, true);
+    // An event a minute for forty minutes, all of one filter key: one shard, one lane.
+    // (A retry sends the audit queue's deliveries again, under their ids: counted once.)
+    let (mut audited, mut most_waiting) = (std::collections::BTreeSet::new(), 0);
+    for minute in 0..40 {
+        stack.send(&[event(&format!("e{minute:02}"), "sheet-1", "update")]);
+        stack.runtime.run_for(Duration::from_secs(60)).await;
+        audited.extend(stack.received(AUDIT));
+        most_waiting = most_waiting.max(minute + 1 - audited.len());
+    }
+    let patience = (DEFAULT_PATIENCE.as_secs() / 60) as usize;
+    assert_eq!(audited.len(), 40, "every event reached the audit queue");
+    assert!(
+        most_waiting <= patience + 1,
+        "the audit queue waited {most_waiting} minutes for the broken queue"
+    );
+    // The broken queue's deliveries are dead-lettered with why, each event at least once.
+    let dead = keyway_tests::dead_letters_on(
+        &stack.runtime.services.sqs,
+        &stack.runtime.resource("DeadLetterQueue").unwrap(),
+    );
+    assert!(
+        dead.iter().all(|d| d.field == "output.deliveries"
+            && d.problem.contains("keyway-live_1")
+            && d.problem.contains("patience")
+            && d.problem.contains("KmsDisabled")),
+        "{dead:?}"
+    );
+    let events: std::collections::BTreeSet<String> = dead
+        .iter()
+        .map(|d| {
+            let output: Value = serde_json::from_str(&d.payload).unwrap();
+            let body: Value = serde_json::from_str(output["body"].as_str().unwrap()).unwrap();
+            body["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(events.len(), 40, "{events:?}");
+    // Its owner enables the key again: the queue receives what comes next.
+    stack.runtime.services.sqs.set_key_disabled(&broken, false);
+    stack.deliver(&[event("after", "sheet-1", "update")]).await;
+    assert_eq!(stack.received("keyway-live_1"), ["after"]);
+    assert_eq!(stack.received(AUDIT), ["after"]);
+}

@@ -31,19 +31,20 @@ pub mod store;
 pub mod subscription;
 
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use keyway::domain::metrics::Emf;
 use keyway::lambda::{
-    executor_config, observed, read_table_from, required, sink_from, ConfigError, Env,
-    FunctionError, Handler, Invocation, Platform, Response, SetupError, StreamHandler,
+    executor_config, observed, read_table_from, required, sink_from, whole_number, ConfigError,
+    Env, FunctionError, Handler, Invocation, Platform, Response, SetupError, StreamHandler,
 };
 use keyway::ports::{Clock, MetricLog, StoreError};
 use keyway::{Executor, Sinks};
 
 use filter::{DynamicFilter, DEFAULT_KEY_POINTER, DELIVERIES};
 use index::SubscriptionIndex;
-use router::QueueRouter;
+use router::{QueueRouter, DEFAULT_PATIENCE};
 use store::{journal_position, FilterState, JOURNAL_OVERLAP, JOURNAL_RETENTION};
 use subscription::QueueOwnership;
 
@@ -173,8 +174,11 @@ pub fn handler(platform: &dyn Platform, env: &Env) -> Result<FilterHandler, Setu
     .with_backoff(platform.backoff());
     let prefix = required(env, "QUEUE_URL_PREFIX")?.to_owned();
     let queues = queue_sinks(platform, prefix);
+    let patience =
+        whole_number(env, router::PATIENCE)?.map_or(DEFAULT_PATIENCE, Duration::from_secs);
+    let router = QueueRouter::new(queues, platform.clock()).with_patience(patience);
     let sinks = Sinks::new(sink_from(platform, env, "DEAD_LETTER_SINK")?)
-        .with(&DELIVERIES, Arc::new(QueueRouter::new(queues)));
+        .with(&DELIVERIES, Arc::new(router));
     let ownership = queue_ownership(env)?;
     let index = Arc::new(RwLock::new(SubscriptionIndex::new(ownership.clone())));
     let pointer = env

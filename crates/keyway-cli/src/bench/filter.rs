@@ -524,9 +524,10 @@ async fn run_lookup(generated: &Generated) -> Result<Design, CliError> {
         table.put_item(item).map_err(|e| e.to_string())?;
     }
     let make = services.sink_maker();
-    let router = QueueRouter::new(Box::new(move |queue| {
-        make(&format!("sqs:{QUEUE_PREFIX}{queue}"))
-    }));
+    let router = QueueRouter::new(
+        Box::new(move |queue| make(&format!("sqs:{QUEUE_PREFIX}{queue}"))),
+        services.clock.clone(),
+    );
     let before = table.meter().snapshot();
     let lookup = Lookup {
         table: table.clone(),

@@ -106,6 +106,8 @@ struct Queue {
     in_flight: BTreeMap<u64, (Held, i64)>,
     /// FIFO deduplication ids and when they were accepted.
     seen: HashMap<String, i64>,
+    /// The queue's KMS key is disabled: SQS refuses every send, retryably, until it is enabled.
+    key_disabled: bool,
 }
 
 impl Queue {
@@ -226,12 +228,22 @@ impl LocalSqs {
             waiting: VecDeque::new(),
             in_flight: BTreeMap::new(),
             seen: HashMap::new(),
+            key_disabled: false,
         };
         self.queues
             .lock()
             .expect("queues lock")
             .insert(url.clone(), queue);
         url
+    }
+
+    /// Disables (or enables again) the KMS key the queue at `url` is encrypted with, as its
+    /// owner may: while it is disabled, every send to the queue fails with SQS's `KmsDisabled`,
+    /// which a sender retries.
+    pub fn set_key_disabled(&self, url: &str, disabled: bool) {
+        if let Some(queue) = self.queues.lock().expect("queues lock").get_mut(url) {
+            queue.key_disabled = disabled;
+        }
     }
 
     /// The ARN of the queue at `url`.
@@ -466,6 +478,11 @@ impl LocalSqs {
                 "AWS.SimpleQueueService.NonExistentQueue: {queue_url}"
             ))
         })?;
+        if queue.key_disabled {
+            return Err(SinkError::Unavailable(format!(
+                "KmsDisabled: the KMS key of {queue_url} is disabled"
+            )));
+        }
         queue
             .seen
             .retain(|_, at| now - *at < FIFO_DEDUPLICATION_WINDOW_MILLIS);

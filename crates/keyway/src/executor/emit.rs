@@ -23,23 +23,29 @@ use crate::ports::{Deadline, Sink, SinkError};
 /// (`Deadline`). A send that has not answered at `end` is given up as failed: what it took may
 /// have gone out, and goes again, under the same ids, with its records' retry. A sink's first
 /// round has `first_round` to answer at least, wherever `end` falls: a batch late to send still
-/// gets something out whenever its sink answers in that time.
+/// gets something out whenever its sink answers in that time; but no send goes on past `last`,
+/// just short of the invocation's deadline, where Lambda would stop the invocation with nothing
+/// committed.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct SendTimes {
     pub until: Deadline,
     pub end: Option<tokio::time::Instant>,
     pub first_round: std::time::Duration,
+    pub last: Option<tokio::time::Instant>,
 }
 
 impl SendTimes {
     /// The deadline of a send starting now, and when it is given up: the sends' end, or for a
-    /// sink's first round, no sooner than `first_round` from now.
+    /// sink's first round, no sooner than `first_round` from now; never past `last`.
     fn give_up_at(&self, first: bool) -> (Deadline, Option<tokio::time::Instant>) {
         let at = self.end.map(|end| match first {
             true => end.max(tokio::time::Instant::now() + self.first_round),
             false => end,
         });
-        (self.until, at)
+        (
+            self.until,
+            at.map(|at| self.last.map_or(at, |last| at.min(last))),
+        )
     }
 }
 
@@ -1511,8 +1517,11 @@ mod tests {
     /// Runs `slow_router`'s batch with keys started until a second before a deadline 2 s away
     /// and sends stopped `commit_reserve` before it, so before they begin (as when processing
     /// takes the time up): the report, and how long the batch took.
+    /// The `slow_router`'s batch run with `commit_reserve`, in an invocation `left_millis` from
+    /// its deadline: the report, the sink, and how long the run took.
     async fn late_to_send(
         commit_reserve: std::time::Duration,
+        left_millis: i64,
     ) -> (super::super::BatchReport, Arc<Slow>, std::time::Duration) {
         let config = super::super::ExecutorConfig {
             deadline_reserve: std::time::Duration::from_secs(1),
@@ -1521,14 +1530,15 @@ mod tests {
         };
         let (executor, slow, batch) = slow_router(config);
         let start = tokio::time::Instant::now();
-        let report = executor.run_until(batch, Some(START + 2_000)).await;
+        let report = executor.run_until(batch, Some(START + left_millis)).await;
         (report, slow, start.elapsed())
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_batch_that_starts_sending_past_its_send_deadline_still_sends_its_first_round() {
-        // The sink's calls take 10 s; the first round gets the commit reserve, 12 s, to answer.
-        let (report, slow, _) = late_to_send(std::time::Duration::from_secs(12)).await;
+        // The sink's calls take 10 s; 12 s from the deadline, the sends' end is past with a
+        // reserve of 12 s, and the first round has until 1.2 s before the deadline to answer.
+        let (report, slow, _) = late_to_send(std::time::Duration::from_secs(12), 12_000).await;
         assert_eq!(
             *slow.calls.lock().unwrap(),
             [2],
@@ -1544,8 +1554,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_first_round_that_has_not_answered_within_the_commit_reserve_is_given_up() {
-        // Begun past the send deadline, with a reserve of 3 s: given up after 3 s, not 10.
-        let (report, slow, took) = late_to_send(std::time::Duration::from_secs(3)).await;
+        // Begun 4 s from the deadline with a reserve of 3 s: given up after 3 s, not 10.
+        let (report, slow, took) = late_to_send(std::time::Duration::from_secs(3), 4_000).await;
         assert_eq!(*slow.calls.lock().unwrap(), [2]);
         assert_eq!(took, std::time::Duration::from_secs(3));
         assert_eq!(report.outputs_sent, 0);
@@ -1558,6 +1568,19 @@ mod tests {
         assert_eq!(start.elapsed(), std::time::Duration::from_millis(9_700));
         assert_eq!(*slow.calls.lock().unwrap(), [2]);
         assert_eq!(report.outputs_sent, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_round_begun_past_the_send_deadline_is_given_up_before_the_invocations_deadline(
+    ) {
+        // 2 s from the deadline with a reserve of 3 s: the reserve would run 1 s past the
+        // deadline, where Lambda stops the invocation with nothing committed; given up at a
+        // tenth of the reserve before it instead, and the records retried.
+        let (report, slow, took) = late_to_send(std::time::Duration::from_secs(3), 2_000).await;
+        assert_eq!(*slow.calls.lock().unwrap(), [2]);
+        assert_eq!(took, std::time::Duration::from_millis(1_700));
+        assert_eq!(report.outputs_sent, 0);
+        assert_eq!(report.failed_from.unwrap().as_str(), "1", "both retried");
     }
 
     /// An ordered sink that takes nothing and never answers while `down`, as a partitioned

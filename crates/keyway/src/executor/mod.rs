@@ -52,7 +52,7 @@
 //! less than `ExecutorConfig::commit_reserve` remains (a sink's first call of a send goes
 //! whatever the time, so that every invocation gets something out). A send that has not answered
 //! when half the commit reserve remains is given up (a sink's first round gets the whole reserve
-//! to answer at least), its messages left for their records' retry (they may have gone out: they
+//! to answer at least, but never past a tenth of it before the deadline), its messages left for their records' retry (they may have gone out: they
 //! go again under the same ids), so that a call that hangs does not run to its attempt timeout
 //! past the invocation's, where Lambda would fail the whole batch with nothing committed. It commits the records whose outputs all went
 //! out and reports the rest as batch item failures, instead of being stopped by the timeout with
@@ -249,7 +249,7 @@ pub struct ExecutorConfig {
     /// deadline: what went out still has to be committed. Less than `deadline_reserve`, so that a
     /// batch whose processing took its time up still has time to send. A send that has not
     /// answered when half of it remains is given up (`emit::SendTimes`; a sink's first round
-    /// gets all of it to answer at least), so that a call the service does not answer leaves the
+    /// gets all of it to answer at least, until a tenth of it remains), so that a call the service does not answer leaves the
     /// commit its time. Zero gives the commit no time of its own.
     pub commit_reserve: Duration,
 }
@@ -531,7 +531,8 @@ impl<O: KeyedOperator> Executor<O> {
 
     /// When sinks stop calling, for a batch that must be done by `deadline_millis`: the commit
     /// reserve before it; and when a send that has not answered is given up: half the reserve
-    /// before it, so that what did go out is still committed before Lambda stops the invocation.
+    /// before it, so that what did go out is still committed before Lambda stops the invocation
+    /// (a sink's first round a tenth of the reserve before it at the latest).
     fn send_times(&self, deadline_millis: Option<i64>) -> SendTimes {
         let Some(deadline) = deadline_millis else {
             return SendTimes::default();
@@ -546,6 +547,7 @@ impl<O: KeyedOperator> Executor<O> {
             until: Deadline::after(left(reserve)),
             end: Some(tokio::time::Instant::now() + left(reserve / 2)),
             first_round: reserve,
+            last: Some(tokio::time::Instant::now() + left(reserve / 10)),
         }
     }
 
