@@ -14,8 +14,9 @@
 //! `sqs:<queue URL>`), `QUEUE_URL_PREFIX` (what a queue name is appended to for its URL, e.g.
 //! `https://sqs.eu-west-1.amazonaws.com/123456789012/`); optionally `FILTER_KEY_POINTER` (where
 //! an event holds its filter key, a JSON pointer, `/key` by default), `CONSUMER_QUEUE_PREFIX`
-//! and `CONSUMER_QUEUES` (which queues each consumer owns: `subscription::QueueOwnership`), and
-//! the executor's variables (see `keyway::lambda::executor_config`).
+//! and `CONSUMER_QUEUES` (which queues each consumer owns: `subscription::QueueOwnership`),
+//! `QUEUE_PATIENCE_SECONDS` (how long a queue may refuse every delivery before its deliveries
+//! are dead-lettered: `router`), and the executor's variables (see `keyway::lambda::executor_config`).
 
 // Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
 // are left out).

@@ -2,12 +2,13 @@
 //! the messages of one queue together (SendMessageBatch, ten a call, through the queue's own
 //! sink), every queue at once.
 //!
-//! A consumer's queue is the consumer's to break (its KMS key disabled, its policy turned
-//! against the filter), and a delivery that fails retryably keeps its event, and so the events
-//! after it on its shard, from being checkpointed: every consumer reading that shard would wait
-//! with it. So a queue that has refused every delivery for longer than the filter's patience has
-//! its deliveries refused for good, which dead-letters them with why (nothing is lost), until
-//! it takes one again.
+//! A consumer's queue is the consumer's to break (its KMS key disabled or deleted), and a
+//! delivery that fails retryably keeps its event, and so the events after it on its shard, from
+//! being checkpointed: every consumer reading that shard would wait with it, for the day Lambda
+//! retries a record. So a queue that has refused every delivery for longer than the filter's
+//! patience, while other queues took theirs, has its deliveries refused for good, which
+//! dead-letters them with why (nothing is lost), until it takes one again. (A queue deleted, or
+//! whose policy denies the filter, refuses for good at once.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -33,6 +34,10 @@ pub type QueueSinks = dyn Fn(&str) -> Result<Arc<dyn Sink>, PortError> + Send + 
 /// the day Lambda retries a shard's records for.
 pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(600);
 
+/// How far apart two refusals of a queue may come and still be one streak: a refused delivery's
+/// record is retried within seconds, so a queue that keeps refusing is tried again well within it.
+const STREAK_GAP_MILLIS: i64 = 60_000;
+
 /// The sink of the filter's deliveries: sends each message to the queue its partition key names,
 /// through that queue's own sink.
 pub struct QueueRouter {
@@ -40,9 +45,7 @@ pub struct QueueRouter {
     sinks: Mutex<HashMap<String, Arc<dyn Sink>>>,
     clock: Arc<dyn Clock>,
     patience: Duration,
-    /// Since when (`clock`'s milliseconds) each queue that is refusing has refused every delivery
-    /// sent to it, as this instance of the function saw it.
-    refusing_since: Mutex<HashMap<String, i64>>,
+    refusals: Mutex<Refusals>,
 }
 
 impl QueueRouter {
@@ -54,7 +57,7 @@ impl QueueRouter {
             sinks: Mutex::default(),
             clock,
             patience: DEFAULT_PATIENCE,
-            refusing_since: Mutex::default(),
+            refusals: Mutex::default(),
         }
     }
 
@@ -64,36 +67,30 @@ impl QueueRouter {
         self
     }
 
-    /// The failures of `sent` deliveries to `queue`, as the filter answers them: a queue that
-    /// took one is well again; one that has refused every delivery, retryably, for the patience
-    /// or longer has them refused for good, with why.
-    fn judge(
+    /// Sends `batch` to `queue`; the deliveries that failed, as the filter answers them.
+    async fn send_to(
         &self,
         queue: &str,
-        sent: usize,
-        failed: Vec<(usize, SinkError)>,
+        sink: &dyn Sink,
+        batch: &[Output],
+        deadline: Deadline,
     ) -> Vec<(usize, SinkError)> {
-        let refusing = failed.len() == sent
-            && failed
-                .iter()
-                .all(|(_, e)| matches!(e, SinkError::Throttled(_) | SinkError::Unavailable(_)));
-        let mut since = self.refusing_since.lock().expect("refusals lock");
-        if !refusing {
-            // A send cut short for time says nothing of the queue.
-            if failed.len() < sent {
-                since.remove(queue);
-            }
-            return failed;
-        }
-        let now = self.clock.now_millis();
-        let refused_for = now - *since.entry(queue.to_owned()).or_insert(now);
-        if refused_for < self.patience.as_millis() as i64 {
+        let patience = self.patience.as_millis() as i64;
+        let past = |refusals: &Refusals| refusals.past(queue, self.clock.now_millis(), patience);
+        // Past the patience, one call and no retry: enough to see the queue take deliveries again.
+        let deadline = match past(&self.refusals.lock().expect("refusals lock")) {
+            true => Deadline::after(Duration::ZERO),
+            false => deadline,
+        };
+        let failed = sink.send(batch, deadline).await;
+        let mut refusals = self.refusals.lock().expect("refusals lock");
+        let refused = refusals.note(queue, self.clock.now_millis(), batch.len(), &failed);
+        if !refused || !past(&refusals) {
             return failed;
         }
         let why = |e: SinkError| {
             SinkError::Rejected(format!(
-                "queue {queue:?} has refused every delivery for {} s, past the filter's patience of {} s ({PATIENCE}); the last refusal: {e}",
-                refused_for / 1000,
+                "queue {queue:?} has refused every delivery, retryably, for longer than the filter's patience of {} s ({PATIENCE}) while other queues took theirs; its last refusal: {e}",
                 self.patience.as_secs()
             ))
         };
@@ -108,6 +105,53 @@ impl QueueRouter {
         let sink = (self.make)(queue)?;
         sinks.insert(queue.to_owned(), sink.clone());
         Ok(sink)
+    }
+}
+
+/// What this instance of the function saw of its queues' refusals, on its clock's milliseconds.
+#[derive(Default)]
+struct Refusals {
+    /// Each refusing queue's streak: its first refusal and its latest.
+    streaks: HashMap<String, (i64, i64)>,
+    /// When a queue last took a delivery.
+    last_taken: Option<i64>,
+}
+
+impl Refusals {
+    /// Whether `queue` has refused every delivery, with no gap, for `patience` or longer, while
+    /// another queue took one: SQS or KMS down for every queue is no consumer's doing, and a
+    /// dead-letter queue would take the deliveries of consumers that did nothing wrong.
+    fn past(&self, queue: &str, now: i64, patience: i64) -> bool {
+        self.streaks.get(queue).is_some_and(|&(since, last)| {
+            now - last <= STREAK_GAP_MILLIS
+                && now - since >= patience
+                && self.last_taken.is_some_and(|taken| taken > since)
+        })
+    }
+
+    /// Notes what a send of `sent` deliveries to `queue` got back (`failed`): whether the queue
+    /// refused them all, retryably. One taken ends its streak, one cut short for time keeps it
+    /// going; one refused for good says nothing of it. Streaks that ended without a word (no
+    /// send for a minute) are forgotten.
+    fn note(&mut self, queue: &str, now: i64, sent: usize, failed: &[(usize, SinkError)]) -> bool {
+        self.streaks
+            .retain(|_, &mut (_, last)| now - last <= STREAK_GAP_MILLIS);
+        if failed.len() < sent {
+            self.last_taken = Some(now);
+            self.streaks.remove(queue);
+            return false;
+        }
+        let all = |f: fn(&SinkError) -> bool| failed.iter().all(|(_, e)| f(e));
+        let refused = all(|e| matches!(e, SinkError::Throttled(_) | SinkError::Unavailable(_)));
+        if refused {
+            self.streaks.entry(queue.to_owned()).or_insert((now, now)).1 = now;
+        } else if all(|e| matches!(e, SinkError::OutOfTime(_))) {
+            // Tried, and not known to be well: a streak goes on.
+            if let Some(streak) = self.streaks.get_mut(queue) {
+                streak.1 = now;
+            }
+        }
+        refused
     }
 }
 
@@ -127,8 +171,8 @@ impl Sink for QueueRouter {
                 }
             };
             let batch: Vec<Output> = indices.iter().map(|&i| messages[i].clone()).collect();
-            let failed = sink.send(&batch, deadline).await;
-            self.judge(queue, batch.len(), failed)
+            self.send_to(queue, sink.as_ref(), &batch, deadline)
+                .await
                 .into_iter()
                 .map(|(j, e)| (indices[j], e))
                 .collect::<Vec<_>>()
@@ -154,16 +198,32 @@ mod tests {
     use super::*;
     use keyway::ports::ManualClock;
 
-    /// A queue's sink that answers each send with the next scripted answer: `None` takes every
-    /// message, `Some(error)` fails each with it, `Some` of the first only fails that one.
-    struct Scripted(Mutex<Vec<(Option<SinkError>, bool)>>);
+    /// Queue "q" answers each send with the next scripted answer (`None` takes every message,
+    /// `Some((error, all))` fails every message with it, or only the first), and notes whether
+    /// the send could still retry; every other queue takes all.
+    #[derive(Default)]
+    struct Scripted {
+        script: Mutex<Vec<Option<(SinkError, bool)>>>,
+        retries_allowed: Mutex<Vec<bool>>,
+    }
 
     #[async_trait]
     impl Sink for Scripted {
-        async fn send(&self, messages: &[Output], _: Deadline) -> Vec<(usize, SinkError)> {
-            let (answer, first_only) = self.0.lock().unwrap().remove(0);
-            let failing = if first_only { 1 } else { messages.len() };
-            answer.map_or_else(Vec::new, |e| (0..failing).map(|i| (i, e.clone())).collect())
+        async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
+            if messages[0].partition_key != "q" {
+                return Vec::new();
+            }
+            self.retries_allowed
+                .lock()
+                .unwrap()
+                .push(!deadline.passed());
+            match self.script.lock().unwrap().remove(0) {
+                None => Vec::new(),
+                Some((e, all)) => {
+                    let failing = if all { messages.len() } else { 1 };
+                    (0..failing).map(|i| (i, e.clone())).collect()
+                }
+            }
         }
         fn max_message_bytes(&self) -> usize {
             SQS_MESSAGE_MAX_BYTES
@@ -183,86 +243,115 @@ mod tests {
         }
     }
 
-    /// A router of one queue whose sends answer `script` in turn, a minute apart on its clock.
-    fn router(script: Vec<(Option<SinkError>, bool)>) -> (QueueRouter, Arc<ManualClock>) {
+    /// A router of queue "q", answering `script` in turn, and other queues, with a patience of
+    /// ten minutes.
+    fn router(
+        script: Vec<Option<(SinkError, bool)>>,
+    ) -> (QueueRouter, Arc<ManualClock>, Arc<Scripted>) {
         let clock = ManualClock::at(0);
-        let sink: Arc<dyn Sink> = Arc::new(Scripted(Mutex::new(script)));
-        let router = QueueRouter::new(Box::new(move |_| Ok(sink.clone())), clock.clone())
+        let sink = Arc::new(Scripted {
+            script: Mutex::new(script),
+            ..Scripted::default()
+        });
+        let made: Arc<dyn Sink> = sink.clone();
+        let router = QueueRouter::new(Box::new(move |_| Ok(made.clone())), clock.clone())
             .with_patience(Duration::from_secs(600));
-        (router, clock)
+        (router, clock, sink)
     }
 
-    /// Sends two deliveries to queue `q` a minute after the last send: the errors they got.
-    async fn send(router: &QueueRouter, clock: &ManualClock) -> Vec<SinkError> {
+    /// A minute after the last send, two deliveries to "q" and, if `others`, one to another
+    /// queue: the errors of q's.
+    async fn send(router: &QueueRouter, clock: &ManualClock, others: bool) -> Vec<SinkError> {
         clock.advance(60_000);
-        let sent = router
-            .send(&[delivery("q"), delivery("q")], Deadline::NONE)
-            .await;
+        let mut deliveries = vec![delivery("q"), delivery("q")];
+        if others {
+            deliveries.push(delivery("other"));
+        }
+        let sent = router.send(&deliveries, Deadline::NONE).await;
         sent.into_iter().map(|(_, e)| e).collect()
     }
 
-    fn down() -> Option<SinkError> {
-        Some(SinkError::Unavailable(
-            "KmsDisabled: the key is disabled".into(),
+    fn down() -> Option<(SinkError, bool)> {
+        Some((
+            SinkError::Unavailable("KmsDisabled: the key is disabled".into()),
+            true,
         ))
+    }
+
+    fn retryable(errors: &[SinkError]) -> bool {
+        errors.iter().all(SinkError::is_retryable)
+    }
+
+    /// Sends a minute apart `minutes` times, each failure retryable.
+    async fn retried_for(minutes: usize, router: &QueueRouter, clock: &ManualClock, others: bool) {
+        for minute in 1..=minutes {
+            let errors = send(router, clock, others).await;
+            assert!(retryable(&errors), "minute {minute}: {errors:?}");
+        }
     }
 
     #[tokio::test]
     async fn a_queue_that_refuses_every_delivery_past_the_patience_has_them_refused_for_good_with_why(
     ) {
-        let (router, clock) = router(vec![(down(), false); 12]);
-        for minute in 1..=10 {
-            let errors = send(&router, &clock).await;
-            assert!(
-                errors.iter().all(SinkError::is_retryable),
-                "minute {minute}: {errors:?}"
-            );
-        }
-        // Ten minutes after its first refusal, the eleventh.
-        let errors = send(&router, &clock).await;
+        let (router, clock, sink) = router(vec![down(); 12]);
+        retried_for(10, &router, &clock, true).await;
+        // Ten minutes after its first refusal, the eleventh: one call, no retry.
+        let errors = send(&router, &clock, true).await;
         assert_eq!(errors.len(), 2);
         for error in errors {
             assert!(!error.is_retryable());
             let why = error.to_string();
             assert!(
-                why.contains("\"q\" has refused every delivery for 600 s")
-                    && why.contains("patience of 600 s")
+                why.contains("queue \"q\" has refused every delivery, retryably, for longer than the filter's patience of 600 s")
                     && why.contains("KmsDisabled"),
                 "{why}"
             );
         }
+        let allowed = sink.retries_allowed.lock().unwrap().clone();
+        assert_eq!(allowed, [vec![true; 10], vec![false]].concat());
     }
 
     #[tokio::test]
     async fn a_queue_that_takes_one_delivery_starts_its_patience_again() {
-        let mut script = vec![(down(), false); 9];
-        script.push((down(), true));
-        script.extend(vec![(down(), false); 10]);
-        let (router, clock) = router(script);
+        let mut script = vec![down(); 9];
+        script.push(Some((SinkError::Unavailable("KmsDisabled".into()), false)));
+        script.extend(vec![down(); 10]);
+        let (router, clock, _) = router(script);
         // Nine minutes refusing, one taking one of two, then ten refusing: never ten in a row.
-        for minute in 1..=20 {
-            let errors = send(&router, &clock).await;
-            assert!(
-                errors.iter().all(SinkError::is_retryable),
-                "minute {minute}: {errors:?}"
-            );
-        }
+        retried_for(20, &router, &clock, true).await;
+    }
+
+    #[tokio::test]
+    async fn a_queue_refusing_while_no_other_queue_takes_a_delivery_is_waited_for() {
+        // SQS (or KMS) down for every queue for half an hour: no consumer's doing.
+        let (router, clock, _) = router(vec![down(); 30]);
+        retried_for(30, &router, &clock, false).await;
+    }
+
+    #[tokio::test]
+    async fn a_refusal_long_past_does_not_count_toward_the_next() {
+        let (router, clock, _) = router(vec![down(); 2]);
+        assert!(retryable(&send(&router, &clock, true).await));
+        // Two hours of deliveries to other queues only, then q refuses again: a new streak.
+        clock.advance(2 * 3_600_000);
+        assert!(router
+            .send(&[delivery("other")], Deadline::NONE)
+            .await
+            .is_empty());
+        assert!(retryable(&send(&router, &clock, true).await));
     }
 
     #[tokio::test]
     async fn a_send_cut_short_for_time_does_not_end_a_queues_refusal() {
-        let out_of_time = Some(SinkError::OutOfTime("the deadline".into()));
-        let mut script = vec![(down(), false)];
-        script.extend(vec![(out_of_time, false); 8]);
-        script.extend(vec![(down(), false); 3]);
-        let (router, clock) = router(script);
-        // Refusing from minute 1; the cut sends do not end it: at minute 11, ten
-        // minutes on, the patience has run out.
-        for _ in 1..=10 {
-            let errors = send(&router, &clock).await;
-            assert!(errors.iter().all(SinkError::is_retryable), "{errors:?}");
-        }
-        let errors = send(&router, &clock).await;
+        let out_of_time = Some((SinkError::OutOfTime("the deadline".into()), true));
+        let mut script = vec![down()];
+        script.extend(vec![out_of_time; 8]);
+        script.extend(vec![down(); 3]);
+        let (router, clock, _) = router(script);
+        // Refusing from minute 1; the cut sends do not end it: at minute 11, ten minutes on, the
+        // patience has run out.
+        retried_for(10, &router, &clock, true).await;
+        let errors = send(&router, &clock, true).await;
         assert!(errors.iter().all(|e| !e.is_retryable()), "{errors:?}");
     }
 }

@@ -1514,11 +1514,10 @@ mod tests {
         );
     }
 
-    /// Runs `slow_router`'s batch with keys started until a second before a deadline 2 s away
-    /// and sends stopped `commit_reserve` before it, so before they begin (as when processing
-    /// takes the time up): the report, and how long the batch took.
-    /// The `slow_router`'s batch run with `commit_reserve`, in an invocation `left_millis` from
-    /// its deadline: the report, the sink, and how long the run took.
+    /// Runs `slow_router`'s batch with keys started until a second before a deadline
+    /// `left_millis` away and sends stopped `commit_reserve` before it, at or before they begin
+    /// when the reserve is as long (as when processing takes the time up): the report, the sink,
+    /// and how long the batch took.
     async fn late_to_send(
         commit_reserve: std::time::Duration,
         left_millis: i64,
@@ -1536,8 +1535,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_batch_that_starts_sending_past_its_send_deadline_still_sends_its_first_round() {
-        // The sink's calls take 10 s; 12 s from the deadline, the sends' end is past with a
-        // reserve of 12 s, and the first round has until 1.2 s before the deadline to answer.
+        // The sink's calls take 10 s; 12 s from the deadline with a reserve of 12 s, no call may
+        // start but a first, the sends end in 6 s, and the first round has until 1.2 s before
+        // the deadline to answer.
         let (report, slow, _) = late_to_send(std::time::Duration::from_secs(12), 12_000).await;
         assert_eq!(
             *slow.calls.lock().unwrap(),
@@ -1554,7 +1554,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_first_round_that_has_not_answered_within_the_commit_reserve_is_given_up() {
-        // Begun 4 s from the deadline with a reserve of 3 s: given up after 3 s, not 10.
+        // Begun 4 s from the deadline with a reserve of 3 s, the sends' end 2.5 s away: a first
+        // round has the reserve, and is given up after 3 s, not 10.
         let (report, slow, took) = late_to_send(std::time::Duration::from_secs(3), 4_000).await;
         assert_eq!(*slow.calls.lock().unwrap(), [2]);
         assert_eq!(took, std::time::Duration::from_secs(3));

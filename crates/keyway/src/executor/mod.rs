@@ -52,9 +52,10 @@
 //! less than `ExecutorConfig::commit_reserve` remains (a sink's first call of a send goes
 //! whatever the time, so that every invocation gets something out). A send that has not answered
 //! when half the commit reserve remains is given up (a sink's first round gets the whole reserve
-//! to answer at least, but never past a tenth of it before the deadline), its messages left for their records' retry (they may have gone out: they
-//! go again under the same ids), so that a call that hangs does not run to its attempt timeout
-//! past the invocation's, where Lambda would fail the whole batch with nothing committed. It commits the records whose outputs all went
+//! to answer at least, but never past a tenth of it before the deadline), its messages left for
+//! their records' retry (they may have gone out: they go again under the same ids), so that a
+//! call that hangs does not run to its attempt timeout past the invocation's, where Lambda would
+//! fail the whole batch with nothing committed. It commits the records whose outputs all went
 //! out and reports the rest as batch item failures, instead of being stopped by the timeout with
 //! nothing committed: a key whose records emit more than a shard takes in one invocation goes on
 //! at its retry, from its first record not sent whole.
@@ -249,8 +250,9 @@ pub struct ExecutorConfig {
     /// deadline: what went out still has to be committed. Less than `deadline_reserve`, so that a
     /// batch whose processing took its time up still has time to send. A send that has not
     /// answered when half of it remains is given up (`emit::SendTimes`; a sink's first round
-    /// gets all of it to answer at least, until a tenth of it remains), so that a call the service does not answer leaves the
-    /// commit its time. Zero gives the commit no time of its own.
+    /// gets all of it to answer at least, until a tenth of it remains), so that a call the
+    /// service does not answer leaves the commit its time. Zero gives the commit no time of its
+    /// own.
     pub commit_reserve: Duration,
 }
 
