@@ -110,7 +110,7 @@ fn the_cdc_join_trusting_whole_before_images_under_every_fault_ends_with_the_vie
 /// never injected under a seed, and the run unclean for want of it, until the seed changes.
 #[test]
 fn keyed_aggregation_under_every_fault_ends_with_each_keys_exact_result() {
-    clean(App::Aggregate, settings(8, 4, 36));
+    clean(App::Aggregate, settings(8, 4, 37));
 }
 
 /// `keyway bench cost` runs each application once without faults, its functions' calls waiting
