@@ -16,7 +16,8 @@
 //! an event holds its filter key, a JSON pointer, `/key` by default), `CONSUMER_QUEUE_PREFIX`
 //! and `CONSUMER_QUEUES` (which queues each consumer owns: `subscription::QueueOwnership`),
 //! `QUEUE_PATIENCE_SECONDS` (how long a queue may refuse every delivery before its deliveries
-//! are dead-lettered: `router`), and the executor's variables (see `keyway::lambda::executor_config`).
+//! are dead-lettered: `router`), and the executor's variables (see
+//! `keyway::lambda::executor_config`).
 
 // Functions of one step each: clippy.toml sets the threshold (tests, which read as scenarios,
 // are left out).
