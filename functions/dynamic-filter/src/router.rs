@@ -6,8 +6,9 @@
 //! delivery that fails retryably keeps its event, and so the events after it on its shard, from
 //! being checkpointed: every consumer reading that shard would wait with it, for the day Lambda
 //! retries a record. So a queue that has refused every delivery for longer than the filter's
-//! patience, while other queues took theirs, has its deliveries refused for good, which
-//! dead-letters them with why (nothing is lost), until it takes one again. (A queue deleted, or
+//! patience while other queues took theirs (or for twice as long, whatever they did) has its
+//! deliveries refused for good, which dead-letters them with why (nothing is lost), until it
+//! takes one again. (A queue deleted, or
 //! whose policy denies the filter, refuses for good at once.)
 
 use std::collections::{BTreeMap, HashMap};
@@ -90,7 +91,7 @@ impl QueueRouter {
         }
         let why = |e: SinkError| {
             SinkError::Rejected(format!(
-                "queue {queue:?} has refused every delivery, retryably, for longer than the filter's patience of {} s ({PATIENCE}) while other queues took theirs; its last refusal: {e}",
+                "queue {queue:?} has refused every delivery, retryably, for longer than the filter's patience of {} s ({PATIENCE}); its last refusal: {e}",
                 self.patience.as_secs()
             ))
         };
@@ -118,14 +119,17 @@ struct Refusals {
 }
 
 impl Refusals {
-    /// Whether `queue` has refused every delivery, with no gap, for `patience` or longer, while
-    /// another queue took one: SQS or KMS down for every queue is no consumer's doing, and a
-    /// dead-letter queue would take the deliveries of consumers that did nothing wrong.
+    /// Whether `queue` has refused every delivery, with no gap, for `patience` or longer while
+    /// another queue took one, or for twice as long whatever the others did. SQS or KMS down
+    /// for every queue is no consumer's doing, and a dead-letter queue would take the deliveries
+    /// of consumers that did nothing wrong; but the refused queue's events may fill every retry
+    /// of their shard (a hot filter key of one consumer), so that no other queue is sent
+    /// anything, and that must not hold the others back for good either.
     fn past(&self, queue: &str, now: i64, patience: i64) -> bool {
         self.streaks.get(queue).is_some_and(|&(since, last)| {
+            let others_took = self.last_taken.is_some_and(|taken| taken > since);
             now - last <= STREAK_GAP_MILLIS
-                && now - since >= patience
-                && self.last_taken.is_some_and(|taken| taken > since)
+                && now - since >= if others_took { patience } else { 2 * patience }
         })
     }
 
@@ -322,10 +326,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_queue_refusing_while_no_other_queue_takes_a_delivery_is_waited_for() {
-        // SQS (or KMS) down for every queue for half an hour: no consumer's doing.
-        let (router, clock, _) = router(vec![down(); 30]);
-        retried_for(30, &router, &clock, false).await;
+    async fn a_queue_refusing_while_no_other_queue_takes_a_delivery_is_waited_for_twice_the_patience(
+    ) {
+        // SQS (or KMS) down for every queue, or one consumer's events filling every retry of
+        // their shard: twenty minutes of retries, then refused for good.
+        let (router, clock, _) = router(vec![down(); 21]);
+        retried_for(20, &router, &clock, false).await;
+        let errors = send(&router, &clock, false).await;
+        assert!(errors.iter().all(|e| !e.is_retryable()), "{errors:?}");
     }
 
     #[tokio::test]

@@ -101,9 +101,8 @@ pub struct Settings {
     pub events: usize,
     /// The probability of each fault kind.
     pub fault_rate: f64,
-    /// Seeds the input and the faults alike: the same seed replays a run's input and fault plan,
-    /// and the counter's, identity's and aggregation's runs exactly (the filter's and the CDC
-    /// join's draw their faults in an order that varies a little from run to run).
+    /// Seeds the input, the faults and the retries' waits alike: the same seed replays a run,
+    /// fault for fault.
     pub seed: u64,
     /// Shards of the application's input streams (1-16).
     pub shards: usize,
@@ -373,7 +372,7 @@ impl fmt::Display for Report {
             if self.clean() {
                 "clean"
             } else {
-                "NOT CLEAN (the same --seed replays its input and faults)"
+                "NOT CLEAN (the same --seed replays it)"
             }
         )
     }
