@@ -341,7 +341,7 @@ impl<O: KeyedOperator> Executor<O> {
                 match outcome {
                     Outcome::Applied(outputs) if emit_now => {
                         let outputs = std::mem::take(outputs);
-                        if !notes_sent || record.as_timer().is_some() {
+                        if !notes_sent {
                             for output in outputs {
                                 emission.push(tag, output);
                             }
@@ -803,7 +803,9 @@ mod tests {
     }
 
     /// Emits, for a record `(key, n)` at sequence number `s`, `n % 10` outputs: the `i`th is
-    /// `10 s + i`, to partition key `p{n / 10 + i}`; keeps the last `n` as state.
+    /// `10 s + i`, to partition key `p{n / 10 + i}`; keeps the last `n` as state. A negative `n`
+    /// sets the key's timer a second in the past instead, whose firing emits 3,000 outputs, the
+    /// `i`th with body `i`, to 250 partition keys in turn.
     struct Fanner;
 
     impl KeyedOperator for Fanner {
@@ -814,7 +816,7 @@ mod tests {
         }
 
         fn states(&self) -> Vec<StateDescriptor> {
-            vec![SUM.descriptor()]
+            vec![SUM.descriptor(), crate::operator::timers()]
         }
 
         fn sinks(&self) -> Vec<SinkDescriptor> {
@@ -830,10 +832,20 @@ mod tests {
         }
 
         fn process(&self, ctx: &mut Ctx<'_>, (_, n): (String, i64)) -> Result<(), ProcessError> {
+            if n < 0 {
+                return ctx.timer_at(ctx.now_millis() - 1_000);
+            }
             ctx.value(&SUM)?.set(n);
             let s: i64 = ctx.record().sequence.as_str().parse().unwrap();
             for i in 0..n % 10 {
                 ctx.emit(&OUT, format!("p{}", n / 10 + i), &(10 * s + i))?;
+            }
+            Ok(())
+        }
+
+        fn on_timer(&self, ctx: &mut Ctx<'_>, _at: i64) -> Result<(), ProcessError> {
+            for i in 0..3_000 {
+                ctx.emit(&OUT, format!("p{}", i % 250), &i)?;
             }
             Ok(())
         }
@@ -1199,6 +1211,38 @@ mod tests {
         let expected: Vec<i64> = (0..3_000).map(|i| 100 + i).collect();
         assert_eq!(bodies, expected, "each output once: none sent again");
         assert!(runs > 2, "{runs}: the record did take several");
+    }
+
+    #[tokio::test]
+    async fn a_timer_whose_outputs_a_sink_takes_only_in_part_sends_at_each_firing_only_those_not_yet_sent(
+    ) {
+        // As for a record: sent whole at each firing, 3,000 outputs with three in ten failing
+        // would never all go out, and the timer would come due again for good.
+        let (executor, flaky, _) = flaky_executor(Fanner, 7, 0.3);
+        let set = executor.run(vec![record(1, "p", "a", -1)]).await;
+        assert_eq!(set.applied, 1);
+        let mut firings = 0;
+        loop {
+            firings += 1;
+            assert!(
+                firings <= 40,
+                "a part of the timer's outputs goes out at each firing"
+            );
+            let timer = SourceRecord::timer("a", START - 1_000);
+            if executor.run(vec![Ok(timer)]).await.failed_from.is_none() {
+                break;
+            }
+        }
+        let again = executor
+            .run(vec![Ok(SourceRecord::timer("a", START - 1_000))])
+            .await;
+        assert_eq!((again.applied, again.replayed), (0, 1), "fired once");
+        let took = flaky.took.lock().unwrap();
+        let mut bodies: Vec<i64> = took.iter().map(|o| o.body.parse().unwrap()).collect();
+        bodies.sort_unstable();
+        let expected: Vec<i64> = (0..3_000).collect();
+        assert_eq!(bodies, expected, "each output once: none sent again");
+        assert!(firings > 2, "{firings}: the timer did take several");
     }
 
     #[tokio::test(start_paused = true)]

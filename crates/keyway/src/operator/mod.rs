@@ -166,7 +166,10 @@ pub trait KeyedOperator: Send + Sync + 'static {
     /// Runs once for each timer `process` (or an earlier `on_timer`) set with `Ctx::timer_at`,
     /// when its time `at_millis` has come, with the key's state; errors count as they do for
     /// `process`. Timers fire from a sweep of the due ones (`Executor::fire_timers`), within a
-    /// minute of their time on AWS.
+    /// minute of their time on AWS. Under emit-then-commit a firing, as a record, must emit the
+    /// same outputs in the same order whenever it runs on the same state (from `at_millis`, not
+    /// `Ctx::now_millis`): a firing whose outputs went out in part is fired again, and sends
+    /// only those that did not.
     fn on_timer(&self, ctx: &mut Ctx<'_>, at_millis: i64) -> Result<(), ProcessError> {
         let _ = (ctx, at_millis);
         Ok(())
