@@ -703,3 +703,88 @@ async fn records_ten_times_the_usual_size_wait_and_all_come_out_resolved_as_they
         );
     }
 }
+
+/// A record that fits its key's buffer but, enriched, would not fit the enriched sink (a policy
+/// document near DynamoDB's item limit). Released with the others after the buffer TTL, it would
+/// fail their release each time, and with it every record waiting beside it, until the key's
+/// items aged out with them. It is refused when it comes, while its stream still holds it, and
+/// the record waiting beside it goes out.
+#[tokio::test]
+async fn a_record_too_large_to_go_out_after_waiting_is_dead_lettered_at_once_and_holds_back_none_waiting(
+) {
+    use keyway::ports::StateStore;
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let config = EnricherConfig::default();
+    let ttl = config_ttl(&config);
+    let executor = enricher(&world, config);
+    let mut events = Shard::new("cloudtrail", 0);
+    let key = format!("{ACCOUNT}#ASIA9");
+    let waiting = record("waiting", session("ASIA9", "role-9"), "ListBuckets", None);
+    let mut big = record("big", session("ASIA9", "role-9"), "PutBucketPolicy", None);
+    big["requestParameters"] = serde_json::json!({ "policy": "" });
+    // A few hundred bytes below the most a state entry holds: it fits the buffer.
+    let room = world.store.limits().max_entry_bytes - 400;
+    let size = serde_json::to_vec(&big).unwrap().len();
+    big["requestParameters"]["policy"] = "p".repeat(room - size).into();
+    for (id, sent) in [("waiting", &waiting), ("big", &big)] {
+        let batch = events.batch(&[(key.as_str(), serde_json::to_vec(sent).unwrap())]);
+        let report = executor
+            .run(decode_event(&batch.to_string()).unwrap())
+            .await;
+        let refused = usize::from(id == "big");
+        assert_eq!(
+            (report.failed_from, report.dead_lettered),
+            (None, refused),
+            "{id}"
+        );
+    }
+    let letters = world.dead_letters();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].field, "record");
+    assert!(
+        letters[0].problem.contains("too large to wait"),
+        "{}",
+        letters[0].problem
+    );
+    world.clock.advance(ttl);
+    let sweep = executor.fire_timers(None).await.unwrap();
+    assert_eq!((sweep.fired, sweep.dead_lettered), (1, 0));
+    let out = world.outputs(ENRICHED.name);
+    assert_eq!(out.len(), 1, "the record that waited went out");
+    let enriched: Value = serde_json::from_str(&out[0].body).unwrap();
+    assert_eq!(enriched["eventID"], "waiting");
+    assert_eq!(enriched["enrichment"]["reason"], reason::BUFFER_TTL);
+}
+
+/// A record that waited goes out with its identity if it fits the enriched sink; one that does
+/// not (a role chain of long names ahead of it) goes out unresolved, saying why, rather than
+/// failing the resolution that releases it and every record waiting beside it.
+#[tokio::test]
+async fn a_waiting_record_too_large_with_its_role_chain_goes_out_unresolved_saying_why() {
+    use keyway::ports::StateStore;
+    let long = "r".repeat(5_000);
+    let mut big = record("big", session("ASIA2", "short"), "PutBucketPolicy", None);
+    big["requestParameters"] = serde_json::json!({ "policy": "" });
+    let room = World::new(&[]).store.limits().max_entry_bytes - 2_000;
+    let size = serde_json::to_vec(&big).unwrap().len();
+    big["requestParameters"]["policy"] = "p".repeat(room - size).into();
+    let records = [
+        big.clone(),
+        record("small", session("ASIA2", "short"), "ListBuckets", None),
+        record("assume-long", alice(), "AssumeRole", Some((&long, "ASIA1"))),
+        record(
+            "assume-short",
+            session("ASIA1", &long),
+            "AssumeRole",
+            Some(("short", "ASIA2")),
+        ),
+    ];
+    let enriched = run(&records).await;
+    let out = &enriched["big"];
+    assert_eq!(out["enrichment"]["status"], "unresolved");
+    assert_eq!(out["enrichment"]["reason"], reason::TOO_LARGE);
+    assert_eq!(out["requestParameters"], big["requestParameters"]);
+    let small = &enriched["small"]["enrichment"];
+    assert_eq!(small["status"], "resolved", "the record beside it resolves");
+    assert_eq!(small["roleChain"].as_array().map(Vec::len), Some(2));
+}

@@ -214,6 +214,12 @@ pub mod reason {
     /// The caller's role chain is longer than `EnricherConfig::max_chain_depth` roles.
     pub const DEPTH_LIMIT: &str =
         "the role chain is deeper than the most roles followed (MAX_CHAIN_DEPTH, depthLimit)";
+    /// The record with its caller's identity is more than the enriched sink takes.
+    pub const TOO_LARGE: &str =
+        "the record with its caller's identity is more than the enriched sink takes";
+    /// The reasons a record that waited may go out unresolved with: a record waits only if it
+    /// fits the enriched sink with the longest.
+    pub(crate) const ON_RELEASE: [&str; 2] = [BUFFER_TTL, TOO_LARGE];
 }
 
 /// The enricher operator: gives each CloudTrail record its caller's original actor and role chain,
@@ -363,10 +369,27 @@ impl IdentityEnricher {
             .output_id_for(&ENRICHED, origin, sequence, 0)
             .as_str()
             .into();
+        let resolved = enrichment["status"] == "resolved";
         record["enrichment"] = enrichment;
-        match decided {
-            Decided::ByFacts => ctx.emit_settled_for(&ENRICHED, at.parts(), 0, key, &record),
-            Decided::ByState => ctx.emit_for(&ENRICHED, at.parts(), 0, key, &record),
+        let emitted = match decided {
+            Decided::ByFacts => ctx.emit_settled_for(&ENRICHED, at.parts(), 0, &key, &record),
+            Decided::ByState => ctx.emit_for(&ENRICHED, at.parts(), 0, &key, &record),
+        };
+        match emitted {
+            // Too large with its identity (a role chain of long names): it goes out unresolved,
+            // which a record that waited was checked to fit (`wait`).
+            Err(ProcessError::Invalid(_)) if resolved => {
+                let mut fallback = unresolved_session(reason::TOO_LARGE, &record);
+                fallback["outputId"] = record["enrichment"]["outputId"].take();
+                record["enrichment"] = fallback;
+                match decided {
+                    Decided::ByFacts => {
+                        ctx.emit_settled_for(&ENRICHED, at.parts(), 0, key, &record)
+                    }
+                    Decided::ByState => ctx.emit_for(&ENRICHED, at.parts(), 0, key, &record),
+                }
+            }
+            emitted => emitted,
         }
     }
 
@@ -410,18 +433,33 @@ impl IdentityEnricher {
         at: Position,
     ) -> Result<(), ProcessError> {
         let since = ctx.now_millis();
-        let mut buffer = ctx.list(&BUFFER)?;
-        if buffer.len() >= self.config.max_buffered {
+        if ctx.list(&BUFFER)?.len() >= self.config.max_buffered {
             let enrichment = unresolved_session(reason::BUFFER_FULL, &record.record);
             return self.emit(ctx, &at, record.record, enrichment, Decided::ByState);
         }
-        let first = buffer.is_empty();
-        buffer.push(Waiting {
+        // Refused now, while the stream still holds it: released later, a record too large to go
+        // out would stop every other one waiting with it.
+        let released = released_bytes(ctx, &at, &record.record);
+        let limit = ctx.output_limit(&ENRICHED);
+        if released > limit {
+            return Err(ProcessError::Invalid(InvalidInput::new(
+                "record",
+                format!(
+                    "{released} bytes with the enrichment it would go out with unresolved, more \
+                     than the enriched sink takes ({limit} bytes): too large to wait for its \
+                     caller's identity"
+                ),
+            )));
+        }
+        // Set whenever none is pending, not only for a first record: a firing that was
+        // dead-lettered left no timer behind for those still waiting.
+        let timed = !ctx.pending_timers()?.is_empty();
+        ctx.list(&BUFFER)?.push(Waiting {
             record: record.record,
             since,
             at,
         });
-        if first {
+        if !timed {
             ctx.timer_at(since + self.config.buffer_ttl.as_millis() as i64)?;
         }
         Ok(())
@@ -554,6 +592,46 @@ impl KeyedOperator for IdentityEnricher {
             self.emit(ctx, &at, record, enrichment, Decided::ByState)?;
         }
         Ok(())
+    }
+}
+
+/// The most bytes `record`, read at `at`, can take going out after waiting: with the longest of
+/// the unresolved enrichments a release gives (it copies the record's session names, however
+/// long).
+fn released_bytes(ctx: &Ctx<'_>, at: &Position, record: &Value) -> usize {
+    let longest = reason::ON_RELEASE
+        .into_iter()
+        .max_by_key(|r| r.len())
+        .unwrap_or(reason::BUFFER_TTL);
+    let mut enrichment = unresolved_session(longest, record);
+    let (origin, sequence) = at.parts();
+    enrichment["outputId"] = ctx
+        .output_id_for(&ENRICHED, origin, sequence, 0)
+        .as_str()
+        .into();
+    // Counted, not written: the record, and the enrichment added to it as one more field.
+    let field = r#","enrichment":"#.len();
+    json_bytes(record)
+        .saturating_add(field)
+        .saturating_add(json_bytes(&enrichment))
+}
+
+/// The length of `value` as JSON text.
+fn json_bytes(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
     }
 }
 

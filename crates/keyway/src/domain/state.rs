@@ -231,6 +231,18 @@ pub struct SentNotes {
 }
 
 impl SentNotes {
+    /// Whether `stored`, which holds at `version` (the key's, as loaded), notes the same as these
+    /// notes, made to hold at the next.
+    pub fn same_as(&self, stored: Option<&SentNotes>, version: u64) -> bool {
+        stored.is_some_and(|stored| {
+            stored.version == version
+                && self.version == version + 1
+                && stored.build == self.build
+                && stored.chain == self.chain
+                && stored.records == self.records
+        })
+    }
+
     /// The note of the record at `sequence` of `lineage`, if it has one.
     pub fn of_record(&self, lineage: &Origin, sequence: &SequenceNumber) -> Option<&SentSoFar> {
         self.records.iter().find(|r| r.is_for(lineage, sequence))

@@ -282,10 +282,13 @@ impl<O: KeyedOperator> Executor<O> {
         let mut state = std::mem::take(&mut work.base);
         let timers_before = pending_timers(&state.slots);
         let sent_so_far = work.sent_so_far.take();
-        let mut changed = work.migrated
-            || work.expired
-            || !state.outbox.is_empty()
-            || (sent_so_far.is_some() && sent_so_far != state.sent_so_far);
+        // Notes that add nothing to those that hold at the key's version write nothing: a record
+        // or a timer whose retries send nothing more (a sink down) would otherwise write its key
+        // at every retry, and each write retires the notes of the key's other records.
+        let noted_anew = sent_so_far
+            .as_ref()
+            .is_some_and(|notes| !notes.same_as(state.sent_so_far.as_ref(), state.version));
+        let mut changed = work.migrated || work.expired || !state.outbox.is_empty() || noted_anew;
         let updates = std::mem::take(&mut work.updates);
         let updated: Vec<(&'static str, Option<i64>)> = updates
             .iter()

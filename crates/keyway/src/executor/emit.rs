@@ -1214,6 +1214,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_retry_that_sends_nothing_more_of_a_record_writes_nothing_and_keeps_its_notes() {
+        use crate::ports::StateStore;
+        let b = bench(Fanner, true);
+        let store = DynamoStateStore::new(b.table.clone(), b.clock.clone());
+        let version = || async {
+            let ns = b.executor.namespace();
+            store.load(ns, &["a".to_owned()]).await.unwrap()["a"].version
+        };
+        // Record 1 of n = 5: bodies 10 to 14, to p0 to p4; 12 cannot go out.
+        b.out.fail("12");
+        let first = b.executor.run(vec![record(1, "p", "a", 5)]).await;
+        assert!(first.failed_from.is_some());
+        let noted = version().await;
+        assert_eq!(noted, 1, "the notes' commit");
+        for _ in 0..3 {
+            let again = b.executor.run(vec![record(1, "p", "a", 5)]).await;
+            assert!(again.failed_from.is_some());
+            assert_eq!(again.notes_unused, 0);
+        }
+        // Each such write would retire the notes of the key's other records, and a timer that
+        // keeps failing would write its key every minute for good.
+        assert_eq!(
+            version().await,
+            noted,
+            "nothing more went out: nothing written"
+        );
+        b.out.failing.lock().unwrap().clear();
+        let last = b.executor.run(vec![record(1, "p", "a", 5)]).await;
+        assert_eq!(last.failed_from, None);
+        let mut sent: Vec<String> = b.out.bodies().concat();
+        sent.sort();
+        sent.dedup();
+        assert_eq!(sent, ["10", "11", "12", "13", "14"]);
+        let twelve = b
+            .out
+            .bodies()
+            .concat()
+            .iter()
+            .filter(|x| *x == "12")
+            .count();
+        let others = b.out.bodies().concat().len() - twelve;
+        assert_eq!(others, 4, "the others went out once");
+    }
+
+    #[tokio::test]
     async fn a_timer_whose_outputs_a_sink_takes_only_in_part_sends_at_each_firing_only_those_not_yet_sent(
     ) {
         // As for a record: sent whole at each firing, 3,000 outputs with three in ten failing

@@ -178,6 +178,16 @@ impl<O: KeyedOperator> Executor<O> {
                     }
                 }
                 if let Some(reason) = work.invalid.get(&position) {
+                    if let Some(at) = timer {
+                        // A dead-lettered firing is the timer's one firing: left pending, it
+                        // would never come due again, its index entry gone with the firing.
+                        let mut outputs = Vec::new();
+                        let mut ctx =
+                            self.ctx(key, record, now, work, &mut run.slots, &mut outputs);
+                        if let Err(e) = ctx.take_timer(at) {
+                            warn!(operator = %self.namespace.operator, key, at, error = %e, "a dead-lettered firing's timer could not be taken off the key");
+                        }
+                    }
                     run.outcomes.push(Outcome::Invalid(reason.clone()));
                     continue;
                 }

@@ -122,8 +122,8 @@ mod tests {
     const IDLE: i64 = 60_000;
 
     /// Sums `n` per key and emits the sum; a key that receives nothing for a minute emits the
-    /// negated sum and starts over. On a timer, a sum of 13 fails (retryably); a negative `n`
-    /// sets the key's timer in the past.
+    /// negated sum and starts over. On a timer, a sum of 13 fails (retryably) and a sum of 66 is
+    /// refused (dead-lettered); a negative `n` sets the key's timer in the past.
     struct Sessions;
 
     impl KeyedOperator for Sessions {
@@ -169,6 +169,12 @@ mod tests {
             let total = ctx.value(&SUM)?.take().unwrap_or(0);
             if total == 13 {
                 return Err(ProcessError::Retry("unlucky".into()));
+            }
+            if total == 66 {
+                return Err(ProcessError::Invalid(InvalidInput::new(
+                    "sum",
+                    "66 is refused",
+                )));
             }
             let key = ctx.key().to_owned();
             ctx.emit(&OUT, key, &-total)
@@ -380,6 +386,34 @@ mod tests {
             (sweep.due, sweep.fired, sweep.left),
             (1, 0, 1),
             "a's timer is due again a minute later, and fails again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dead_lettered_firing_takes_its_timer_off_the_key_as_a_firing_does() {
+        let b = sessions();
+        b.executor.run(vec![record(1, "p", "a", 66)]).await;
+        b.clock.advance(IDLE);
+        let sweep = b.executor.fire_timers(None).await.unwrap();
+        assert_eq!((sweep.fired, sweep.dead_lettered, sweep.left), (0, 1, 0));
+        let store = DynamoStateStore::new(b.table.clone(), b.clock.clone());
+        let state = store
+            .load(b.executor.namespace(), &["a".to_owned()])
+            .await
+            .unwrap();
+        // Left pending, its index entry gone, it would never come due again: an operator that
+        // sets a timer only when none is pending would wait for it for good.
+        let pending: Vec<i64> = state["a"]
+            .slots
+            .get("keyway.timers")
+            .and_then(|slot| slot.entries.first())
+            .map(|raw| serde_json::from_str(raw.get()).unwrap())
+            .unwrap_or_default();
+        assert_eq!(pending, Vec::<i64>::new());
+        assert_eq!(
+            sum_of(&b, "a").await,
+            Some(66),
+            "the firing's work is not applied"
         );
     }
 

@@ -220,6 +220,13 @@ impl<'a> Ctx<'a> {
         })
     }
 
+    /// The most bytes an output's body to `sink` may have (0 for a sink the operator does not
+    /// declare): an operator that holds records to emit later checks they will fit while it can
+    /// still refuse them, not when releasing them, where one too large would stop the others.
+    pub fn output_limit<T>(&self, sink: &Sink<T>) -> usize {
+        self.sinks.get(sink.name).copied().unwrap_or(0)
+    }
+
     /// Emits `body` as JSON to `sink`, in order with the key's other outputs.
     pub fn emit<T: Serialize>(
         &mut self,
