@@ -41,6 +41,21 @@ async fn run_with(
     config: EnricherConfig,
     records: &[Value],
 ) -> std::collections::BTreeMap<String, Value> {
+    let (enriched, letters) = run_through(config, records).await;
+    assert!(letters.is_empty(), "{letters:?}");
+    enriched
+}
+
+/// Runs `records` one batch each, in order, looping every resolution published back through
+/// the feedback stream until none is left; returns the enriched records by event id, and the
+/// dead letters.
+async fn run_through(
+    config: EnricherConfig,
+    records: &[Value],
+) -> (
+    std::collections::BTreeMap<String, Value>,
+    Vec<keyway::domain::DeadLetter>,
+) {
     let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
     let executor = enricher(&world, config);
     let mut events = Shard::new("cloudtrail", 0);
@@ -55,36 +70,32 @@ async fn run_with(
         let report = executor
             .run(decode_event(&batch.to_string()).unwrap())
             .await;
-        assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
-        loop {
-            let published = world.outputs(RESOLUTIONS.name);
-            if published.len() == looped {
-                break;
-            }
-            for message in &published[looped..] {
-                let resolution: Value = serde_json::from_str(&message.body).unwrap();
-                let key = format!(
-                    "{}#{}",
-                    resolution["customer"].as_str().unwrap(),
-                    resolution["accessKeyId"].as_str().unwrap()
-                );
-                let batch = feedback.batch(&[(key.as_str(), message.body.clone().into_bytes())]);
-                let report = executor
-                    .run(decode_event(&batch.to_string()).unwrap())
-                    .await;
-                assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
-            }
-            looped = published.len();
+        assert_eq!(report.failed_from, None);
+        while world.outputs(RESOLUTIONS.name).len() > looped {
+            let message = world.outputs(RESOLUTIONS.name)[looped].clone();
+            let resolution: Value = serde_json::from_str(&message.body).unwrap();
+            let key = format!(
+                "{}#{}",
+                resolution["customer"].as_str().unwrap(),
+                resolution["accessKeyId"].as_str().unwrap()
+            );
+            let batch = feedback.batch(&[(key.as_str(), message.body.clone().into_bytes())]);
+            let report = executor
+                .run(decode_event(&batch.to_string()).unwrap())
+                .await;
+            assert_eq!(report.failed_from, None);
+            looped += 1;
         }
     }
-    world
+    let enriched = world
         .outputs(ENRICHED.name)
         .iter()
         .map(|m| {
             let enriched: Value = serde_json::from_str(&m.body).unwrap();
             (enriched["eventID"].as_str().unwrap().to_owned(), enriched)
         })
-        .collect()
+        .collect();
+    (enriched, world.dead_letters())
 }
 
 /// Every permutation of `0..n`.
@@ -787,4 +798,98 @@ async fn a_waiting_record_too_large_with_its_role_chain_goes_out_unresolved_sayi
     let small = &enriched["small"]["enrichment"];
     assert_eq!(small["status"], "resolved", "the record beside it resolves");
     assert_eq!(small["roleChain"].as_array().map(Vec::len), Some(2));
+}
+
+/// A second record claiming to have issued a key already resolved, naming another caller (a
+/// forged record in a customer's trail): the key's records stay with the identity the first
+/// gave, and the second resolution is dead-lettered saying why.
+#[tokio::test]
+async fn a_second_resolution_of_a_key_naming_another_identity_is_refused_and_the_first_stands() {
+    let mallory =
+        identity_enricher::traffic::iam_user(ACCOUNT, "mallory", "AIDAMALLORY", "AKIAMALLORY");
+    let records = [
+        record(
+            "alice-assumes",
+            alice(),
+            "AssumeRole",
+            Some(("role-1", "ASIA1")),
+        ),
+        record("before", session("ASIA1", "role-1"), "ListBuckets", None),
+        record("forged", mallory, "AssumeRole", Some(("role-1", "ASIA1"))),
+        record("after", session("ASIA1", "role-1"), "ListBuckets", None),
+    ];
+    let (enriched, letters) = run_through(EnricherConfig::default(), &records).await;
+    for id in ["before", "after"] {
+        let actor = &enriched[id]["enrichment"]["originalActor"]["arn"];
+        assert_eq!(actor, &alice()["arn"], "{id}");
+    }
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].field, "accessKeyId");
+    assert!(
+        letters[0].problem.contains("resolved already"),
+        "{}",
+        letters[0].problem
+    );
+}
+
+/// An issuing record whose expiration is a number past any time (the largest 64-bit integer):
+/// dead-lettered naming the field, where adding the grace to it overflowed.
+#[tokio::test]
+async fn an_expiration_past_any_time_is_dead_lettered_naming_the_field() {
+    let mut assume = record("assume", alice(), "AssumeRole", Some(("role-1", "ASIA1")));
+    assume["responseElements"]["credentials"]["expiration"] = i64::MAX.into();
+    let records = [
+        assume,
+        record("action", session("ASIA1", "role-1"), "ListBuckets", None),
+    ];
+    let (enriched, letters) = run_through(EnricherConfig::default(), &records).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].field, "responseElements.credentials.expiration");
+    assert!(
+        !enriched.contains_key("assume"),
+        "the issuing record is the dead letter"
+    );
+}
+
+/// A record without an event time is judged by its arrival in the stream, not by the clock: a
+/// retry of it, past its key's identity's expiration, answers it as the first attempt did (which
+/// sent it resolved, before its commit failed), not as a record that waits and goes out
+/// unresolved under the same id.
+#[tokio::test]
+async fn a_record_without_an_event_time_is_judged_by_its_arrival_whenever_it_is_retried() {
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let executor = enricher(&world, EnricherConfig::default());
+    let mut events = Shard::new("cloudtrail", 0);
+    let mut feedback = Shard::new("feedback", 0);
+    let mut assume = record("assume", alice(), "AssumeRole", Some(("role-1", "ASIA1")));
+    assume["responseElements"]["credentials"]["expiration"] = "2026-01-01T01:00:00Z".into();
+    let batch = events.batch(&[("alice", serde_json::to_vec(&assume).unwrap())]);
+    executor
+        .run(decode_event(&batch.to_string()).unwrap())
+        .await;
+    let resolution = world.outputs(RESOLUTIONS.name)[0].body.clone();
+    let batch = feedback.batch(&[(&format!("{ACCOUNT}#ASIA1"), resolution.into_bytes())]);
+    executor
+        .run(decode_event(&batch.to_string()).unwrap())
+        .await;
+    let mut action = record("action", session("ASIA1", "role-1"), "ListBuckets", None);
+    action.as_object_mut().unwrap().remove("eventTime");
+    // It arrived while the credentials held, and is run two hours later (a retry).
+    let batch = events.batch(&[(
+        &format!("{ACCOUNT}#ASIA1"),
+        serde_json::to_vec(&action).unwrap(),
+    )]);
+    world.clock.advance(2 * 3600 * 1000);
+    let report = executor
+        .run(decode_event(&batch.to_string()).unwrap())
+        .await;
+    assert_eq!((report.failed_from, report.dead_lettered), (None, 0));
+    let enriched: Vec<Value> = world
+        .outputs(ENRICHED.name)
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .filter(|e: &Value| e["eventID"] == "action")
+        .collect();
+    assert_eq!(enriched.len(), 1, "it went out at once");
+    assert_eq!(enriched[0]["enrichment"]["status"], "resolved");
 }

@@ -283,11 +283,16 @@ fn issued(record: &Value, event_name: &str) -> Result<Option<Issued>, InvalidInp
     }))
 }
 
+/// The last millisecond of the year 9999.
+const LAST_MILLIS: i64 = 253_402_300_799_999;
+
 /// An expiration as CloudTrail writes it: `Oct 2, 2019, 11:12:29 PM`, `Sep 15, 2021 4:00:36 AM`
 /// (UTC), an RFC 3339 time, or epoch milliseconds.
 fn expiration_millis(value: &Value) -> Option<i64> {
     if let Some(millis) = value.as_i64() {
-        return Some(millis);
+        // Epoch milliseconds of the years 1970 to 9999, as the text forms give: a number past
+        // them is no time, and would overflow what is added to it.
+        return (0..=LAST_MILLIS).contains(&millis).then_some(millis);
     }
     let text = value.as_str()?.trim();
     if let Ok(time) = chrono::DateTime::parse_from_rfc3339(text) {

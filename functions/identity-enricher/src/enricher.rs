@@ -54,6 +54,9 @@ pub const ENRICHED: Sink<Value> = Sink::new("enriched");
 /// Resolutions of issued keys: the feedback stream.
 pub const RESOLUTIONS: Sink<Resolution> = Sink::new("resolutions");
 
+/// The longest any credentials last: GetFederationToken's and GetSessionToken's 36 hours.
+const CREDENTIALS_AT_MOST: Duration = Duration::from_secs(36 * 3600);
+
 /// The identity behind the key, and until when it holds. Whether it applies to a record is the
 /// record's own time's to say (a trail replayed later still resolves). An identity whose
 /// credentials' expiration is known is kept until then (or from its arrival, for a trail
@@ -468,16 +471,43 @@ impl IdentityEnricher {
     fn resolution(&self, ctx: &mut Ctx<'_>, resolution: Resolution) -> Result<(), ProcessError> {
         let grace = self.config.grace.as_millis() as i64;
         let identity = resolution.identity();
+        // An access key is issued once: a second resolution naming another identity is forged or
+        // broken, and must not take the key's records from the first (nor change what records
+        // answered from it, sent at once and settled, would be sent as on a retry).
+        if let Some(first) = ctx.value(&IDENTITY)?.get() {
+            if first.identity != identity {
+                return Err(ProcessError::Invalid(InvalidInput::new(
+                    "accessKeyId",
+                    format!(
+                        "{} is resolved already, to another identity (original actor {}): an \
+                         access key is issued once",
+                        resolution.access_key_id,
+                        first
+                            .identity
+                            .original_actor
+                            .arn
+                            .as_deref()
+                            .unwrap_or("none named")
+                    ),
+                )));
+            }
+        }
         let known = Known {
             identity: identity.clone(),
-            until: resolution.expiration.map(|at| at + grace),
+            until: resolution.expiration.map(|at| at.saturating_add(grace)),
         };
         let lateness = self.config.lateness.as_millis() as i64;
         let now = ctx.now_millis();
+        // No credentials outlive 36 hours: an expiration further off (a forged one) keeps the
+        // key's state no longer than the longest real one would.
+        let longest = now
+            .saturating_add(CREDENTIALS_AT_MOST.as_millis() as i64)
+            .saturating_add(grace)
+            .saturating_add(lateness);
         match known.until {
             Some(until) => ctx
                 .value(&IDENTITY)?
-                .set_expiring(known, until.max(now) + lateness),
+                .set_expiring(known, until.max(now).saturating_add(lateness).min(longest)),
             None => ctx.value(&IDENTITY)?.set(known),
         }
         let waiting = ctx.list(&BUFFER)?.take()?;
@@ -635,9 +665,14 @@ fn json_bytes(value: &Value) -> usize {
     }
 }
 
-/// When `record` happened: its event time, or now for a record without one.
+/// When `record` happened: its event time, or for a record without one its arrival in the
+/// stream, which every retry reads the same (the clock does not: a retry past the identity's
+/// expiration would send the record, already sent resolved, unresolved under the same id).
 fn record_time(ctx: &Ctx<'_>, record: &CloudTrailRecord) -> i64 {
-    record.event_time.unwrap_or_else(|| ctx.now_millis())
+    record
+        .event_time
+        .or(ctx.record().arrival_millis)
+        .unwrap_or_else(|| ctx.now_millis())
 }
 
 /// Reads an events record: its data is a CloudTrail record, in either shape.
