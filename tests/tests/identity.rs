@@ -716,14 +716,31 @@ async fn records_ten_times_the_usual_size_wait_and_all_come_out_resolved_as_they
 }
 
 /// A record that fits its key's buffer but, enriched, would not fit the enriched sink (a policy
-/// document near DynamoDB's item limit). Released with the others after the buffer TTL, it would
-/// fail their release each time, and with it every record waiting beside it, until the key's
-/// items aged out with them. It is refused when it comes, while its stream still holds it, and
-/// the record waiting beside it goes out.
+/// document near DynamoDB's item limit, or one of 300 KB whose quotes, escaped again where the
+/// released record is stored, double it). Released with the others after the buffer TTL, it
+/// would fail their release each time, and with it every record waiting beside it, until the
+/// key's items aged out with them. It is refused when it comes, while its stream still holds it,
+/// and the record waiting beside it goes out.
 #[tokio::test]
 async fn a_record_too_large_to_go_out_after_waiting_is_dead_lettered_at_once_and_holds_back_none_waiting(
 ) {
     use keyway::ports::StateStore;
+    let entry = World::new(&[]).store.limits().max_entry_bytes;
+    let mut near_the_limit = record("big", session("ASIA9", "role-9"), "PutBucketPolicy", None);
+    near_the_limit["requestParameters"] = serde_json::json!({ "policy": "" });
+    // A few hundred bytes below the most a state entry holds: it fits the buffer.
+    let size = serde_json::to_vec(&near_the_limit).unwrap().len();
+    near_the_limit["requestParameters"]["policy"] = "p".repeat(entry - 400 - size).into();
+    let mut quoted = near_the_limit.clone();
+    quoted["requestParameters"]["policy"] = "\"".repeat(150_000).into();
+    for big in [near_the_limit, quoted] {
+        refused_when_it_comes(&big).await;
+    }
+}
+
+/// Sends a record that waits, then `big` (event id `big`) of the same key: `big` is refused,
+/// and the other goes out after the buffer TTL.
+async fn refused_when_it_comes(big: &Value) {
     let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
     let config = EnricherConfig::default();
     let ttl = config_ttl(&config);
@@ -731,13 +748,7 @@ async fn a_record_too_large_to_go_out_after_waiting_is_dead_lettered_at_once_and
     let mut events = Shard::new("cloudtrail", 0);
     let key = format!("{ACCOUNT}#ASIA9");
     let waiting = record("waiting", session("ASIA9", "role-9"), "ListBuckets", None);
-    let mut big = record("big", session("ASIA9", "role-9"), "PutBucketPolicy", None);
-    big["requestParameters"] = serde_json::json!({ "policy": "" });
-    // A few hundred bytes below the most a state entry holds: it fits the buffer.
-    let room = world.store.limits().max_entry_bytes - 400;
-    let size = serde_json::to_vec(&big).unwrap().len();
-    big["requestParameters"]["policy"] = "p".repeat(room - size).into();
-    for (id, sent) in [("waiting", &waiting), ("big", &big)] {
+    for (id, sent) in [("waiting", &waiting), ("big", big)] {
         let batch = events.batch(&[(key.as_str(), serde_json::to_vec(sent).unwrap())]);
         let report = executor
             .run(decode_event(&batch.to_string()).unwrap())
@@ -892,4 +903,81 @@ async fn a_record_without_an_event_time_is_judged_by_its_arrival_whenever_it_is_
         .collect();
     assert_eq!(enriched.len(), 1, "it went out at once");
     assert_eq!(enriched[0]["enrichment"]["status"], "resolved");
+}
+
+/// As for a resolved record, one whose key was issued past the depth limit (its enrichment cut,
+/// but carrying the chain up to the first role beyond it) goes out unresolved saying it is too
+/// large, when the chain's long names push it over, rather than failing the resolution.
+#[tokio::test]
+async fn a_waiting_record_too_large_with_its_chain_cut_at_the_depth_limit_goes_out_saying_why() {
+    use keyway::ports::StateStore;
+    let long = "r".repeat(5_000);
+    let mut big = record("big", session("ASIA2", "short"), "PutBucketPolicy", None);
+    big["requestParameters"] = serde_json::json!({ "policy": "" });
+    let room = World::new(&[]).store.limits().max_entry_bytes - 2_000;
+    let size = serde_json::to_vec(&big).unwrap().len();
+    big["requestParameters"]["policy"] = "p".repeat(room - size).into();
+    let records = [
+        big.clone(),
+        record("assume-1", alice(), "AssumeRole", Some(("role-1", "ASIA1"))),
+        record(
+            "assume-long",
+            session("ASIA1", "role-1"),
+            "AssumeRole",
+            Some((&long, "ASIA2")),
+        ),
+    ];
+    let config = EnricherConfig {
+        max_chain_depth: 1,
+        ..EnricherConfig::default()
+    };
+    let (enriched, letters) = run_through(config, &records).await;
+    assert!(letters.is_empty(), "{letters:?}");
+    let out = &enriched["big"];
+    assert_eq!(out["enrichment"]["reason"], reason::TOO_LARGE);
+    assert_eq!(out["requestParameters"], big["requestParameters"]);
+}
+
+/// A key whose buffer's timer no sweep will find (a firing dead-lettered by a build that left
+/// the timer pending and forgot its index entry): its next waiting record sets a new one, and
+/// both records go out after the buffer TTL.
+#[tokio::test]
+async fn a_key_whose_buffer_timer_no_sweep_finds_gets_a_new_one_with_its_next_waiting_record() {
+    use keyway::ports::StateStore;
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let config = EnricherConfig::default();
+    let ttl = config_ttl(&config);
+    let executor = enricher(&world, config);
+    let mut events = Shard::new("cloudtrail", 0);
+    let key = format!("{ACCOUNT}#ASIA9");
+    let send = |events: &mut Shard, id: &str| {
+        let waiting = record(id, session("ASIA9", "role-9"), "ListBuckets", None);
+        events.batch(&[(key.as_str(), serde_json::to_vec(&waiting).unwrap())])
+    };
+    let first = send(&mut events, "first");
+    executor
+        .run(decode_event(&first.to_string()).unwrap())
+        .await;
+    world.clock.advance(ttl + 20 * 60 * 1000);
+    let index = world.store.timers();
+    let operator = executor.namespace().operator.clone();
+    let due = index
+        .due_timers(&operator, world.clock.now_millis(), 10)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 1);
+    index.forget_timers(&operator, &due).await.unwrap();
+    let second = send(&mut events, "second");
+    executor
+        .run(decode_event(&second.to_string()).unwrap())
+        .await;
+    world.clock.advance(ttl);
+    executor.fire_timers(None).await.unwrap();
+    let mut out: Vec<String> = world
+        .outputs(ENRICHED.name)
+        .iter()
+        .map(|m| serde_json::from_str::<Value>(&m.body).unwrap()["eventID"].to_string())
+        .collect();
+    out.sort();
+    assert_eq!(out, ["\"first\"", "\"second\""]);
 }

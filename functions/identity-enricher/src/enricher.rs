@@ -54,6 +54,10 @@ pub const ENRICHED: Sink<Value> = Sink::new("enriched");
 /// Resolutions of issued keys: the feedback stream.
 pub const RESOLUTIONS: Sink<Resolution> = Sink::new("resolutions");
 
+/// How long past its time a pending timer of a key's buffer is trusted to fire: sweeps run every
+/// minute, and retry a firing they could not settle a minute later.
+const STALE_TIMER: Duration = Duration::from_secs(15 * 60);
+
 /// The longest any credentials last: GetFederationToken's and GetSessionToken's 36 hours.
 const CREDENTIALS_AT_MOST: Duration = Duration::from_secs(36 * 3600);
 
@@ -372,16 +376,17 @@ impl IdentityEnricher {
             .output_id_for(&ENRICHED, origin, sequence, 0)
             .as_str()
             .into();
-        let resolved = enrichment["status"] == "resolved";
+        // Resolved, or cut at the depth limit: either carries the identity's role chain.
+        let identified = enrichment.get("roleChain").is_some();
         record["enrichment"] = enrichment;
         let emitted = match decided {
             Decided::ByFacts => ctx.emit_settled_for(&ENRICHED, at.parts(), 0, &key, &record),
             Decided::ByState => ctx.emit_for(&ENRICHED, at.parts(), 0, &key, &record),
         };
         match emitted {
-            // Too large with its identity (a role chain of long names): it goes out unresolved,
-            // which a record that waited was checked to fit (`wait`).
-            Err(ProcessError::Invalid(_)) if resolved => {
+            // Too large with its identity (a role chain of long names): it goes out unresolved
+            // without it, which a record that waited was checked to fit (`wait`).
+            Err(ProcessError::Invalid(_)) if identified => {
                 let mut fallback = unresolved_session(reason::TOO_LARGE, &record);
                 fallback["outputId"] = record["enrichment"]["outputId"].take();
                 record["enrichment"] = fallback;
@@ -454,9 +459,11 @@ impl IdentityEnricher {
                 ),
             )));
         }
-        // Set whenever none is pending, not only for a first record: a firing that was
-        // dead-lettered left no timer behind for those still waiting.
-        let timed = !ctx.pending_timers()?.is_empty();
+        // Set whenever none is pending but one long past due, not only for a first record: a
+        // firing dead-lettered before its timer was taken with it left a timer that no sweep
+        // finds. A second firing finds nothing due and sets the next.
+        let stale = since - STALE_TIMER.as_millis() as i64;
+        let timed = ctx.pending_timers()?.iter().any(|&at| at >= stale);
         ctx.list(&BUFFER)?.push(Waiting {
             record: record.record,
             since,
@@ -625,9 +632,9 @@ impl KeyedOperator for IdentityEnricher {
     }
 }
 
-/// The most bytes `record`, read at `at`, can take going out after waiting: with the longest of
-/// the unresolved enrichments a release gives (it copies the record's session names, however
-/// long).
+/// The most bytes `record`, read at `at`, can take going out after waiting, as the outbox stores
+/// it (`keyway::operator::stored_bytes`): with the longest of the unresolved enrichments a
+/// release gives (it copies the record's session names, however long).
 fn released_bytes(ctx: &Ctx<'_>, at: &Position, record: &Value) -> usize {
     let longest = reason::ON_RELEASE
         .into_iter()
@@ -640,18 +647,20 @@ fn released_bytes(ctx: &Ctx<'_>, at: &Position, record: &Value) -> usize {
         .as_str()
         .into();
     // Counted, not written: the record, and the enrichment added to it as one more field.
-    let field = r#","enrichment":"#.len();
+    let field = keyway::operator::stored_bytes(r#","enrichment":"#);
     json_bytes(record)
         .saturating_add(field)
         .saturating_add(json_bytes(&enrichment))
 }
 
-/// The length of `value` as JSON text.
+/// The length of `value` as JSON text, stored escaped (a byte more for each quote and
+/// backslash).
 fn json_bytes(value: &Value) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
+            let escaped = buf.iter().filter(|b| matches!(b, b'"' | b'\\')).count();
+            self.0 += buf.len() + escaped;
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {

@@ -223,6 +223,8 @@ impl<'a> Ctx<'a> {
     /// The most bytes an output's body to `sink` may have (0 for a sink the operator does not
     /// declare): an operator that holds records to emit later checks they will fit while it can
     /// still refuse them, not when releasing them, where one too large would stop the others.
+    /// An outbox operator's outputs that are not settled are measured as stored, their bodies
+    /// escaped (`stored_bytes`).
     pub fn output_limit<T>(&self, sink: &Sink<T>) -> usize {
         self.sinks.get(sink.name).copied().unwrap_or(0)
     }
@@ -367,13 +369,20 @@ impl<'a> Ctx<'a> {
                 format!("sink {sink:?} is not declared in the operator's sinks()"),
             )));
         };
-        if body.len() > limit {
+        // An output stored in the outbox is stored as JSON text, its body escaped: quotes and
+        // backslashes take a byte more there, and a body full of them (a policy document's JSON
+        // in a string) fits the sink but not the state store.
+        let stored = self.outbox && !settled;
+        let bytes = if stored {
+            stored_bytes(&body)
+        } else {
+            body.len()
+        };
+        if bytes > limit {
+            let counted = if stored { " as stored, escaped" } else { "" };
             return Err(ProcessError::Invalid(InvalidInput::new(
                 format!("output.{sink}"),
-                format!(
-                    "{} bytes is more than the sink accepts ({limit} bytes)",
-                    body.len()
-                ),
+                format!("{bytes} bytes{counted} is more than the sink accepts ({limit} bytes)"),
             )));
         }
         self.outputs.push(Output {
@@ -432,4 +441,10 @@ impl<'a> Ctx<'a> {
             .downcast_mut::<S>()
             .expect("declared kind and type checked above"))
     }
+}
+
+/// The bytes `body` takes escaped in a JSON string, as an outbox stores it, without its quotes:
+/// a byte more for each quote and backslash. JSON text holds no raw control character.
+pub fn stored_bytes(body: &str) -> usize {
+    body.len() + body.bytes().filter(|b| matches!(b, b'"' | b'\\')).count()
 }
