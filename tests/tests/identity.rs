@@ -724,18 +724,25 @@ async fn records_ten_times_the_usual_size_wait_and_all_come_out_resolved_as_they
 #[tokio::test]
 async fn a_record_too_large_to_go_out_after_waiting_is_dead_lettered_at_once_and_holds_back_none_waiting(
 ) {
-    use keyway::ports::StateStore;
-    let entry = World::new(&[]).store.limits().max_entry_bytes;
-    let mut near_the_limit = record("big", session("ASIA9", "role-9"), "PutBucketPolicy", None);
-    near_the_limit["requestParameters"] = serde_json::json!({ "policy": "" });
     // A few hundred bytes below the most a state entry holds: it fits the buffer.
-    let size = serde_json::to_vec(&near_the_limit).unwrap().len();
-    near_the_limit["requestParameters"]["policy"] = "p".repeat(entry - 400 - size).into();
+    let near_the_limit = policy_of("ASIA9", 400);
     let mut quoted = near_the_limit.clone();
     quoted["requestParameters"]["policy"] = "\"".repeat(150_000).into();
     for big in [near_the_limit, quoted] {
         refused_when_it_comes(&big).await;
     }
+}
+
+/// A PutBucketPolicy record `big` of a session of `key`, its policy document as long as makes
+/// the record `below` bytes less than the most a state entry holds.
+fn policy_of(key: &str, below: usize) -> Value {
+    use keyway::ports::StateStore;
+    let mut big = record("big", session(key, "short"), "PutBucketPolicy", None);
+    big["requestParameters"] = serde_json::json!({ "policy": "" });
+    let room = World::new(&[]).store.limits().max_entry_bytes - below;
+    let size = serde_json::to_vec(&big).unwrap().len();
+    big["requestParameters"]["policy"] = "p".repeat(room - size).into();
+    big
 }
 
 /// Sends a record that waits, then `big` (event id `big`) of the same key: `big` is refused,
@@ -783,13 +790,8 @@ async fn refused_when_it_comes(big: &Value) {
 /// failing the resolution that releases it and every record waiting beside it.
 #[tokio::test]
 async fn a_waiting_record_too_large_with_its_role_chain_goes_out_unresolved_saying_why() {
-    use keyway::ports::StateStore;
     let long = "r".repeat(5_000);
-    let mut big = record("big", session("ASIA2", "short"), "PutBucketPolicy", None);
-    big["requestParameters"] = serde_json::json!({ "policy": "" });
-    let room = World::new(&[]).store.limits().max_entry_bytes - 2_000;
-    let size = serde_json::to_vec(&big).unwrap().len();
-    big["requestParameters"]["policy"] = "p".repeat(room - size).into();
+    let big = policy_of("ASIA2", 2_000);
     let records = [
         big.clone(),
         record("small", session("ASIA2", "short"), "ListBuckets", None),
@@ -910,13 +912,8 @@ async fn a_record_without_an_event_time_is_judged_by_its_arrival_whenever_it_is_
 /// large, when the chain's long names push it over, rather than failing the resolution.
 #[tokio::test]
 async fn a_waiting_record_too_large_with_its_chain_cut_at_the_depth_limit_goes_out_saying_why() {
-    use keyway::ports::StateStore;
     let long = "r".repeat(5_000);
-    let mut big = record("big", session("ASIA2", "short"), "PutBucketPolicy", None);
-    big["requestParameters"] = serde_json::json!({ "policy": "" });
-    let room = World::new(&[]).store.limits().max_entry_bytes - 2_000;
-    let size = serde_json::to_vec(&big).unwrap().len();
-    big["requestParameters"]["policy"] = "p".repeat(room - size).into();
+    let big = policy_of("ASIA2", 2_000);
     let records = [
         big.clone(),
         record("assume-1", alice(), "AssumeRole", Some(("role-1", "ASIA1"))),
