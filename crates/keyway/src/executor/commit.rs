@@ -9,7 +9,7 @@ use super::plan::Plan;
 use super::process::{counts, KeyWork, Outcome};
 use super::{BatchReport, Executor};
 use crate::domain::{KeyState, Output, SourceRecord};
-use crate::operator::{pending_timers, Delivery, InvalidInput, KeyedOperator};
+use crate::operator::{pending_timers, take_stored_timer, Delivery, InvalidInput, KeyedOperator};
 use crate::ports::{Commit, Committed, LoadKey, StoreError, TimerEntry};
 
 /// A key committed with outputs in its outbox, still to be sent.
@@ -448,6 +448,11 @@ impl<O: KeyedOperator> Executor<O> {
         let mut state = loaded.remove(key).unwrap_or_default();
         // Its outbox went out in this invocation's first phase, or the key would not be here.
         state.outbox.clear();
+        // A timer's firing dead-lettered is its one firing: left pending, with its index entry
+        // forgotten by the sweep, it would never come due again.
+        if let Some((_, at)) = records[p].as_timer() {
+            take_stored_timer(&mut state.slots, at);
+        }
         let mut outcomes = outcomes[..=p].to_vec();
         outcomes[p] = Outcome::Invalid(reason);
         self.advance(&mut state, &outcomes, &records, now);
@@ -534,7 +539,23 @@ mod tests {
         dead: Arc<Recorder>,
     }
 
+    impl Scene {
+        /// Key a's state as stored.
+        async fn key_a(&self) -> HashMap<String, KeyState> {
+            let ns = &self.executor.namespace;
+            self.store.inner.load(ns, &["a".to_owned()]).await.unwrap()
+        }
+    }
+
     fn scene(outbox: bool, errors: Vec<StoreError>) -> Scene {
+        let summer = Summer {
+            outbox,
+            ..Summer::default()
+        };
+        scene_of(summer, errors)
+    }
+
+    fn scene_of(summer: Summer, errors: Vec<StoreError>) -> Scene {
         let clock = ManualClock::at(START);
         let store = Arc::new(Scripted {
             inner: DynamoStateStore::new(Arc::new(MemoryTable::new()), clock.clone()),
@@ -543,16 +564,7 @@ mod tests {
         });
         let dead = Arc::new(Recorder::default());
         let sinks = Sinks::new(dead.clone()).with(&OUT, Arc::new(Recorder::default()));
-        let executor = Executor::new(
-            Summer {
-                outbox,
-                ..Summer::default()
-            },
-            store.clone(),
-            sinks,
-            clock,
-        )
-        .unwrap();
+        let executor = Executor::new(summer, store.clone(), sinks, clock).unwrap();
         Scene {
             executor,
             store,
@@ -665,12 +677,7 @@ mod tests {
             (again.replayed, again.applied, again.failed_from),
             (1, 2, None)
         );
-        let state = s
-            .store
-            .inner
-            .load(&s.executor.namespace, &["a".to_owned()])
-            .await
-            .unwrap();
+        let state = s.key_a().await;
         let sum = &state["a"].slots["sum"].entries[0];
         assert_eq!(sum.get(), "5");
     }
@@ -685,6 +692,34 @@ mod tests {
             .await;
         assert_eq!(report.failed_from.unwrap().as_str(), "4");
         assert_eq!(s.store.key_commits.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_timers_firing_whose_commit_is_refused_for_good_is_dead_lettered_and_taken_off_the_key(
+    ) {
+        let summer = Summer {
+            timers: true,
+            ..Summer::default()
+        };
+        let s = scene_of(summer, Vec::new());
+        let set = s.executor.run(vec![record(1, "p", "a", 23)]).await;
+        assert_eq!(set.failed_from, None);
+        s.store
+            .errors
+            .lock()
+            .unwrap()
+            .push_back(StoreError::Invalid("too large".into()));
+        let firing = SourceRecord::timer("a", START + 60_000);
+        let report = s.executor.run(vec![Ok(firing)]).await;
+        assert_eq!(report.failed_from, None, "settled: dead-lettered");
+        assert_eq!(s.dead.calls.lock().unwrap().concat().len(), 1);
+        let state = s.key_a().await;
+        // Left pending, its index entry forgotten by the sweep, it would never come due again.
+        assert!(
+            !state["a"].slots.contains_key("keyway.timers"),
+            "{:?}",
+            state["a"].slots.keys()
+        );
     }
 
     #[tokio::test]

@@ -39,6 +39,8 @@ pub(crate) struct Summer {
     /// Declares no sink: a version deployed without `out`.
     pub without_out: bool,
     pub facts: bool,
+    /// Declares timers: `n` = 23 sets one a minute after `START`.
+    pub timers: bool,
 }
 
 impl KeyedOperator for Summer {
@@ -49,7 +51,11 @@ impl KeyedOperator for Summer {
     }
 
     fn states(&self) -> Vec<StateDescriptor> {
-        vec![SUM.descriptor()]
+        let mut states = vec![SUM.descriptor()];
+        if self.timers {
+            states.push(crate::operator::timers());
+        }
+        states
     }
 
     fn sinks(&self) -> Vec<SinkDescriptor> {

@@ -38,8 +38,8 @@ pub use state::{
     kind, BroadcastState, Keyed, Kind, ListHandle, ListState, MapHandle, MapState, State,
     StateDescriptor, StateError, ValueHandle, ValueState,
 };
-pub(crate) use timer::pending_in as pending_timers;
 pub use timer::timers;
+pub(crate) use timer::{pending_in as pending_timers, take_stored as take_stored_timer};
 
 use crate::domain::hash::sha256_hex;
 pub use crate::domain::InvalidInput;

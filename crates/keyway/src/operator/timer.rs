@@ -33,6 +33,24 @@ pub(crate) fn pending_in(slots: &BTreeMap<String, SlotData>) -> BTreeSet<i64> {
         .unwrap_or_default()
 }
 
+/// Takes the timer at `at_millis` off stored slots, as a firing does; says whether it was
+/// pending. For a firing dead-lettered outside `on_timer`'s run (its commit refused), whose
+/// state is written as loaded.
+pub(crate) fn take_stored(slots: &mut BTreeMap<String, SlotData>, at_millis: i64) -> bool {
+    let mut pending = pending_in(slots);
+    if !pending.remove(&at_millis) {
+        return false;
+    }
+    if pending.is_empty() {
+        slots.remove(TIMERS.name);
+        return true;
+    }
+    let text = serde_json::to_string(&pending).expect("a set of integers serializes");
+    let raw = serde_json::value::RawValue::from_string(text).expect("JSON text");
+    slots.insert(TIMERS.name.to_owned(), SlotData::fresh(vec![raw]));
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
