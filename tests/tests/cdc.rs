@@ -1220,6 +1220,48 @@ async fn a_sweep_its_deadline_stops_goes_on_where_it_stopped_at_the_next_run_and
     assert_eq!(state_rows(&items, "cdc-rekey", &["row"]), 10);
 }
 
+/// A table whose name goes on past a truncated table's and `#` (`domains#old` beside
+/// `domains`): its rows share the truncated table's key prefix in the re-key's state, and the
+/// sweep took them as its own, retracting and removing rows no truncate touched.
+#[tokio::test]
+async fn a_truncates_sweep_leaves_the_rows_of_a_table_whose_name_only_starts_with_its_tables() {
+    use keyway::domain::{KeyState, SlotData};
+    use keyway::ports::Commit;
+    use keyway_local::{FaultPlan, LocalServices};
+    use serde_json::value::RawValue;
+    let services = LocalServices::new(1_767_225_600_000, FaultPlan::default());
+    let sweeper = truncated_domains(&services).await;
+    let stored = json!({"row": {"id": 5, "user_id": 1}, "at": {"lsn": 3}, "seq": "7"});
+    let mut state = KeyState::default();
+    let raw = RawValue::from_string(stored.to_string()).unwrap();
+    state.slots.insert("row".into(), SlotData::fresh(vec![raw]));
+    let other = "domains#old#5".to_owned();
+    let commit = Commit::new(other.clone(), 0, state);
+    for result in sweeper.store.commit(&sweeper.namespace, vec![commit]).await {
+        result.unwrap();
+    }
+    for _ in 0..100 {
+        let report = sweeper.sweep(None).await.unwrap();
+        if !report.unfinished {
+            break;
+        }
+    }
+    let kept = sweeper
+        .store
+        .load(&sweeper.namespace, std::slice::from_ref(&other))
+        .await
+        .unwrap();
+    assert!(
+        kept[&other].slots.contains_key("row"),
+        "the other table's row stays"
+    );
+    assert_eq!(
+        services.kinesis.trim("changelog").len(),
+        2_500,
+        "one delete a row of domains, none for the other table"
+    );
+}
+
 #[tokio::test]
 async fn a_sweep_that_crashes_part_way_keeps_what_it_removed_and_a_few_runs_end_it() {
     use cdc_join::truncate::Sweeper;

@@ -45,6 +45,14 @@ const ATTEMPTS: usize = 5;
 /// Each table's last truncate, by its name in the join (`rekey::TRUNCATED`).
 type Fences = BTreeMap<String, Position>;
 
+/// Whether `key` of the re-key's state is a row of `table`: the table's name, `#`, and the row's
+/// primary key as one JSON value (`rekey::primary_key`), which no more `#…` follows.
+fn is_row_of(table: &str, key: &str) -> bool {
+    key.strip_prefix(table)
+        .and_then(|rest| rest.strip_prefix('#'))
+        .is_some_and(|pk| serde_json::from_str::<serde::de::IgnoredAny>(pk).is_ok())
+}
+
 /// How far the sweeps of one table's last truncate went.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
@@ -218,7 +226,14 @@ impl Sweeper {
                 .store
                 .list_keys(&self.namespace, &prefix, cursor.as_deref())
                 .await?;
-            for chunk in page.keys.chunks(LOAD_CHUNK) {
+            // The prefix also lists the rows of a table whose name goes on past it (`a#b` for
+            // `a`): a row's own key is its table's name and one JSON value, its primary key.
+            let own: Vec<String> = page
+                .keys
+                .into_iter()
+                .filter(|key| is_row_of(table, key))
+                .collect();
+            for chunk in own.chunks(LOAD_CHUNK) {
                 removed += self.sweep_keys(table, at, chunk.to_vec()).await?;
             }
             let Some(next) = page.next else {
