@@ -98,6 +98,17 @@ async fn run_through(
     (enriched, world.dead_letters())
 }
 
+/// A world, the enricher on it with the default configuration and its buffer TTL, the events
+/// shard, and the partition key of the key `ASIA9`, which no resolution resolves.
+fn asia9() -> (World, Executor<IdentityEnricher>, i64, Shard, String) {
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let config = EnricherConfig::default();
+    let ttl = config_ttl(&config);
+    let executor = enricher(&world, config);
+    let events = Shard::new("cloudtrail", 0);
+    (world, executor, ttl, events, format!("{ACCOUNT}#ASIA9"))
+}
+
 /// Every permutation of `0..n`.
 fn orders(n: usize) -> Vec<Vec<usize>> {
     if n == 0 {
@@ -748,12 +759,7 @@ fn policy_of(key: &str, below: usize) -> Value {
 /// Sends a record that waits, then `big` (event id `big`) of the same key: `big` is refused,
 /// and the other goes out after the buffer TTL.
 async fn refused_when_it_comes(big: &Value) {
-    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
-    let config = EnricherConfig::default();
-    let ttl = config_ttl(&config);
-    let executor = enricher(&world, config);
-    let mut events = Shard::new("cloudtrail", 0);
-    let key = format!("{ACCOUNT}#ASIA9");
+    let (world, executor, ttl, mut events, key) = asia9();
     let waiting = record("waiting", session("ASIA9", "role-9"), "ListBuckets", None);
     for (id, sent) in [("waiting", &waiting), ("big", big)] {
         let batch = events.batch(&[(key.as_str(), serde_json::to_vec(sent).unwrap())]);
@@ -941,12 +947,7 @@ async fn a_waiting_record_too_large_with_its_chain_cut_at_the_depth_limit_goes_o
 #[tokio::test]
 async fn a_key_whose_buffer_timer_no_sweep_finds_gets_a_new_one_with_its_next_waiting_record() {
     use keyway::ports::StateStore;
-    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
-    let config = EnricherConfig::default();
-    let ttl = config_ttl(&config);
-    let executor = enricher(&world, config);
-    let mut events = Shard::new("cloudtrail", 0);
-    let key = format!("{ACCOUNT}#ASIA9");
+    let (world, executor, ttl, mut events, key) = asia9();
     let send = |events: &mut Shard, id: &str| {
         let waiting = record(id, session("ASIA9", "role-9"), "ListBuckets", None);
         events.batch(&[(key.as_str(), serde_json::to_vec(&waiting).unwrap())])

@@ -31,7 +31,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use keyway::domain::{Origin, SequenceNumber, SourceRecord};
-use keyway::operator::{timers, InputDescriptor, SinkDescriptor, StateDescriptor};
+use keyway::operator::{
+    stored_bytes, stored_json_bytes, timers, InputDescriptor, SinkDescriptor, StateDescriptor,
+};
 use keyway::{
     Ctx, Delivery, Input, InvalidInput, KeyedOperator, ListState, ProcessError, Sink, ValueState,
 };
@@ -647,31 +649,10 @@ fn released_bytes(ctx: &Ctx<'_>, at: &Position, record: &Value) -> usize {
         .as_str()
         .into();
     // Counted, not written: the record, and the enrichment added to it as one more field.
-    let field = keyway::operator::stored_bytes(r#","enrichment":"#);
-    json_bytes(record)
+    let field = stored_bytes(r#","enrichment":"#);
+    stored_json_bytes(record)
         .saturating_add(field)
-        .saturating_add(json_bytes(&enrichment))
-}
-
-/// The length of `value` as JSON text, stored escaped (a byte more for each quote and
-/// backslash).
-fn json_bytes(value: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let escaped = buf.iter().filter(|b| matches!(b, b'"' | b'\\')).count();
-            self.0 += buf.len() + escaped;
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    match serde_json::to_writer(&mut count, value) {
-        Ok(()) => count.0,
-        Err(_) => usize::MAX,
-    }
+        .saturating_add(stored_json_bytes(&enrichment))
 }
 
 /// When `record` happened: its event time, or for a record without one its arrival in the

@@ -1259,6 +1259,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_timer_whose_sink_refuses_one_output_for_an_hour_writes_its_key_only_as_more_goes_out_and_sends_each_other_once(
+    ) {
+        use crate::ports::StateStore;
+        let b = bench(Fanner, true);
+        let store = DynamoStateStore::new(b.table.clone(), b.clock.clone());
+        let version = || async {
+            let ns = b.executor.namespace();
+            store.load(ns, &["a".to_owned()]).await.unwrap()["a"].version
+        };
+        b.executor.run(vec![record(1, "p", "a", -1)]).await;
+        // Output 1,500 (to p0) cannot go out; those after it to p0 wait behind it.
+        b.out.fail("1500");
+        // A firing writes the key only when more went out than its notes say: each round that
+        // went beside the failed output, then nothing for the rest of the hour.
+        let delivered = || {
+            let sent = b.out.bodies().concat();
+            sent.iter().filter(|body| *body != "1500").count()
+        };
+        let (mut written, mut last) = (0, version().await);
+        for minute in 0..60 {
+            let before = delivered();
+            let sweep = b.executor.fire_timers(None).await.unwrap();
+            assert_eq!((sweep.fired, sweep.left), (0, 1));
+            let now = version().await;
+            let progressed = delivered() > before;
+            assert_eq!(
+                now > last,
+                progressed,
+                "minute {minute}: written iff more went out"
+            );
+            written += usize::from(now > last);
+            last = now;
+            b.clock.advance(60_000);
+        }
+        assert!(written < 10, "{written} writes in an hour");
+        b.out.failing.lock().unwrap().clear();
+        let sweep = b.executor.fire_timers(None).await.unwrap();
+        assert_eq!((sweep.fired, sweep.left), (1, 0));
+        let sent = b.out.bodies().concat();
+        let mut once: Vec<&String> = sent.iter().filter(|body| *body != "1500").collect();
+        assert_eq!(once.len(), 2_999, "every other output went once");
+        once.sort();
+        once.dedup();
+        assert_eq!(once.len(), 2_999);
+        assert_eq!(sent.iter().filter(|body| *body == "1500").count(), 61);
+    }
+
+    #[tokio::test]
     async fn a_timer_whose_outputs_a_sink_takes_only_in_part_sends_at_each_firing_only_those_not_yet_sent(
     ) {
         // As for a record: sent whole at each firing, 3,000 outputs with three in ten failing

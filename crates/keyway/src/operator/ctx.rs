@@ -446,5 +446,31 @@ impl<'a> Ctx<'a> {
 /// The bytes `body` takes escaped in a JSON string, as an outbox stores it, without its quotes:
 /// a byte more for each quote and backslash. JSON text holds no raw control character.
 pub fn stored_bytes(body: &str) -> usize {
-    body.len() + body.bytes().filter(|b| matches!(b, b'"' | b'\\')).count()
+    escaped_len(body.as_bytes())
+}
+
+/// `stored_bytes` of `value`'s JSON text, counted as it is written rather than written out: for
+/// an operator checking a large value it holds before it emits it.
+pub fn stored_json_bytes<T: Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += escaped_len(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        // No value it could not write fits anywhere.
+        Err(_) => usize::MAX,
+    }
+}
+
+/// A byte more for each quote and backslash.
+fn escaped_len(text: &[u8]) -> usize {
+    text.len() + text.iter().filter(|b| matches!(b, b'"' | b'\\')).count()
 }

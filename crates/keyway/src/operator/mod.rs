@@ -29,7 +29,7 @@ use thiserror::Error;
 
 pub use broadcast::BROADCAST_KEY;
 pub(crate) use broadcast::{BroadcastCache, BroadcastSnapshot};
-pub use ctx::{stored_bytes, Ctx};
+pub use ctx::{stored_bytes, stored_json_bytes, Ctx};
 pub use input::{check_inputs, Input, InputDescriptor, InputWiringError, Route};
 pub use migration::{MigrateFn, Migration, MigrationError, NewState, OldState};
 pub use sink::{check_sinks, Sink, SinkDescriptor, SinkWiringError};
