@@ -845,6 +845,64 @@ async fn a_join_key_whose_rows_come_and_go_by_the_thousand_keeps_every_deletes_s
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_join_key_whose_rows_were_all_deleted_leaves_its_item_to_go_by_ttl_and_a_live_one_keeps_it(
+) {
+    use keyway_stack::cdc::{final_tables, replay, Settings};
+    let user = |id: u32, op: &str, lsn: u64| {
+        at_lsn(
+            "users",
+            json!({"id": id}),
+            op,
+            Some(json!({"id": id, "name": "ada"})),
+            lsn,
+        )
+    };
+    let domain = |id: u32, user_id: u32, op: &str, lsn: u64| {
+        let row = json!({"id": id, "user_id": user_id});
+        at_lsn("domains", json!({"id": id}), op, Some(row), lsn)
+    };
+    // User 1 and its domain come and go; user 2 keeps its domain.
+    let events = vec![
+        user(1, "c", 1),
+        domain(10, 1, "c", 2),
+        user(2, "c", 3),
+        domain(20, 2, "c", 4),
+        domain(10, 1, "d", 5),
+        user(1, "d", 6),
+    ];
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+    let expected = final_tables(&events).join(&spec);
+    let outcome = replay(&Settings::new(spec), &events).await.unwrap();
+    assert!(
+        outcome.dead_letters.is_empty(),
+        "{:?}",
+        outcome.dead_letters
+    );
+    assert_eq!(differences(&outcome.view, &expected), "");
+    let heads: Vec<_> = outcome
+        .state_items
+        .iter()
+        .filter(|i| {
+            i.get("sk").and_then(|v| v.as_s()) == Some("head")
+                && i.get("pk").and_then(|v| v.as_s()).is_some_and(|pk| {
+                    pk.starts_with("cdc-join#") && !pk.contains("#signature-history")
+                })
+        })
+        .collect();
+    assert_eq!(heads.len(), 2, "a group each");
+    let expiring = heads.iter().filter(|i| i.contains_key("ttl")).count();
+    assert_eq!(
+        (
+            expiring,
+            state_rows(&outcome.state_items, "cdc-join", &["left", "right"])
+        ),
+        (1, 2),
+        "the emptied group, holding only its deletes' stamps, goes after their window; the \
+         group with its two rows stays"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_join_key_with_thousands_of_rows_sends_each_change_of_its_other_side_within_the_timeout_at_real_latencies(
 ) {
     // Each rename of the user retracts and inserts its 2,000 joined rows: 4,000 joined changes

@@ -6,8 +6,8 @@
 //! besides, the stamps of the rows it deleted within the redelivery window (`join::Gone`: a
 //! replay of a retried re-key batch can come that long), each dropped by the group's first step
 //! after the window. The rows held are exactly the live source rows; the stamps of what went stay
-//! until the group's next step, a small entry each (a group that never sees another step keeps
-//! the stamps of its last window's deletes). One writer per
+//! until the group's next step, a small entry each, and no longer than the window after the
+//! group's last delete: a group emptied of its rows goes whole then. One writer per
 //! key (the changelog stream alone) and outputs computed from the step and the group's state:
 //! emit-then-commit (DESIGN §3).
 
@@ -94,7 +94,8 @@ impl Join {
     }
 
     /// Stores what a step of `pk` of `side` changed in `group`; a group left empty keeps only the
-    /// stamps of its deletes, each until a later step finds it past the redelivery window.
+    /// stamps of its deletes, until a later step finds them past the redelivery window or the
+    /// window has passed since the last of them (`GONE`'s TTL).
     fn store(
         &self,
         ctx: &mut Ctx<'_>,
@@ -140,7 +141,11 @@ impl KeyedOperator for Join {
             LEFT.descriptor(),
             RIGHT.descriptor(),
             CLOCK.descriptor(),
-            GONE.descriptor(),
+            // Every stamp in it is of a delete before its last change: none is needed past the
+            // window after that (the second covers the commit's clock counting whole seconds).
+            // A group emptied of its rows then holds nothing, and its item goes.
+            GONE.with_ttl(self.replays_within + Duration::from_secs(1))
+                .descriptor(),
         ]
     }
 

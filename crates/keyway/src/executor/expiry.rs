@@ -48,7 +48,10 @@ pub(super) fn drop_expired(base: &mut KeyState, now_secs: i64) -> bool {
 pub(super) struct Expiry {
     /// When the last state with a time expires.
     pub latest: Option<i64>,
-    /// Every declared state has a TTL: the key's slots can all go at `latest`.
+    /// Every state the key holds has a time (pending timers are a state without one): the key's
+    /// slots can all go at `latest`. A state without a TTL that the key does not hold keeps
+    /// nothing: a join key emptied of its rows, holding only its deletes' stamps for their
+    /// window, goes after it.
     pub all: bool,
 }
 
@@ -71,6 +74,11 @@ pub(super) fn stamp<'n>(
     }
     expiry.retain(|name, _| state.slots.contains_key(name));
     let latest = expiry.values().max().copied();
+    let all = !expiry.is_empty()
+        && state
+            .slots
+            .keys()
+            .all(|name| name == EXPIRY_SLOT || expiry.contains_key(name));
     if expiry.is_empty() {
         state.slots.remove(EXPIRY_SLOT);
     } else {
@@ -80,10 +88,7 @@ pub(super) fn stamp<'n>(
             .slots
             .insert(EXPIRY_SLOT.to_owned(), SlotData::fresh(vec![entry]));
     }
-    Expiry {
-        latest,
-        all: declared.iter().all(|d| d.ttl.is_some()),
-    }
+    Expiry { latest, all }
 }
 
 #[cfg(test)]
@@ -247,7 +252,7 @@ mod tests {
     }
 
     #[test]
-    fn a_key_expires_with_its_last_state_only_when_every_state_has_a_ttl() {
+    fn a_key_expires_with_its_last_state_only_when_every_state_it_holds_has_a_time() {
         let mut state = KeyState::default();
         state.slots.insert(
             "last".into(),
@@ -257,8 +262,25 @@ mod tests {
         let alone = stamp(&mut state, &only_last, [("last", None)].into_iter(), 100);
         assert_eq!((alone.latest, alone.all), (Some(160), true));
         let both = [COUNT.descriptor(), LAST.descriptor()];
+        let without_count = stamp(&mut state, &both, std::iter::empty(), 130);
+        assert_eq!(
+            (without_count.latest, without_count.all),
+            (Some(160), true),
+            "a state without a TTL that the key does not hold keeps nothing"
+        );
+        let one = RawValue::from_string("1".into()).unwrap();
+        state
+            .slots
+            .insert("count".into(), SlotData::fresh(vec![one.clone()]));
         let beside = stamp(&mut state, &both, std::iter::empty(), 130);
         assert_eq!((beside.latest, beside.all), (Some(160), false));
+        state.slots.remove("count");
+        state
+            .slots
+            .insert("keyway.timers".into(), SlotData::fresh(vec![one]));
+        let timers = stamp(&mut state, &both, std::iter::empty(), 130);
+        assert!(!timers.all, "a pending timer keeps its key");
+        state.slots.remove("keyway.timers");
         assert!(state.slots.contains_key(EXPIRY_SLOT));
         assert!(!drop_expired(&mut state, 159));
         assert!(drop_expired(&mut state, 160));
