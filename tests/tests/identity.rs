@@ -320,6 +320,57 @@ async fn deliver(
     }
 }
 
+#[tokio::test]
+async fn an_event_cloudtrail_delivers_twice_goes_out_under_one_id_whether_it_waited_or_not() {
+    let world = World::new(&[ENRICHED.name, RESOLUTIONS.name]);
+    let executor = enricher(&world, EnricherConfig::default());
+    let mut shards = (Shard::new("cloudtrail", 0), Shard::new("feedback", 0));
+    let action = record("twice", session("ASIA1", "role-1"), "ListBuckets", None);
+    let assume = record("assume", alice(), "AssumeRole", Some(("role-1", "ASIA1")));
+    // The first copy waits for ASIA1's identity; the second, at a later position of the
+    // stream, finds it. A third copy comes in the same batch as the second.
+    deliver(&world, &executor, (&mut shards.0, &mut shards.1), &action).await;
+    deliver(&world, &executor, (&mut shards.0, &mut shards.1), &assume).await;
+    world.clock.advance(10_000);
+    let key = format!("{ACCOUNT}#ASIA1");
+    let body = serde_json::to_vec(&action).unwrap();
+    let batch = shards
+        .0
+        .batch(&[(key.as_str(), body.clone()), (key.as_str(), body)]);
+    executor
+        .run(decode_event(&batch.to_string()).unwrap())
+        .await;
+    let copies: Vec<(String, Value)> = world
+        .outputs(ENRICHED.name)
+        .iter()
+        .map(|m| {
+            (
+                m.output_id.clone().expect("an output id"),
+                serde_json::from_str::<Value>(&m.body).unwrap(),
+            )
+        })
+        .filter(|(_, e)| e["eventID"] == "twice")
+        .collect();
+    assert_eq!(copies.len(), 3, "{copies:#?}");
+    for (id, enriched) in &copies {
+        assert_eq!(enriched["enrichment"]["status"], "resolved");
+        assert_eq!(
+            (id, &enriched["enrichment"]["outputId"]),
+            (&copies[0].0, &copies[0].1["enrichment"]["outputId"])
+        );
+    }
+    // Another event of the key, at another position, keeps an id of its own.
+    let other = record("other", session("ASIA1", "role-1"), "ListBuckets", None);
+    deliver(&world, &executor, (&mut shards.0, &mut shards.1), &other).await;
+    let last = world
+        .outputs(ENRICHED.name)
+        .last()
+        .unwrap()
+        .output_id
+        .clone();
+    assert_ne!(last.as_ref(), Some(&copies[0].0));
+}
+
 /// Capacity units the world's table has been read for.
 fn reads(world: &World) -> f64 {
     world.table.meter().snapshot().read_units

@@ -12,11 +12,12 @@
 //! or timer releases it), waits for it, and drops a repeat. A record the enricher dead-letters
 //! (it is no CloudTrail record) is reported with why instead.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
 use std::time::Duration;
 
-use identity_enricher::enricher::{ENRICHED, NAME};
+use identity_enricher::cloudtrail::CloudTrailRecord;
+use identity_enricher::enricher::{enriched_id, ENRICHED, NAME};
 use identity_enricher::identity::CustomerMap;
 use keyway::domain::{DeadLetter, Origin, OutputId, SequenceNumber};
 use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
@@ -124,9 +125,15 @@ impl Latency {
     }
 }
 
+/// Where a record was put: its origin (`stream/shard`) and sequence number, as its dead letter
+/// names them.
+type At = (String, String);
+
 /// A record put on the stream and not yet out.
 struct Pending {
     key: String,
+    /// The id it goes out under: its event's, shared by a copy of the event elsewhere in the trail.
+    id: OutputId,
     since: i64,
     /// Where it was read from.
     place: String,
@@ -141,7 +148,10 @@ pub(crate) struct Run {
     state_table: String,
     enriched: String,
     dead_letters: String,
-    pending: HashMap<OutputId, Pending>,
+    pending: HashMap<At, Pending>,
+    /// The records not yet out under each output id, first put first: an event the trail holds
+    /// twice goes out twice under one id.
+    by_id: HashMap<OutputId, VecDeque<At>>,
     /// Records waiting, by key.
     waiting: HashMap<String, usize>,
     shards: BTreeMap<String, u64>,
@@ -195,6 +205,7 @@ impl Run {
             runtime,
             services,
             pending: HashMap::new(),
+            by_id: HashMap::new(),
             waiting: HashMap::new(),
             shards: BTreeMap::new(),
             summary: Summary::default(),
@@ -241,10 +252,10 @@ impl Run {
         self.keep_up_with(entries.iter().filter_map(event_time).max(), out)
             .await?;
         let places: Vec<String> = entries.iter().map(|e| e.place().to_owned()).collect();
-        let records: Vec<(String, Vec<u8>)> = entries
+        let (records, events): (Vec<_>, Vec<_>) = entries
             .into_iter()
             .map(|entry| partitioned(entry, &self.customers))
-            .collect();
+            .unzip();
         let positions = self
             .services
             .kinesis
@@ -252,17 +263,29 @@ impl Run {
             .await
             .map_err(|e| e.to_string())?;
         let now = keyway::ports::Clock::now_millis(self.services.clock.as_ref());
-        for (((key, _), (shard, sequence)), place) in records.into_iter().zip(positions).zip(places)
-        {
-            let id = self.output_id(format!("{}/{shard}", self.events), &sequence)?;
+        let put = records.into_iter().zip(events).zip(positions).zip(places);
+        for ((((key, _), event), (shard, sequence)), place) in put {
+            let at = (format!("{}/{shard}", self.events), sequence);
+            let sequence = SequenceNumber::parse(&at.1).map_err(|e| e.to_string())?;
+            let origin = Origin(at.0.clone());
+            let id = match &event {
+                Some(event) => enriched_id(event, &origin, &sequence),
+                // Dead-lettered: found by where it was put.
+                None => OutputId::derive(NAME, ENRICHED.name, &origin, &sequence, 0),
+            };
             *self.shards.entry(shard).or_default() += 1;
             *self.waiting.entry(key.clone()).or_default() += 1;
+            self.by_id
+                .entry(id.clone())
+                .or_default()
+                .push_back(at.clone());
             let pending = Pending {
                 key,
+                id,
                 since: now,
                 place,
             };
-            self.pending.insert(id, pending);
+            self.pending.insert(at, pending);
             self.summary.records += 1;
         }
         self.runtime
@@ -313,18 +336,6 @@ impl Run {
         Ok(())
     }
 
-    /// The id the record at `sequence` of `origin` (`stream/shard`) goes out under.
-    fn output_id(&self, origin: String, sequence: &str) -> Result<OutputId, CliError> {
-        let sequence = SequenceNumber::parse(sequence).map_err(|e| e.to_string())?;
-        Ok(OutputId::derive(
-            NAME,
-            ENRICHED.name,
-            &Origin(origin),
-            &sequence,
-            0,
-        ))
-    }
-
     /// Writes the enriched records that came out, accounts the dead letters and resolutions,
     /// and drops what the streams hold (every mapping is idle: nothing reads them again).
     fn collect(&mut self, out: &mut dyn Write) -> Result<(), CliError> {
@@ -340,7 +351,7 @@ impl Run {
                     .ok_or("an enriched record without enrichment.outputId")?
                     .to_owned(),
             );
-            let Some(pending) = self.done(&id) else {
+            let Some(pending) = self.out_under(&id) else {
                 self.summary.repeats += 1;
                 continue;
             };
@@ -371,8 +382,7 @@ impl Run {
                 )
                 .into());
             };
-            let id = self.output_id(origin.clone(), sequence)?;
-            if let Some(pending) = self.done(&id) {
+            if let Some(pending) = self.done(&(origin.clone(), sequence.clone())) {
                 self.summary.dead_letters += 1;
                 if self.summary.dead_letter_reasons.len() < 5 {
                     let reason = format!("{}: {}: {}", pending.place, letter.field, letter.problem);
@@ -383,9 +393,21 @@ impl Run {
         Ok(())
     }
 
-    /// The pending record `id` stands for, now out; `None` for a repeat.
-    fn done(&mut self, id: &OutputId) -> Option<Pending> {
-        let pending = self.pending.remove(id)?;
+    /// The first pending record going out under `id`, now out; `None` for a repeat.
+    fn out_under(&mut self, id: &OutputId) -> Option<Pending> {
+        let at = self.by_id.get(id)?.front()?.clone();
+        self.done(&at)
+    }
+
+    /// The pending record put `at`, now out; `None` for a repeat.
+    fn done(&mut self, at: &At) -> Option<Pending> {
+        let pending = self.pending.remove(at)?;
+        if let Some(ats) = self.by_id.get_mut(&pending.id) {
+            ats.retain(|a| a != at);
+            if ats.is_empty() {
+                self.by_id.remove(&pending.id);
+            }
+        }
         if let Some(count) = self.waiting.get_mut(&pending.key) {
             *count -= 1;
             if *count == 0 {
@@ -413,16 +435,19 @@ pub(crate) fn event_time(entry: &Entry) -> Option<i64> {
 
 /// An entry as a producer puts it on the events stream: under its caller's partition key, or,
 /// for what is no CloudTrail record, under a key of its own (the enricher dead-letters it).
-fn partitioned(entry: Entry, customers: &CustomerMap) -> (String, Vec<u8>) {
+fn partitioned(
+    entry: Entry,
+    customers: &CustomerMap,
+) -> ((String, Vec<u8>), Option<CloudTrailRecord>) {
     match entry {
         Entry::Record { value, .. } => {
             let data = serde_json::to_vec(&value).expect("a JSON value serializes");
-            let key = identity_enricher::cloudtrail::CloudTrailRecord::parse(value)
-                .map(|r| r.partition_key(customers))
-                .unwrap_or_else(|_| "unreadable".to_owned());
-            (key, data)
+            match CloudTrailRecord::parse(value) {
+                Ok(record) => ((record.partition_key(customers), data), Some(record)),
+                Err(_) => (("unreadable".to_owned(), data), None),
+            }
         }
-        Entry::Unreadable { text, .. } => ("unreadable".to_owned(), text.into_bytes()),
+        Entry::Unreadable { text, .. } => (("unreadable".to_owned(), text.into_bytes()), None),
     }
 }
 
@@ -611,7 +636,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn every_record_comes_out_once_and_the_summary_accounts_for_each() {
+    async fn every_record_comes_out_once_and_the_summary_accounts_for_each_an_events_copy_too() {
         let config = TrafficConfig {
             orphan_share: 0.05,
             ..TrafficConfig::default()
@@ -624,7 +649,10 @@ mod tests {
             lateness: LATENESS,
             start_millis: EPOCH,
         };
-        let records: Vec<Value> = Traffic::new(config, 6_000).unwrap().collect();
+        let mut records: Vec<Value> = Traffic::new(config, 6_000).unwrap().collect();
+        // A trail holding an event twice (CloudTrail delivers some more than once): it goes out
+        // twice, under one id.
+        records.push(records[10].clone());
         let mut input: Vec<Result<Entry, CliError>> = entries(records.clone()).collect();
         input.push(Ok(Entry::Unreadable {
             place: "trail.jsonl:7".into(),
@@ -652,9 +680,9 @@ mod tests {
             .collect();
         expected.sort_unstable();
         assert_eq!(ids, expected, "every record once");
-        assert_eq!(summary.records, 6_001);
+        assert_eq!(summary.records, 6_002);
         let unresolved: u64 = summary.unresolved.values().sum();
-        assert_eq!(summary.resolved + unresolved, 6_000);
+        assert_eq!(summary.resolved + unresolved, 6_001);
         assert!(unresolved > 0 && summary.largest_buffer > 0, "{summary:?}");
         assert_eq!(summary.resolved_latency.count(), summary.resolved);
         assert!(summary.resolved_latency.percentile(50.0).unwrap() < 10.0);
@@ -665,7 +693,7 @@ mod tests {
         );
         assert_eq!(summary.dead_letters, 1);
         assert!(summary.dead_letter_reasons[0].starts_with("trail.jsonl:7: data: "));
-        assert_eq!(summary.shard_load.iter().sum::<u64>(), 6_001);
+        assert_eq!(summary.shard_load.iter().sum::<u64>(), 6_002);
         assert!(summary.resolutions > 0);
         assert_eq!(summary.repeats, 0);
     }

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use keyway::domain::{Origin, SequenceNumber, SourceRecord};
+use keyway::domain::{Origin, OutputId, SequenceNumber, SourceRecord};
 use keyway::operator::{
     stored_bytes, stored_json_bytes, timers, InputDescriptor, SinkDescriptor, StateDescriptor,
 };
@@ -108,21 +108,53 @@ pub struct Waiting {
     pub at: Position,
 }
 
-/// Where a record was read, which its outputs' ids derive from: a record goes out under one id
-/// whether it goes out at once, released by a resolution, or unresolved by its timer.
+/// Where a record's outputs' ids derive from: a record goes out under one id whether it goes out
+/// at once, released by a resolution, or unresolved by its timer. That is its CloudTrail event
+/// (the account it was delivered to and its `eventID`), so that an event CloudTrail delivers
+/// twice, at two positions of the stream, goes out twice under one id; or, for a record without
+/// an `eventID` (or with one longer than CloudTrail's), the position it was read at.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Position {
-    /// The lineage the record was read from (its shard, or shard and partition key).
+    /// The lineage the record was read from (its shard, or shard and partition key), or its
+    /// event (`event#`, the account's length, the account, `#`, the event's id).
     pub origin: Origin,
-    /// The record's sequence number in its lineage.
+    /// The record's sequence number in its lineage; 0 for an event.
     pub sequence: SequenceNumber,
 }
 
+/// The longest account or `eventID` an output's id derives from: CloudTrail's are 12 and 36
+/// characters; a longer one is not CloudTrail's, and would be stored with each waiting record.
+const EVENT_ID_AT_MOST: usize = 64;
+
+/// The id `record`, read at `sequence` of `origin`, goes out under on the enriched stream.
+pub fn enriched_id(
+    record: &CloudTrailRecord,
+    origin: &Origin,
+    sequence: &SequenceNumber,
+) -> OutputId {
+    let at = Position::read(origin, sequence, record);
+    OutputId::derive(NAME, ENRICHED.name, &at.origin, &at.sequence, 0)
+}
+
 impl Position {
-    fn of(record: &SourceRecord) -> Self {
-        Self {
-            origin: record.origin.clone(),
-            sequence: record.sequence.clone(),
+    fn of(source: &SourceRecord, record: &CloudTrailRecord) -> Self {
+        Self::read(&source.origin, &source.sequence, record)
+    }
+
+    fn read(origin: &Origin, sequence: &SequenceNumber, record: &CloudTrailRecord) -> Self {
+        let short = |text: &str| !text.is_empty() && text.len() <= EVENT_ID_AT_MOST;
+        match record.event_id.as_deref() {
+            Some(id) if short(id) && short(&record.account) => {
+                let account = &record.account;
+                Self {
+                    origin: Origin(format!("event#{}#{account}#{id}", account.len())),
+                    sequence: SequenceNumber::parse("0").expect("0 is a sequence number"),
+                }
+            }
+            _ => Self {
+                origin: origin.clone(),
+                sequence: sequence.clone(),
+            },
         }
     }
 
@@ -420,7 +452,7 @@ impl IdentityEnricher {
     }
 
     fn event(&self, ctx: &mut Ctx<'_>, record: CloudTrailRecord) -> Result<(), ProcessError> {
-        let at = Position::of(ctx.record());
+        let at = Position::of(ctx.record(), &record);
         let identity = match &record.caller {
             Caller::Identified(actor) => Identity::of(actor.clone()),
             Caller::Untraceable { reason } => {
@@ -583,7 +615,7 @@ impl KeyedOperator for IdentityEnricher {
         match input {
             Enrich::Event(record, None) => self.event(ctx, *record),
             Enrich::Event(record, Some(identity)) => {
-                let at = Position::of(ctx.record());
+                let at = Position::of(ctx.record(), &record);
                 self.resolved(ctx, *record, &at, &identity, Decided::ByFacts)
             }
             Enrich::Resolved(resolution) => self.resolution(ctx, *resolution),
