@@ -845,6 +845,66 @@ async fn a_join_key_whose_rows_come_and_go_by_the_thousand_keeps_every_deletes_s
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pair_too_large_for_a_view_item_is_kept_without_its_rows_and_its_partners_changes_still_apply(
+) {
+    use keyway_stack::cdc::{final_tables, replay, Settings};
+    let as_row = |v: Value| v.as_object().unwrap().clone();
+    let user = |name: &str| as_row(json!({"id": 1, "name": name, "bio": "b".repeat(200_000)}));
+    let domain =
+        |id: u32, notes: usize| as_row(json!({"id": id, "user_id": 1, "notes": "n".repeat(notes)}));
+    let put =
+        |table: &str, id: u32, op: &str, before: Option<&Row>, after: Option<&Row>| SourceEvent {
+            topic: format!("app.public.{table}"),
+            key: json!({ "id": id }),
+            value: Some(event(table, op, before, after)),
+        };
+    let (ada, grace) = (user("ada"), user("grace"));
+    // Domain 12's notes and the user's bio pass DynamoDB's 400 KB item together; each of the
+    // other domains fits beside the user.
+    let events = vec![
+        put("users", 1, "c", None, Some(&ada)),
+        put("domains", 10, "c", None, Some(&domain(10, 10))),
+        put("domains", 11, "c", None, Some(&domain(11, 10))),
+        put("domains", 12, "c", None, Some(&domain(12, 220_000))),
+        put("users", 1, "u", Some(&ada), Some(&grace)),
+    ];
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::Inner).unwrap();
+    let expected = final_tables(&events).join(&spec);
+    assert_eq!(expected.len(), 3);
+    let outcome = replay(&Settings::new(spec), &events).await.unwrap();
+    assert!(
+        outcome.dead_letters.is_empty(),
+        "{:?}",
+        outcome.dead_letters
+    );
+    assert_eq!(
+        outcome.omitted,
+        [("12".to_owned(), Some("1".to_owned()))],
+        "the large pair is kept without its rows"
+    );
+    let names: Vec<(&str, &Value)> = outcome
+        .view
+        .values()
+        .map(|j| (j.left_pk.as_str(), &j.right.as_ref().unwrap()["name"]))
+        .collect();
+    assert_eq!(
+        names,
+        [("10", &json!("grace")), ("11", &json!("grace"))],
+        "the rename reached the pairs that fit"
+    );
+    let last = outcome
+        .joined
+        .iter()
+        .rev()
+        .find(|s| s.change.row().left_pk == "12");
+    assert!(
+        last.is_some_and(|s| matches!(&s.change, keyway::domain::RowChange::Insert(j)
+            if j.right.as_ref().unwrap()["name"] == "grace")),
+        "the joined changelog carries the large pair whole"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_join_key_whose_rows_were_all_deleted_leaves_its_item_to_go_by_ttl_and_a_live_one_keeps_it(
 ) {
     use keyway_stack::cdc::{final_tables, replay, Settings};

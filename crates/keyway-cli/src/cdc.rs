@@ -94,7 +94,7 @@ pub(crate) fn run(options: Args) -> Result<(), CliError> {
     }
     eprint!("{}", summary(events.len(), &outcome, took));
     if options.check {
-        check(&spec, &events, &outcome.view)?;
+        check(&spec, &events, &outcome)?;
     }
     Ok(())
 }
@@ -139,15 +139,13 @@ fn write_view(
 
 /// The view against the join of the tables as `events` leave them: an error naming the rows
 /// that differ.
-fn check(
-    spec: &JoinSpec,
-    events: &[SourceEvent],
-    view: &BTreeMap<JoinedId, Joined>,
-) -> Result<(), CliError> {
+fn check(spec: &JoinSpec, events: &[SourceEvent], outcome: &Outcome) -> Result<(), CliError> {
+    let (view, omitted) = (&outcome.view, &outcome.omitted);
     let expected = final_tables(events).join(spec);
     let mut differences = Vec::new();
     for (id, row) in &expected {
-        if view.get(id) != Some(row) {
+        // A pair too large for a view item is kept without its rows.
+        if view.get(id) != Some(row) && !omitted.contains(id) {
             differences.push(format!("missing or different: {id:?}"));
         }
     }
@@ -255,6 +253,12 @@ fn summary(read: usize, outcome: &Outcome, took: std::time::Duration) -> String 
         outcome.view.len(),
         read as f64 / took.as_secs_f64().max(1e-9),
     );
+    if !outcome.omitted.is_empty() {
+        text += &format!(
+            "view pairs kept without their rows (too large for an item): {}\n",
+            outcome.omitted.len()
+        );
+    }
     text.push_str(&crate::filter::dead_letter_summary(&outcome.dead_letters));
     text
 }

@@ -15,7 +15,7 @@ use cdc_join::oracle::Tables;
 use cdc_join::rekey::{primary_key, BeforeImages};
 use cdc_join::spec::{JoinKind, JoinSpec};
 use cdc_join::truncate::RekeyHandler;
-use cdc_join::view_table::joined_of;
+use cdc_join::view_table::{joined_of, omitted_from, NO_PARTNER};
 use cdc_join::wiring::{join_handler, rekey_handler};
 use keyway::adapters::dynamodb::TTL;
 use keyway::domain::debezium::{decode_key, decode_record, DebeziumEvent, Op};
@@ -110,6 +110,8 @@ pub struct Outcome {
     pub joined: Vec<Stamped>,
     /// The view table at the end, tombstones left out.
     pub view: BTreeMap<JoinedId, Joined>,
+    /// The view's pairs kept without their rows, too large for an item.
+    pub omitted: Vec<JoinedId>,
     /// Records refused, as "field: problem".
     pub dead_letters: Vec<String>,
     /// Runs of the truncate sweep that failed (the next one goes on).
@@ -380,14 +382,21 @@ fn outcome(services: &LocalServices, dead_letters: &str) -> Result<Outcome, Loca
         .dynamodb
         .table(VIEW_TABLE)
         .expect("the view table was made");
+    let mut omitted = Vec::new();
     for item in table.items() {
         if let Some(row) = joined_of(&item).map_err(failed(VIEW_TABLE))? {
             view.insert(row.id(), row);
+        }
+        if omitted_from(&item).is_some() {
+            let text = |name: &str| item.get(name).and_then(|v| v.as_s()).map(str::to_owned);
+            let right = text("sk").filter(|sk| sk != NO_PARTNER);
+            omitted.push((text("pk").unwrap_or_default(), right));
         }
     }
     Ok(Outcome {
         joined,
         view,
+        omitted,
         dead_letters: dead_letter_reasons(&services.sqs, dead_letters),
         meters,
         largest_item,

@@ -8,7 +8,10 @@
 //! partner, which no primary key as JSON text can be); `rank`; `left` and `right`, the rows as
 //! JSON. A deleted row stays as a tombstone (`deleted`, no rows) as long as a change can still
 //! come late (the join's redelivery window: a shard can lag that far behind another), then goes
-//! by TTL: readers skip items with `deleted`.
+//! by TTL: readers skip items with `deleted`. A pair whose rows together pass DynamoDB's item
+//! limit (two rows of some 200 KB) is kept without them, `omitted` saying why: its rank still
+//! orders the pair's changes, the joined changelog carries its rows, and the step that made it
+//! applies whole, its other pairs with it, where refusing the one pair refused them all.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use keyway::adapters::dynamodb::{apply_latest, Expect, ItemKey, Table, ITEM_MAX_BYTES, TTL};
 use keyway::adapters::retry::Backoff;
+use keyway::domain::item::item_size;
 use keyway::domain::{AttrValue, Item, Output, RowChange};
 use keyway::ports::{Clock, Deadline, Sink, SinkError, StoreError};
 
@@ -26,6 +30,7 @@ const RANK: &str = "rank";
 const LEFT: &str = "left";
 const RIGHT: &str = "right";
 const DELETED: &str = "deleted";
+const OMITTED: &str = "omitted";
 /// The sort key of a left row without a partner.
 pub const NO_PARTNER: &str = "-";
 
@@ -86,10 +91,20 @@ impl ViewTable {
         match &stamped.change {
             RowChange::Insert(joined) => {
                 let json = |row| serde_json::to_string(row).expect("a JSON object serializes");
-                item.insert(LEFT.to_owned(), AttrValue::S(json(&joined.left)));
+                let mut rows = item.clone();
+                rows.insert(LEFT.to_owned(), AttrValue::S(json(&joined.left)));
                 if let Some(right) = &joined.right {
-                    item.insert(RIGHT.to_owned(), AttrValue::S(json(right)));
+                    rows.insert(RIGHT.to_owned(), AttrValue::S(json(right)));
                 }
+                let size = item_size(&rows);
+                if size <= ITEM_MAX_BYTES {
+                    return rows;
+                }
+                let why = format!(
+                    "the rows take {size} bytes with their keys, past DynamoDB's item limit of \
+                     {ITEM_MAX_BYTES}: the joined changelog carries them"
+                );
+                item.insert(OMITTED.to_owned(), AttrValue::S(why));
             }
             RowChange::Delete(_) => {
                 let ttl = self.clock.now_millis() / 1000 + self.tombstones.as_secs() as i64;
@@ -112,9 +127,10 @@ pub fn key_of(joined: &Joined) -> ItemKey {
     }
 }
 
-/// The joined row an item of the view holds, or `None` for a tombstone.
+/// The joined row an item of the view holds, or `None` for a tombstone and for a pair whose
+/// rows were too large to keep (`omitted_from`).
 pub fn joined_of(item: &Item) -> Result<Option<Joined>, StoreError> {
-    if item.contains_key(DELETED) {
+    if item.contains_key(DELETED) || item.contains_key(OMITTED) {
         return Ok(None);
     }
     let text = |name: &str| item.get(name).and_then(AttrValue::as_s);
@@ -138,6 +154,11 @@ pub fn joined_of(item: &Item) -> Result<Option<Joined>, StoreError> {
     }))
 }
 
+/// Why an item of the view holds its pair without the rows, if it does: they were too large.
+pub fn omitted_from(item: &Item) -> Option<&str> {
+    item.get(OMITTED).and_then(AttrValue::as_s)
+}
+
 #[async_trait]
 impl Sink for ViewTable {
     async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
@@ -155,8 +176,9 @@ impl Sink for ViewTable {
     }
 
     fn max_message_bytes(&self) -> usize {
-        // An item holds both rows with the keys and the rank beside them.
-        ITEM_MAX_BYTES - 4 * 1024
+        // What the joined changelog takes (a Kinesis record): a pair too large for an item is
+        // kept without its rows, not refused.
+        1024 * 1024
     }
 
     /// Ranks order the changes of a row: the sink needs no order of its own.
