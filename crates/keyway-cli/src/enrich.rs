@@ -8,9 +8,10 @@
 //! comes back later). Memory follows the access keys in use, not the length of the trail.
 //!
 //! Every input record comes out exactly once: the driver derives the output id each record will
-//! go out under (the enricher sends a record under the id of where it was read, whichever record
-//! or timer releases it), waits for it, and drops a repeat. A record the enricher dead-letters
-//! (it is no CloudTrail record) is reported with why instead.
+//! go out under (the enricher sends a record under its event's id, whichever record or timer
+//! releases it: copies of one event share it, each copy taking one output), waits for it, and
+//! drops a repeat. A record the enricher dead-letters (it is no CloudTrail record) is reported
+//! with why instead, found by where it was put.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
@@ -343,6 +344,9 @@ impl Run {
         let kinesis = &services.kinesis;
         kinesis.trim(&self.events);
         self.summary.resolutions += kinesis.trim(&self.feedback).len() as u64;
+        // Dead letters first: they name where their record was put, while an output's id may
+        // stand for several copies of an event, of which it takes the first still waiting.
+        self.collect_dead_letters()?;
         for record in kinesis.trim(&self.enriched) {
             let body: Value = serde_json::from_slice(&record.data).map_err(|e| e.to_string())?;
             let id = OutputId(
@@ -372,6 +376,12 @@ impl Run {
                 .and_then(|()| out.write_all(b"\n"))
                 .map_err(CliError::writing("the enriched records"))?;
         }
+        Ok(())
+    }
+
+    /// Accounts the dead letters, each for the record put where it names.
+    fn collect_dead_letters(&mut self) -> Result<(), CliError> {
+        let services = self.services.clone();
         for message in services.sqs.receive(&self.dead_letters, usize::MAX) {
             let letter: DeadLetter =
                 serde_json::from_str(&message.body).map_err(|e| e.to_string())?;

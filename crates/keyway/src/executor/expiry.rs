@@ -251,6 +251,86 @@ mod tests {
         );
     }
 
+    const BULK: crate::ListState<String> = crate::ListState::new("bulk");
+    const STAMPS: crate::MapState<i64, String> =
+        crate::MapState::new("stamps").with_ttl(Duration::from_secs(60));
+
+    /// Keeps a KB of text in `bulk` (no TTL) and in `stamps` (a TTL) per `n` a record gives; a
+    /// record of `n` 0 empties `bulk`, leaving the key holding `stamps` only, so it expires.
+    struct Spilling;
+
+    impl KeyedOperator for Spilling {
+        type Input = (String, i64);
+        fn name(&self) -> &str {
+            "spilling"
+        }
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![BULK.descriptor(), STAMPS.descriptor()]
+        }
+        fn sinks(&self) -> Vec<SinkDescriptor> {
+            vec![OUT.descriptor()]
+        }
+        fn decode(
+            &self,
+            record: &crate::domain::SourceRecord,
+        ) -> Result<(String, i64), InvalidInput> {
+            key_and_n(record)
+        }
+        fn key(&self, input: &(String, i64)) -> String {
+            input.0.clone()
+        }
+        fn process(&self, ctx: &mut Ctx<'_>, (key, n): (String, i64)) -> Result<(), ProcessError> {
+            if n == 0 {
+                ctx.list(&BULK)?.clear();
+            }
+            for i in 0..n {
+                ctx.list(&BULK)?.push(format!("{i:01000}"));
+                ctx.map(&STAMPS)?.insert(i, format!("{i:01000}"));
+            }
+            ctx.emit(&OUT, key, &n)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_that_comes_to_expire_leaves_none_of_its_segments_without_a_ttl() {
+        let b = bench(Spilling, false);
+        // Some 100 KB in each state: both spill into segments, kept for good.
+        b.executor.run(vec![record(1, "p", "a", 100)]).await;
+        let of_a = |b: &super::super::testkit::Bench<Spilling>| -> Vec<crate::domain::Item> {
+            b.table
+                .items()
+                .into_iter()
+                .filter(|i| {
+                    i.get("pk")
+                        .and_then(|v| v.as_s())
+                        .is_some_and(|pk| pk.contains("#a"))
+                })
+                .collect()
+        };
+        let segments = of_a(&b)
+            .iter()
+            .filter(|i| {
+                i.get("sk")
+                    .and_then(|v| v.as_s())
+                    .is_some_and(|sk| sk.starts_with("seg#"))
+            })
+            .count();
+        assert_eq!(segments, 2, "a segment of each state");
+        assert!(of_a(&b).iter().all(|i| !i.contains_key("ttl")));
+        b.clock.advance(1_000);
+        b.executor.run(vec![record(2, "p", "a", 0)]).await;
+        let without: Vec<String> = of_a(&b)
+            .iter()
+            .filter(|i| !i.contains_key("ttl"))
+            .map(|i| format!("{:?}", i.get("sk")))
+            .collect();
+        assert!(
+            without.is_empty(),
+            "the head expires: the stamps' kept segments and the bulk's retired ones with it, \
+             but these have no TTL: {without:?}"
+        );
+    }
+
     #[test]
     fn a_key_expires_with_its_last_state_only_when_every_state_it_holds_has_a_time() {
         let mut state = KeyState::default();

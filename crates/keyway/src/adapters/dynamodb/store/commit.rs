@@ -228,7 +228,10 @@ impl<T: Table> DynamoStateStore<T> {
                 Expect::Version(version)
             };
             match self.put_retrying(&item, &expect).await {
-                Ok(()) => committed(&p),
+                Ok(()) => {
+                    self.expire_retired(&p).await;
+                    committed(&p)
+                }
                 Err(err) => self.settle(&p, err).await,
             }
         });
@@ -424,6 +427,27 @@ impl<T: Table> DynamoStateStore<T> {
             self.update_retrying(key, &ttl, &Expect::Anything).await?;
         }
         Ok(())
+    }
+}
+
+impl<T: Table> DynamoStateStore<T> {
+    /// Gives the segments a commit retired without a TTL of their own one, when the head it
+    /// wrote expires: its `gc` lists them for the key's next commit to delete, and a key whose
+    /// head goes by TTL has none. Not deleted at once: a load that read the previous head may
+    /// still be reading them. A failure leaves them listed in the head (the commit stands).
+    async fn expire_retired(&self, p: &Prepared<'_>) {
+        let Some(head_ttl) = p.ttl else { return };
+        let at = head_ttl.max(self.now_secs() + CLEARED_OUTBOX_SECONDS);
+        let ttl: Item = [(TTL.to_owned(), AttrValue::N(at.to_string()))].into();
+        for sk in &p.layout.unexpiring {
+            let key = ItemKey {
+                pk: p.pk.clone(),
+                sk: sk.clone(),
+            };
+            if let Err(e) = self.update_retrying(&key, &ttl, &Expect::Anything).await {
+                tracing::warn!(pk = %p.pk, sk = %sk, "a retired segment kept without a TTL: {e}");
+            }
+        }
     }
 }
 

@@ -46,6 +46,18 @@ pub(super) struct Layout<'a> {
     pub has_outbox: bool,
     pub segment_puts: Vec<Item>,
     pub retired: Vec<String>,
+    /// Those of `retired` with no TTL of their own: should the new head expire before a later
+    /// commit deletes them, they need one (`DynamoStateStore::expire_retired`).
+    pub unexpiring: Vec<String>,
+}
+
+impl Layout<'_> {
+    fn retire(&mut self, sk: String, expires_at: Option<i64>) {
+        if expires_at.is_none() {
+            self.unexpiring.push(sk.clone());
+        }
+        self.retired.push(sk);
+    }
 }
 
 /// A list being laid out.
@@ -78,13 +90,10 @@ pub(super) fn lay_out<'a>(
     // the outbox's never expire: it holds outputs already promised.
     let segment_ttl = expires_at.map(|h| h + (h - now_secs).max(0));
     let mut layout = Layout::default();
-    let mut drafts = slot_drafts(pk, slots, loaded, &mut layout.retired);
-    layout.retired.extend(
-        loaded
-            .outbox
-            .iter()
-            .map(|s| outbox_segment_key(pk, s.id).sk),
-    );
+    let mut drafts = slot_drafts(pk, slots, loaded, &mut layout);
+    for segment in &loaded.outbox {
+        layout.retire(outbox_segment_key(pk, segment.id).sk, segment.expires_at);
+    }
     let outbox_entries = outbox
         .iter()
         .map(|o| {
@@ -126,18 +135,23 @@ pub(super) fn lay_out<'a>(
 }
 
 /// Each slot's draft: the stored segments that stay (those whose entries are all still as
-/// loaded) and its entries; the keys of the segments that go, and those of slots no longer
-/// written, into `retired`.
+/// loaded) and its entries; the segments that go, and those of slots no longer written, retired
+/// in `layout`.
 fn slot_drafts<'a>(
     pk: &str,
     slots: &'a BTreeMap<String, SlotData>,
     loaded: &Loaded,
-    retired: &mut Vec<String>,
+    layout: &mut Layout<'_>,
 ) -> BTreeMap<ListName<'a>, Draft<'a>> {
     let mut drafts: BTreeMap<ListName<'a>, Draft<'a>> = BTreeMap::new();
     for (name, stored) in &loaded.slots {
         let Some((name, slot)) = slots.get_key_value(name) else {
-            retired.extend(stored.iter().map(|s| slot_segment_key(pk, name, s.id).sk));
+            for segment in stored {
+                layout.retire(
+                    slot_segment_key(pk, name, segment.id).sk,
+                    segment.expires_at,
+                );
+            }
             continue;
         };
         // A stored segment stays only if every entry it holds is still as loaded (segments come
@@ -148,7 +162,10 @@ fn slot_drafts<'a>(
             if offset + segment.len <= slot.kept {
                 kept.push(segment.clone());
             } else {
-                retired.push(slot_segment_key(pk, name, segment.id).sk);
+                layout.retire(
+                    slot_segment_key(pk, name, segment.id).sk,
+                    segment.expires_at,
+                );
             }
             offset += segment.len;
         }
@@ -190,9 +207,10 @@ fn refresh_expiring(
             if covers(segment.expires_at, segment_ttl) {
                 continue;
             }
-            layout
-                .retired
-                .push(slot_segment_key(pk, slot, segment.id).sk);
+            layout.retire(
+                slot_segment_key(pk, slot, segment.id).sk,
+                segment.expires_at,
+            );
             draft.segments[i] = make_segment(pk, name, &draft.entries[range], segment_ttl, layout)?;
         }
     }
@@ -286,11 +304,13 @@ fn make_segment(
     })
 }
 
-/// Whether a segment expiring at `segment` lives as long as slots whose segments expire at `wanted`.
+/// Whether a segment expiring at `segment` lives as long as slots whose segments expire at
+/// `wanted`, and no longer than it must: one kept for good by a key that now expires would be
+/// left behind by the key's head.
 fn covers(segment: Option<i64>, wanted: Option<i64>) -> bool {
     match (segment, wanted) {
-        (None, _) => true,
-        (Some(_), None) => false,
+        (None, None) => true,
+        (None, Some(_)) | (Some(_), None) => false,
         (Some(s), Some(w)) => s >= w,
     }
 }
@@ -324,8 +344,11 @@ mod tests {
     }
 
     #[test]
-    fn a_segment_without_ttl_covers_any_and_one_with_ttl_only_an_earlier_one() {
-        assert!(covers(None, Some(10)));
+    fn a_segment_covers_slots_kept_as_long_and_no_longer_unless_they_expire_later() {
+        assert!(
+            !covers(None, Some(10)),
+            "a key that now expires gives its kept segments its time"
+        );
         assert!(covers(None, None));
         assert!(!covers(Some(10), None));
         assert!(covers(Some(10), Some(10)));
