@@ -174,13 +174,17 @@ async fn a_key_named_like_a_bucket_of_another_key_keeps_a_count_of_its_own() {
     assert_eq!((count("hot"), count("hot#3"), count("~3~hot")), (2, 3, 1));
 }
 
-#[tokio::test]
-async fn a_record_for_a_window_already_closed_is_dead_lettered_as_late_and_counted_nowhere() {
+/// A world, the first phase counting per key in windows of `size_millis` taking records
+/// `lateness_millis` late (the time at `/at`), and the world's time.
+fn counting_windows(
+    size_millis: i64,
+    lateness_millis: i64,
+) -> (World, keyway::Executor<KeyedAggregate>, i64) {
     let world = World::new(&["partials", "results"]);
     let now = keyway::ports::Clock::now_millis(world.clock.as_ref());
     let windows = Windows {
-        size_millis: 60_000,
-        lateness_millis: 5_000,
+        size_millis,
+        lateness_millis,
         time: Pointer::parse("/at").unwrap(),
     };
     let spec = Spec::new(
@@ -192,6 +196,12 @@ async fn a_record_for_a_window_already_closed_is_dead_lettered_as_late_and_count
     )
     .unwrap();
     let phase1 = world.executor(KeyedAggregate::new(Arc::new(spec)));
+    (world, phase1, now)
+}
+
+#[tokio::test]
+async fn a_record_for_a_window_already_closed_is_dead_lettered_as_late_and_counted_nowhere() {
+    let (world, phase1, now) = counting_windows(60_000, 5_000);
     let merge = world.executor(AggregateMerge {
         aggregates: vec![Aggregate::Count],
         keep: Duration::from_secs(3600),
@@ -223,6 +233,65 @@ async fn a_record_for_a_window_already_closed_is_dead_lettered_as_late_and_count
         results.into_values().collect::<Vec<_>>(),
         [format!(r#"{{"key":"k","window_start":{open},"count":2}}"#)]
     );
+}
+
+#[tokio::test]
+async fn a_record_stamped_far_ahead_of_the_clock_or_at_the_ends_of_time_opens_no_window_and_is_dead_lettered_naming_its_time(
+) {
+    let (world, phase1, now) = counting_windows(10_000, 0);
+    let year = 365 * 24 * 3_600_000_i64;
+    let mut shard = Shard::new("events", 0);
+    // A minute ahead is a producer's clock running fast: taken. The rest are not.
+    let records: Vec<(&str, Vec<u8>)> = [
+        now + 60_000,
+        now + 2 * 3_600_000,
+        now + year,
+        i64::MAX,
+        i64::MIN,
+    ]
+    .into_iter()
+    .map(|at| ("k", line("k", "1", at)))
+    .collect();
+    run_to_completion(&phase1, &shard.batch(&records), 3).await;
+    let letters = world.dead_letters();
+    let problems: Vec<(&str, bool)> = letters
+        .iter()
+        .map(|l| (l.field.as_str(), l.problem.contains("ahead of the clock")))
+        .collect();
+    assert_eq!(
+        problems,
+        [
+            ("data/at", true),
+            ("data/at", true),
+            ("data/at", true),
+            ("data/at", false)
+        ],
+        "{letters:?}"
+    );
+    assert!(
+        letters[3].problem.starts_with("late: "),
+        "{}",
+        letters[3].problem
+    );
+    world.clock.advance(120_000);
+    phase1.fire_timers(None).await.unwrap();
+    let partials = world.outputs("partials");
+    assert_eq!(
+        partials.len(),
+        1,
+        "the one window a minute ahead: {partials:?}"
+    );
+    let timers: usize = world
+        .table
+        .items()
+        .iter()
+        .filter(|i| {
+            i.get("pk")
+                .and_then(|v| v.as_s())
+                .is_some_and(|pk| pk.contains("#timers#"))
+        })
+        .count();
+    assert_eq!(timers, 0, "no window is left waiting");
 }
 
 #[tokio::test(start_paused = true)]

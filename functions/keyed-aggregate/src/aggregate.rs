@@ -115,7 +115,8 @@ fn pick(a: Option<Exact>, b: Option<Exact>, choose: fn(Exact, Exact) -> Exact) -
 
 /// The tumbling window of `size_millis` that `time_millis` falls in: its start.
 pub fn window_start(time_millis: i64, size_millis: i64) -> i64 {
-    time_millis - time_millis.rem_euclid(size_millis)
+    // Saturating at i64's least: no window starts before it.
+    time_millis.saturating_sub(time_millis.rem_euclid(size_millis))
 }
 
 #[cfg(test)]

@@ -31,6 +31,12 @@ use crate::spec::{Reading, Spec};
 /// The operator's name: part of its state keys and output ids.
 pub const NAME: &str = "keyed-aggregate";
 
+/// How far ahead of the clock a record's event time may be (an hour, in milliseconds): a
+/// producer's clock that runs further ahead is wrong, and every window a key's records open
+/// waits in its state, with a timer, until it closes: times years ahead would keep them for
+/// years, as many as the records name.
+pub const AHEAD_AT_MOST_MILLIS: i64 = 3_600_000;
+
 /// The slot of a running total, when not aggregating in windows.
 pub const ALL: &str = "all";
 
@@ -99,17 +105,29 @@ impl KeyedAggregate {
         Self { spec }
     }
 
-    /// The slot a reading goes to and when that slot goes to the merge, or why it is late.
+    /// The slot a reading goes to and when that slot goes to the merge, or why it is late, or
+    /// too far ahead of the clock.
     fn slot(&self, reading: &Reading, now: i64) -> Result<(String, i64), InvalidInput> {
         let (Some(windows), Some(time)) = (&self.spec.windows, reading.time) else {
             return Ok((ALL.to_owned(), now + self.spec.flush.as_millis() as i64));
         };
+        let field = || format!("data{}", windows.time.as_str());
+        if time > now.saturating_add(AHEAD_AT_MOST_MILLIS) {
+            return Err(InvalidInput::new(
+                field(),
+                format!(
+                    "{time} is more than an hour ahead of the clock ({now}): its window would \
+                     wait that long in its key's state"
+                ),
+            ));
+        }
         let start = window_start(time, windows.size_millis);
-        let end = start + windows.size_millis;
-        let closes = end + windows.lateness_millis;
+        // Saturating: a time near i64's least (a JSON number can give it) is late.
+        let end = start.saturating_add(windows.size_millis);
+        let closes = end.saturating_add(windows.lateness_millis);
         if now >= closes {
             return Err(InvalidInput::new(
-                format!("data{}", windows.time.as_str()),
+                field(),
                 format!(
                     "late: its window [{start}, {end}) closed at {closes} (allowed lateness {} ms); the clock says {now}",
                     windows.lateness_millis
