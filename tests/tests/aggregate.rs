@@ -186,6 +186,7 @@ fn counting_windows(
         size_millis,
         lateness_millis,
         time: Pointer::parse("/at").unwrap(),
+        ahead_millis: Windows::AHEAD_MILLIS,
     };
     let spec = Spec::new(
         "/key",
@@ -292,6 +293,42 @@ async fn a_record_stamped_far_ahead_of_the_clock_or_at_the_ends_of_time_opens_no
         })
         .count();
     assert_eq!(timers, 0, "no window is left waiting");
+}
+
+#[tokio::test]
+async fn a_batch_that_read_the_clock_before_its_window_closed_and_runs_past_the_close_still_counts_in_it(
+) {
+    let (world, phase1, now) = counting_windows(60_000, 0);
+    let merge = world.executor(AggregateMerge {
+        aggregates: vec![Aggregate::Count],
+        keep: Duration::from_secs(3600),
+    });
+    let close = now - now.rem_euclid(60_000) + 60_000;
+    let mut shard = Shard::new("events", 0);
+    // Each batch read the clock at `at` and may run for the function's 30 s.
+    let mut run_at = |at: i64, times: &[i64]| {
+        world.clock.set(at);
+        let records: Vec<(&str, Vec<u8>)> =
+            times.iter().map(|&t| ("k", line("k", "1", t))).collect();
+        let batch = decode_event(&shard.batch(&records).to_string()).unwrap();
+        phase1.run_until(batch, Some(at + 30_000))
+    };
+    run_at(close - 2_000, &[close - 2_500, close - 2_400]).await;
+    // The sweep after the close, while a batch that read the clock a second before it is
+    // still loading its keys.
+    world.clock.set(close + 1_000);
+    phase1.fire_timers(None).await.unwrap();
+    run_at(close - 1_000, &[close - 1_500]).await;
+    world.clock.set(close + 120_000);
+    phase1.fire_timers(None).await.unwrap();
+    let results = merged(&world, &merge).await;
+    let start = close - 60_000;
+    assert_eq!(
+        results.into_values().collect::<Vec<_>>(),
+        [format!(r#"{{"key":"k","window_start":{start},"count":3}}"#)],
+        "every record of the window, the late-running batch's too"
+    );
+    assert!(world.dead_letters().is_empty());
 }
 
 #[tokio::test(start_paused = true)]

@@ -269,6 +269,9 @@ fn environment(settings: &Settings, dead_letters: &str) -> keyway::lambda::Env {
         env.push(("WINDOW_SECONDS", w.seconds.to_string()));
         env.push(("TIME_POINTER", w.time.clone()));
         env.push(("ALLOWED_LATENESS_SECONDS", w.lateness_seconds.to_string()));
+        // A recording's slice holds lines far ahead of the clock, which keeps up with them
+        // only between slices.
+        env.push(("MAX_AHEAD_SECONDS", i64::MAX.to_string()));
     }
     env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }

@@ -4,10 +4,11 @@
 //! touches a key's state once however many of its records it holds (the executor loads, runs and
 //! commits per key): the mini-batch pre-aggregation that keeps a hot key's writes to one a batch.
 //!
-//! Partials go to the merge (`merge`) only on the key's timers: a window's when it closes (its
-//! end plus the allowed lateness, on the runtime's clock), a running total's a `flush` after its
-//! first change since the last one. A record for a window already closed is late: dead-lettered
-//! with the reason and counted nowhere.
+//! Partials go to the merge (`merge`) only on the key's timers: a window's once it has closed (its
+//! end plus the allowed lateness, on the runtime's clock) and every batch that read the clock
+//! before then has ended (`settle`), a running total's a `flush` after its first change since the
+//! last one. A record for a window already closed is late: dead-lettered with the reason and
+//! counted nowhere.
 //!
 //! A timer fires in a sweep, a second writer of the key beside the stream's batches, and what it
 //! sends depends on state those batches change: the partials go through the outbox (DESIGN §3),
@@ -30,12 +31,6 @@ use crate::spec::{Reading, Spec};
 
 /// The operator's name: part of its state keys and output ids.
 pub const NAME: &str = "keyed-aggregate";
-
-/// How far ahead of the clock a record's event time may be (an hour, in milliseconds): a
-/// producer's clock that runs further ahead is wrong, and every window a key's records open
-/// waits in its state, with a timer, until it closes: times years ahead would keep them for
-/// years, as many as the records name.
-pub const AHEAD_AT_MOST_MILLIS: i64 = 3_600_000;
 
 /// The slot of a running total, when not aggregating in windows.
 pub const ALL: &str = "all";
@@ -107,17 +102,23 @@ impl KeyedAggregate {
 
     /// The slot a reading goes to and when that slot goes to the merge, or why it is late, or
     /// too far ahead of the clock.
-    fn slot(&self, reading: &Reading, now: i64) -> Result<(String, i64), InvalidInput> {
+    fn slot(
+        &self,
+        reading: &Reading,
+        now: i64,
+        settle: i64,
+    ) -> Result<(String, i64), InvalidInput> {
         let (Some(windows), Some(time)) = (&self.spec.windows, reading.time) else {
             return Ok((ALL.to_owned(), now + self.spec.flush.as_millis() as i64));
         };
         let field = || format!("data{}", windows.time.as_str());
-        if time > now.saturating_add(AHEAD_AT_MOST_MILLIS) {
+        if time > now.saturating_add(windows.ahead_millis) {
             return Err(InvalidInput::new(
                 field(),
                 format!(
-                    "{time} is more than an hour ahead of the clock ({now}): its window would \
-                     wait that long in its key's state"
+                    "{time} is more than {} s ahead of the clock ({now}): its window would \
+                     wait that long in its key's state",
+                    windows.ahead_millis / 1000
                 ),
             ));
         }
@@ -134,8 +135,21 @@ impl KeyedAggregate {
                 ),
             ));
         }
-        Ok((start.to_string(), closes))
+        Ok((start.to_string(), closes.saturating_add(settle)))
     }
+}
+
+/// How long after a window closes its partial goes to the merge: until every batch that read the
+/// clock before it closed has ended (the invocation's deadline, and a tenth more for what its
+/// function does before reading the clock). A batch that read the clock before the close takes
+/// records into the window however late it loads the key; had the window gone by then, they
+/// would open it again, and its second partial, of those records alone, would be taken for the
+/// first's (the same version) or replace it. Without a deadline (a run outside Lambda) none.
+fn settle(ctx: &Ctx<'_>) -> i64 {
+    ctx.deadline_millis().map_or(0, |deadline| {
+        let left = deadline.saturating_sub(ctx.now_millis()).max(0);
+        left.saturating_add(left / 10).saturating_add(1_000)
+    })
 }
 
 impl KeyedOperator for KeyedAggregate {
@@ -183,7 +197,7 @@ impl KeyedOperator for KeyedAggregate {
     }
 
     fn process(&self, ctx: &mut Ctx<'_>, input: Input) -> Result<(), ProcessError> {
-        let (slot, flush_at) = self.slot(&input.reading, ctx.now_millis())?;
+        let (slot, flush_at) = self.slot(&input.reading, ctx.now_millis(), settle(ctx))?;
         let one = Partial::of(input.reading.value);
         let mut open = ctx.map(&OPEN)?;
         let timer = match open.get_mut(&slot) {

@@ -21,6 +21,15 @@ pub struct Windows {
     pub lateness_millis: i64,
     /// Where a record holds its event time: epoch milliseconds, or an RFC 3339 string.
     pub time: Pointer,
+    /// How far ahead of the runtime's clock a record's time may be: a producer's clock running
+    /// further ahead is wrong, and every window a key's records open waits in its state, with a
+    /// timer, until it closes. A record further ahead is dead-lettered, naming its time.
+    pub ahead_millis: i64,
+}
+
+impl Windows {
+    /// How far ahead of the clock a record's time may be unless configured: an hour.
+    pub const AHEAD_MILLIS: i64 = 3_600_000;
 }
 
 /// The aggregation a function runs.
@@ -170,6 +179,7 @@ mod tests {
             size_millis: 60_000,
             lateness_millis: 5_000,
             time: Pointer::parse("/at").unwrap(),
+            ahead_millis: Windows::AHEAD_MILLIS,
         };
         Spec::new(
             "/user/id",

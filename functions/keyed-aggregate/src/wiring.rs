@@ -4,7 +4,8 @@
 //! `kinesis:<stream>`), `DEAD_LETTER_SINK`; the aggregation: `KEY_POINTER` (default `/key`),
 //! `VALUE_POINTER` (needed by every aggregate but the count), `AGGREGATES` (comma-separated
 //! `count`, `sum`, `min`, `max`, `mean`; default `count`), and for windows `WINDOW_SECONDS`,
-//! `TIME_POINTER` and `ALLOWED_LATENESS_SECONDS` (default 0); `FLUSH_SECONDS` (default 60) for
+//! `TIME_POINTER`, `ALLOWED_LATENESS_SECONDS` (default 0) and `MAX_AHEAD_SECONDS` (how far ahead
+//! of the clock a record's time may be, default an hour); `FLUSH_SECONDS` (default 60) for
 //! running totals; `HOT_KEYS_TABLE` and `HOT_KEYS_PERIOD_SECONDS` for the adaptive hot-key
 //! registry (`keyway::lambda::hot_key_registry`). A schedule sweeps its timers, which send
 //! partials to the merge.
@@ -75,6 +76,8 @@ pub fn spec_from(env: &Env) -> Result<Spec, ConfigError> {
                 name: "TIME_POINTER".into(),
                 problem: e.to_string(),
             })?,
+            ahead_millis: whole_number::<i64>(env, "MAX_AHEAD_SECONDS")?
+                .map_or(Windows::AHEAD_MILLIS, |s| s.saturating_mul(1000)),
         }),
         None => None,
     };

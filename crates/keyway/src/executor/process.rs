@@ -94,6 +94,8 @@ pub(super) struct KeyWork {
     /// What went out of the outputs of the records that stay unapplied: committed with the key,
     /// so that their retry sends only the rest.
     pub sent_so_far: Option<SentNotes>,
+    /// The invocation's deadline, if it has one (`Ctx::deadline_millis`).
+    pub deadline: Option<i64>,
 }
 
 impl<O: KeyedOperator> Executor<O> {
@@ -115,6 +117,7 @@ impl<O: KeyedOperator> Executor<O> {
                 continue;
             }
             self.drop_expired_states(work, now);
+            work.deadline = deadline_millis;
             let records = plan.records_of(g);
             let mut inputs: Vec<Option<O::Input>> = plan.groups[g]
                 .records
@@ -256,6 +259,7 @@ impl<O: KeyedOperator> Executor<O> {
             operator: &self.namespace.operator,
             record,
             now_millis: now,
+            deadline_millis: work.deadline,
             declared: if key == BROADCAST_KEY {
                 &self.broadcast_states
             } else {

@@ -28,6 +28,7 @@ pub struct Ctx<'a> {
     pub(crate) operator: &'a str,
     pub(crate) record: &'a SourceRecord,
     pub(crate) now_millis: i64,
+    pub(crate) deadline_millis: Option<i64>,
     pub(crate) declared: &'a [StateDescriptor],
     pub(crate) base: &'a KeyState,
     pub(crate) slots: &'a mut BTreeMap<&'static str, Box<dyn TypedSlot>>,
@@ -76,6 +77,15 @@ impl<'a> Ctx<'a> {
     /// replay of the batch computes the same results.
     pub fn now_millis(&self) -> i64 {
         self.now_millis
+    }
+
+    /// The invocation's deadline (epoch milliseconds), when it has one: what it does is
+    /// committed by then or not at all. A batch that read the clock at `now_millis` may still
+    /// commit until its deadline, after a timer of a time past its clock fired: an operator
+    /// whose timer closes what records add to sets it past the deadlines of batches that read
+    /// the clock before (as `keyed-aggregate`'s windows do).
+    pub fn deadline_millis(&self) -> Option<i64> {
+        self.deadline_millis
     }
 
     /// The current key's value state `state`, decoded on first use in the batch.
