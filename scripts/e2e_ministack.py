@@ -765,7 +765,7 @@ def check_cdc(endpoint, stack, outputs):
         rows = sorted(
             (i["pk"]["S"], i["sk"]["S"], json.dumps(json.loads(i["left"]["S"]), sort_keys=True), json.dumps(json.loads(i["right"]["S"]), sort_keys=True))
             for i in items
-            if "deleted" not in i
+            if "deleted" not in i and "omitted" not in i
         )
         return rows
 

@@ -61,8 +61,11 @@ pub enum SpecError {
     /// No aggregate is named.
     #[error("no aggregate to report")]
     NoAggregate,
-    /// A window shorter than a millisecond, or a negative lateness.
-    #[error("a window must last at least a millisecond and lateness cannot be negative")]
+    /// A window shorter than a millisecond, a negative lateness, or a negative bound ahead.
+    #[error(
+        "a window must last at least a millisecond, and neither lateness nor how far ahead of the \
+         clock a time may be can be negative"
+    )]
     Window,
 }
 
@@ -95,7 +98,7 @@ impl Spec {
             }
         }
         if let Some(w) = &windows {
-            if w.size_millis < 1 || w.lateness_millis < 0 {
+            if w.size_millis < 1 || w.lateness_millis < 0 || w.ahead_millis < 0 {
                 return Err(SpecError::Window);
             }
         }

@@ -146,5 +146,16 @@ mod tests {
         );
         let no_value = wrong(&[("AGGREGATES", "sum")]);
         assert!(no_value.problem.contains("sum needs"), "{no_value:?}");
+        let behind = wrong(&[
+            ("WINDOW_SECONDS", "60"),
+            ("TIME_POINTER", "/at"),
+            ("MAX_AHEAD_SECONDS", "-60"),
+        ]);
+        assert!(behind.problem.contains("ahead of the"), "{behind:?}");
+        assert_eq!(
+            windows.ahead_millis,
+            Windows::AHEAD_MILLIS,
+            "an hour unless configured"
+        );
     }
 }

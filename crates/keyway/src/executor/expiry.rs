@@ -256,8 +256,12 @@ mod tests {
         crate::MapState::new("stamps").with_ttl(Duration::from_secs(60));
 
     /// Keeps a KB of text in `bulk` (no TTL) and in `stamps` (a TTL) per `n` a record gives; a
-    /// record of `n` 0 empties `bulk`, leaving the key holding `stamps` only, so it expires.
-    struct Spilling;
+    /// record of `n` 0 empties `bulk`, leaving the key holding `stamps` only, so it expires; one
+    /// of -1 adds a short entry to `bulk` alone. The key's states live `key_ttl` if set.
+    struct Spilling {
+        key_ttl: Option<Duration>,
+        outbox: bool,
+    }
 
     impl KeyedOperator for Spilling {
         type Input = (String, i64);
@@ -279,9 +283,21 @@ mod tests {
         fn key(&self, input: &(String, i64)) -> String {
             input.0.clone()
         }
+        fn state_ttl(&self) -> Option<Duration> {
+            self.key_ttl
+        }
+        fn delivery(&self) -> crate::operator::Delivery {
+            if self.outbox {
+                crate::operator::Delivery::Outbox
+            } else {
+                crate::operator::Delivery::EmitThenCommit
+            }
+        }
         fn process(&self, ctx: &mut Ctx<'_>, (key, n): (String, i64)) -> Result<(), ProcessError> {
-            if n == 0 {
-                ctx.list(&BULK)?.clear();
+            match n {
+                0 => ctx.list(&BULK)?.clear(),
+                -1 => ctx.list(&BULK)?.push("short".to_owned()),
+                _ => {}
             }
             for i in 0..n {
                 ctx.list(&BULK)?.push(format!("{i:01000}"));
@@ -291,31 +307,46 @@ mod tests {
         }
     }
 
+    /// The items of key `a`.
+    fn of_a(b: &super::super::testkit::Bench<Spilling>) -> Vec<crate::domain::Item> {
+        b.table
+            .items()
+            .into_iter()
+            .filter(|i| {
+                i.get("pk")
+                    .and_then(|v| v.as_s())
+                    .is_some_and(|pk| pk.contains("#a"))
+            })
+            .collect()
+    }
+
+    /// The sort keys of key `a`'s segments.
+    fn segments_of_a(b: &super::super::testkit::Bench<Spilling>) -> Vec<String> {
+        of_a(b)
+            .iter()
+            .filter_map(|i| i.get("sk").and_then(|v| v.as_s()).map(str::to_owned))
+            .filter(|sk| sk.starts_with("seg#"))
+            .collect()
+    }
+
     #[tokio::test]
     async fn a_key_that_comes_to_expire_leaves_none_of_its_segments_without_a_ttl() {
-        let b = bench(Spilling, false);
+        for outbox in [false, true] {
+            comes_to_expire(Spilling {
+                key_ttl: None,
+                outbox,
+            })
+            .await;
+        }
+    }
+
+    /// `spilling` holds 100 KB in each state, then only its stamps: every item of the key has
+    /// a TTL then.
+    async fn comes_to_expire(spilling: Spilling) {
+        let b = bench(spilling, false);
         // Some 100 KB in each state: both spill into segments, kept for good.
         b.executor.run(vec![record(1, "p", "a", 100)]).await;
-        let of_a = |b: &super::super::testkit::Bench<Spilling>| -> Vec<crate::domain::Item> {
-            b.table
-                .items()
-                .into_iter()
-                .filter(|i| {
-                    i.get("pk")
-                        .and_then(|v| v.as_s())
-                        .is_some_and(|pk| pk.contains("#a"))
-                })
-                .collect()
-        };
-        let segments = of_a(&b)
-            .iter()
-            .filter(|i| {
-                i.get("sk")
-                    .and_then(|v| v.as_s())
-                    .is_some_and(|sk| sk.starts_with("seg#"))
-            })
-            .count();
-        assert_eq!(segments, 2, "a segment of each state");
+        assert_eq!(segments_of_a(&b).len(), 2, "a segment of each state");
         assert!(of_a(&b).iter().all(|i| !i.contains_key("ttl")));
         b.clock.advance(1_000);
         b.executor.run(vec![record(2, "p", "a", 0)]).await;
@@ -328,6 +359,34 @@ mod tests {
             without.is_empty(),
             "the head expires: the stamps' kept segments and the bulk's retired ones with it, \
              but these have no TTL: {without:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_key_with_a_state_ttl_writes_its_kept_segments_again_once_a_ttl_not_at_every_commit()
+    {
+        let b = bench(
+            Spilling {
+                key_ttl: Some(Duration::from_secs(60)),
+                outbox: false,
+            },
+            false,
+        );
+        b.executor.run(vec![record(1, "p", "a", 100)]).await;
+        let written = segments_of_a(&b);
+        assert_eq!(written.len(), 2, "a segment of each state");
+        // Each commit moves the key's time on; its segments outlive it by a TTL.
+        for (sequence, by) in [(2, 1_000), (3, 20_000), (4, 30_000)] {
+            b.clock.advance(by);
+            b.executor.run(vec![record(sequence, "p", "a", -1)]).await;
+            assert_eq!(segments_of_a(&b), written, "kept as written");
+        }
+        b.clock.advance(20_000);
+        b.executor.run(vec![record(5, "p", "a", -1)]).await;
+        let again = segments_of_a(&b);
+        assert!(
+            again.iter().any(|sk| !written.contains(sk)),
+            "a TTL on, written again to outlive the key: {again:?}"
         );
     }
 

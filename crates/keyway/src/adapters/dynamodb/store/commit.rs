@@ -228,10 +228,7 @@ impl<T: Table> DynamoStateStore<T> {
                 Expect::Version(version)
             };
             match self.put_retrying(&item, &expect).await {
-                Ok(()) => {
-                    self.expire_retired(&p).await;
-                    committed(&p)
-                }
+                Ok(()) => self.landed(&p).await,
                 Err(err) => self.settle(&p, err).await,
             }
         });
@@ -361,7 +358,7 @@ impl<T: Table> DynamoStateStore<T> {
             Err(_) => return Err(err),
         };
         if doc.tk.contains(&p.token) {
-            return committed(p);
+            return self.landed(p).await;
         }
         if version == p.commit.expected_version {
             return Err(err);
@@ -431,23 +428,43 @@ impl<T: Table> DynamoStateStore<T> {
 }
 
 impl<T: Table> DynamoStateStore<T> {
-    /// Gives the segments a commit retired without a TTL of their own one, when the head it
-    /// wrote expires: its `gc` lists them for the key's next commit to delete, and a key whose
-    /// head goes by TTL has none. Not deleted at once: a load that read the previous head may
-    /// still be reading them. A failure leaves them listed in the head (the commit stands).
+    /// The commit of `p`, its head written: its garbage is given a TTL first if the head expires.
+    async fn landed(&self, p: &Prepared<'_>) -> Result<Committed, StoreError> {
+        self.expire_retired(p).await;
+        committed(p)
+    }
+
+    /// Gives the segments the head's `gc` lists a TTL, when the head expires (now, or once its
+    /// outbox is cleared): the key's next commit would delete them, and a key whose head goes
+    /// by TTL has none. Those it retired without a TTL of their own, and those earlier commits
+    /// left (deletes not done, segments of a commit that never wrote its head). Not deleted at
+    /// once: a load that read the previous head may still be reading them. A failure leaves them
+    /// listed in the head (the commit stands).
     async fn expire_retired(&self, p: &Prepared<'_>) {
-        let Some(head_ttl) = p.ttl else { return };
+        let Some(head_ttl) = p.ttl.or(p.ttl_without_outbox) else {
+            return;
+        };
         let at = head_ttl.max(self.now_secs() + CLEARED_OUTBOX_SECONDS);
         let ttl: Item = [(TTL.to_owned(), AttrValue::N(at.to_string()))].into();
-        for sk in &p.layout.unexpiring {
+        let garbage = p
+            .layout
+            .unexpiring
+            .iter()
+            .chain(&p.undeleted)
+            .chain(p.abandoned);
+        let updates = garbage.map(|sk| {
             let key = ItemKey {
                 pk: p.pk.clone(),
                 sk: sk.clone(),
             };
-            if let Err(e) = self.update_retrying(&key, &ttl, &Expect::Anything).await {
-                tracing::warn!(pk = %p.pk, sk = %sk, "a retired segment kept without a TTL: {e}");
+            let ttl = &ttl;
+            async move {
+                if let Err(e) = self.update_retrying(&key, ttl, &Expect::Anything).await {
+                    tracing::warn!(pk = %key.pk, sk = %key.sk, "a retired segment kept without a TTL: {e}");
+                }
             }
-        }
+        });
+        join_all(updates).await;
     }
 }
 

@@ -112,7 +112,7 @@ pub(super) fn lay_out<'a>(
         );
     }
 
-    refresh_expiring(pk, &mut drafts, segment_ttl, &mut layout)?;
+    refresh_expiring(pk, &mut drafts, (expires_at, segment_ttl), &mut layout)?;
     spill(pk, &mut drafts, segment_ttl, &mut layout)?;
 
     for (name, draft) in drafts {
@@ -190,11 +190,13 @@ fn slot_drafts<'a>(
     drafts
 }
 
-/// Rewrites the slots' segments whose TTL would end before the slots'.
+/// Rewrites the slots' segments whose TTL would end before the slots' (`expires_at`), with the
+/// TTL of new segments (`segment_ttl`, a TTL period later): a segment is written again at most
+/// once a period, not at every commit that moves the slots' time on.
 fn refresh_expiring(
     pk: &str,
     drafts: &mut BTreeMap<ListName<'_>, Draft<'_>>,
-    segment_ttl: Option<i64>,
+    (expires_at, segment_ttl): (Option<i64>, Option<i64>),
     layout: &mut Layout,
 ) -> Result<(), StoreError> {
     for (name, draft) in drafts.iter_mut() {
@@ -204,7 +206,7 @@ fn refresh_expiring(
             let segment = draft.segments[i].clone();
             let range = offset..offset + segment.len;
             offset += segment.len;
-            if covers(segment.expires_at, segment_ttl) {
+            if covers(segment.expires_at, expires_at) {
                 continue;
             }
             layout.retire(
@@ -304,9 +306,9 @@ fn make_segment(
     })
 }
 
-/// Whether a segment expiring at `segment` lives as long as slots whose segments expire at
-/// `wanted`, and no longer than it must: one kept for good by a key that now expires would be
-/// left behind by the key's head.
+/// Whether a segment expiring at `segment` lives as long as slots that expire at `wanted`, and
+/// no longer than it must: one kept for good by a key that now expires would be left behind by
+/// the key's head.
 fn covers(segment: Option<i64>, wanted: Option<i64>) -> bool {
     match (segment, wanted) {
         (None, None) => true,
