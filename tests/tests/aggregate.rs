@@ -331,6 +331,37 @@ async fn a_batch_that_read_the_clock_before_its_window_closed_and_runs_past_the_
     assert!(world.dead_letters().is_empty());
 }
 
+#[test]
+fn a_key_starting_with_a_tilde_is_judged_hot_under_its_own_name_as_its_buckets_are() {
+    use keyway::KeyedOperator;
+    let spec = Spec::new(
+        "/key",
+        None,
+        vec![Aggregate::Count],
+        None,
+        Duration::from_secs(60),
+    );
+    let operator = KeyedAggregate::new(Arc::new(spec.unwrap()));
+    let mut shard = Shard::new("events", 0);
+    let event = shard.batch(&[
+        ("~x", line("~x", "1", 0)),
+        ("~x#3", line("~x", "1", 0)),
+        ("k", line("k", "1", 0)),
+        ("k#3", line("k", "1", 0)),
+    ]);
+    let judged: Vec<String> = decode_event(&event.to_string())
+        .unwrap()
+        .into_iter()
+        .map(|record| {
+            let input = operator.decode(&record.unwrap()).unwrap();
+            operator
+                .hot_key(&input)
+                .unwrap_or_else(|| operator.key(&input))
+        })
+        .collect();
+    assert_eq!(judged, ["~x", "~x", "k", "k"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_stacks_aggregation_counts_plain_and_salted_keys_exactly_as_the_oracle_does() {
     use keyway::domain::salt::{Partitioner, Salting};

@@ -191,9 +191,10 @@ impl KeyedOperator for KeyedAggregate {
         input.state_key.clone()
     }
 
-    /// A bucket's records count for their own key, the one the producer salts.
+    /// A bucket's records count for their own key, the one the producer salts; so do a key's
+    /// own records whose state key is escaped (`~x`'s is `~~x`, which no producer salts).
     fn hot_key(&self, input: &Input) -> Option<String> {
-        input.bucket.map(|_| input.reading.key.clone())
+        (input.state_key != input.reading.key).then(|| input.reading.key.clone())
     }
 
     fn process(&self, ctx: &mut Ctx<'_>, input: Input) -> Result<(), ProcessError> {
