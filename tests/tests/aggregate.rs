@@ -134,18 +134,22 @@ async fn salted_and_plain_records_merge_into_exactly_what_adding_them_up_one_by_
     assert!(world.dead_letters().is_empty());
 }
 
-#[tokio::test]
-async fn a_key_named_like_a_bucket_of_another_key_keeps_a_count_of_its_own() {
-    let world = World::new(&["partials", "results"]);
+/// The first phase counting each key's records as a running total, its key at `/key`.
+fn counting() -> KeyedAggregate {
     let spec = Spec::new(
         "/key",
         None,
         vec![Aggregate::Count],
         None,
         Duration::from_secs(60),
-    )
-    .unwrap();
-    let phase1 = world.executor(KeyedAggregate::new(Arc::new(spec)));
+    );
+    KeyedAggregate::new(Arc::new(spec.unwrap()))
+}
+
+#[tokio::test]
+async fn a_key_named_like_a_bucket_of_another_key_keeps_a_count_of_its_own() {
+    let world = World::new(&["partials", "results"]);
+    let phase1 = world.executor(counting());
     let merge = world.executor(AggregateMerge {
         aggregates: vec![Aggregate::Count],
         keep: Duration::from_secs(3600),
@@ -334,14 +338,7 @@ async fn a_batch_that_read_the_clock_before_its_window_closed_and_runs_past_the_
 #[test]
 fn a_key_starting_with_a_tilde_is_judged_hot_under_its_own_name_as_its_buckets_are() {
     use keyway::KeyedOperator;
-    let spec = Spec::new(
-        "/key",
-        None,
-        vec![Aggregate::Count],
-        None,
-        Duration::from_secs(60),
-    );
-    let operator = KeyedAggregate::new(Arc::new(spec.unwrap()));
+    let operator = counting();
     let mut shard = Shard::new("events", 0);
     let event = shard.batch(&[
         ("~x", line("~x", "1", 0)),
