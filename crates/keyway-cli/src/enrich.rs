@@ -18,7 +18,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use identity_enricher::cloudtrail::CloudTrailRecord;
-use identity_enricher::enricher::{enriched_id, ENRICHED, NAME};
+use identity_enricher::enricher::enriched_id;
 use identity_enricher::identity::CustomerMap;
 use keyway::domain::{DeadLetter, Origin, OutputId, SequenceNumber};
 use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
@@ -269,11 +269,7 @@ impl Run {
             let at = (format!("{}/{shard}", self.events), sequence);
             let sequence = SequenceNumber::parse(&at.1).map_err(|e| e.to_string())?;
             let origin = Origin(at.0.clone());
-            let id = match &event {
-                Some(event) => enriched_id(event, &origin, &sequence),
-                // Dead-lettered: found by where it was put.
-                None => OutputId::derive(NAME, ENRICHED.name, &origin, &sequence, 0),
-            };
+            let id = enriched_id(event.as_ref(), &origin, &sequence);
             *self.shards.entry(shard).or_default() += 1;
             *self.waiting.entry(key.clone()).or_default() += 1;
             self.by_id

@@ -126,9 +126,10 @@ pub struct Position {
 /// characters; a longer one is not CloudTrail's, and would be stored with each waiting record.
 const EVENT_ID_AT_MOST: usize = 64;
 
-/// The id `record`, read at `sequence` of `origin`, goes out under on the enriched stream.
+/// The id `record`, read at `sequence` of `origin`, goes out under on the enriched stream; for
+/// what is no CloudTrail record (`None`: dead-lettered), the id of where it was read.
 pub fn enriched_id(
-    record: &CloudTrailRecord,
+    record: Option<&CloudTrailRecord>,
     origin: &Origin,
     sequence: &SequenceNumber,
 ) -> OutputId {
@@ -138,19 +139,17 @@ pub fn enriched_id(
 
 impl Position {
     fn of(source: &SourceRecord, record: &CloudTrailRecord) -> Self {
-        Self::read(&source.origin, &source.sequence, record)
+        Self::read(&source.origin, &source.sequence, Some(record))
     }
 
-    fn read(origin: &Origin, sequence: &SequenceNumber, record: &CloudTrailRecord) -> Self {
+    fn read(origin: &Origin, sequence: &SequenceNumber, record: Option<&CloudTrailRecord>) -> Self {
         let short = |text: &str| !text.is_empty() && text.len() <= EVENT_ID_AT_MOST;
-        match record.event_id.as_deref() {
-            Some(id) if short(id) && short(&record.account) => {
-                let account = &record.account;
-                Self {
-                    origin: Origin(format!("event#{}#{account}#{id}", account.len())),
-                    sequence: SequenceNumber::parse("0").expect("0 is a sequence number"),
-                }
-            }
+        let event = record.and_then(|r| Some((r.event_id.as_deref()?, r.account.as_str())));
+        match event {
+            Some((id, account)) if short(id) && short(account) => Self {
+                origin: Origin(format!("event#{}#{account}#{id}", account.len())),
+                sequence: SequenceNumber::parse("0").expect("0 is a sequence number"),
+            },
             _ => Self {
                 origin: origin.clone(),
                 sequence: sequence.clone(),

@@ -98,8 +98,15 @@ mod tests {
     use super::super::testkit::{bench, key_and_n, record, OUT, START};
     use super::*;
     use crate::operator::{Ctx, InvalidInput, KeyedOperator, ProcessError, SinkDescriptor};
-    use crate::ports::StateStore;
-    use crate::ValueState;
+    use std::sync::Arc;
+
+    use super::super::testkit::Recorder;
+    use crate::adapters::dynamodb::{
+        BatchGetOutput, DynamoStateStore, Expect, ItemKey, MemoryTable, Table, WriteRequest,
+    };
+    use crate::domain::Item;
+    use crate::ports::{ManualClock, StateStore, StoreError};
+    use crate::{Executor, Sinks, ValueState};
 
     const COUNT: ValueState<i64> = ValueState::new("count");
     const LAST: ValueState<i64> = ValueState::new("last").with_ttl(Duration::from_secs(60));
@@ -308,8 +315,8 @@ mod tests {
     }
 
     /// The items of key `a`.
-    fn of_a(b: &super::super::testkit::Bench<Spilling>) -> Vec<crate::domain::Item> {
-        b.table
+    fn of_a(table: &MemoryTable) -> Vec<crate::domain::Item> {
+        table
             .items()
             .into_iter()
             .filter(|i| {
@@ -321,8 +328,8 @@ mod tests {
     }
 
     /// The sort keys of key `a`'s segments.
-    fn segments_of_a(b: &super::super::testkit::Bench<Spilling>) -> Vec<String> {
-        of_a(b)
+    fn segments_of_a(table: &MemoryTable) -> Vec<String> {
+        of_a(table)
             .iter()
             .filter_map(|i| i.get("sk").and_then(|v| v.as_s()).map(str::to_owned))
             .filter(|sk| sk.starts_with("seg#"))
@@ -332,25 +339,99 @@ mod tests {
     #[tokio::test]
     async fn a_key_that_comes_to_expire_leaves_none_of_its_segments_without_a_ttl() {
         for outbox in [false, true] {
-            comes_to_expire(Spilling {
-                key_ttl: None,
-                outbox,
-            })
-            .await;
+            let b = bench(
+                Spilling {
+                    key_ttl: None,
+                    outbox,
+                },
+                false,
+            );
+            comes_to_expire(&b.executor, &b.table, &b.clock).await;
         }
     }
 
-    /// `spilling` holds 100 KB in each state, then only its stamps: every item of the key has
-    /// a TTL then.
-    async fn comes_to_expire(spilling: Spilling) {
-        let b = bench(spilling, false);
+    /// The in-memory table, whose answer to the first put of a head with a TTL is lost: the put
+    /// lands, the store hears a throttle.
+    struct LosingAnExpiringHead {
+        inner: Arc<MemoryTable>,
+        lost: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Table for LosingAnExpiringHead {
+        async fn put(&self, item: &Item, expect: &Expect) -> Result<(), StoreError> {
+            self.inner.put(item, expect).await?;
+            let expiring_head =
+                ItemKey::of(item).is_some_and(|k| k.sk == "head") && item.contains_key("ttl");
+            if expiring_head && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::Throttled("the response was lost".into()));
+            }
+            Ok(())
+        }
+        async fn scan_page(
+            &self,
+            pk_prefix: &str,
+            sk: &str,
+            after: Option<&ItemKey>,
+            limit: usize,
+        ) -> Result<crate::adapters::dynamodb::ScanPage, StoreError> {
+            self.inner.scan_page(pk_prefix, sk, after, limit).await
+        }
+        async fn batch_get(&self, keys: &[ItemKey]) -> Result<BatchGetOutput, StoreError> {
+            self.inner.batch_get(keys).await
+        }
+        async fn update(&self, key: &ItemKey, a: &Item, e: &Expect) -> Result<(), StoreError> {
+            self.inner.update(key, a, e).await
+        }
+        async fn batch_write(
+            &self,
+            requests: Vec<WriteRequest>,
+        ) -> Result<Vec<WriteRequest>, StoreError> {
+            self.inner.batch_write(requests).await
+        }
+        async fn get(&self, key: &ItemKey) -> Result<Option<Item>, StoreError> {
+            self.inner.get(key).await
+        }
+        async fn query_partition(&self, pk: &str) -> Result<Vec<Item>, StoreError> {
+            self.inner.query_partition(pk).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_whose_expiring_heads_put_answered_nothing_leaves_none_of_its_segments_without_a_ttl(
+    ) {
+        let memory = Arc::new(MemoryTable::new());
+        let table = LosingAnExpiringHead {
+            inner: memory.clone(),
+            lost: Default::default(),
+        };
+        let clock = ManualClock::at(START);
+        let store = Arc::new(DynamoStateStore::new(Arc::new(table), clock.clone()));
+        let out = Arc::new(Recorder::default());
+        let sinks = Sinks::new(Arc::new(Recorder::default())).with(&OUT, out.clone());
+        let spilling = Spilling {
+            key_ttl: None,
+            outbox: false,
+        };
+        let executor = Executor::new(spilling, store, sinks, clock.clone()).unwrap();
+        comes_to_expire(&executor, &memory, &clock).await;
+        assert_eq!(out.bodies().concat(), ["100", "0"], "each record once");
+    }
+
+    /// The key's records hold 100 KB in each state, then only its stamps: every item of the key
+    /// has a TTL then.
+    async fn comes_to_expire(
+        executor: &Executor<Spilling>,
+        table: &MemoryTable,
+        clock: &ManualClock,
+    ) {
         // Some 100 KB in each state: both spill into segments, kept for good.
-        b.executor.run(vec![record(1, "p", "a", 100)]).await;
-        assert_eq!(segments_of_a(&b).len(), 2, "a segment of each state");
-        assert!(of_a(&b).iter().all(|i| !i.contains_key("ttl")));
-        b.clock.advance(1_000);
-        b.executor.run(vec![record(2, "p", "a", 0)]).await;
-        let without: Vec<String> = of_a(&b)
+        executor.run(vec![record(1, "p", "a", 100)]).await;
+        assert_eq!(segments_of_a(table).len(), 2, "a segment of each state");
+        assert!(of_a(table).iter().all(|i| !i.contains_key("ttl")));
+        clock.advance(1_000);
+        executor.run(vec![record(2, "p", "a", 0)]).await;
+        let without: Vec<String> = of_a(table)
             .iter()
             .filter(|i| !i.contains_key("ttl"))
             .map(|i| format!("{:?}", i.get("sk")))
@@ -373,17 +454,17 @@ mod tests {
             false,
         );
         b.executor.run(vec![record(1, "p", "a", 100)]).await;
-        let written = segments_of_a(&b);
+        let written = segments_of_a(&b.table);
         assert_eq!(written.len(), 2, "a segment of each state");
         // Each commit moves the key's time on; its segments outlive it by a TTL.
         for (sequence, by) in [(2, 1_000), (3, 20_000), (4, 30_000)] {
             b.clock.advance(by);
             b.executor.run(vec![record(sequence, "p", "a", -1)]).await;
-            assert_eq!(segments_of_a(&b), written, "kept as written");
+            assert_eq!(segments_of_a(&b.table), written, "kept as written");
         }
         b.clock.advance(20_000);
         b.executor.run(vec![record(5, "p", "a", -1)]).await;
-        let again = segments_of_a(&b);
+        let again = segments_of_a(&b.table);
         assert!(
             again.iter().any(|sk| !written.contains(sk)),
             "a TTL on, written again to outlive the key: {again:?}"

@@ -412,22 +412,12 @@ impl<T: Table> DynamoStateStore<T> {
 
 impl<T: Table> DynamoStateStore<T> {
     /// Gives the segments of a cleared outbox a TTL: no head references them, and no commit will
-    /// delete them (a key may never commit again). Not deleted at once: a load that read the
-    /// head before the clear may still be reading them.
+    /// delete them (a key may never commit again).
     async fn expire_cleared(&self, segments: &[ItemKey]) -> Result<(), StoreError> {
-        let ttl: Item = [(
-            TTL.to_owned(),
-            AttrValue::N((self.now_secs() + CLEARED_OUTBOX_SECONDS).to_string()),
-        )]
-        .into();
-        for key in segments {
-            self.update_retrying(key, &ttl, &Expect::Anything).await?;
-        }
-        Ok(())
+        let at = self.now_secs() + CLEARED_OUTBOX_SECONDS;
+        self.expire_segments(segments.iter().cloned(), at).await
     }
-}
 
-impl<T: Table> DynamoStateStore<T> {
     /// The commit of `p`, its head written: its garbage is given a TTL first if the head expires.
     async fn landed(&self, p: &Prepared<'_>) -> Result<Committed, StoreError> {
         self.expire_retired(p).await;
@@ -437,34 +427,41 @@ impl<T: Table> DynamoStateStore<T> {
     /// Gives the segments the head's `gc` lists a TTL, when the head expires (now, or once its
     /// outbox is cleared): the key's next commit would delete them, and a key whose head goes
     /// by TTL has none. Those it retired without a TTL of their own, and those earlier commits
-    /// left (deletes not done, segments of a commit that never wrote its head). Not deleted at
-    /// once: a load that read the previous head may still be reading them. A failure leaves them
-    /// listed in the head (the commit stands).
+    /// left (deletes not done, segments of a commit that never wrote its head). A failure leaves
+    /// them listed in the head (the commit stands).
     async fn expire_retired(&self, p: &Prepared<'_>) {
         let Some(head_ttl) = p.ttl.or(p.ttl_without_outbox) else {
             return;
         };
-        let at = head_ttl.max(self.now_secs() + CLEARED_OUTBOX_SECONDS);
-        let ttl: Item = [(TTL.to_owned(), AttrValue::N(at.to_string()))].into();
         let garbage = p
             .layout
             .unexpiring
             .iter()
             .chain(&p.undeleted)
             .chain(p.abandoned);
-        let updates = garbage.map(|sk| {
-            let key = ItemKey {
-                pk: p.pk.clone(),
-                sk: sk.clone(),
-            };
-            let ttl = &ttl;
-            async move {
-                if let Err(e) = self.update_retrying(&key, ttl, &Expect::Anything).await {
-                    tracing::warn!(pk = %key.pk, sk = %key.sk, "a retired segment kept without a TTL: {e}");
-                }
-            }
+        let keys = garbage.map(|sk| ItemKey {
+            pk: p.pk.clone(),
+            sk: sk.clone(),
         });
-        join_all(updates).await;
+        let at = head_ttl.max(self.now_secs() + CLEARED_OUTBOX_SECONDS);
+        if let Err(e) = self.expire_segments(keys, at).await {
+            tracing::warn!(pk = %p.pk, "a retired segment kept without a TTL: {e}");
+        }
+    }
+
+    /// Gives the segments `keys` the TTL `at`, all at once. Not deleted at once: a load that read
+    /// a head listing them may still be reading them.
+    async fn expire_segments(
+        &self,
+        keys: impl Iterator<Item = ItemKey>,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        let ttl: Item = [(TTL.to_owned(), AttrValue::N(at.to_string()))].into();
+        let updates = keys.map(|key| {
+            let ttl = &ttl;
+            async move { self.update_retrying(&key, ttl, &Expect::Anything).await }
+        });
+        join_all(updates).await.into_iter().collect()
     }
 }
 
