@@ -150,10 +150,7 @@ fn counting() -> KeyedAggregate {
 async fn a_key_named_like_a_bucket_of_another_key_keeps_a_count_of_its_own() {
     let world = World::new(&["partials", "results"]);
     let phase1 = world.executor(counting());
-    let merge = world.executor(AggregateMerge {
-        aggregates: vec![Aggregate::Count],
-        keep: Duration::from_secs(3600),
-    });
+    let merge = counting_merge(&world);
     // `hot` salted into its bucket 3; `hot#3`, a key of its own under its own partition key and
     // salted into its own bucket 0; `~3~hot`, the text of a bucket's state key.
     let mut shard = Shard::new("events", 0);
@@ -204,13 +201,18 @@ fn counting_windows(
     (world, phase1, now)
 }
 
+/// The merge of the counts `counting_windows` sends, keeping an hour of windows.
+fn counting_merge(world: &World) -> keyway::Executor<AggregateMerge> {
+    world.executor(AggregateMerge {
+        aggregates: vec![Aggregate::Count],
+        keep: Duration::from_secs(3600),
+    })
+}
+
 #[tokio::test]
 async fn a_record_for_a_window_already_closed_is_dead_lettered_as_late_and_counted_nowhere() {
     let (world, phase1, now) = counting_windows(60_000, 5_000);
-    let merge = world.executor(AggregateMerge {
-        aggregates: vec![Aggregate::Count],
-        keep: Duration::from_secs(3600),
-    });
+    let merge = counting_merge(&world);
     let open = now - now.rem_euclid(60_000);
     // Two records in the open window, one in the window before it (closed: its end and the
     // five seconds of lateness are past unless the clock just turned a minute).
@@ -303,10 +305,7 @@ async fn a_record_stamped_far_ahead_of_the_clock_or_at_the_ends_of_time_opens_no
 async fn a_batch_that_read_the_clock_before_its_window_closed_and_runs_past_the_close_still_counts_in_it(
 ) {
     let (world, phase1, now) = counting_windows(60_000, 0);
-    let merge = world.executor(AggregateMerge {
-        aggregates: vec![Aggregate::Count],
-        keep: Duration::from_secs(3600),
-    });
+    let merge = counting_merge(&world);
     let close = now - now.rem_euclid(60_000) + 60_000;
     let mut shard = Shard::new("events", 0);
     // Each batch read the clock at `at` and may run for the function's 30 s.
@@ -333,6 +332,69 @@ async fn a_batch_that_read_the_clock_before_its_window_closed_and_runs_past_the_
         "every record of the window, the late-running batch's too"
     );
     assert!(world.dead_letters().is_empty());
+}
+
+#[tokio::test]
+async fn a_batch_delivered_again_after_its_window_closed_counts_what_arrived_in_time_while_the_window_waits_in_its_keys_state(
+) {
+    let (world, phase1, now) = counting_windows(60_000, 0);
+    let merge = counting_merge(&world);
+    let close = now - now.rem_euclid(60_000) + 60_000;
+    let start = close - 60_000;
+    let mut shard = Shard::new("events", 0);
+    // A batch applied at `at` (the function's 30 s from then) whose records reached the
+    // stream at `arrived`.
+    let mut run_at = |at: i64, arrived: i64, records: &[(&str, i64)]| {
+        world.clock.set(at);
+        shard.arrival_millis = arrived;
+        let records: Vec<(&str, Vec<u8>)> =
+            records.iter().map(|&(k, t)| (k, line(k, "1", t))).collect();
+        let batch = decode_event(&shard.batch(&records).to_string()).unwrap();
+        phase1.run_until(batch, Some(at + 30_000))
+    };
+    run_at(close - 5_000, close - 5_000, &[("k", close - 5_500)]).await;
+    // Arrived two seconds before the close; its first delivery failed (a throttled commit
+    // applies nothing), and Lambda delivers it again ten seconds after: k's record joins k's
+    // window, which waits in its state. j never opened the window: it may have gone already
+    // (it has not here, but a key that sent it keeps no trace of it).
+    run_at(
+        close + 10_000,
+        close - 2_000,
+        &[("k", close - 2_500), ("j", close - 2_400)],
+    )
+    .await;
+    // Arrived after the close.
+    run_at(close + 11_000, close + 500, &[("k", close - 100)]).await;
+    world.clock.set(close + 120_000);
+    phase1.fire_timers(None).await.unwrap();
+    // Arrived in time, applied after k's window went to the merge.
+    run_at(close + 121_000, close - 1_000, &[("k", close - 1_500)]).await;
+    world.clock.set(close + 240_000);
+    phase1.fire_timers(None).await.unwrap();
+
+    let results: Vec<String> = merged(&world, &merge).await.into_values().collect();
+    assert_eq!(
+        results,
+        [format!(r#"{{"key":"k","window_start":{start},"count":2}}"#)],
+        "what arrived in time and was applied while its window waited counts"
+    );
+    let letters = world.dead_letters();
+    let reasons: Vec<(&str, &str, bool)> = letters
+        .iter()
+        .map(|l| {
+            let arrived_in_time = l.problem.contains("arrived in time");
+            (l.field.as_str(), &l.problem[..16], arrived_in_time)
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("data/at", "late: its window", true),
+            ("data/at", "late: its window", false),
+            ("data/at", "late: its window", true),
+        ],
+        "{letters:?}"
+    );
 }
 
 #[test]

@@ -8,7 +8,8 @@
 //! end plus the allowed lateness, on the runtime's clock) and every batch that read the clock
 //! before then has ended (`settle`), a running total's a `flush` after its first change since the
 //! last one. A record for a window already closed is late: dead-lettered with the reason and
-//! counted nowhere.
+//! counted nowhere; unless it reached the stream before the close and its window still waits in
+//! the key's state (`Window::late`): Lambda delivering a failed batch again after the close.
 //!
 //! A timer fires in a sweep, a second writer of the key beside the stream's batches, and what it
 //! sends depends on state those batches change: the partials go through the outbox (DESIGN §3),
@@ -23,11 +24,11 @@ use serde::{Deserialize, Serialize};
 
 use keyway::domain::salt::{state_key, unsalt};
 use keyway::domain::{Payload, SourceRecord};
-use keyway::operator::{timers, Delivery, SinkDescriptor, StateDescriptor};
+use keyway::operator::{timers, Delivery, MapHandle, SinkDescriptor, StateDescriptor};
 use keyway::{Ctx, InvalidInput, KeyedOperator, MapState, ProcessError, Sink};
 
 use crate::aggregate::{window_start, Partial};
-use crate::spec::{Reading, Spec};
+use crate::spec::{Reading, Spec, Windows};
 
 /// The operator's name: part of its state keys and output ids.
 pub const NAME: &str = "keyed-aggregate";
@@ -100,21 +101,19 @@ impl KeyedAggregate {
         Self { spec }
     }
 
-    /// The slot a reading goes to and when that slot goes to the merge, or why it is late, or
-    /// too far ahead of the clock.
-    fn slot(
-        &self,
-        reading: &Reading,
-        now: i64,
-        settle: i64,
-    ) -> Result<(String, i64), InvalidInput> {
+    /// Where a reading goes, or why it is too far ahead of the clock. Whether it is late depends
+    /// on the key's windows too (`Window::late`).
+    fn target(&self, reading: &Reading, now: i64, settle: i64) -> Result<Target, InvalidInput> {
         let (Some(windows), Some(time)) = (&self.spec.windows, reading.time) else {
-            return Ok((ALL.to_owned(), now + self.spec.flush.as_millis() as i64));
+            return Ok(Target {
+                slot: ALL.to_owned(),
+                window: None,
+                flush_at: now + self.spec.flush.as_millis() as i64,
+            });
         };
-        let field = || format!("data{}", windows.time.as_str());
         if time > now.saturating_add(windows.ahead_millis) {
             return Err(InvalidInput::new(
-                field(),
+                time_field(windows),
                 format!(
                     "{time} is more than {} s ahead of the clock ({now}): its window would \
                      wait that long in its key's state",
@@ -126,16 +125,68 @@ impl KeyedAggregate {
         // Saturating: a time near i64's least (a JSON number can give it) is late.
         let end = start.saturating_add(windows.size_millis);
         let closes = end.saturating_add(windows.lateness_millis);
-        if now >= closes {
-            return Err(InvalidInput::new(
-                field(),
-                format!(
-                    "late: its window [{start}, {end}) closed at {closes} (allowed lateness {} ms); the clock says {now}",
-                    windows.lateness_millis
-                ),
+        Ok(Target {
+            slot: start.to_string(),
+            window: Some(Window { start, end, closes }),
+            flush_at: closes.saturating_add(settle),
+        })
+    }
+}
+
+/// The field a record holds its event time in.
+fn time_field(windows: &Windows) -> String {
+    format!("data{}", windows.time.as_str())
+}
+
+/// A reading's slot, its window if any, and when the slot goes to the merge if the reading
+/// opens it.
+struct Target {
+    slot: String,
+    window: Option<Window>,
+    flush_at: i64,
+}
+
+/// A window of a reading: its bounds and when it closes (its end plus the allowed lateness).
+struct Window {
+    start: i64,
+    end: i64,
+    closes: i64,
+}
+
+impl Window {
+    /// Why a reading that arrived at `arrival` and is applied at `now` is late for this window,
+    /// if it is. A window takes records until it closes, and a record that arrived before the
+    /// close also later while its window waits in the key's state (`open`) to go to the merge:
+    /// a batch Lambda delivers again after the close (a commit throttled, a crash) counts as it
+    /// would have. Only while it waits: a window the key never opened may have gone already (a
+    /// second partial of it would be taken for the first, or replace it).
+    fn late(
+        &self,
+        slot: &String,
+        open: &MapHandle<'_, String, Open>,
+        now: i64,
+        arrival: i64,
+        lateness_millis: i64,
+    ) -> Option<String> {
+        let Window { start, end, closes } = *self;
+        if now < closes {
+            return None;
+        }
+        let bounds = format!(
+            "its window [{start}, {end}) closed at {closes} (allowed lateness {lateness_millis} ms)"
+        );
+        if arrival >= closes {
+            return Some(format!(
+                "late: {bounds}; the record arrived at {arrival}, the clock says {now}"
             ));
         }
-        Ok((start.to_string(), closes.saturating_add(settle)))
+        if open.get(slot).is_some_and(|o| o.flush_at.is_some()) {
+            return None;
+        }
+        Some(format!(
+            "late: {bounds}; the record arrived in time, at {arrival}, but is applied after the \
+             close (the clock says {now}), when its key holds no open window for it"
+        ))
     }
 }
 
@@ -198,9 +249,22 @@ impl KeyedOperator for KeyedAggregate {
     }
 
     fn process(&self, ctx: &mut Ctx<'_>, input: Input) -> Result<(), ProcessError> {
-        let (slot, flush_at) = self.slot(&input.reading, ctx.now_millis(), settle(ctx))?;
-        let one = Partial::of(input.reading.value);
+        let now = ctx.now_millis();
+        // A record the source gives no arrival time is taken to have arrived now.
+        let arrival = ctx.record().arrival_millis.unwrap_or(now);
+        let Target {
+            slot,
+            window,
+            flush_at,
+        } = self.target(&input.reading, now, settle(ctx))?;
         let mut open = ctx.map(&OPEN)?;
+        if let (Some(window), Some(windows)) = (&window, &self.spec.windows) {
+            if let Some(problem) = window.late(&slot, &open, now, arrival, windows.lateness_millis)
+            {
+                return Err(InvalidInput::new(time_field(windows), problem).into());
+            }
+        }
+        let one = Partial::of(input.reading.value);
         let timer = match open.get_mut(&slot) {
             Some(entry) => {
                 entry.partial.merge(&one).map_err(|e| {
