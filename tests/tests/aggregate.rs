@@ -10,10 +10,13 @@ use std::time::Duration;
 use keyed_aggregate::aggregate::{Aggregate, Partial};
 use keyed_aggregate::exact::Exact;
 use keyed_aggregate::merge::{result_line, AggregateMerge};
-use keyed_aggregate::partials::KeyedAggregate;
+use keyed_aggregate::partials::{KeyedAggregate, REDELIVERY_GRACE_MILLIS};
 use keyed_aggregate::spec::{Spec, Windows};
+use keyway::adapters::dynamodb::ItemKey;
 use keyway::domain::pointer::Pointer;
+use keyway::domain::AttrValue;
 use keyway::sources::kinesis::decode_event;
+use keyway::KeyedOperator as _;
 use keyway_tests::harness::{run_to_completion, Shard, World};
 use serde_json::Value;
 
@@ -183,6 +186,17 @@ fn counting_windows(
 ) -> (World, keyway::Executor<KeyedAggregate>, i64) {
     let world = World::new(&["partials", "results"]);
     let now = keyway::ports::Clock::now_millis(world.clock.as_ref());
+    let phase1 = counting_in(&world, size_millis, lateness_millis);
+    (world, phase1, now)
+}
+
+/// The first phase counting per key in `world`, in windows of `size_millis` taking records
+/// `lateness_millis` late.
+fn counting_in(
+    world: &World,
+    size_millis: i64,
+    lateness_millis: i64,
+) -> keyway::Executor<KeyedAggregate> {
     let windows = Windows {
         size_millis,
         lateness_millis,
@@ -197,8 +211,7 @@ fn counting_windows(
         Duration::from_secs(60),
     )
     .unwrap();
-    let phase1 = world.executor(KeyedAggregate::new(Arc::new(spec)));
-    (world, phase1, now)
+    world.executor(KeyedAggregate::new(Arc::new(spec)))
 }
 
 /// The merge of the counts `counting_windows` sends, keeping an hour of windows.
@@ -334,66 +347,189 @@ async fn a_batch_that_read_the_clock_before_its_window_closed_and_runs_past_the_
     assert!(world.dead_letters().is_empty());
 }
 
-#[tokio::test]
-async fn a_batch_delivered_again_after_its_window_closed_counts_what_arrived_in_time_while_the_window_waits_in_its_keys_state(
-) {
-    let (world, phase1, now) = counting_windows(60_000, 0);
-    let merge = counting_merge(&world);
-    let close = now - now.rem_euclid(60_000) + 60_000;
-    let start = close - 60_000;
-    let mut shard = Shard::new("events", 0);
-    // A batch applied at `at` (the function's 30 s from then) whose records reached the
-    // stream at `arrived`.
-    let mut run_at = |at: i64, arrived: i64, records: &[(&str, i64)]| {
-        world.clock.set(at);
-        shard.arrival_millis = arrived;
+/// The first phase counting per key in minute windows taking nothing late, a shard feeding it,
+/// the merge, and when the window of the world's minute closes.
+struct Minutes {
+    world: World,
+    phase1: keyway::Executor<KeyedAggregate>,
+    merge: keyway::Executor<AggregateMerge>,
+    shard: Shard,
+    close: i64,
+}
+
+impl Minutes {
+    fn new() -> Self {
+        let (world, phase1, now) = counting_windows(60_000, 0);
+        let merge = counting_merge(&world);
+        let close = now - now.rem_euclid(60_000) + 60_000;
+        let shard = Shard::new("events", 0);
+        Self {
+            world,
+            phase1,
+            merge,
+            shard,
+            close,
+        }
+    }
+
+    /// Applies `records` (key, event time) that reached the stream at `arrived`, at `at` with
+    /// the function's 30 s from then.
+    async fn apply(&mut self, at: i64, arrived: i64, records: &[(&str, i64)]) {
+        self.world.clock.set(at);
+        self.shard.arrival_millis = arrived;
         let records: Vec<(&str, Vec<u8>)> =
             records.iter().map(|&(k, t)| (k, line(k, "1", t))).collect();
-        let batch = decode_event(&shard.batch(&records).to_string()).unwrap();
-        phase1.run_until(batch, Some(at + 30_000))
-    };
-    run_at(close - 5_000, close - 5_000, &[("k", close - 5_500)]).await;
-    // Arrived two seconds before the close; its first delivery failed (a throttled commit
-    // applies nothing), and Lambda delivers it again ten seconds after: k's record joins k's
-    // window, which waits in its state. j never opened the window: it may have gone already
-    // (it has not here, but a key that sent it keeps no trace of it).
-    run_at(
-        close + 10_000,
-        close - 2_000,
-        &[("k", close - 2_500), ("j", close - 2_400)],
-    )
-    .await;
-    // Arrived after the close.
-    run_at(close + 11_000, close + 500, &[("k", close - 100)]).await;
-    world.clock.set(close + 120_000);
-    phase1.fire_timers(None).await.unwrap();
-    // Arrived in time, applied after k's window went to the merge.
-    run_at(close + 121_000, close - 1_000, &[("k", close - 1_500)]).await;
-    world.clock.set(close + 240_000);
-    phase1.fire_timers(None).await.unwrap();
+        let batch = decode_event(&self.shard.batch(&records).to_string()).unwrap();
+        self.phase1.run_until(batch, Some(at + 30_000)).await;
+    }
 
-    let results: Vec<String> = merged(&world, &merge).await.into_values().collect();
+    /// Fires the timers due at `at`.
+    async fn sweep(&self, at: i64) {
+        self.world.clock.set(at);
+        self.phase1.fire_timers(None).await.unwrap();
+    }
+
+    /// Each key's last result per window, as `key@window` to the result's line.
+    async fn results(&self) -> Vec<String> {
+        merged(&self.world, &self.merge)
+            .await
+            .into_values()
+            .collect()
+    }
+}
+
+fn result(key: &str, window: i64, count: u32) -> String {
+    format!(r#"{{"key":"{key}","window_start":{window},"count":{count}}}"#)
+}
+
+#[tokio::test]
+async fn a_batch_delivered_again_after_its_window_closed_counts_what_arrived_in_time_unless_its_key_sent_the_window(
+) {
+    let mut w = Minutes::new();
+    let close = w.close;
+    let (start, before) = (close - 60_000, close - 120_000);
+    // k, j and m each send the window before: their marks.
+    let keys = [
+        ("k", start - 5_500),
+        ("j", start - 5_400),
+        ("m", start - 5_300),
+    ];
+    w.apply(start - 5_000, start - 5_000, &keys).await;
+    w.sweep(start + 40_000).await;
+    w.apply(close - 5_000, close - 5_000, &[("k", close - 5_500)])
+        .await;
+    // Reached the stream two seconds before the close; its first delivery failed (a throttled
+    // commit applies nothing), and Lambda delivers it again ten seconds after: k's record joins
+    // k's window, which waits in its state; j's opens j's, after the one j sent; n has sent no
+    // window, so nothing tells whether it sent this one.
+    let again = [
+        ("k", close - 2_500),
+        ("j", close - 2_400),
+        ("n", close - 2_300),
+    ];
+    w.apply(close + 10_000, close - 2_000, &again).await;
+    // Reached the stream after the close.
+    w.apply(close + 11_000, close + 500, &[("k", close - 100)])
+        .await;
+    w.sweep(close + 120_000).await;
+    // In time, but applied after k's window went to the merge.
+    w.apply(close + 121_000, close - 1_000, &[("k", close - 1_500)])
+        .await;
+    // In time, but applied past the grace: m never opened the window.
+    let past_grace = close + REDELIVERY_GRACE_MILLIS + 1_000;
+    w.apply(past_grace, close - 1_000, &[("m", close - 1_500)])
+        .await;
+    // The lateness raised to ten minutes: k's window, sent, stays closed.
+    w.phase1 = counting_in(&w.world, 60_000, 600_000);
+    w.apply(close + 200_000, close + 200_000, &[("k", close - 1_000)])
+        .await;
+    w.sweep(past_grace + 120_000).await;
+
     assert_eq!(
-        results,
-        [format!(r#"{{"key":"k","window_start":{start},"count":2}}"#)],
-        "what arrived in time and was applied while its window waited counts"
+        w.results().await,
+        [
+            result("j", before, 1),
+            result("j", start, 1),
+            result("k", before, 1),
+            result("k", start, 2),
+            result("m", before, 1),
+        ],
+        "what reached the stream in time counts while its window waits, or opens it after one its \
+         key sent"
     );
-    let letters = world.dead_letters();
-    let reasons: Vec<(&str, &str, bool)> = letters
+    let letters = w.world.dead_letters();
+    let reasons: Vec<(&str, &str)> = letters
         .iter()
         .map(|l| {
-            let arrived_in_time = l.problem.contains("arrived in time");
-            (l.field.as_str(), &l.problem[..16], arrived_in_time)
+            let problem = l.problem.as_str();
+            assert!(problem.starts_with("late: its window"), "{problem}");
+            let why = ["no mark", "gone to the merge", "too late to open"]
+                .into_iter()
+                .find(|why| problem.contains(why))
+                .unwrap_or("arrived after the close");
+            (l.field.as_str(), why)
         })
         .collect();
     assert_eq!(
         reasons,
         [
-            ("data/at", "late: its window", true),
-            ("data/at", "late: its window", false),
-            ("data/at", "late: its window", true),
+            ("data/at", "no mark"),
+            ("data/at", "arrived after the close"),
+            ("data/at", "gone to the merge"),
+            ("data/at", "too late to open"),
+            ("data/at", "gone to the merge"),
         ],
         "{letters:?}"
+    );
+}
+
+/// Moves the first phase's items under `signature` to the signature `to`, as a release that
+/// wrote them there would have left them.
+fn move_state(world: &World, signature: &str, to: &str) {
+    for mut item in world.table.items() {
+        let Some(pk) = item.get("pk").and_then(|v| v.as_s()).map(str::to_owned) else {
+            continue;
+        };
+        if pk.starts_with("keyed-aggregate#") && pk.contains(signature) {
+            let sk = item["sk"].as_s().unwrap().to_owned();
+            let key = ItemKey { pk: pk.clone(), sk };
+            world.table.delete_item(&key.to_item()).unwrap();
+            item.insert("pk".into(), AttrValue::S(pk.replace(signature, to)));
+            world.table.put_item(item).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn windows_the_release_before_the_sent_mark_left_open_carry_over_and_go_to_the_merge_whole() {
+    let mut w = Minutes::new();
+    let close = w.close;
+    let before_mark = "6ae4d86bfd442e9e";
+    assert_eq!(
+        w.phase1.operator().migrations()[0].from,
+        before_mark,
+        "the migration reads the states the lock file recorded before the mark"
+    );
+    let keys = [
+        ("k", close - 5_500),
+        ("j", close - 5_400),
+        ("k", close - 5_300),
+    ];
+    w.apply(close - 5_000, close - 5_000, &keys).await;
+    move_state(&w.world, &w.phase1.namespace().signature, before_mark);
+    // k takes one more record after the upgrade; j's window goes on its timer alone.
+    w.apply(close - 1_000, close - 1_000, &[("k", close - 1_500)])
+        .await;
+    w.sweep(close + 120_000).await;
+    let start = close - 60_000;
+    assert_eq!(
+        w.results().await,
+        [result("j", start, 1), result("k", start, 3)]
+    );
+    assert!(
+        w.world.dead_letters().is_empty(),
+        "{:?}",
+        w.world.dead_letters()
     );
 }
 

@@ -8,8 +8,10 @@
 //! end plus the allowed lateness, on the runtime's clock) and every batch that read the clock
 //! before then has ended (`settle`), a running total's a `flush` after its first change since the
 //! last one. A record for a window already closed is late: dead-lettered with the reason and
-//! counted nowhere; unless it reached the stream before the close and its window still waits in
-//! the key's state (`Window::late`): Lambda delivering a failed batch again after the close.
+//! counted nowhere; unless it reached the stream before the close and Lambda delivered it again
+//! after (a failed batch retried), while its window waits in the key's state or, for a window
+//! the key had not opened, within `REDELIVERY_GRACE_MILLIS` (`Window::late`). A window sent takes
+//! nothing more: the key keeps the newest one's start (`SENT`).
 //!
 //! A timer fires in a sweep, a second writer of the key beside the stream's batches, and what it
 //! sends depends on state those batches change: the partials go through the outbox (DESIGN §3),
@@ -19,13 +21,17 @@
 //! twice changes nothing.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use keyway::domain::salt::{state_key, unsalt};
 use keyway::domain::{Payload, SourceRecord};
-use keyway::operator::{timers, Delivery, MapHandle, SinkDescriptor, StateDescriptor};
-use keyway::{Ctx, InvalidInput, KeyedOperator, MapState, ProcessError, Sink};
+use keyway::operator::{
+    timers, Delivery, Migration, MigrationError, NewState, OldState, SinkDescriptor,
+    StateDescriptor,
+};
+use keyway::{Ctx, InvalidInput, KeyedOperator, MapState, ProcessError, Sink, ValueState};
 
 use crate::aggregate::{window_start, Partial};
 use crate::spec::{Reading, Spec, Windows};
@@ -46,6 +52,12 @@ pub const OPEN: MapState<String, Open> = MapState::with_shape(
     "Open { key: String, partial: Partial { count: u64, sum: Option<Exact>, min: Option<Exact>, \
      max: Option<Exact> }, flush_at: Option<i64> }, Exact as decimal text",
 );
+
+/// The start of the newest window the key sent to the merge: a record for it or an earlier
+/// window is late, since a second partial of a window sent would be taken for the first or
+/// replace it. It lives a day past the key's last flush, long past any redelivery's grace; a key
+/// whose windows have all gone expires with it.
+pub const SENT: ValueState<i64> = ValueState::new("sent").with_ttl(Duration::from_secs(86_400));
 
 /// Partials on their way to the merge, partitioned by the original key.
 pub const PARTIALS: Sink<PartialUpdate> = Sink::new("partials");
@@ -89,6 +101,12 @@ pub struct Input {
     pub state_key: String,
 }
 
+/// How long after its window closed a record that reached the stream before the close still
+/// opens the window when Lambda delivers it only then (a batch failed at the close and retried:
+/// seconds to minutes), if its key has not sent that window or a later one. Past it, the records
+/// of a shard that stalled are late. The merge keeps a window far longer (a day unless set).
+pub const REDELIVERY_GRACE_MILLIS: i64 = 15 * 60_000;
+
 /// The first phase of keyed aggregation.
 #[derive(Clone, Debug)]
 pub struct KeyedAggregate {
@@ -128,7 +146,9 @@ impl KeyedAggregate {
         Ok(Target {
             slot: start.to_string(),
             window: Some(Window { start, end, closes }),
-            flush_at: closes.saturating_add(settle),
+            // A window opened after its close (by a record delivered again) goes as if it had
+            // opened then.
+            flush_at: closes.max(now).saturating_add(settle),
         })
     }
 }
@@ -154,40 +174,75 @@ struct Window {
 }
 
 impl Window {
-    /// Why a reading that arrived at `arrival` and is applied at `now` is late for this window,
-    /// if it is. A window takes records until it closes, and a record that arrived before the
-    /// close also later while its window waits in the key's state (`open`) to go to the merge:
-    /// a batch Lambda delivers again after the close (a commit throttled, a crash) counts as it
-    /// would have. Only while it waits: a window the key never opened may have gone already (a
-    /// second partial of it would be taken for the first, or replace it).
+    /// Why a reading that reached the stream at `arrival` and is applied at `now` is late for
+    /// this window, if it is, where the key `held` the window open or not, and had sent windows
+    /// to the merge up to the one from `sent`. A window takes records until it closes and, from
+    /// records that reached the stream before, also later (a batch Lambda delivers again after
+    /// the close counts as it would have): while it waits in the key's state, or, opening it,
+    /// within the grace and only after a window the key sent, which shows this one has not gone
+    /// (a key without that mark may have sent it under an earlier release). A window the key
+    /// sent, or one before it, takes nothing more.
     fn late(
         &self,
-        slot: &String,
-        open: &MapHandle<'_, String, Open>,
+        held: bool,
+        sent: Option<i64>,
         now: i64,
         arrival: i64,
         lateness_millis: i64,
     ) -> Option<String> {
         let Window { start, end, closes } = *self;
+        let bounds = || {
+            format!("late: its window [{start}, {end}) closed at {closes} (allowed lateness {lateness_millis} ms)")
+        };
+        let clock = || format!("the record arrived at {arrival}, the clock says {now}");
+        if !held {
+            if let Some(sent) = sent.filter(|&sent| start <= sent) {
+                return Some(format!(
+                    "{}, and its key's windows up to the one from {sent} have gone to the merge; {}",
+                    bounds(),
+                    clock()
+                ));
+            }
+        }
         if now < closes {
             return None;
         }
-        let bounds = format!(
-            "its window [{start}, {end}) closed at {closes} (allowed lateness {lateness_millis} ms)"
-        );
         if arrival >= closes {
-            return Some(format!(
-                "late: {bounds}; the record arrived at {arrival}, the clock says {now}"
-            ));
+            return Some(format!("{}; {}", bounds(), clock()));
         }
-        if open.get(slot).is_some_and(|o| o.flush_at.is_some()) {
+        if held {
             return None;
         }
-        Some(format!(
-            "late: {bounds}; the record arrived in time, at {arrival}, but is applied after the \
-             close (the clock says {now}), when its key holds no open window for it"
-        ))
+        if sent.is_none() {
+            return Some(format!(
+                "{}; {}: in time, but its key holds no open window for it and no mark of the \
+                 windows it sent",
+                bounds(),
+                clock()
+            ));
+        }
+        if now >= closes.saturating_add(REDELIVERY_GRACE_MILLIS) {
+            return Some(format!(
+                "{}; {}: in time, but more than {} s after the close, too late to open its \
+                 window again",
+                bounds(),
+                clock(),
+                REDELIVERY_GRACE_MILLIS / 1000
+            ));
+        }
+        None
     }
+}
+
+/// The states before `SENT` was added: a key's windows and timers carry over unchanged.
+fn before_sent() -> Vec<StateDescriptor> {
+    vec![OPEN.descriptor(), timers()]
+}
+
+fn from_before_sent(old: &OldState<'_>) -> Result<NewState, MigrationError> {
+    Ok(NewState::new()
+        .carry(old, &OPEN.descriptor())
+        .carry(old, &timers()))
 }
 
 /// How long after a window closes its partial goes to the merge: until every batch that read the
@@ -211,7 +266,11 @@ impl KeyedOperator for KeyedAggregate {
     }
 
     fn states(&self) -> Vec<StateDescriptor> {
-        vec![OPEN.descriptor(), timers()]
+        vec![OPEN.descriptor(), SENT.descriptor(), timers()]
+    }
+
+    fn migrations(&self) -> Vec<Migration> {
+        vec![Migration::from_states(&before_sent(), from_before_sent)]
     }
 
     fn sinks(&self) -> Vec<SinkDescriptor> {
@@ -257,14 +316,23 @@ impl KeyedOperator for KeyedAggregate {
             window,
             flush_at,
         } = self.target(&input.reading, now, settle(ctx))?;
-        let mut open = ctx.map(&OPEN)?;
         if let (Some(window), Some(windows)) = (&window, &self.spec.windows) {
-            if let Some(problem) = window.late(&slot, &open, now, arrival, windows.lateness_millis)
-            {
+            let held = ctx
+                .map(&OPEN)?
+                .get(&slot)
+                .is_some_and(|o| o.flush_at.is_some());
+            // Read only for a window the key does not hold yet: once a window and key.
+            let sent = if held {
+                None
+            } else {
+                ctx.value(&SENT)?.get().copied()
+            };
+            if let Some(problem) = window.late(held, sent, now, arrival, windows.lateness_millis) {
                 return Err(InvalidInput::new(time_field(windows), problem).into());
             }
         }
         let one = Partial::of(input.reading.value);
+        let mut open = ctx.map(&OPEN)?;
         let timer = match open.get_mut(&slot) {
             Some(entry) => {
                 entry.partial.merge(&one).map_err(|e| {
@@ -321,6 +389,11 @@ impl KeyedOperator for KeyedAggregate {
                 version: at_millis,
                 partial: entry.partial,
             });
+        }
+        if let Some(newest) = updates.iter().filter_map(|u| u.window_start).max() {
+            let mut sent = ctx.value(&SENT)?;
+            let through = sent.get().map_or(newest, |&sent| sent.max(newest));
+            sent.set(through);
         }
         for update in updates {
             ctx.emit(&PARTIALS, update.key.clone(), &update)?;

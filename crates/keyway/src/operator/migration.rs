@@ -100,6 +100,17 @@ impl NewState {
         Self::default()
     }
 
+    /// Adds the state `state` as the key held it before, unchanged (nothing where it held none):
+    /// for a state whose structure stayed when another was added or changed. Timers carry over
+    /// as `carry(old, &timers())`.
+    pub fn carry(mut self, old: &OldState<'_>, state: &StateDescriptor) -> Self {
+        if let Some(slot) = old.slots.get(state.name) {
+            self.slots
+                .insert(state.name.to_owned(), slot.entries.clone());
+        }
+        self
+    }
+
     /// Adds the value state `state`, holding `value`.
     pub fn value<T: Serialize>(
         mut self,
