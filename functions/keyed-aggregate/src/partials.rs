@@ -55,8 +55,8 @@ pub const OPEN: MapState<String, Open> = MapState::with_shape(
 
 /// The start of the newest window the key sent to the merge: a record for it or an earlier
 /// window is late, since a second partial of a window sent would be taken for the first or
-/// replace it. It lives a day past the key's last flush, long past any redelivery's grace; a key
-/// whose windows have all gone expires with it.
+/// replace it. It lives a day past the key's last flush, long past any redelivery's grace: a key
+/// whose windows have all gone keeps nothing for good.
 pub const SENT: ValueState<i64> = ValueState::new("sent").with_ttl(Duration::from_secs(86_400));
 
 /// Partials on their way to the merge, partitioned by the original key.

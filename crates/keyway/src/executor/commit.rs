@@ -1,16 +1,19 @@
 //! Phase 5: each key's new state, with its watermarks advanced, committed conditional on the
 //! version it was loaded at. Keys with records left unapplied report the first of them.
 
+use std::collections::BTreeMap;
+
 use tracing::warn;
 
 use super::emit::{Emission, Tag};
 use super::expiry;
+use super::load::OldHead;
 use super::plan::Plan;
 use super::process::{counts, KeyWork, Outcome};
 use super::{BatchReport, Executor};
 use crate::domain::{KeyState, Output, SourceRecord};
 use crate::operator::{pending_timers, take_stored_timer, Delivery, InvalidInput, KeyedOperator};
-use crate::ports::{Commit, Committed, LoadKey, StoreError, TimerEntry};
+use crate::ports::{Commit, Committed, LoadKey, Namespace, StoreError, TimerEntry};
 
 /// A key committed with outputs in its outbox, still to be sent.
 pub(super) struct PendingOutbox {
@@ -135,10 +138,14 @@ impl<O: KeyedOperator> Executor<O> {
             .unzip();
         let results = self.store.commit(&self.namespace, commits).await;
         let mut conflicted = Vec::new();
+        let mut retiring = Vec::new();
         for ((g, outputs), result) in groups.into_iter().zip(results) {
             match result {
                 Ok(committed) => {
                     report.commits += 1;
+                    if let Some(old) = keys[g].migrated_from.take() {
+                        retiring.push((plan.groups[g].key.clone(), old));
+                    }
                     let (applied, replayed) = counts(&keys[g].run.outcomes);
                     report.applied += applied;
                     report.replayed += replayed;
@@ -162,7 +169,40 @@ impl<O: KeyedOperator> Executor<O> {
                 }
             }
         }
+        self.retire_old_heads(retiring, now).await;
         conflicted
+    }
+
+    /// Writes the older signature's state each migrated key was carried over from empty and
+    /// expiring at once, now that the carried state landed: a load that finds the key missing
+    /// under the current signature (once its state there expired) must not carry it over again.
+    /// One that cannot be written (the release before still writing the key, the store down) is
+    /// carried over again only then: a warning says so.
+    async fn retire_old_heads(&self, retiring: Vec<(String, OldHead)>, now: i64) {
+        let mut by_signature: BTreeMap<String, Vec<Commit>> = BTreeMap::new();
+        for (key, old) in retiring {
+            let mut state = old.state;
+            state.expires_at = Some(now.div_euclid(1000));
+            by_signature.entry(old.signature).or_default().push(Commit {
+                key,
+                expected_version: state.version,
+                state,
+                redelivery_window: self.config.redelivery_window,
+            });
+        }
+        for (signature, commits) in by_signature {
+            let namespace = Namespace {
+                signature,
+                ..self.namespace.clone()
+            };
+            let keys: Vec<String> = commits.iter().map(|c| c.key.clone()).collect();
+            let results = self.store.commit(&namespace, commits).await;
+            for (key, result) in keys.iter().zip(results) {
+                if let Err(err) = result {
+                    warn!(operator = %namespace.operator, key, signature = %namespace.signature, error = %err, "the state the key was migrated from could not be retired: it is carried over again if the key's current state expires");
+                }
+            }
+        }
     }
 
     /// Writes the due-time index entries of the timers the commits set, before the commits: an
@@ -242,6 +282,9 @@ impl<O: KeyedOperator> Executor<O> {
             let rerun = fresh.and_then(|base| {
                 let invalid = work.invalid.len();
                 work.base = base;
+                // The winner wrote the key under the current signature: a migration of its own
+                // retires what it carried over.
+                work.migrated_from = None;
                 self.drop_expired_states(work, now);
                 let mut inputs: Vec<Option<O::Input>> = records.iter().map(|_| None).collect();
                 let run = self.run_key(key, work, &records, usize::MAX, now, &mut inputs);
@@ -288,7 +331,8 @@ impl<O: KeyedOperator> Executor<O> {
         let noted_anew = sent_so_far
             .as_ref()
             .is_some_and(|notes| !notes.same_as(state.sent_so_far.as_ref(), state.version));
-        let mut changed = work.migrated || work.expired || !state.outbox.is_empty() || noted_anew;
+        let mut changed =
+            work.migrated_from.is_some() || work.expired || !state.outbox.is_empty() || noted_anew;
         let updates = std::mem::take(&mut work.updates);
         let updated: Vec<(&'static str, Option<i64>)> = updates
             .iter()

@@ -390,7 +390,7 @@ impl<O: KeyedOperator> Executor<O> {
         let first = outcomes
             .iter()
             .position(|o| !matches!(o, Outcome::Replayed));
-        let changed = work.migrated || work.expired;
+        let changed = work.migrated_from.is_some() || work.expired;
         let chain = |length| self.chain(plan, g, outcomes, first?, length);
         match notes_holding(base, changed, chain) {
             Ok(notes) => notes,

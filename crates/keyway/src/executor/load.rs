@@ -22,6 +22,15 @@ fn fail_all(plan: &Plan<'_>, report: &mut BatchReport) {
     }
 }
 
+/// A key's state under the older signature a migration carried it over from: written empty,
+/// expiring at once, when the carried state has landed (`Executor::retire_old_heads`), so that
+/// it is never carried over again, after the key's current state expired, say.
+pub(super) struct OldHead {
+    pub signature: String,
+    /// The version and the store's notes as loaded; nothing else.
+    pub state: KeyState,
+}
+
 /// How many keys are read at once when each is read alone.
 const LOADS_ALONE: usize = 8;
 
@@ -73,7 +82,7 @@ impl<O: KeyedOperator> Executor<O> {
                 .map(|migrated| (loaded, migrated)),
             Err(err) => Err(err),
         };
-        let (mut loaded, migrated) = match looked_back {
+        let (mut loaded, mut migrated) = match looked_back {
             Ok(found) => found,
             Err(err) => {
                 warn!(operator = %self.namespace.operator, error = %err, "state load failed; the batch will be redelivered");
@@ -94,7 +103,7 @@ impl<O: KeyedOperator> Executor<O> {
                 .zip(answered)
                 .map(|(g, &without_state)| KeyWork {
                     base: loaded.remove(&g.key).unwrap_or_default(),
-                    migrated: migrated.contains(&g.key),
+                    migrated_from: migrated.remove(&g.key),
                     broadcast: broadcast.clone(),
                     unreadable: unreadable.contains(&g.key),
                     without_state,
@@ -168,7 +177,7 @@ impl<O: KeyedOperator> Executor<O> {
     /// signatures migrations come from, and the previous signature: migrated state becomes the
     /// key's loaded state; state left behind is counted as a reset. A key whose old state does
     /// not parse is added to `unreadable`: it neither starts afresh nor migrates. Returns the
-    /// migrated keys.
+    /// migrated keys, each with the state it was carried over from.
     async fn look_back(
         &self,
         loaded: &mut HashMap<String, KeyState>,
@@ -176,8 +185,8 @@ impl<O: KeyedOperator> Executor<O> {
         previous: Option<(String, i64)>,
         unreadable: &mut HashSet<String>,
         report: &mut BatchReport,
-    ) -> Result<Vec<String>, StoreError> {
-        let mut migrated = Vec::new();
+    ) -> Result<HashMap<String, OldHead>, StoreError> {
+        let mut migrated = HashMap::new();
         // Broadcast state starts afresh after a change of signature: no migration reads it.
         let mut missing: Vec<LoadKey<'_>> = requests
             .iter()
@@ -217,6 +226,14 @@ impl<O: KeyedOperator> Executor<O> {
                 };
                 match migration.map(|m| (m.migrate)(&OldState { slots: &state.slots })) {
                     Some(Ok(new)) => {
+                        let old_head = OldHead {
+                            signature: signature.clone(),
+                            state: KeyState {
+                                version: state.version,
+                                memo: state.memo.clone(),
+                                ..KeyState::default()
+                            },
+                        };
                         let slots = new
                             .slots
                             .into_iter()
@@ -230,7 +247,7 @@ impl<O: KeyedOperator> Executor<O> {
                             ..KeyState::default()
                         };
                         loaded.insert(key.to_owned(), state);
-                        migrated.push(key.to_owned());
+                        migrated.insert(key.to_owned(), old_head);
                         report.migrated += 1;
                     }
                     Some(Err(err)) => {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tracing::{error, warn};
 
+use super::load::OldHead;
 use super::plan::Plan;
 use super::Executor;
 use crate::domain::{KeyState, Origin, Output, SentNotes, SlotUpdate, SourceRecord};
@@ -67,8 +68,9 @@ pub(super) struct Change {
 #[derive(Default)]
 pub(super) struct KeyWork {
     pub base: KeyState,
-    /// State carried over from an older signature: written even if nothing else changes.
-    pub migrated: bool,
+    /// The older signature's state this one was carried over from (a migration): the carried
+    /// state is written even if nothing else changes, and the old retired once it lands.
+    pub migrated_from: Option<OldHead>,
     pub run: KeyRun,
     /// The run's slot changes, encoded.
     pub updates: BTreeMap<&'static str, Change>,
