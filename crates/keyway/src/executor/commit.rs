@@ -176,8 +176,9 @@ impl<O: KeyedOperator> Executor<O> {
     /// Writes the older signature's state each migrated key was carried over from empty and
     /// expiring at once, now that the carried state landed: a load that finds the key missing
     /// under the current signature (once its state there expired) must not carry it over again.
-    /// One that cannot be written (the release before still writing the key, the store down) is
-    /// carried over again only then: a warning says so.
+    /// One write, not retried later: one that does not land (the release before still writing
+    /// the key, the store down, a crash before it) is carried over again then; a warning says
+    /// so, but for a crash.
     async fn retire_old_heads(&self, retiring: Vec<(String, OldHead)>, now: i64) {
         let mut by_signature: BTreeMap<String, Vec<Commit>> = BTreeMap::new();
         for (key, old) in retiring {

@@ -24,7 +24,7 @@ fn fail_all(plan: &Plan<'_>, report: &mut BatchReport) {
 
 /// A key's state under the older signature a migration carried it over from: written empty,
 /// expiring at once, when the carried state has landed (`Executor::retire_old_heads`), so that
-/// it is never carried over again, after the key's current state expired, say.
+/// it is not carried over again once the key's current state expired.
 pub(super) struct OldHead {
     pub signature: String,
     /// The version and the store's notes as loaded; nothing else.
