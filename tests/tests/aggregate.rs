@@ -484,6 +484,16 @@ async fn a_batch_delivered_again_after_its_window_closed_counts_what_arrived_in_
     );
 }
 
+/// The items of the partition key `pk`.
+fn items_of(world: &World, pk: &str) -> Vec<keyway::domain::Item> {
+    world
+        .table
+        .items()
+        .into_iter()
+        .filter(|i| i.get("pk").and_then(|v| v.as_s()) == Some(pk))
+        .collect()
+}
+
 /// Moves the first phase's items under `signature` to the signature `to`, as a release that
 /// wrote them there would have left them.
 fn move_state(world: &World, signature: &str, to: &str) {
@@ -518,9 +528,24 @@ async fn windows_the_release_before_the_sent_mark_left_open_carry_over_and_go_to
     ];
     w.apply(close - 5_000, close - 5_000, &keys).await;
     move_state(&w.world, &w.phase1.namespace().signature, before_mark);
+    let k_before = format!("keyed-aggregate#{before_mark}#k");
+    let k_items = items_of(&w.world, &k_before);
     // k takes one more record after the upgrade; j's window goes on its timer alone.
     w.apply(close - 1_000, close - 1_000, &[("k", close - 1_500)])
         .await;
+    // As if the write retiring k's old state had not landed (a crash after k's commit): k's
+    // next commit retires it.
+    for item in items_of(&w.world, &k_before) {
+        let sk = item["sk"].as_s().unwrap().to_owned();
+        let key = ItemKey {
+            pk: k_before.clone(),
+            sk,
+        };
+        w.world.table.delete_item(&key.to_item()).unwrap();
+    }
+    for item in k_items {
+        w.world.table.put_item(item).unwrap();
+    }
     w.sweep(close + 120_000).await;
     let start = close - 60_000;
     assert_eq!(
@@ -534,13 +559,20 @@ async fn windows_the_release_before_the_sent_mark_left_open_carry_over_and_go_to
     );
     // What the release before left is retired once carried over: a load that finds a key
     // missing once its current state expired carries nothing over again.
+    let keys = ["k".to_owned(), "j".to_owned()];
     let old = Namespace::new("keyed-aggregate", before_mark);
-    let left = w
+    let left = w.world.store.load(&old, &keys).await.unwrap();
+    let current = w
         .world
         .store
-        .load(&old, &["k".to_owned(), "j".to_owned()])
+        .load(w.phase1.namespace(), &keys)
         .await
         .unwrap();
+    assert_eq!(
+        (current["k"].retiring.as_ref(), current["j"].retiring.is_some()),
+        (None, true),
+        "k's commit that retired its old state dropped its note; j's note waits for its next commit"
+    );
     assert!(
         left.values().all(|state| state.slots.is_empty()),
         "{:?}",

@@ -35,6 +35,6 @@ pub use record::{
     RejectedRecord, SequenceNumber, SourceRecord,
 };
 pub use state::{
-    KeyState, SentNotes, SentSoFar, SlotData, SlotUpdate, StateKind, StoreMemo, Watermark,
-    Watermarks,
+    KeyState, Retiring, SentNotes, SentSoFar, SlotData, SlotUpdate, StateKind, StoreMemo,
+    Watermark, Watermarks,
 };

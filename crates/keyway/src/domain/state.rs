@@ -338,6 +338,16 @@ impl std::fmt::Debug for StoreMemo {
     }
 }
 
+/// A key's state under an older signature that a migration carried over: its signature and the
+/// version it was read at.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retiring {
+    /// The older signature.
+    pub signature: String,
+    /// The version the migration read.
+    pub version: u64,
+}
+
 /// Everything stored for one key of one operator.
 #[derive(Clone, Debug, Default)]
 pub struct KeyState {
@@ -353,6 +363,10 @@ pub struct KeyState {
     pub expires_at: Option<i64>,
     /// What went out already of the outputs of the key's records not yet applied.
     pub sent_so_far: Option<SentNotes>,
+    /// The state under an older signature this one was carried over from (a migration), until
+    /// that state is known to be retired: kept with the key so that a later commit retires it
+    /// should the first attempt not land.
+    pub retiring: Option<Retiring>,
     /// The store's own notes on the key as loaded.
     pub memo: StoreMemo,
 }

@@ -1,7 +1,7 @@
 //! Phase 5: each key's new state, with its watermarks advanced, committed conditional on the
 //! version it was loaded at. Keys with records left unapplied report the first of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use tracing::warn;
 
@@ -50,6 +50,7 @@ impl<O: KeyedOperator> Executor<O> {
                 ready.push(r);
             }
         }
+        self.retire_noted(keys, &mut ready, now).await;
         let mut outboxes = Vec::new();
         for round in 0..=CONFLICT_RETRIES {
             let conflicted = self
@@ -176,10 +177,13 @@ impl<O: KeyedOperator> Executor<O> {
     /// Writes the older signature's state each migrated key was carried over from empty and
     /// expiring at once, now that the carried state landed: a load that finds the key missing
     /// under the current signature (once its state there expired) must not carry it over again.
-    /// One write, not retried later: one that does not land (the release before still writing
-    /// the key, the store down, a crash before it) is carried over again then; a warning says
-    /// so, but for a crash.
-    async fn retire_old_heads(&self, retiring: Vec<(String, OldHead)>, now: i64) {
+    /// The keys whose old state was retired; the others' notes stay for their next commit.
+    async fn retire_old_heads(
+        &self,
+        retiring: Vec<(String, OldHead)>,
+        now: i64,
+    ) -> HashSet<String> {
+        let mut retired = HashSet::new();
         let mut by_signature: BTreeMap<String, Vec<Commit>> = BTreeMap::new();
         for (key, old) in retiring {
             let mut state = old.state;
@@ -198,9 +202,78 @@ impl<O: KeyedOperator> Executor<O> {
             };
             let keys: Vec<String> = commits.iter().map(|c| c.key.clone()).collect();
             let results = self.store.commit(&namespace, commits).await;
-            for (key, result) in keys.iter().zip(results) {
-                if let Err(err) = result {
-                    warn!(operator = %namespace.operator, key, signature = %namespace.signature, error = %err, "the state the key was migrated from could not be retired: it is carried over again if the key's current state expires");
+            for (key, result) in keys.into_iter().zip(results) {
+                match result {
+                    Ok(_) => {
+                        retired.insert(key);
+                    }
+                    Err(err) => {
+                        warn!(operator = %namespace.operator, key, signature = %namespace.signature, error = %err, "the state the key was migrated from could not be retired: its next commit tries again");
+                    }
+                }
+            }
+        }
+        retired
+    }
+
+    /// Retires, before their commits, the older signature's state that keys' notes name (a
+    /// migration whose own retirement did not land, or landed unseen by the key's state): the
+    /// commit then drops the note. Now that the key's state under the current signature exists,
+    /// the old one is never needed again. A note whose state cannot be read or retired stays for
+    /// the key's next commit.
+    async fn retire_noted(
+        &self,
+        // Mutable only to be `Send` across the awaits: a run's typed state is not `Sync`.
+        keys: &mut [KeyWork],
+        ready: &mut [Ready],
+        now: i64,
+    ) {
+        let mut by_signature: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, r) in ready.iter().enumerate() {
+            // A key migrated in this batch is retired once its commit lands.
+            if keys[r.group].migrated_from.is_some() {
+                continue;
+            }
+            if let Some(retiring) = &r.commit.state.retiring {
+                by_signature
+                    .entry(retiring.signature.clone())
+                    .or_default()
+                    .push(i);
+            }
+        }
+        for (signature, noted) in by_signature {
+            let namespace = Namespace {
+                signature: signature.clone(),
+                ..self.namespace.clone()
+            };
+            let requests: Vec<LoadKey<'_>> = noted
+                .iter()
+                .map(|&i| LoadKey::from(ready[i].commit.key.as_str()))
+                .collect();
+            let Ok(mut old) = self.store.load_keys(&namespace, &requests).await else {
+                continue;
+            };
+            let mut retiring = Vec::new();
+            for &i in &noted {
+                let key = &ready[i].commit.key;
+                match old.remove(key) {
+                    Some(state) if !state.slots.is_empty() => {
+                        let state = KeyState {
+                            version: state.version,
+                            memo: state.memo,
+                            ..KeyState::default()
+                        };
+                        let signature = signature.clone();
+                        retiring.push((key.clone(), OldHead { signature, state }));
+                    }
+                    // Retired, or gone.
+                    _ => ready[i].commit.state.retiring = None,
+                }
+            }
+            let retired = self.retire_old_heads(retiring, now).await;
+            for &i in &noted {
+                if retired.contains(&ready[i].commit.key) {
+                    ready[i].commit.state.retiring = None;
                 }
             }
         }

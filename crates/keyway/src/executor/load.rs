@@ -9,7 +9,7 @@ use tracing::warn;
 use super::plan::Plan;
 use super::process::KeyWork;
 use super::{BatchReport, Executor};
-use crate::domain::{KeyState, Origin, SlotData};
+use crate::domain::{KeyState, Origin, Retiring, SlotData};
 use crate::operator::{KeyedOperator, OldState, BROADCAST_KEY};
 use crate::ports::{LoadKey, Namespace, StoreError};
 
@@ -24,7 +24,8 @@ fn fail_all(plan: &Plan<'_>, report: &mut BatchReport) {
 
 /// A key's state under the older signature a migration carried it over from: written empty,
 /// expiring at once, when the carried state has landed (`Executor::retire_old_heads`), so that
-/// it is not carried over again once the key's current state expired.
+/// it is not carried over again once the key's current state expired. Until a commit of the key
+/// finds it so, the key's state notes it (`KeyState::retiring`, `Executor::retire_noted`).
 pub(super) struct OldHead {
     pub signature: String,
     /// The version and the store's notes as loaded; nothing else.
@@ -244,6 +245,10 @@ impl<O: KeyedOperator> Executor<O> {
                             watermarks: state.watermarks.clone(),
                             outbox: state.outbox.clone(),
                             slots,
+                            retiring: Some(Retiring {
+                                signature: signature.clone(),
+                                version: state.version,
+                            }),
                             ..KeyState::default()
                         };
                         loaded.insert(key.to_owned(), state);

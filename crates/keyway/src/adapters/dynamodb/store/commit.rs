@@ -88,6 +88,7 @@ impl Prepared<'_> {
             tk: &self.tokens,
             key: (key.len() > KEY_MAX_BYTES).then_some(key.as_str()),
             sn: self.commit.state.sent_so_far.as_ref(),
+            mf: self.commit.state.retiring.as_ref(),
         };
         Ok(doc.to_json())
     }

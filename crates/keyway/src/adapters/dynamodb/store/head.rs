@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::domain::json::{push_number, push_string};
-use crate::domain::{Origin, SentNotes, Watermark};
+use crate::domain::{Origin, Retiring, SentNotes, Watermark};
 
 /// An immutable run of a slot's (or the outbox's) entries stored outside the head item.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +67,9 @@ pub(super) struct HeadDoc {
     /// What went out already of the outputs of the key's records not yet applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sn: Option<SentNotes>,
+    /// The older signature's state the key was carried over from, not yet known retired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mf: Option<Retiring>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -93,6 +96,7 @@ pub(super) struct HeadDocRef<'a> {
     pub tk: &'a [u64],
     pub key: Option<&'a str>,
     pub sn: Option<&'a SentNotes>,
+    pub mf: Option<&'a Retiring>,
 }
 
 impl HeadDocRef<'_> {
@@ -166,6 +170,13 @@ impl HeadDocRef<'_> {
             // Written only when a key leaves records half sent: no need for a hand-written form.
             field(&mut out, "sn");
             out.push_str(&serde_json::to_string(notes).expect("notes always serialize"));
+        }
+        if let Some(retiring) = self.mf {
+            // Written only after a migration: no need for a hand-written form.
+            field(&mut out, "mf");
+            out.push_str(
+                &serde_json::to_string(retiring).expect("a signature and a version serialize"),
+            );
         }
         out.push('}');
         out
@@ -308,6 +319,7 @@ mod tests {
             tk: &[3, u64::MAX],
             key: Some("a \"quoted\" key"),
             sn: Some(&sent),
+            mf: None,
         };
         let doc: HeadDoc = serde_json::from_str(&written.to_json()).unwrap();
         assert_eq!(doc.key.as_deref(), Some("a \"quoted\" key"));

@@ -358,6 +358,7 @@ impl Pending {
             expires_at: if self.expired { None } else { doc.exp },
             // An expired key's record runs on empty state: its outputs are not the ones sent.
             sent_so_far: if self.expired { None } else { doc.sn },
+            retiring: doc.mf,
             memo: StoreMemo::new(loaded),
         })
     }
