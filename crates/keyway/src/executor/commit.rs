@@ -258,6 +258,10 @@ impl<O: KeyedOperator> Executor<O> {
                 let key = &ready[i].commit.key;
                 match old.remove(key) {
                     Some(state) if !state.slots.is_empty() => {
+                        let read = ready[i].commit.state.retiring.as_ref();
+                        if read.is_some_and(|r| r.version != state.version) {
+                            warn!(operator = %namespace.operator, key, signature = %namespace.signature, "the state the key was migrated from was written after the migration (by the release before, still running?): what that wrote is not carried over");
+                        }
                         let state = KeyState {
                             version: state.version,
                             memo: state.memo,

@@ -294,6 +294,10 @@ mod tests {
             records: vec![record.unwrap()],
         };
         let entries = vec![RawValue::from_string("1".into()).unwrap()];
+        let retiring = Retiring {
+            signature: "6ae4d86bfd442e9e".into(),
+            version: 41,
+        };
         let segments = vec![Segment {
             id: 9,
             len: 3,
@@ -319,11 +323,12 @@ mod tests {
             tk: &[3, u64::MAX],
             key: Some("a \"quoted\" key"),
             sn: Some(&sent),
-            mf: None,
+            mf: Some(&retiring),
         };
         let doc: HeadDoc = serde_json::from_str(&written.to_json()).unwrap();
         assert_eq!(doc.key.as_deref(), Some("a \"quoted\" key"));
         assert_eq!(doc.sn, Some(sent));
+        assert_eq!(doc.mf, Some(retiring));
         assert_eq!(doc.ob.unwrap().e[0].get(), "1");
         assert_eq!(doc.wm[&lineage], mark);
         assert!(doc.wx);
