@@ -262,13 +262,7 @@ impl<O: KeyedOperator> Executor<O> {
                         if read.is_some_and(|r| r.version != state.version) {
                             warn!(operator = %namespace.operator, key, signature = %namespace.signature, "the state the key was migrated from was written after the migration (by the release before, still running?): what that wrote is not carried over");
                         }
-                        let state = KeyState {
-                            version: state.version,
-                            memo: state.memo,
-                            ..KeyState::default()
-                        };
-                        let signature = signature.clone();
-                        retiring.push((key.clone(), OldHead { signature, state }));
+                        retiring.push((key.clone(), OldHead::of(signature.clone(), &state)));
                     }
                     // Retired, or gone.
                     _ => ready[i].commit.state.retiring = None,

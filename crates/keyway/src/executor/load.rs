@@ -32,6 +32,18 @@ pub(super) struct OldHead {
     pub state: KeyState,
 }
 
+impl OldHead {
+    /// The head of `loaded`, read under `signature`: what writing it empty needs.
+    pub(super) fn of(signature: String, loaded: &KeyState) -> Self {
+        let state = KeyState {
+            version: loaded.version,
+            memo: loaded.memo.clone(),
+            ..KeyState::default()
+        };
+        Self { signature, state }
+    }
+}
+
 /// How many keys are read at once when each is read alone.
 const LOADS_ALONE: usize = 8;
 
@@ -227,14 +239,7 @@ impl<O: KeyedOperator> Executor<O> {
                 };
                 match migration.map(|m| (m.migrate)(&OldState { slots: &state.slots })) {
                     Some(Ok(new)) => {
-                        let old_head = OldHead {
-                            signature: signature.clone(),
-                            state: KeyState {
-                                version: state.version,
-                                memo: state.memo.clone(),
-                                ..KeyState::default()
-                            },
-                        };
+                        let old_head = OldHead::of(signature.clone(), state);
                         let slots = new
                             .slots
                             .into_iter()
