@@ -371,6 +371,15 @@ pub trait Sink: Send + Sync {
         true
     }
 
+    /// For an ordered sink, whether the messages to `partition_key` keep their order: a sink
+    /// that sends each message on to one of several destinations may keep it for some only
+    /// (the filter's FIFO queues among standard ones). The executor sends the messages to one
+    /// that keeps none all at once, as to a sink without order.
+    fn keeps_order_of(&self, partition_key: &str) -> bool {
+        let _ = partition_key;
+        true
+    }
+
     /// What an ordered sink keeps order by for an output's partition key: the key it sends
     /// (a stream's partition key, a FIFO queue's message group), which a sink may derive from a
     /// partition key it cannot take as it is.

@@ -191,9 +191,14 @@ impl Sink for QueueRouter {
         SQS_MESSAGE_MAX_BYTES
     }
 
+    /// A FIFO queue keeps the order of a filter key's events (its message group is the queue);
+    /// a standard queue keeps none, and its deliveries all go at once.
     fn ordered(&self) -> bool {
-        // Standard queues keep no order; the filter's deliveries need none.
-        false
+        true
+    }
+
+    fn keeps_order_of(&self, queue: &str) -> bool {
+        queue.ends_with(".fifo")
     }
 }
 

@@ -494,8 +494,12 @@ impl<O: KeyedOperator> Executor<O> {
         }
         let mut queues = OrderedQueues::default();
         for (tag, output) in messages {
-            let partition = queues.partition(&sink.order_of(&output.partition_key));
-            queues.push(tag, partition, output);
+            if sink.keeps_order_of(&output.partition_key) {
+                let partition = queues.partition(&sink.order_of(&output.partition_key));
+                queues.push(tag, partition, output);
+            } else {
+                queues.push_alone(tag, output);
+            }
         }
         let mut first = true;
         loop {
@@ -590,6 +594,14 @@ impl OrderedQueues {
             }
         };
         self.queues[at].push_back((tag, output));
+    }
+
+    /// A message that keeps no order in a queue of its own: it goes in the first round.
+    fn push_alone(&mut self, tag: Tag, output: Output) {
+        let at = self.queues.len();
+        self.queues.push(VecDeque::from([(tag, output)]));
+        self.waiting.push(at);
+        self.by_key.entry(tag.order_key()).or_default().push(at);
     }
 
     /// Every waiting queue's next message, with its tag.
