@@ -651,6 +651,45 @@ async fn a_record_whose_data_is_not_base64_is_dead_lettered_and_its_batch_goes_o
     assert_eq!(letters[0].sequence_number.as_deref(), Some("2"));
 }
 
+/// SQS refuses a body holding U+FFFE or U+FFFF (outside XML's characters), which JSON writes as
+/// they are: such a count, and such a record's dead letter, went nowhere and held their record
+/// back until Lambda gave it up a day later.
+#[tokio::test]
+async fn a_key_holding_characters_sqs_refuses_is_counted_and_a_bad_record_holding_them_dead_lettered(
+) {
+    use base64::Engine;
+    use keyway::lambda::Handler;
+    let (services, handler, dead) = counter();
+    let data = |json: &str| base64::engine::general_purpose::STANDARD.encode(json);
+    let event = json!({"Records": [
+        kinesis_record("1", &data("{\"key\":\"a\u{ffff}b\u{fffe}\"}")),
+        kinesis_record("2", &data("{\"key\":\"\u{ffff}\",\"colour\":1}")),
+        kinesis_record("3", &data("{\"key\":\"a\u{ffff}b\u{fffe}\"}")),
+    ]});
+    let response = handler
+        .handle(&event.to_string(), &invocation())
+        .await
+        .unwrap();
+    assert_eq!(response.to_json(), json!({"batchItemFailures": []}));
+    let counts: Vec<keyed_counter::CountUpdate> = services
+        .sqs
+        .messages(&format!("{}counts", keyway_local::LocalSqs::URL_PREFIX))
+        .iter()
+        .map(|m| serde_json::from_str(&m.body).unwrap())
+        .collect();
+    let keys_and_counts: Vec<(&str, u64)> =
+        counts.iter().map(|c| (c.key.as_str(), c.count)).collect();
+    assert_eq!(
+        keys_and_counts,
+        [("a\u{ffff}b\u{fffe}", 1), ("a\u{ffff}b\u{fffe}", 2)],
+        "the counts go out, their key whole once the JSON is read"
+    );
+    let letters = keyway_tests::dead_letters_on(&services.sqs, &dead);
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].problem.contains("unknown field"), "{letters:?}");
+    assert_eq!(letters[0].sequence_number.as_deref(), Some("2"));
+}
+
 #[tokio::test]
 async fn a_dynamodb_streams_event_given_to_a_kinesis_function_is_dead_lettered_record_by_record() {
     use keyway::lambda::Handler;

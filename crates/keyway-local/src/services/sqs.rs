@@ -1,5 +1,5 @@
 //! In-memory SQS: standard and FIFO queues (FIFO by the `.fifo` suffix, as SQS names them), the
-//! SendMessageBatch limits (10 entries, 1 MiB), and FIFO deduplication: a message whose
+//! SendMessageBatch limits (10 entries, 1 MiB, the characters of XML in a body), and FIFO deduplication: a message whose
 //! deduplication id was accepted in the last five minutes is answered as sent and dropped (with
 //! ContentBasedDeduplication, the body's SHA-256 is its deduplication id).
 //!
@@ -499,6 +499,16 @@ impl LocalSqs {
                         sender_fault: true,
                     };
                 }
+                if let Some(c) = entry.body.chars().find(|&c| !allowed(c)) {
+                    return SqsOutcome::Failed {
+                        code: "InvalidMessageContents".into(),
+                        message: format!(
+                            "the message holds U+{:04X}, outside the characters SQS allows",
+                            u32::from(c)
+                        ),
+                        sender_fault: true,
+                    };
+                }
                 if self.faults.draw(Fault::PartialFailure) {
                     return SqsOutcome::Failed {
                         code: "InternalError".into(),
@@ -512,6 +522,11 @@ impl LocalSqs {
             .collect();
         Ok(outcomes)
     }
+}
+
+/// The characters a message body may hold: XML's (SQS refuses a message with any other).
+fn allowed(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
 }
 
 /// SendMessageBatch's own limits: 1 to 10 entries, `BATCH_MAX_BYTES` in all (message attributes

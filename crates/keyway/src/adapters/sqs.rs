@@ -175,6 +175,20 @@ fn group_id(key: &str) -> Cow<'_, str> {
     }
 }
 
+/// A body as SQS takes it. SQS refuses a message holding a character outside XML's, and of
+/// those JSON writes U+FFFE and U+FFFF as they are (it escapes the others, controls); written as
+/// JSON escapes, they read back as the same JSON. Bodies are JSON: outputs and dead letters.
+fn sqs_body(body: &str) -> Cow<'_, str> {
+    if body.contains('\u{ffff}') || body.contains('\u{fffe}') {
+        Cow::Owned(
+            body.replace('\u{fffe}', "\\ufffe")
+                .replace('\u{ffff}', "\\uffff"),
+        )
+    } else {
+        Cow::Borrowed(body)
+    }
+}
+
 /// Outputs to one SQS queue.
 pub struct SqsSink<A: SqsApi> {
     api: Arc<A>,
@@ -205,6 +219,7 @@ impl<A: SqsApi> SqsSink<A> {
     async fn send_batch(
         &self,
         messages: &[Output],
+        bodies: &[Cow<'_, str>],
         pending: Vec<usize>,
     ) -> Round<usize, SinkError> {
         let groups: Vec<Option<Cow<str>>> = pending
@@ -216,7 +231,7 @@ impl<A: SqsApi> SqsSink<A> {
             .enumerate()
             .map(|(n, &i)| SqsEntry {
                 id: ENTRY_IDS[n],
-                body: &messages[i].body,
+                body: &bodies[i],
                 output_id: Some(messages[i].id.as_str()),
                 group_id: groups[n].as_deref(),
                 deduplication_id: self.fifo.then_some(messages[i].id.as_str()),
@@ -256,7 +271,8 @@ impl<A: SqsApi> SqsSink<A> {
 #[async_trait]
 impl<A: SqsApi> Sink for SqsSink<A> {
     async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
-        let sizes = messages.iter().map(|m| m.body.len() + ATTRIBUTE_BYTES);
+        let bodies: Vec<Cow<str>> = messages.iter().map(|m| sqs_body(&m.body)).collect();
+        let sizes = bodies.iter().map(|body| body.len() + ATTRIBUTE_BYTES);
         let (calls, mut failed) = split_calls(sizes, SEND_MESSAGE_BATCH, |size| {
             format!("an SQS message is at most {BATCH_MAX_BYTES} bytes with its attributes; this one is {size}")
         });
@@ -265,7 +281,7 @@ impl<A: SqsApi> Sink for SqsSink<A> {
         let sent = self
             .backoff
             .send_calls(calls, self.fifo, deadline, |pending| {
-                self.send_batch(messages, pending)
+                self.send_batch(messages, &bodies, pending)
             });
         failed.extend(sent.await);
         failed.sort_by_key(|(i, _)| *i);
