@@ -100,6 +100,7 @@ use std::time::Duration;
 use tracing::info;
 
 pub use history::HISTORY as SIGNATURE_HISTORY;
+pub use plan::KEY_MAX_BYTES;
 pub use report::BatchReport;
 pub use timers::{TimerSweep, TIMERS_PER_BATCH};
 

@@ -12,6 +12,15 @@ use crate::domain::RejectedRecord;
 use crate::domain::{BatchPlan, DeadLetter, KeyGroup, SequenceNumber, SourceRecord};
 use crate::operator::{InvalidInput, KeyedOperator};
 
+/// The longest key a record may have, in bytes. A key's state is stored under its hash past
+/// 1 KB, but its head and its timers' index entries hold it whole, in items of at most 400 KB;
+/// keys from records run to some hundred bytes (a DynamoDB key is at most 2 KB), so one past
+/// this is hostile or a bug, and its record is dead-lettered (field `key`).
+pub const KEY_MAX_BYTES: usize = 64 * 1024;
+
+/// How much of a key a dead letter quotes.
+const KEY_QUOTED_CHARS: usize = 200;
+
 /// A batch decoded and grouped. (The decoded inputs travel apart: they need not be `Sync`.)
 pub(super) struct Plan<'b> {
     pub batch: &'b [Result<SourceRecord, RejectedRecord>],
@@ -85,6 +94,19 @@ impl<O: KeyedOperator> Executor<O> {
                     .map(|input| (self.operator.key(&input), input))
             }));
             match decoded {
+                Ok(Ok((key, _))) if key.len() > KEY_MAX_BYTES => {
+                    let invalid = InvalidInput::new(
+                        "key",
+                        format!(
+                            "the record's key is {} bytes, more than the {KEY_MAX_BYTES} a key \
+                             may have: {}",
+                            key.len(),
+                            quoted(&key)
+                        ),
+                    );
+                    unkeyed.push((index, self.dead_letter(record, None, invalid)));
+                    inputs.push(None);
+                }
                 Ok(Ok((key, input))) => {
                     if let Some(hot) = self.operator.hot_key(&input) {
                         hot_keys.entry(key.clone()).or_insert(hot);
@@ -134,7 +156,7 @@ impl<O: KeyedOperator> Executor<O> {
         invalid: InvalidInput,
     ) -> DeadLetter {
         let problem = match key {
-            Some(key) => format!("{} (key {key:?})", invalid.problem),
+            Some(key) => format!("{} (key {})", invalid.problem, quoted(key)),
             None => invalid.problem,
         };
         DeadLetter::new(
@@ -145,6 +167,14 @@ impl<O: KeyedOperator> Executor<O> {
             problem,
             record.raw.to_string(),
         )
+    }
+}
+
+/// `key` as a dead letter quotes it: whole if short, else its start and its length.
+fn quoted(key: &str) -> String {
+    match key.char_indices().nth(KEY_QUOTED_CHARS) {
+        None => format!("{key:?}"),
+        Some((end, _)) => format!("{:?}… ({} bytes)", &key[..end], key.len()),
     }
 }
 
@@ -194,5 +224,49 @@ mod tests {
         );
         assert_eq!(inputs[3], Some(("a".to_owned(), 2)));
         assert_eq!(plan.records_of(0)[1].sequence.as_str(), "4");
+    }
+
+    /// A key is kept whole in its head and its timers' index: one of 410 KB passed DynamoDB's
+    /// item limit, and its record, refused at each commit, held its lane back for a day.
+    #[tokio::test]
+    async fn a_record_whose_key_is_longer_than_a_key_may_be_is_dead_lettered_and_the_longest_key_is_kept(
+    ) {
+        let summer = Summer {
+            timers: true,
+            ..Summer::default()
+        };
+        let b = bench(summer, false);
+        let (longest, too_long) = ("k".repeat(KEY_MAX_BYTES), "x".repeat(410_000));
+        let report = b
+            .executor
+            .run(vec![
+                record(1, "p", &too_long, 1),
+                record(2, "p", &longest, 1),
+                record(3, "p", &longest, 23),
+                record(4, "p", &longest, 2),
+            ])
+            .await;
+        assert_eq!(report.failed_from, None, "{report:?}");
+        let letters: Vec<crate::domain::DeadLetter> = b
+            .dead
+            .bodies()
+            .concat()
+            .iter()
+            .map(|body| serde_json::from_str(body).unwrap())
+            .collect();
+        assert_eq!(letters.len(), 1, "{letters:?}");
+        assert_eq!(letters[0].field, "key");
+        assert!(
+            letters[0].problem.contains("410000 bytes") && letters[0].problem.len() < 400,
+            "{}",
+            letters[0].problem
+        );
+        assert_eq!(letters[0].sequence_number.as_deref(), Some("1"));
+        let sums: Vec<String> = b.out.bodies().concat();
+        assert_eq!(
+            sums,
+            ["1", "3"],
+            "the longest key's records apply, a timer set"
+        );
     }
 }

@@ -148,7 +148,8 @@ pub trait KeyedOperator: Send + Sync + 'static {
     /// Turns a record into input, or says which field is wrong.
     fn decode(&self, record: &SourceRecord) -> Result<Self::Input, InvalidInput>;
 
-    /// The key whose state `process` sees.
+    /// The key whose state `process` sees. A key longer than `executor::KEY_MAX_BYTES` (64 KiB)
+    /// dead-letters its record, field `key`.
     fn key(&self, input: &Self::Input) -> String;
 
     /// The key skew detection counts the record under when it is not `key`: the producer's own
