@@ -367,11 +367,14 @@ impl<O: KeyedOperator> Executor<O> {
                 report.fail(&records[0].sequence);
                 continue;
             };
-            work.keep = run
+            // Never past where the first run stopped: a record whose dead letter did not go out
+            // stays unapplied, and its redelivery sends it.
+            let stopped = run
                 .outcomes
                 .iter()
                 .position(|o| matches!(o, Outcome::Failed | Outcome::Deferred))
                 .unwrap_or(run.outcomes.len());
+            work.keep = work.keep.min(stopped);
             work.run = run;
             work.updates = updates;
             if let Some(r) = self.ready(plan, g, work, now, report) {
@@ -704,6 +707,38 @@ mod tests {
         assert_eq!(report.conflicts, 1 + CONFLICT_RETRIES);
         assert_eq!(report.failed_from.unwrap().as_str(), "4");
         assert_eq!((report.applied, report.commits), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn an_outbox_key_run_again_after_a_lost_race_commits_no_record_whose_dead_letter_did_not_go(
+    ) {
+        let s = scene(true, vec![StoreError::Conflict]);
+        s.dead.down.store(true, Ordering::SeqCst);
+        let batch = || {
+            vec![
+                record(4, "p", "a", 1),
+                record(5, "p", "a", -1),
+                record(6, "p", "a", 2),
+            ]
+        };
+        let report = s.executor.run(batch()).await;
+        assert_eq!(report.conflicts, 1, "{report:?}");
+        assert_eq!(
+            report.failed_from.as_ref().map(|f| f.as_str()),
+            Some("5"),
+            "the invalid record waits for its dead letter"
+        );
+        s.dead.down.store(false, Ordering::SeqCst);
+        let again = s.executor.run(batch()[1..].to_vec()).await;
+        assert_eq!(again.failed_from, None, "{again:?}");
+        let letters: Vec<serde_json::Value> = s.dead.calls.lock().unwrap().concat()[1..]
+            .iter()
+            .map(|l| serde_json::from_str(&l.body).unwrap())
+            .collect();
+        assert_eq!(letters.len(), 1, "{letters:?}");
+        assert_eq!(letters[0]["sequenceNumber"], "5");
+        let state = s.key_a().await;
+        assert_eq!(state["a"].slots["sum"].entries[0].get(), "3");
     }
 
     #[tokio::test]
