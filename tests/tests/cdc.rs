@@ -777,6 +777,64 @@ async fn a_change_in_a_truncates_own_millisecond_is_kept_in_six_arrival_orders_o
     }
 }
 
+/// Keys past 64 bits (an Oracle `NUMBER(38)`, a PostgreSQL `NUMERIC(30)` sent as numbers) are
+/// read as doubles, which cannot tell 18446744073709551617 from ...618: those changes are
+/// dead-lettered, naming the column, rather than taken as one row or one join key.
+#[tokio::test(start_paused = true)]
+async fn a_key_or_join_column_past_what_a_number_holds_exactly_is_dead_lettered_not_merged() {
+    use keyway_stack::cdc::{replay, Settings};
+    let big = |digits: &str| serde_json::from_str::<Value>(digits).unwrap();
+    let (a, b) = (big("18446744073709551617"), big("18446744073709551618"));
+    let events = vec![
+        at_lsn("users", json!({"id": 7}), "c", Some(json!({"id": 7})), 1),
+        at_lsn(
+            "domains",
+            json!({ "id": a }),
+            "c",
+            Some(json!({"id": a, "user_id": 7})),
+            2,
+        ),
+        at_lsn(
+            "domains",
+            json!({ "id": b }),
+            "c",
+            Some(json!({"id": b, "user_id": 7})),
+            3,
+        ),
+        at_lsn(
+            "domains",
+            json!({"id": 1}),
+            "c",
+            Some(json!({"id": 1, "user_id": a})),
+            4,
+        ),
+        at_lsn(
+            "domains",
+            json!({"id": 2}),
+            "c",
+            Some(json!({"id": 2, "user_id": 7})),
+            5,
+        ),
+    ];
+    let spec = JoinSpec::parse("domains.user_id=users.id", JoinKind::LeftOuter).unwrap();
+    let outcome = replay(&Settings::new(spec), &events).await.unwrap();
+    let mut letters = outcome.dead_letters.clone();
+    letters.sort();
+    assert_eq!(letters.len(), 3, "{letters:?}");
+    assert!(
+        letters[0].starts_with("after.user_id: column \"user_id\" holds 1.8446744073709552e+19"),
+        "{letters:?}"
+    );
+    assert!(
+        letters[1..]
+            .iter()
+            .all(|l| l.starts_with("partitionKey: column \"id\" holds 1.8446744073709552e+19")),
+        "{letters:?}"
+    );
+    let rows: Vec<&str> = outcome.view.keys().map(|(left, _)| left.as_str()).collect();
+    assert_eq!(rows, ["2"], "only the row whose keys are exact");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_truncate_that_says_nothing_of_where_it_stands_is_dead_lettered_with_its_reason() {
     use keyway_stack::cdc::{replay, Settings};

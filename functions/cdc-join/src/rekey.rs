@@ -176,6 +176,36 @@ impl Images {
             Images::DynamoDb => ("eventSourceARN", "dynamodb.OldImage"),
         }
     }
+
+    /// The field of its after image.
+    fn after(self) -> &'static str {
+        match self {
+            Images::Debezium => "after",
+            Images::DynamoDb => "dynamodb.NewImage",
+        }
+    }
+}
+
+/// Refuses a key or join column holding a number that is read inexactly: JSON numbers are read
+/// as 64-bit integers or doubles, and a double past ±2^53 (an integer past 64 bits among them:
+/// an Oracle `NUMBER(38)`, a PostgreSQL `NUMERIC(30)`) stands for many numbers, so that two rows
+/// (18446744073709551617 and ...618) would be taken for one row, or one join key.
+fn exact_column(
+    field: impl FnOnce() -> String,
+    column: &str,
+    value: Option<&Value>,
+) -> Result<(), InvalidInput> {
+    match value {
+        Some(Value::Number(n)) if Number::of(n).inexact().is_some() => Err(InvalidInput::new(
+            field(),
+            format!(
+                "column {column:?} holds {n}, a number past ±2^53 that is read as a double and \
+                 would be taken for its neighbours: a key must be an integer within 64 bits, or \
+                 text (Debezium's decimal.handling.mode=string)"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The re-key of one join.
@@ -232,6 +262,15 @@ impl Rekey {
     ) -> Result<SourceChange, InvalidInput> {
         let table = self.joined_name(table);
         let side = self.side_of(&table, images.fields().0)?;
+        let column = self.spec.column(side);
+        for (field, row) in [
+            (images.fields().1, &event.before),
+            (images.after(), &event.after),
+        ] {
+            if let Some(row) = row {
+                exact_column(|| format!("{field}.{column}"), column, row.get(column))?;
+            }
+        }
         if !self.stores_rows() {
             self.check_before_image(&table, side, &event, images)?;
         }
@@ -262,7 +301,11 @@ impl Rekey {
                 format!("expected the record key as JSON: {e}"),
             )
         })?;
-        let pk = primary_key(&decode_key(&key)?);
+        let key = decode_key(&key)?;
+        for (column, value) in &key {
+            exact_column(|| "partitionKey".to_owned(), column, Some(value))?;
+        }
+        let pk = primary_key(&key);
         let DebeziumEvent::Change(event) = decoded else {
             return Ok(SourceChange::Tombstone { pk });
         };
