@@ -17,6 +17,11 @@
 //!
 //! The index holds no subscription whose consumer does not own its queue (`QueueOwnership`): the
 //! policy sync refuses those, and the filter checks again what its state holds.
+//!
+//! Every event is matched against every subscription to all events: a consumer's first
+//! `ALL_EVENTS_PER_CONSUMER` of them (in policy item order, the same in every environment
+//! whatever order they were applied in) are live, and the rest held back until some of those go,
+//! so that no consumer can make every event cost thousands of matches.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -62,6 +67,11 @@ pub struct Journaled {
     /// The change the entry carries.
     pub change: Revised,
 }
+
+/// How many subscriptions to all events of one consumer are live: each is matched against every
+/// event of every consumer's filter keys. A consumer needs one a queue (or a pattern); a tenant
+/// with thousands would slow every shard for everyone.
+pub const ALL_EVENTS_PER_CONSUMER: usize = 25;
 
 /// Width revisions are padded to: DynamoDB Streams sequence numbers have at most 40 digits.
 pub const REVISION_DIGITS: usize = 40;
@@ -125,7 +135,10 @@ pub struct SubscriptionIndex {
     named: HashSet<Identity>,
     entries: HashMap<PolicyItem, Entry>,
     by_key: HashMap<String, Bucket>,
+    /// The live subscriptions to all events: each consumer's first `ALL_EVENTS_PER_CONSUMER`.
     all: Bucket,
+    /// Every consumer's subscriptions to all events, live and held back.
+    all_of: HashMap<String, Bucket>,
 }
 
 /// The subscriptions of one filter key (or to all events), in policy item order.
@@ -224,8 +237,13 @@ impl SubscriptionIndex {
                 pattern: subscription.compiled_pattern().ok()?,
                 subscription: subscription.clone(),
             });
-            self.bucket(&subscription.target)
-                .insert(item.clone(), compiled.clone());
+            match &subscription.target {
+                Target::Key(key) => {
+                    let bucket = self.by_key.entry(key.clone()).or_default();
+                    bucket.insert(item.clone(), compiled.clone());
+                }
+                Target::All => self.insert_all(&item, &compiled),
+            }
             Some(compiled)
         });
         self.entries.insert(
@@ -250,16 +268,41 @@ impl SubscriptionIndex {
                     }
                 }
             }
-            Target::All => {
-                self.all.remove(item);
-            }
+            Target::All => self.remove_all(item),
         }
     }
 
-    fn bucket(&mut self, target: &Target) -> &mut Bucket {
-        match target {
-            Target::Key(key) => self.by_key.entry(key.clone()).or_default(),
-            Target::All => &mut self.all,
+    /// Adds a subscription to all events of `item`'s consumer: live if among the consumer's
+    /// first `ALL_EVENTS_PER_CONSUMER`, where it takes the place of the last one live.
+    fn insert_all(&mut self, item: &PolicyItem, compiled: &Arc<Compiled>) {
+        let consumer = &item.identity.consumer;
+        let of = self.all_of.entry(consumer.clone()).or_default();
+        of.insert(item.clone(), compiled.clone());
+        let before = of.range(..item).take(ALL_EVENTS_PER_CONSUMER).count();
+        if before >= ALL_EVENTS_PER_CONSUMER {
+            return;
+        }
+        self.all.insert(item.clone(), compiled.clone());
+        if let Some((last, _)) = of.iter().nth(ALL_EVENTS_PER_CONSUMER) {
+            self.all.remove(last);
+        }
+    }
+
+    /// Takes a subscription to all events out: if it was live, the consumer's first held back
+    /// takes its place.
+    fn remove_all(&mut self, item: &PolicyItem) {
+        let consumer = &item.identity.consumer;
+        let Some(of) = self.all_of.get_mut(consumer) else {
+            return;
+        };
+        of.remove(item);
+        if self.all.remove(item).is_some() {
+            if let Some((next, compiled)) = of.iter().nth(ALL_EVENTS_PER_CONSUMER - 1) {
+                self.all.insert(next.clone(), compiled.clone());
+            }
+        }
+        if of.is_empty() {
+            self.all_of.remove(consumer);
         }
     }
 
@@ -310,6 +353,18 @@ impl SubscriptionIndex {
             .collect();
         refused.sort();
         refused
+    }
+
+    /// The subscriptions to all events held back because their consumer has
+    /// `ALL_EVENTS_PER_CONSUMER` before them, in policy item order.
+    pub fn held_back(&self) -> Vec<&PolicyItem> {
+        let mut held: Vec<&PolicyItem> = self
+            .all_of
+            .values()
+            .flat_map(|of| of.keys().skip(ALL_EVENTS_PER_CONSUMER))
+            .collect();
+        held.sort();
+        held
     }
 
     /// Live subscriptions: to filter keys, and to all events.
@@ -578,6 +633,58 @@ mod tests {
             index.apply(&removal(c + 1, &s.identity));
         }
         assert_eq!(index.counts(), (50_000, 0));
+    }
+
+    /// Fifty thousand subscriptions to all events of one tenant made every event of every
+    /// consumer cost fifty thousand matches: a batch of 500 outran the function's timeout.
+    #[test]
+    fn a_consumer_has_at_most_its_first_subscriptions_to_all_events_live_in_any_order_of_changes() {
+        let broadcast = |consumer: &str, n: usize, pattern: Value| {
+            let mut s = sub(consumer, Target::All, &format!("q{n}"), Some(pattern));
+            s.identity.id = format!("all-{n:05}");
+            s
+        };
+        let never = json!({"op": ["never"]});
+        let mut flood: Vec<Subscription> = (0..5_000)
+            .map(|n| broadcast("mallory", n, never.clone()))
+            .collect();
+        // The one that would match sits past the limit.
+        flood[ALL_EVENTS_PER_CONSUMER] = broadcast("mallory", ALL_EVENTS_PER_CONSUMER, json!({}));
+        let alice = broadcast("alice", 0, json!({}));
+        for reversed in [false, true] {
+            let mut changes: Vec<Subscription> = flood.clone();
+            if reversed {
+                changes.reverse();
+            }
+            changes.push(alice.clone());
+            let rows = changes
+                .into_iter()
+                .enumerate()
+                .map(|(r, s)| put(r as u64, s));
+            let mut index = SubscriptionIndex::from_snapshot(QueueOwnership::default(), 1, rows);
+            assert_eq!(
+                index.counts(),
+                (0, ALL_EVENTS_PER_CONSUMER + 1),
+                "reversed {reversed}"
+            );
+            assert_eq!(index.held_back().len(), 5_000 - ALL_EVENTS_PER_CONSUMER);
+            assert_eq!(index.held_back()[0].identity.id, "all-00025");
+            assert_eq!(consumers(&index, "k", json!({"op": "x"})), ["alice>q0"]);
+            // One of mallory's live ones goes: the first held back takes its place.
+            index.apply(&removal(10_000, &flood[3].identity));
+            assert_eq!(
+                consumers(&index, "k", json!({"op": "x"})),
+                ["alice>q0", "mallory>q25"]
+            );
+            assert_eq!(index.counts(), (0, ALL_EVENTS_PER_CONSUMER + 1));
+            // Changed in place, a live one stays live; one made before them all goes first.
+            index.apply(&put(10_001, broadcast("mallory", 0, never.clone())));
+            let mut first = broadcast("mallory", 0, never.clone());
+            first.identity.id = "all-0".into();
+            index.apply(&put(10_002, first));
+            assert_eq!(consumers(&index, "k", json!({"op": "x"})), ["alice>q0"]);
+            assert_eq!(index.counts(), (0, ALL_EVENTS_PER_CONSUMER + 1));
+        }
     }
 
     #[test]

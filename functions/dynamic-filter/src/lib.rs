@@ -127,6 +127,15 @@ impl FilterHandler {
                 "a subscription held back: {why}"
             );
         }
+        for item in index.held_back() {
+            tracing::warn!(
+                consumer = %item.identity.consumer,
+                subscription = %item.identity.id,
+                table = %item.table,
+                "a subscription to all events held back: its consumer has {} before it",
+                index::ALL_EVENTS_PER_CONSUMER
+            );
+        }
         *self.index.write().expect("index lock") = index;
         self.refreshes.lock().expect("refreshes lock").snapshots += 1;
         Ok(())
