@@ -399,10 +399,9 @@ async fn a_filter_that_ran_no_batch_for_over_a_day_delivers_to_what_was_subscrib
     assert_eq!(stack.received("keyway-live_1"), ["c"]);
 }
 
-/// A consumer's queue that refuses every delivery (its owner disabled the queue's KMS key) holds
-/// back the other consumers of its shard no longer than the filter's patience: their events keep
-/// coming, its own deliveries reach the dead-letter queue with why, none lost, and once its
-/// queue takes messages again it receives the events after.
+/// A FIFO queue keeps a filter key's events in their order: a delivery that failed goes again
+/// with its batch, and none after it of the same key went before it (the queue would drop the
+/// later one, sent again, as a duplicate, leaving it first for good).
 #[tokio::test(start_paused = true)]
 async fn a_fifo_queue_receives_a_filter_keys_events_in_their_order_though_sends_fail_now_and_then()
 {
@@ -458,6 +457,10 @@ async fn a_fifo_queue_receives_a_filter_keys_events_in_their_order_though_sends_
     );
 }
 
+/// A consumer's queue that refuses every delivery (its owner disabled the queue's KMS key) holds
+/// back the other consumers of its shard no longer than the filter's patience: their events keep
+/// coming, its own deliveries reach the dead-letter queue with why, none lost, and once its
+/// queue takes messages again it receives the events after.
 #[tokio::test(start_paused = true)]
 async fn a_consumer_whose_queue_refuses_every_delivery_holds_the_others_back_no_longer_than_the_filters_patience(
 ) {

@@ -16,6 +16,7 @@ use keyway::ports::{Clock, StoreError};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::index::ALL_EVENTS_PER_CONSUMER;
 use crate::subscription::{Identity, QueueOwnership, Subscription, Target, CONSUMER, SUBSCRIPTION};
 
 /// Why a call failed.
@@ -153,6 +154,26 @@ impl SubscriptionClient {
         listing
             .subscriptions
             .sort_by(|a, b| a.identity.cmp(&b.identity));
+        // As the filter holds them (`index::ALL_EVENTS_PER_CONSUMER`), counted in this table.
+        let mut all_events = 0;
+        let held_back = &mut listing.held_back;
+        listing.subscriptions.retain(|s| {
+            if s.target != Target::All {
+                return true;
+            }
+            all_events += 1;
+            if all_events <= ALL_EVENTS_PER_CONSUMER {
+                return true;
+            }
+            held_back.push(HeldBack {
+                subscription: s.identity.id.clone(),
+                reason: format!(
+                    "a subscription to all events after the consumer's first \
+                     {ALL_EVENTS_PER_CONSUMER}, which alone the filter applies"
+                ),
+            });
+            false
+        });
         Ok(listing)
     }
 

@@ -375,12 +375,13 @@ impl SubscriptionIndex {
         )
     }
 
-    /// The live subscriptions, in policy item order.
+    /// The live subscriptions, in policy item order (those to all events held back left out).
     pub fn subscriptions(&self) -> Vec<&Subscription> {
         let mut live: Vec<(&PolicyItem, &Subscription)> = self
             .entries
             .iter()
             .filter_map(|(item, e)| e.live.as_ref().map(|c| (item, &c.subscription)))
+            .filter(|(item, s)| s.target != Target::All || self.all.contains_key(item))
             .collect();
         live.sort_by(|a, b| a.0.cmp(b.0));
         live.into_iter().map(|(_, s)| s).collect()

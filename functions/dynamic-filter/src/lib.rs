@@ -32,6 +32,7 @@ pub mod router;
 pub mod store;
 pub mod subscription;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -127,12 +128,18 @@ impl FilterHandler {
                 "a subscription held back: {why}"
             );
         }
+        // One line a consumer, however many it has.
+        let mut held: BTreeMap<&str, Vec<&index::PolicyItem>> = BTreeMap::new();
         for item in index.held_back() {
+            held.entry(&item.identity.consumer).or_default().push(item);
+        }
+        for (consumer, items) in held {
             tracing::warn!(
-                consumer = %item.identity.consumer,
-                subscription = %item.identity.id,
-                table = %item.table,
-                "a subscription to all events held back: its consumer has {} before it",
+                consumer,
+                held = items.len(),
+                first = %items[0].identity.id,
+                table = %items[0].table,
+                "subscriptions to all events held back: a consumer's first {} are live",
                 index::ALL_EVENTS_PER_CONSUMER
             );
         }

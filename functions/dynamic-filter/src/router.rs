@@ -197,8 +197,16 @@ impl Sink for QueueRouter {
         true
     }
 
+    /// Not for a queue past the filter's patience: its deliveries are dead-lettered, one call
+    /// a batch, which one a round would spend the batch's time on.
     fn keeps_order_of(&self, queue: &str) -> bool {
+        let patience = self.patience.as_millis() as i64;
         queue.ends_with(".fifo")
+            && !(self.refusals.lock().expect("refusals lock")).past(
+                queue,
+                self.clock.now_millis(),
+                patience,
+            )
     }
 }
 

@@ -17,6 +17,7 @@ use super::retry::{split_calls, Backoff, CallLimits, Round};
 use super::sdk_error::{class_of, classify, CodeClass};
 
 use crate::domain::hash::sha256_hex;
+use crate::domain::json::escape_noncharacters;
 use crate::domain::Output;
 use crate::ports::{Deadline, Sink, SinkError};
 
@@ -176,14 +177,12 @@ fn group_id(key: &str) -> Cow<'_, str> {
 }
 
 /// A body as SQS takes it. SQS refuses a message holding a character outside XML's, and of
-/// those JSON writes U+FFFE and U+FFFF as they are (it escapes the others, controls); written as
-/// JSON escapes, they read back as the same JSON. Bodies are JSON: outputs and dead letters.
+/// those JSON writes U+FFFE and U+FFFF as they are (it escapes the others, controls). Outputs and
+/// dead letters are made with them escaped (`escape_noncharacters`), which reads as the same
+/// JSON; one an older release left in an outbox is escaped here.
 fn sqs_body(body: &str) -> Cow<'_, str> {
     if body.contains('\u{ffff}') || body.contains('\u{fffe}') {
-        Cow::Owned(
-            body.replace('\u{fffe}', "\\ufffe")
-                .replace('\u{ffff}', "\\uffff"),
-        )
+        Cow::Owned(escape_noncharacters(body.to_owned()))
     } else {
         Cow::Borrowed(body)
     }

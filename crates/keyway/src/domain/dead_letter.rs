@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::hash::sha256_hex;
+use super::json::escape_noncharacters;
 use super::output::{Output, OutputId};
 
 /// The body of a dead-letter message.
@@ -41,22 +42,32 @@ impl DeadLetter {
             &self.operator,
         );
         let partition_key = self.origin.clone().unwrap_or_else(|| self.operator.clone());
-        let mut body = serde_json::to_string(&self).expect("a dead letter always serializes");
+        let text = |letter: &Self| {
+            escape_noncharacters(
+                serde_json::to_string(letter).expect("a dead letter always serializes"),
+            )
+        };
+        let mut body = text(&self);
         if body.len() > max_bytes {
-            // JSON escaping can grow the payload up to six-fold, so cut until the whole body fits.
-            let overhead = body.len() - self.payload.len();
-            let mut keep = max_bytes.saturating_sub(overhead + 64);
+            // Escaping can grow the payload up to six-fold: start from what the rest leaves, and
+            // cut by what is still too much until the whole body fits.
+            let payload = std::mem::take(&mut self.payload);
+            self.payload_truncated = true;
+            let rest = text(&self).len();
+            let mut keep = max_bytes.saturating_sub(rest).min(payload.len());
             loop {
-                while !self.payload.is_char_boundary(keep) {
+                while !payload.is_char_boundary(keep) {
                     keep -= 1;
                 }
-                self.payload.truncate(keep);
-                self.payload_truncated = true;
-                body = serde_json::to_string(&self).expect("a dead letter always serializes");
+                self.payload = payload[..keep].to_owned();
+                body = text(&self);
                 if body.len() <= max_bytes || keep == 0 {
                     break;
                 }
-                keep = keep.saturating_sub(body.len() - max_bytes);
+                // The payload as written took `written` bytes where `room` fit: keep as much less
+                // of it, and a byte less at least.
+                let (written, room) = (body.len() - rest, max_bytes.saturating_sub(rest));
+                keep = (keep * room / written).min(keep - 1);
             }
         }
         Output {
@@ -82,14 +93,33 @@ impl DeadLetter {
             operator: operator.to_owned(),
             origin,
             sequence_number,
-            field,
-            problem,
+            field: cut(field),
+            problem: cut(problem),
             payload_bytes: payload.len(),
             payload,
             payload_truncated: false,
             payload_sha256,
         }
     }
+}
+
+/// The most of a field's name or a problem a dead letter says: either may quote the record (an
+/// unknown field's name), which is up to a MiB, and the payload alone is cut to fit the sink.
+const TEXT_MAX_BYTES: usize = 8 * 1024;
+
+/// `text`, cut to `TEXT_MAX_BYTES` and saying how long it was.
+fn cut(mut text: String) -> String {
+    if text.len() <= TEXT_MAX_BYTES {
+        return text;
+    }
+    let bytes = text.len();
+    let mut end = TEXT_MAX_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(&format!("… (cut from {bytes} bytes)"));
+    text
 }
 
 /// The name of the sink dead letters go to.
@@ -131,6 +161,29 @@ mod tests {
         assert_eq!(back.payload_bytes, payload.len());
         assert!(payload.starts_with(&back.payload));
         assert_eq!(back.payload_sha256, sha256_hex(&[payload.as_bytes()], 64));
+    }
+
+    /// A problem quoting a MiB of the record (an unknown field's name) kept the letter past the
+    /// sink's limit however short the payload was cut, and U+FFFF, which SQS refuses, went raw.
+    #[test]
+    fn a_long_problem_is_cut_and_noncharacters_escaped_so_that_the_letter_fits() {
+        let problem = format!("unknown field `{}`", "\u{ffff}".repeat(400_000));
+        let limit = 1024 * 1024 - 52;
+        let mut long = letter(&"\u{fffe}".repeat(400_000));
+        long.problem = cut(problem.clone());
+        let made = DeadLetter::new("counter", None, None, "data".into(), problem, "p".into());
+        assert_eq!(made.problem, long.problem);
+        let out = long.into_output(limit);
+        assert!(out.body.len() <= limit, "{}", out.body.len());
+        assert!(!out.body.contains(['\u{fffe}', '\u{ffff}']));
+        let back: DeadLetter = serde_json::from_str(&out.body).unwrap();
+        assert!(
+            back.problem.ends_with("(cut from 1200016 bytes)"),
+            "{}",
+            &back.problem[8000..]
+        );
+        assert!(back.problem.starts_with("unknown field `\u{ffff}"));
+        assert!(back.payload_truncated && back.payload.starts_with('\u{fffe}'));
     }
 
     #[test]

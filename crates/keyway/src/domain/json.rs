@@ -12,6 +12,20 @@ pub fn push_string(out: &mut String, text: &str) {
     }
 }
 
+/// JSON text with U+FFFE and U+FFFF written as escapes (`\\ufffe`, `\\uffff`): the same JSON.
+/// JSON leaves those two noncharacters as they are, and SQS refuses a message holding either
+/// (it takes XML's characters only). Outputs and dead letters are written so when they are made,
+/// so that the size checked against a sink's limit is the size sent.
+pub fn escape_noncharacters(text: String) -> String {
+    // Both begin with the byte 0xEF in UTF-8: most text has none, and is not searched further.
+    if !text.as_bytes().contains(&0xEF) || !(text.contains('\u{fffe}') || text.contains('\u{ffff}'))
+    {
+        return text;
+    }
+    text.replace('\u{fffe}', "\\ufffe")
+        .replace('\u{ffff}', "\\uffff")
+}
+
 /// Appends a whole number in decimal, without going through `fmt`.
 pub fn push_number(out: &mut String, n: impl Into<i128>) {
     let n: i128 = n.into();

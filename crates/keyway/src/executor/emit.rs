@@ -814,6 +814,47 @@ mod tests {
         assert_eq!(report.failed_from.unwrap().as_str(), "2");
     }
 
+    /// A sink that keeps order for FIFO queues only, as the filter's router does.
+    struct FifoOnly(Arc<Recorder>);
+
+    #[async_trait::async_trait]
+    impl Sink for FifoOnly {
+        async fn send(&self, messages: &[Output], deadline: Deadline) -> Vec<(usize, SinkError)> {
+            self.0.send(messages, deadline).await
+        }
+        fn max_message_bytes(&self) -> usize {
+            self.0.max_message_bytes()
+        }
+        fn keeps_order_of(&self, partition_key: &str) -> bool {
+            partition_key.ends_with(".fifo")
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sink_keeping_order_for_some_partition_keys_sends_the_others_all_in_the_first_round()
+    {
+        let recorder = Arc::new(Recorder::default());
+        let sink: Arc<dyn Sink> = Arc::new(FifoOnly(recorder.clone()));
+        let b = bench_with(Summer::default(), true, |sinks| sinks.with(&OUT, sink));
+        recorder.fail("3");
+        let batch = vec![
+            record(1, "p", "a.fifo", 1),
+            record(2, "p", "b", 10),
+            record(3, "p", "a.fifo", 2),
+            record(4, "p", "b", 10),
+            record(5, "p", "a.fifo", 3),
+            record(6, "p", "b", 10),
+        ];
+        let report = b.executor.run(batch).await;
+        assert_eq!(
+            recorder.bodies(),
+            [vec!["1", "10", "20", "30"], vec!["3"]],
+            "b's outputs all go at once; a's one a round, none after the one that failed"
+        );
+        assert_eq!(report.failed_from.unwrap().as_str(), "3");
+        assert_eq!(report.applied, 4, "a's first record and b's three");
+    }
+
     /// Emits, for a record `(key, n)` at sequence number `s`, `n % 10` outputs: the `i`th is
     /// `10 s + i`, to partition key `p{n / 10 + i}`; keeps the last `n` as state. A negative `n`
     /// sets the key's timer a second in the past instead, whose firing emits 3,000 outputs, the

@@ -12,10 +12,11 @@ use crate::domain::RejectedRecord;
 use crate::domain::{BatchPlan, DeadLetter, KeyGroup, SequenceNumber, SourceRecord};
 use crate::operator::{InvalidInput, KeyedOperator};
 
-/// The longest key a record may have, in bytes. A key's state is stored under its hash past
-/// 1 KB, but its head and its timers' index entries hold it whole, in items of at most 400 KB;
-/// keys from records run to some hundred bytes (a DynamoDB key is at most 2 KB), so one past
-/// this is hostile or a bug, and its record is dead-lettered (field `key`).
+/// The longest key a record may have, in bytes written as a JSON string (a control character
+/// takes six). A key's state is stored under its hash past 1 KB, but its head and its timers'
+/// index entries hold it whole, as JSON, in items of at most 400 KB; keys from records run to
+/// some hundred bytes (a DynamoDB key is at most 2 KB), so one past this is hostile or a bug, and
+/// its record is dead-lettered (field `key`).
 pub const KEY_MAX_BYTES: usize = 64 * 1024;
 
 /// How much of a key a dead letter quotes.
@@ -94,13 +95,13 @@ impl<O: KeyedOperator> Executor<O> {
                     .map(|input| (self.operator.key(&input), input))
             }));
             match decoded {
-                Ok(Ok((key, _))) if key.len() > KEY_MAX_BYTES => {
+                Ok(Ok((key, _))) if json_bytes(&key) > KEY_MAX_BYTES => {
                     let invalid = InvalidInput::new(
                         "key",
                         format!(
-                            "the record's key is {} bytes, more than the {KEY_MAX_BYTES} a key \
-                             may have: {}",
-                            key.len(),
+                            "the record's key takes {} bytes written as JSON, more than the \
+                             {KEY_MAX_BYTES} a key may take: {}",
+                            json_bytes(&key),
                             quoted(&key)
                         ),
                     );
@@ -170,6 +171,17 @@ impl<O: KeyedOperator> Executor<O> {
     }
 }
 
+/// The bytes `key` takes written as a JSON string, without its quotes.
+fn json_bytes(key: &str) -> usize {
+    key.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
 /// `key` as a dead letter quotes it: whole if short, else its start and its length.
 fn quoted(key: &str) -> String {
     match key.char_indices().nth(KEY_QUOTED_CHARS) {
@@ -237,6 +249,8 @@ mod tests {
         };
         let b = bench(summer, false);
         let (longest, too_long) = ("k".repeat(KEY_MAX_BYTES), "x".repeat(410_000));
+        // Twenty thousand control characters: 120,000 bytes in the head.
+        let escaped = "\u{1}".repeat(20_000);
         let report = b
             .executor
             .run(vec![
@@ -244,6 +258,7 @@ mod tests {
                 record(2, "p", &longest, 1),
                 record(3, "p", &longest, 23),
                 record(4, "p", &longest, 2),
+                record(5, "p", &escaped, 1),
             ])
             .await;
         assert_eq!(report.failed_from, None, "{report:?}");
@@ -254,14 +269,20 @@ mod tests {
             .iter()
             .map(|body| serde_json::from_str(body).unwrap())
             .collect();
-        assert_eq!(letters.len(), 1, "{letters:?}");
-        assert_eq!(letters[0].field, "key");
+        assert_eq!(letters.len(), 2, "{letters:?}");
+        assert!(letters.iter().all(|l| l.field == "key"), "{letters:?}");
         assert!(
             letters[0].problem.contains("410000 bytes") && letters[0].problem.len() < 400,
             "{}",
             letters[0].problem
         );
-        assert_eq!(letters[0].sequence_number.as_deref(), Some("1"));
+        assert!(
+            letters[1].problem.contains("120000 bytes"),
+            "{}",
+            letters[1].problem
+        );
+        let sequences: Vec<_> = letters.iter().map(|l| l.sequence_number.clone()).collect();
+        assert_eq!(sequences, [Some("1".to_owned()), Some("5".to_owned())]);
         let sums: Vec<String> = b.out.bodies().concat();
         assert_eq!(
             sums,

@@ -379,6 +379,7 @@ impl<'a> Ctx<'a> {
                 format!("sink {sink:?} is not declared in the operator's sinks()"),
             )));
         };
+        let body = crate::domain::json::escape_noncharacters(body);
         // An output stored in the outbox is stored as JSON text, its body escaped: quotes and
         // backslashes take a byte more there, and a body full of them (a policy document's JSON
         // in a string) fits the sink but not the state store.

@@ -13,7 +13,7 @@ use super::layout::{lay_out, Layout};
 use super::watermarks::{self, place, Placement};
 use super::{
     outbox_segment_key, parse_head, partition_key, slot_segment_key, DynamoStateStore, DOC,
-    HEAD_SK, KEY_MAX_BYTES, PENDING,
+    HEAD_SK, KEY_HASHED_PAST_BYTES, PENDING,
 };
 use crate::domain::item::item_size;
 use crate::domain::json::number;
@@ -86,7 +86,7 @@ impl Prepared<'_> {
             gc: &gc,
             exp: self.commit.state.expires_at,
             tk: &self.tokens,
-            key: (key.len() > KEY_MAX_BYTES).then_some(key.as_str()),
+            key: (key.len() > KEY_HASHED_PAST_BYTES).then_some(key.as_str()),
             sn: self.commit.state.sent_so_far.as_ref(),
             mf: self.commit.state.retiring.as_ref(),
         };

@@ -113,7 +113,7 @@ pub(super) const ENTRY_MAX_BYTES: usize = ITEM_MAX_BYTES - 2 * 1024;
 /// Items a scan of `list_keys` reads per page.
 const SCAN_PAGE: usize = 1_000;
 /// Keys longer than this are stored under their hash (DynamoDB allows 2048 bytes of partition key).
-const KEY_MAX_BYTES: usize = 1024;
+const KEY_HASHED_PAST_BYTES: usize = 1024;
 const HEAD_SK: &str = "head";
 const DOC: &str = "doc";
 /// The head's list of segments a commit wrote before its head (see the key schema notes).
@@ -184,7 +184,7 @@ impl<T: Table> DynamoStateStore<T> {
 fn partition_key(namespace: &Namespace, key: &str) -> String {
     // Built by hand: this runs for every key of every batch, and `format!` costs more than the rest.
     let hashed;
-    let key = if key.len() > KEY_MAX_BYTES {
+    let key = if key.len() > KEY_HASHED_PAST_BYTES {
         hashed = format!("~{}", sha256_hex(&[key.as_bytes()], 64));
         hashed.as_str()
     } else {
@@ -504,7 +504,7 @@ mod tests {
         assert_eq!(short, "op#abc#customer#AKIA1");
         let long = partition_key(&ns, &"k".repeat(5000));
         assert!(long.starts_with("op#abc#~") && long.len() < 100, "{long}");
-        let longest = "k".repeat(KEY_MAX_BYTES);
+        let longest = "k".repeat(KEY_HASHED_PAST_BYTES);
         assert_eq!(partition_key(&ns, &longest), format!("op#abc#{longest}"));
     }
 
@@ -564,7 +564,10 @@ mod tests {
             "n".into(),
             SlotData::fresh(vec![RawValue::from_string("1".into()).unwrap()]),
         );
-        for (len, spelled) in [(KEY_MAX_BYTES, false), (KEY_MAX_BYTES + 1, true)] {
+        for (len, spelled) in [
+            (KEY_HASHED_PAST_BYTES, false),
+            (KEY_HASHED_PAST_BYTES + 1, true),
+        ] {
             let key = "k".repeat(len);
             let results = store
                 .commit(&ns, vec![Commit::new(key.clone(), 0, state.clone())])
