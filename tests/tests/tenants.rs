@@ -299,6 +299,45 @@ async fn a_consumer_lists_the_subscriptions_the_filter_holds_back_with_why() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_consumer_lists_its_subscriptions_to_all_events_past_those_the_filter_applies_as_held_back(
+) {
+    use dynamic_filter::index::ALL_EVENTS_PER_CONSUMER;
+    let stack = Stack::new();
+    let shared = stack.shared_table();
+    for n in 0..ALL_EVENTS_PER_CONSUMER + 2 {
+        let item = Subscription {
+            identity: Identity {
+                consumer: "mallory".into(),
+                id: format!("all-{n:02}"),
+            },
+            target: Target::All,
+            queue: "keyway-mallory_q".into(),
+            pattern: None,
+        }
+        .to_item(EPOCH);
+        shared.put_item(item).unwrap();
+    }
+    let client = dynamic_filter::client::SubscriptionClient::new(
+        shared,
+        "mallory",
+        QueueOwnership::new("keyway-"),
+        stack.runtime.services.clock.clone(),
+    );
+    let listing = client.listing().await.unwrap();
+    assert_eq!(listing.subscriptions.len(), ALL_EVENTS_PER_CONSUMER);
+    let held: Vec<&str> = listing
+        .held_back
+        .iter()
+        .map(|h| h.subscription.as_str())
+        .collect();
+    assert_eq!(held, ["all-25", "all-26"]);
+    assert!(
+        listing.held_back[0].reason.contains("first 25"),
+        "{listing:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_subscription_moved_to_the_consumers_own_table_survives_the_delete_of_the_old_one() {
     // The consumer moves: it subscribes in its own table, and a moment later (or in the same
     // second, in either order) deletes what it had in the shared one.
