@@ -499,7 +499,7 @@ impl LocalSqs {
                         sender_fault: true,
                     };
                 }
-                if let Some(c) = entry.body.chars().find(|&c| !allowed(c)) {
+                if let Some(c) = refused_character(entry.body) {
                     return SqsOutcome::Failed {
                         code: "InvalidMessageContents".into(),
                         message: format!(
@@ -524,9 +524,15 @@ impl LocalSqs {
     }
 }
 
-/// The characters a message body may hold: XML's (SQS refuses a message with any other).
-fn allowed(c: char) -> bool {
-    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
+/// The first character of `body` SQS refuses: it takes XML's only. Outside them a Rust string
+/// can hold only controls and U+FFFE/U+FFFF (which begin with the byte 0xEF): a body with
+/// neither byte is not read character by character.
+fn refused_character(body: &str) -> Option<char> {
+    let allowed = |c: char| matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..);
+    body.bytes()
+        .any(|b| b < 0x20 || b == 0xEF)
+        .then(|| body.chars().find(|&c| !allowed(c)))
+        .flatten()
 }
 
 /// SendMessageBatch's own limits: 1 to 10 entries, `BATCH_MAX_BYTES` in all (message attributes

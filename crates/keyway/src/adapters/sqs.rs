@@ -181,7 +181,8 @@ fn group_id(key: &str) -> Cow<'_, str> {
 /// dead letters are made with them escaped (`escape_noncharacters`), which reads as the same
 /// JSON; one an older release left in an outbox is escaped here.
 fn sqs_body(body: &str) -> Cow<'_, str> {
-    if body.contains('\u{ffff}') || body.contains('\u{fffe}') {
+    // Both begin with the byte 0xEF in UTF-8: most bodies have none.
+    if body.as_bytes().contains(&0xEF) && (body.contains('\u{ffff}') || body.contains('\u{fffe}')) {
         Cow::Owned(escape_noncharacters(body.to_owned()))
     } else {
         Cow::Borrowed(body)

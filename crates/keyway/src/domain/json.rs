@@ -12,7 +12,7 @@ pub fn push_string(out: &mut String, text: &str) {
     }
 }
 
-/// JSON text with U+FFFE and U+FFFF written as escapes (`\\ufffe`, `\\uffff`): the same JSON.
+/// JSON text with U+FFFE and U+FFFF written as escapes (`\ufffe`, `\uffff`): the same JSON.
 /// JSON leaves those two noncharacters as they are, and SQS refuses a message holding either
 /// (it takes XML's characters only). Outputs and dead letters are written so when they are made,
 /// so that the size checked against a sink's limit is the size sent.

@@ -95,20 +95,12 @@ impl<O: KeyedOperator> Executor<O> {
                     .map(|input| (self.operator.key(&input), input))
             }));
             match decoded {
-                Ok(Ok((key, _))) if json_bytes(&key) > KEY_MAX_BYTES => {
-                    let invalid = InvalidInput::new(
-                        "key",
-                        format!(
-                            "the record's key takes {} bytes written as JSON, more than the \
-                             {KEY_MAX_BYTES} a key may take: {}",
-                            json_bytes(&key),
-                            quoted(&key)
-                        ),
-                    );
-                    unkeyed.push((index, self.dead_letter(record, None, invalid)));
-                    inputs.push(None);
-                }
                 Ok(Ok((key, input))) => {
+                    if let Some(invalid) = key_too_long(&key) {
+                        unkeyed.push((index, self.dead_letter(record, None, invalid)));
+                        inputs.push(None);
+                        continue;
+                    }
                     if let Some(hot) = self.operator.hot_key(&input) {
                         hot_keys.entry(key.clone()).or_insert(hot);
                     }
@@ -169,6 +161,25 @@ impl<O: KeyedOperator> Executor<O> {
             record.raw.to_string(),
         )
     }
+}
+
+/// Why a record's key cannot be kept, if it cannot: it takes more than `KEY_MAX_BYTES` as JSON.
+fn key_too_long(key: &str) -> Option<InvalidInput> {
+    // Written as JSON a byte takes six at most: a shorter key is not measured.
+    if key.len() <= KEY_MAX_BYTES / 6 {
+        return None;
+    }
+    let bytes = json_bytes(key);
+    (bytes > KEY_MAX_BYTES).then(|| {
+        InvalidInput::new(
+            "key",
+            format!(
+                "the record's key takes {bytes} bytes written as JSON, more than the \
+                 {KEY_MAX_BYTES} a key may take: {}",
+                quoted(key)
+            ),
+        )
+    })
 }
 
 /// The bytes `key` takes written as a JSON string, without its quotes.
