@@ -464,18 +464,29 @@ async fn a_fifo_queue_receives_a_filter_keys_events_in_their_order_though_sends_
 #[tokio::test(start_paused = true)]
 async fn a_consumer_whose_queue_refuses_every_delivery_holds_the_others_back_no_longer_than_the_filters_patience(
 ) {
+    refused_for_an_hour("keyway-live_1").await;
+}
+
+/// The same of a FIFO queue, whose deliveries keep their order until the patience runs out.
+#[tokio::test(start_paused = true)]
+async fn a_consumer_whose_fifo_queue_refuses_every_delivery_holds_the_others_back_no_longer_than_the_filters_patience(
+) {
+    refused_for_an_hour(FIFO).await;
+}
+
+/// `queue` of consumer `live` refuses every delivery for forty minutes, then takes them again.
+async fn refused_for_an_hour(queue: &str) {
     use dynamic_filter::router::DEFAULT_PATIENCE;
-    let mut stack = Stack::new(REGISTRY);
+    let registry = format!(r#"{{"live": ["{queue}"], "audit": ["{AUDIT}"]}}"#);
+    let mut stack = Stack::new(&registry);
     let (live, audit) = (
-        stack.client("live", REGISTRY),
-        stack.client("audit", REGISTRY),
+        stack.client("live", &registry),
+        stack.client("audit", &registry),
     );
-    live.subscribe("sheet-1", "keyway-live_1", None)
-        .await
-        .unwrap();
+    live.subscribe("sheet-1", queue, None).await.unwrap();
     audit.subscribe("sheet-1", AUDIT, None).await.unwrap();
     stack.run().await;
-    let broken = format!("{}keyway-live_1", keyway_local::LocalSqs::URL_PREFIX);
+    let broken = format!("{}{queue}", keyway_local::LocalSqs::URL_PREFIX);
     stack.runtime.services.sqs.set_key_disabled(&broken, true);
     // An event a minute for forty minutes, all of one filter key: one shard, one lane.
     // (A retry sends the audit queue's deliveries again, under their ids: counted once.)
@@ -499,7 +510,7 @@ async fn a_consumer_whose_queue_refuses_every_delivery_holds_the_others_back_no_
     );
     assert!(
         dead.iter().all(|d| d.field == "output.deliveries"
-            && d.problem.contains("keyway-live_1")
+            && d.problem.contains(queue)
             && d.problem.contains("patience")
             && d.problem.contains("KmsDisabled")),
         "{dead:?}"
@@ -516,6 +527,6 @@ async fn a_consumer_whose_queue_refuses_every_delivery_holds_the_others_back_no_
     // Its owner enables the key again: the queue receives what comes next.
     stack.runtime.services.sqs.set_key_disabled(&broken, false);
     stack.deliver(&[event("after", "sheet-1", "update")]).await;
-    assert_eq!(stack.received("keyway-live_1"), ["after"]);
+    assert_eq!(stack.received(queue), ["after"]);
     assert_eq!(stack.received(AUDIT), ["after"]);
 }

@@ -267,6 +267,23 @@ async fn the_filter_delivers_to_no_queue_its_consumer_does_not_own_whatever_its_
     assert_eq!(stack.received(LIVE_QUEUE), ["b"]);
 }
 
+/// `consumer`'s items in `table` as its client lists them, under the stack's queue prefix.
+async fn listing_of(
+    stack: &Stack,
+    table: Arc<LocalTable>,
+    consumer: &str,
+) -> dynamic_filter::client::Listing {
+    dynamic_filter::client::SubscriptionClient::new(
+        table,
+        consumer,
+        QueueOwnership::new("keyway-"),
+        stack.runtime.services.clock.clone(),
+    )
+    .listing()
+    .await
+    .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_consumer_lists_the_subscriptions_the_filter_holds_back_with_why() {
     let stack = Stack::new();
@@ -277,13 +294,7 @@ async fn a_consumer_lists_the_subscriptions_the_filter_holds_back_with_why() {
     shared
         .put_item(policy_item("mallory", "sheet-2", "keyway-mallory_q", None))
         .unwrap();
-    let client = dynamic_filter::client::SubscriptionClient::new(
-        shared,
-        "mallory",
-        QueueOwnership::new("keyway-"),
-        stack.runtime.services.clock.clone(),
-    );
-    let listing = client.listing().await.unwrap();
+    let listing = listing_of(&stack, shared, "mallory").await;
     let applied: Vec<&str> = listing
         .subscriptions
         .iter()
@@ -317,13 +328,7 @@ async fn a_consumer_lists_its_subscriptions_to_all_events_past_those_the_filter_
         .to_item(EPOCH);
         shared.put_item(item).unwrap();
     }
-    let client = dynamic_filter::client::SubscriptionClient::new(
-        shared,
-        "mallory",
-        QueueOwnership::new("keyway-"),
-        stack.runtime.services.clock.clone(),
-    );
-    let listing = client.listing().await.unwrap();
+    let listing = listing_of(&stack, shared, "mallory").await;
     assert_eq!(listing.subscriptions.len(), ALL_EVENTS_PER_CONSUMER);
     let held: Vec<&str> = listing
         .held_back

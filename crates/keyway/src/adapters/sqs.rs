@@ -17,7 +17,7 @@ use super::retry::{split_calls, Backoff, CallLimits, Round};
 use super::sdk_error::{class_of, classify, CodeClass};
 
 use crate::domain::hash::sha256_hex;
-use crate::domain::json::escape_noncharacters;
+use crate::domain::json::{escape_noncharacters, holds_noncharacters};
 use crate::domain::Output;
 use crate::ports::{Deadline, Sink, SinkError};
 
@@ -181,8 +181,7 @@ fn group_id(key: &str) -> Cow<'_, str> {
 /// dead letters are made with them escaped (`escape_noncharacters`), which reads as the same
 /// JSON; one an older release left in an outbox is escaped here.
 fn sqs_body(body: &str) -> Cow<'_, str> {
-    // Both begin with the byte 0xEF in UTF-8: most bodies have none.
-    if body.as_bytes().contains(&0xEF) && (body.contains('\u{ffff}') || body.contains('\u{fffe}')) {
+    if holds_noncharacters(body) {
         Cow::Owned(escape_noncharacters(body.to_owned()))
     } else {
         Cow::Borrowed(body)

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::hash::sha256_hex;
-use super::json::escape_noncharacters;
+use super::json::{escape_noncharacters, prefix};
 use super::output::{Output, OutputId};
 
 /// The body of a dead-letter message.
@@ -56,10 +56,8 @@ impl DeadLetter {
             let rest = text(&self).len();
             let mut keep = max_bytes.saturating_sub(rest).min(payload.len());
             loop {
-                while !payload.is_char_boundary(keep) {
-                    keep -= 1;
-                }
-                self.payload = payload[..keep].to_owned();
+                self.payload = prefix(&payload, keep).to_owned();
+                keep = self.payload.len();
                 body = text(&self);
                 if body.len() <= max_bytes || keep == 0 {
                     break;
@@ -113,11 +111,7 @@ fn cut(mut text: String) -> String {
         return text;
     }
     let bytes = text.len();
-    let mut end = TEXT_MAX_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
+    text.truncate(prefix(&text, TEXT_MAX_BYTES).len());
     text.push_str(&format!("… (cut from {bytes} bytes)"));
     text
 }

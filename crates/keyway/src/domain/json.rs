@@ -17,13 +17,26 @@ pub fn push_string(out: &mut String, text: &str) {
 /// (it takes XML's characters only). Outputs and dead letters are written so when they are made,
 /// so that the size checked against a sink's limit is the size sent.
 pub fn escape_noncharacters(text: String) -> String {
-    // Both begin with the byte 0xEF in UTF-8: most text has none, and is not searched further.
-    if !text.as_bytes().contains(&0xEF) || !(text.contains('\u{fffe}') || text.contains('\u{ffff}'))
-    {
+    if !holds_noncharacters(&text) {
         return text;
     }
     text.replace('\u{fffe}', "\\ufffe")
         .replace('\u{ffff}', "\\uffff")
+}
+
+/// Whether `text` holds U+FFFE or U+FFFF (`escape_noncharacters`).
+pub fn holds_noncharacters(text: &str) -> bool {
+    // Both begin with the byte 0xEF in UTF-8: most text has none, and is not searched further.
+    text.as_bytes().contains(&0xEF) && (text.contains('\u{fffe}') || text.contains('\u{ffff}'))
+}
+
+/// The longest start of `text` of at most `max_bytes` that ends on a character's boundary.
+pub fn prefix(text: &str, max_bytes: usize) -> &str {
+    let mut end = max_bytes.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// Appends a whole number in decimal, without going through `fmt`.

@@ -8,9 +8,10 @@ use tracing::error;
 
 use super::emit::SendTimes;
 use super::Executor;
+use crate::domain::json::prefix;
 use crate::domain::RejectedRecord;
 use crate::domain::{BatchPlan, DeadLetter, KeyGroup, SequenceNumber, SourceRecord};
-use crate::operator::{InvalidInput, KeyedOperator};
+use crate::operator::{stored_bytes, InvalidInput, KeyedOperator};
 
 /// The longest key a record may have, in bytes written as a JSON string (a control character
 /// takes six). A key's state is stored under its hash past 1 KB, but its head and its timers'
@@ -20,7 +21,7 @@ use crate::operator::{InvalidInput, KeyedOperator};
 pub const KEY_MAX_BYTES: usize = 64 * 1024;
 
 /// How much of a key a dead letter quotes.
-const KEY_QUOTED_CHARS: usize = 200;
+const KEY_QUOTED_BYTES: usize = 200;
 
 /// A batch decoded and grouped. (The decoded inputs travel apart: they need not be `Sync`.)
 pub(super) struct Plan<'b> {
@@ -169,7 +170,7 @@ fn key_too_long(key: &str) -> Option<InvalidInput> {
     if key.len() <= KEY_MAX_BYTES / 6 {
         return None;
     }
-    let bytes = json_bytes(key);
+    let bytes = stored_bytes(key);
     (bytes > KEY_MAX_BYTES).then(|| {
         InvalidInput::new(
             "key",
@@ -182,22 +183,11 @@ fn key_too_long(key: &str) -> Option<InvalidInput> {
     })
 }
 
-/// The bytes `key` takes written as a JSON string, without its quotes.
-fn json_bytes(key: &str) -> usize {
-    key.bytes()
-        .map(|b| match b {
-            b'"' | b'\\' => 2,
-            0..=0x1f => 6,
-            _ => 1,
-        })
-        .sum()
-}
-
 /// `key` as a dead letter quotes it: whole if short, else its start and its length.
 fn quoted(key: &str) -> String {
-    match key.char_indices().nth(KEY_QUOTED_CHARS) {
-        None => format!("{key:?}"),
-        Some((end, _)) => format!("{:?}… ({} bytes)", &key[..end], key.len()),
+    match prefix(key, KEY_QUOTED_BYTES) {
+        start if start.len() == key.len() => format!("{key:?}"),
+        start => format!("{start:?}… ({} bytes)", key.len()),
     }
 }
 

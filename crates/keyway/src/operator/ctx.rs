@@ -454,8 +454,9 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// The bytes `body` takes escaped in a JSON string, as an outbox stores it, without its quotes:
-/// a byte more for each quote and backslash. JSON text holds no raw control character.
+/// The bytes `body` takes escaped in a JSON string, as an outbox stores it (or a head a key),
+/// without its quotes: a byte more for each quote and backslash, five more for a control
+/// character (at most: JSON writes some in two), which JSON text holds none of.
 pub fn stored_bytes(body: &str) -> usize {
     escaped_len(body.as_bytes())
 }
@@ -481,7 +482,15 @@ pub fn stored_json_bytes<T: Serialize + ?Sized>(value: &T) -> usize {
     }
 }
 
-/// A byte more for each quote and backslash.
+/// A byte more for each quote and backslash, five more for a control character.
 fn escaped_len(text: &[u8]) -> usize {
-    text.len() + text.iter().filter(|b| matches!(b, b'"' | b'\\')).count()
+    text.len()
+        + text
+            .iter()
+            .map(|&b| match b {
+                b'"' | b'\\' => 1,
+                0..=0x1f => 5,
+                _ => 0,
+            })
+            .sum::<usize>()
 }
