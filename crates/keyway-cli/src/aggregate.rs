@@ -27,7 +27,7 @@ use bytes::Bytes;
 
 use keyed_aggregate::aggregate::Aggregate;
 use keyway::adapters::kinesis::RECORD_MAX_BYTES;
-use keyway::domain::hash::{shard_for_hash, xxh3_128_hex, HashKeys};
+use keyway::domain::hash::{is_partition_key, shard_for_hash, xxh3_128_hex, HashKeys};
 use keyway::domain::pointer::{string_of, Pointer};
 use keyway_local::FaultPlan;
 use keyway_stack::aggregation::{Aggregation, EventTimes, Finished, Settings, Windowing};
@@ -36,8 +36,6 @@ use crate::error::CliError;
 
 /// Lines put on the stream at a time, all shares together.
 const SLICE: usize = 20_000;
-/// The longest partition key Kinesis takes, in characters.
-const PARTITION_KEY_MAX_CHARS: usize = 256;
 /// The virtual clock's start when the lines carry no time to start from.
 const EPOCH: i64 = 1_767_225_600_000;
 
@@ -343,7 +341,7 @@ fn settings(options: &Args) -> Result<Settings, CliError> {
 /// (256 characters) goes under its hash: the function reads the key from the line.
 fn partition_key<'a>(key: &Pointer, line: &'a [u8]) -> Cow<'a, str> {
     let text = key_text(key, line);
-    if text.len() > PARTITION_KEY_MAX_CHARS && text.chars().count() > PARTITION_KEY_MAX_CHARS {
+    if !is_partition_key(&text) {
         return Cow::Owned(xxh3_128_hex(&[text.as_bytes()]));
     }
     text

@@ -18,7 +18,7 @@ use super::shards::{Arrived, ReshardError, ShardInfo, Shards};
 use keyway::adapters::kinesis::{
     KinesisApi, PutEntry, PutOutcome, PUT_RECORDS_MAX, PUT_RECORDS_MAX_BYTES, RECORD_MAX_BYTES,
 };
-use keyway::domain::hash::HashKeys;
+use keyway::domain::hash::{is_partition_key, HashKeys};
 use keyway::ports::{Clock, SinkError};
 
 /// A record as a shard stores it: as a Kinesis event carries it, so that a batch goes to a
@@ -490,9 +490,7 @@ impl LocalKinesis {
             )));
         }
         if let Some(bad) = entries.iter().find(|e| {
-            e.partition_key.is_empty()
-                || e.partition_key.chars().count() > 256
-                || e.data.len() + e.partition_key.len() > max_record
+            !is_partition_key(e.partition_key) || e.data.len() + e.partition_key.len() > max_record
         }) {
             return Err(SinkError::Rejected(format!(
                 "ValidationException: a record with a partition key of {} characters and {} bytes of data",

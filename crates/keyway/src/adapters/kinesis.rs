@@ -16,7 +16,7 @@ use aws_sdk_kinesis::Client;
 
 use super::retry::{split_calls, Backoff, CallLimits, Round};
 use super::sdk_error::{class_of, classify, CodeClass, ErrorClass};
-use crate::domain::hash::sha256_hex;
+use crate::domain::hash::{is_partition_key, sha256_hex};
 use crate::domain::Output;
 use crate::ports::{Deadline, Sink, SinkError};
 
@@ -148,7 +148,7 @@ impl KinesisApi for SdkKinesis {
 /// The partition key to put an output under. Kinesis takes 1 to 256 characters; any other key is
 /// replaced by its SHA-256, which keeps one key on one shard and in order.
 fn partition_key(key: &str) -> std::borrow::Cow<'_, str> {
-    if key.is_empty() || key.chars().count() > 256 {
+    if !is_partition_key(key) {
         std::borrow::Cow::Owned(sha256_hex(&[key.as_bytes()], 64))
     } else {
         std::borrow::Cow::Borrowed(key)

@@ -67,6 +67,15 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// The longest partition key Kinesis takes, in Unicode characters.
+pub const PARTITION_KEY_MAX_CHARS: usize = 256;
+
+/// Whether Kinesis takes `key` as a partition key: 1 to 256 characters.
+pub fn is_partition_key(key: &str) -> bool {
+    !key.is_empty()
+        && (key.len() <= PARTITION_KEY_MAX_CHARS || key.chars().count() <= PARTITION_KEY_MAX_CHARS)
+}
+
 /// The 128-bit hash key Kinesis assigns to a partition key: MD5 of its UTF-8 bytes, read as an
 /// unsigned big-endian integer. A record goes to the shard whose hash key range contains it.
 pub fn kinesis_hash_key(partition_key: &str) -> u128 {

@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::hash::kinesis_hash_key;
+use super::hash::{is_partition_key, kinesis_hash_key, PARTITION_KEY_MAX_CHARS};
 
 /// The most buckets one key may be spread over: a shard count of this many is already far more
 /// than one key ever needs.
@@ -120,7 +120,9 @@ impl Partitioner {
     /// when `key` is not salted.
     fn next_bucket(&mut self, key: &str) -> Option<(u32, u32)> {
         let buckets = self.salting.buckets_of(key).clamp(1, MAX_BUCKETS);
-        if buckets == 1 {
+        // A key too long to take its buckets' suffix keeps its own partition key: salted, its
+        // records would be refused by the stream the moment it turned hot.
+        if buckets == 1 || !fits_salted(key, buckets) {
             return None;
         }
         let next = self.next.entry(key.to_owned()).or_insert(0);
@@ -128,6 +130,13 @@ impl Partitioner {
         *next = next.wrapping_add(1);
         Some((bucket, buckets))
     }
+}
+
+/// Whether `key`'s bucket partition keys, `#` and up to `buckets - 1` after it, are short enough
+/// for Kinesis.
+fn fits_salted(key: &str, buckets: u32) -> bool {
+    // `#` and at most four digits (`MAX_BUCKETS`): most keys need no count of characters.
+    key.len() + 5 <= PARTITION_KEY_MAX_CHARS || is_partition_key(&salted(key, buckets - 1))
 }
 
 /// The partition key of `key`'s bucket `bucket`.
@@ -288,5 +297,30 @@ mod tests {
             "route and partition_key take buckets from the same turn"
         );
         assert_eq!(partitioner.route("cold"), ("cold".to_owned(), None));
+    }
+
+    /// A key of 250 characters is a partition key Kinesis takes; `#31` after it is not.
+    #[test]
+    fn a_hot_key_too_long_for_its_buckets_suffix_keeps_its_own_partition_key() {
+        for (key, buckets) in [
+            ("k".repeat(254), 32),
+            ("é".repeat(255), 10),
+            ("k".repeat(256), 2),
+        ] {
+            let mut partitioner = Partitioner::new(Salting::All { buckets });
+            for _ in 0..buckets {
+                assert_eq!(partitioner.route(&key), (key.clone(), None));
+            }
+        }
+        for (key, buckets, last) in [("k".repeat(253), 32, "#31"), ("é".repeat(254), 2, "#1")] {
+            let mut partitioner = Partitioner::new(Salting::All { buckets });
+            let keys: Vec<String> = (0..buckets)
+                .map(|_| partitioner.partition_key(&key))
+                .collect();
+            assert!(keys
+                .iter()
+                .all(|k| k.chars().count() <= PARTITION_KEY_MAX_CHARS));
+            assert!(keys.last().is_some_and(|k| k.ends_with(last)), "{buckets}");
+        }
     }
 }
