@@ -396,7 +396,6 @@ mod tests {
         assert_eq!(big.checked_add(exact("1")), Err(ExactError::Overflow));
     }
 
-
     /// A zero or a number of trailing zeros under an exponent of billions is twenty bytes of
     /// JSON: reading it takes no time proportional to the exponent (stripping one zero a step
     /// took minutes, and timed out every invocation of its lane), and zero is zero whatever its
@@ -404,7 +403,12 @@ mod tests {
     #[test]
     fn a_huge_exponent_is_read_at_once_and_zero_under_any_exponent_is_zero() {
         let started = std::time::Instant::now();
-        for text in ["0e-4294967295", "-0.000e-4294967290", "0e4294967295", "0e39"] {
+        for text in [
+            "0e-4294967295",
+            "-0.000e-4294967290",
+            "0e4294967295",
+            "0e39",
+        ] {
             assert_eq!(exact(text), Exact::ZERO, "{text}");
         }
         for text in ["100e-4294967295", "1000000e-4294967294"] {

@@ -132,6 +132,12 @@ impl Partitioner {
     }
 }
 
+/// Whether a producer can salt `key` over any number of buckets: its last bucket's partition key
+/// is one Kinesis takes. (Under fewer buckets a few characters longer may do.)
+pub fn can_salt(key: &str) -> bool {
+    fits_salted(key, MAX_BUCKETS)
+}
+
 /// Whether `key`'s bucket partition keys, `#` and up to `buckets - 1` after it, are short enough
 /// for Kinesis.
 fn fits_salted(key: &str, buckets: u32) -> bool {

@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use tracing::warn;
 
 use super::{Expect, ItemKey, Table, PK, SK, TTL, VERSION};
-use crate::domain::salt::{Partitioner, Salting};
+use crate::domain::salt::{self, Partitioner, Salting};
 use crate::domain::skew::{HeatReport, Heavy, HotSet, Hysteresis};
 use crate::domain::{AttrValue, Item};
 use crate::ports::{HotKeyReports, StoreError};
@@ -188,9 +188,12 @@ impl HotKeyReports for HotKeyRegistry {
             item.insert(PK.into(), AttrValue::S(self.period_pk(period)));
             item.insert(SK.into(), AttrValue::S(report.batch.clone()));
             item.insert("records".into(), AttrValue::N(report.records.to_string()));
+            // A key no producer can salt would only grow the report and the list, each one
+            // item: a few hot keys of a hundred KB would pass DynamoDB's 400 KB.
             let keys = report
                 .keys
                 .iter()
+                .filter(|(k, _)| salt::can_salt(k))
                 .map(|(k, n)| (k.clone(), AttrValue::N(n.to_string())))
                 .collect();
             item.insert("keys".into(), AttrValue::M(keys));
@@ -321,6 +324,32 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(registry.hot().await.unwrap(), keys(&["a", "b", "c"]));
+    }
+
+    /// A key the producer cannot salt (its buckets' partition keys would pass Kinesis's 256
+    /// characters) is left out of reports: four hot keys of 120 KB made a report, and a hot
+    /// list, past DynamoDB's item, and no key was listed hot or cool again.
+    #[tokio::test]
+    async fn keys_too_long_to_salt_are_left_out_so_that_reports_and_the_list_stay_small() {
+        let table = Arc::new(MemoryTable::new());
+        let registry = registry(&table);
+        let long: Vec<String> = (0..4)
+            .map(|i| format!("{i}{}", "k".repeat(120_000)))
+            .collect();
+        let counts: Vec<(&str, u64)> = long.iter().map(|k| (k.as_str(), 25)).collect();
+        registry
+            .report(&report(1_000, "s1/1", &counts))
+            .await
+            .unwrap();
+        let longest = "k".repeat(251);
+        registry
+            .report(&report(PERIOD + 1, "s1/2", &[("a", 60), (&longest, 40)]))
+            .await
+            .unwrap();
+        registry.report(&report(2 * PERIOD, "", &[])).await.unwrap();
+        assert_eq!(registry.hot().await.unwrap(), keys(&["a", &longest]));
+        let names_past_one = "k".repeat(252);
+        assert!(!salt::can_salt(&names_past_one) && salt::can_salt(&longest));
     }
 
     #[tokio::test]
