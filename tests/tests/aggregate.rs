@@ -10,12 +10,12 @@ use std::time::Duration;
 use keyed_aggregate::aggregate::{Aggregate, Partial};
 use keyed_aggregate::exact::Exact;
 use keyed_aggregate::merge::{result_line, AggregateMerge};
-use keyed_aggregate::partials::{KeyedAggregate, REDELIVERY_GRACE_MILLIS};
+use keyed_aggregate::partials::{KeyedAggregate, PartialUpdate, REDELIVERY_GRACE_MILLIS};
 use keyed_aggregate::spec::{Spec, Windows};
 use keyway::adapters::dynamodb::ItemKey;
 use keyway::domain::pointer::Pointer;
 use keyway::domain::AttrValue;
-use keyway::ports::{Namespace, StateStore as _};
+use keyway::ports::{Clock as _, Namespace, StateStore as _};
 use keyway::sources::kinesis::decode_event;
 use keyway::KeyedOperator as _;
 use keyway_tests::harness::{run_to_completion, Shard, World};
@@ -482,6 +482,65 @@ async fn a_batch_delivered_again_after_its_window_closed_counts_what_arrived_in_
         ],
         "{letters:?}"
     );
+}
+
+/// The merge's items of keys named `prefix`...
+fn merge_items(world: &World, prefix: &str) -> usize {
+    world
+        .table
+        .items()
+        .iter()
+        .filter_map(|i| i.get("pk").and_then(|v| v.as_s()))
+        .filter(|pk| pk.starts_with("aggregate-merge#") && pk.contains(prefix))
+        .count()
+}
+
+/// A key seen once (a session, a request) left its windows in the merge's state for good: a
+/// million new keys a day kept a million more items every day. Its windows now go once it has
+/// had no partial for a day and an hour (the merge's `keep` here is an hour); a running total,
+/// which the sources' next partials need whole, stays.
+#[tokio::test]
+async fn a_keys_windows_leave_the_merges_state_once_no_partial_can_come_and_a_running_total_stays()
+{
+    let world = World::new(&["results"]);
+    let merge = counting_merge(&world);
+    let partial = |key: &str, window_start: Option<i64>| {
+        let update = PartialUpdate {
+            key: key.to_owned(),
+            window_start,
+            source: key.to_owned(),
+            version: 1,
+            partial: Partial::of(None),
+        };
+        (key.to_owned(), serde_json::to_vec(&update).unwrap())
+    };
+    let now = world.clock.now_millis();
+    let records = [
+        partial("session-1", Some(now - 60_000)),
+        partial("session-2", Some(now - 60_000)),
+        partial("total-1", None),
+    ];
+    let records: Vec<(&str, Vec<u8>)> = records
+        .iter()
+        .map(|(k, d)| (k.as_str(), d.clone()))
+        .collect();
+    let mut shard = Shard::new("partials", 0);
+    shard.arrival_millis = now;
+    run_to_completion(&merge, &shard.batch(&records), 3).await;
+    assert_eq!(world.outputs("results").len(), 3);
+    world.clock.advance(24 * 3_600_000);
+    world.table.expire(world.clock.now_millis() / 1000);
+    assert_eq!(
+        merge_items(&world, "session-"),
+        2,
+        "partials may still come"
+    );
+    // Past the watermarks' horizon too (the redelivery window: a year unless set), nothing of
+    // the sessions is left.
+    world.clock.advance(400 * 24 * 3_600_000);
+    world.table.expire(world.clock.now_millis() / 1000);
+    assert_eq!(merge_items(&world, "session-"), 0);
+    assert_eq!(merge_items(&world, "total-1"), 1, "a running total stays");
 }
 
 /// The items of the partition key `pk`.

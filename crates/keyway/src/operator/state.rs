@@ -517,6 +517,7 @@ impl<T: DeserializeOwned> ListHandle<'_, T> {
 pub(crate) struct MapSlot<K, V> {
     map: BTreeMap<K, V>,
     dirty: bool,
+    expires_at: Option<i64>,
 }
 
 impl<K, V> TypedSlot for MapSlot<K, V>
@@ -536,6 +537,10 @@ where
         Ok(Some(SlotUpdate { keep: 0, tail }))
     }
 
+    fn expires_at(&self) -> Option<i64> {
+        self.expires_at.filter(|_| self.dirty)
+    }
+
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
@@ -553,7 +558,11 @@ where
             .iter()
             .map(|raw| decode_entry::<(K, V)>(name, raw))
             .collect::<Result<_, _>>()?;
-        Ok(Self { map, dirty: false })
+        Ok(Self {
+            map,
+            dirty: false,
+            expires_at: None,
+        })
     }
 }
 
@@ -612,5 +621,14 @@ impl<K: Ord, V> MapHandle<'_, K, V> {
     pub fn clear(&mut self) {
         self.slot.dirty |= !self.slot.map.is_empty();
         self.slot.map.clear();
+    }
+
+    /// Keeps the whole map, as this run leaves it, until `at_millis` (epoch milliseconds) rather
+    /// than for the state's TTL: for entries that say themselves how long they matter. The
+    /// key's state lives at least as long, and reads the map as empty from then on. A later run
+    /// that changes the map without saying so again keeps it for the state's TTL.
+    pub fn expire_at(&mut self, at_millis: i64) {
+        self.slot.dirty = true;
+        self.slot.expires_at = Some(at_millis);
     }
 }
