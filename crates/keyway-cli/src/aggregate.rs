@@ -171,6 +171,8 @@ fn spawn_share(
 struct Read {
     lines: u64,
     too_large: u64,
+    /// Lines stamped far ahead of their slice's (`FAR_FROM_MEDIAN_MILLIS`).
+    far_ahead: u64,
 }
 
 /// A share's lines of a slice, each with its partition key. The lines are slices of the blocks
@@ -218,44 +220,115 @@ fn read_slices(
     shards: usize,
 ) -> thread::JoinHandle<Result<Read, CliError>> {
     thread::spawn(move || {
-        let mut slices: Vec<Slice> = shares.iter().map(|_| Slice::default()).collect();
-        let mut times = EventTimes::default();
-        let mut read = Read::default();
-        let mut hash_keys = HashKeys::default();
+        let mut router = Router {
+            key,
+            shards,
+            slices: shares.iter().map(|_| Slice::default()).collect(),
+            hash_keys: HashKeys::default(),
+            pending: Vec::with_capacity(SLICE),
+            read: Read::default(),
+        };
         for file in &paths {
             let mut lines = Lines::open(file)?;
             while let Some(line) = lines.next_line()? {
-                read.lines += 1;
-                if let Some(at) = time.as_ref().and_then(|t| event_time(t, &line)) {
-                    times.first = times.first.or(Some(at));
-                    times.newest = times.newest.max(Some(at));
-                }
-                let partition_key = partition_key(&key, &line);
-                if line.len() + partition_key.len() > RECORD_MAX_BYTES {
-                    // No Kinesis stream takes it: dead-lettered here, not the end of the run.
-                    eprintln!(
-                        "keyway aggregate: {}: the input's line {} has {} bytes, over a Kinesis record's 1 MiB: dead-lettered",
-                        file.display(),
-                        read.lines,
-                        line.len()
-                    );
-                    read.too_large += 1;
-                    continue;
-                }
-                let hash_key = hash_keys.of(&partition_key);
-                let shard = shard_for_hash(hash_key, shards as u32) as usize;
-                slices[shard % shares.len()].push(&partition_key, line.clone());
-                if read.lines % SLICE as u64 == 0 {
-                    if !send(&mut slices, times, &shares) {
-                        return Ok(read);
+                router.read.lines += 1;
+                let at = time.as_ref().and_then(|t| event_time(t, &line));
+                router.pending.push(Pending {
+                    line,
+                    at,
+                    file,
+                    number: router.read.lines,
+                });
+                if router.pending.len() == SLICE {
+                    let times = router.route();
+                    if !send(&mut router.slices, times, &shares) {
+                        return Ok(router.read);
                     }
-                    times.first = None;
                 }
             }
         }
-        send(&mut slices, times, &shares);
-        Ok(read)
+        let times = router.route();
+        send(&mut router.slices, times, &shares);
+        Ok(router.read)
     })
+}
+
+/// How far from the median of its slice's times a line's time may be and still move the clock:
+/// a line stamped further ahead (in microseconds, or a sentinel such as 9999-12-31) would have the
+/// clock run toward it a sweep a minute, for ever, and its window would close only then; it is
+/// dead-lettered here. One stamped further behind is late, which the function says.
+const FAR_FROM_MEDIAN_MILLIS: i64 = 366 * 86_400_000;
+
+/// A line read, waiting for the rest of its slice: the slice's times judge its own.
+struct Pending<'a> {
+    line: Bytes,
+    at: Option<i64>,
+    file: &'a Path,
+    number: u64,
+}
+
+/// Sends the lines of a slice to their shares.
+struct Router<'a> {
+    key: Pointer,
+    shards: usize,
+    slices: Vec<Slice>,
+    hash_keys: HashKeys,
+    pending: Vec<Pending<'a>>,
+    read: Read,
+}
+
+impl Router<'_> {
+    /// Puts the pending lines in their shares' slices, but those no stream or clock takes, and
+    /// says the slice's event times.
+    fn route(&mut self) -> EventTimes {
+        let mut times = EventTimes::default();
+        let median = median(self.pending.iter().filter_map(|p| p.at));
+        let shares = self.slices.len();
+        for Pending {
+            line,
+            at,
+            file,
+            number,
+        } in self.pending.drain(..)
+        {
+            if let (Some(at), Some(median)) = (at, median) {
+                if at > median.saturating_add(FAR_FROM_MEDIAN_MILLIS) {
+                    eprintln!(
+                        "keyway aggregate: {}: the input's line {number} is stamped {at}, more than 366 days ahead of its neighbours' ({median}, their median): dead-lettered",
+                        file.display(),
+                    );
+                    self.read.far_ahead += 1;
+                    continue;
+                }
+                if at >= median.saturating_sub(FAR_FROM_MEDIAN_MILLIS) {
+                    times.first = times.first.or(Some(at));
+                    times.newest = times.newest.max(Some(at));
+                }
+            }
+            let partition_key = partition_key(&self.key, &line);
+            if line.len() + partition_key.len() > RECORD_MAX_BYTES {
+                // No Kinesis stream takes it: dead-lettered here, not the end of the run.
+                eprintln!(
+                    "keyway aggregate: {}: the input's line {number} has {} bytes, over a Kinesis record's 1 MiB: dead-lettered",
+                    file.display(),
+                    line.len()
+                );
+                self.read.too_large += 1;
+                continue;
+            }
+            let hash_key = self.hash_keys.of(&partition_key);
+            let shard = shard_for_hash(hash_key, self.shards as u32) as usize;
+            self.slices[shard % shares].push(&partition_key, line.clone());
+        }
+        times
+    }
+}
+
+/// The median of `times` (the later of the middle two), if there are any.
+fn median(times: impl Iterator<Item = i64>) -> Option<i64> {
+    let mut times: Vec<i64> = times.collect();
+    let middle = times.len() / 2;
+    (!times.is_empty()).then(|| *times.select_nth_unstable(middle).1)
 }
 
 /// Sends each share its lines of the slice, if it has any, and starts the next; false when a
@@ -508,7 +581,7 @@ fn summary(finished: &Finished, read: &Read, took: Duration) -> String {
         read.lines,
         read.lines as f64 / seconds.max(1e-9),
         finished.results.len(),
-        finished.dead_letters.len() - late + read.too_large as usize,
+        finished.dead_letters.len() - late + (read.too_large + read.far_ahead) as usize,
         late
     )
 }

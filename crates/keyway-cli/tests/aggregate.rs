@@ -199,3 +199,67 @@ fn a_line_too_large_for_kinesis_is_dead_lettered_and_a_key_too_long_for_one_stil
     assert!(summary.contains("4 lines"), "{summary}");
     assert!(summary.contains("1 dead letters (0 late)"), "{summary}");
 }
+
+/// Runs `keyway aggregate` in windows of a minute on `lines`, written to a file of `run`'s own.
+fn windowed(run: &str, lines: &str) -> (String, String) {
+    let path = folder(run).join("lines.jsonl");
+    std::fs::write(&path, lines).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_keyway"))
+        .args([
+            "aggregate",
+            "--key",
+            "/key",
+            "--window",
+            "60",
+            "--time",
+            "/t",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let summary = String::from_utf8(output.stderr).unwrap();
+    assert!(output.status.success(), "{summary}");
+    (String::from_utf8(output.stdout).unwrap(), summary)
+}
+
+/// The clock ran a day past `a`'s window in one go, and the results stream, which keeps a
+/// record a day as Kinesis does, had dropped `a`'s result by the time it was read: the run
+/// printed `b` alone, and said nothing of `a`.
+#[test]
+fn a_window_closed_more_than_a_day_before_the_newest_line_still_gives_its_result() {
+    let (results, summary) = windowed(
+        "days",
+        "{\"key\":\"a\",\"t\":1767225600000}\n{\"key\":\"b\",\"t\":1767398400000}\n{\"key\":\"a\",\"t\":1767225601000}\n",
+    );
+    assert_eq!(
+        results,
+        "{\"key\":\"a\",\"window_start\":1767225600000,\"count\":2}\n\
+         {\"key\":\"b\",\"window_start\":1767398400000,\"count\":1}\n",
+        "{summary}"
+    );
+}
+
+/// A line stamped in microseconds, or with a far-future sentinel, ran the clock toward it a
+/// minute's sweep at a time, for ever; first in the file, it started the clock there, and every
+/// other line was late. It is dead-lettered, and the others count.
+#[test]
+fn a_line_stamped_far_ahead_of_the_others_is_dead_lettered_and_the_others_count() {
+    for (run, far) in [
+        ("micros", "1767225600123000".to_owned()),
+        ("sentinel", "\"9999-12-31T23:59:59Z\"".to_owned()),
+    ] {
+        let far_line = format!("{{\"key\":\"far\",\"t\":{far}}}\n");
+        let near = "{\"key\":\"a\",\"t\":1767225600000}\n{\"key\":\"a\",\"t\":1767225601000}\n";
+        for lines in [format!("{far_line}{near}"), format!("{near}{far_line}")] {
+            let started = std::time::Instant::now();
+            let (results, summary) = windowed(run, &lines);
+            assert_eq!(
+                results, "{\"key\":\"a\",\"window_start\":1767225600000,\"count\":2}\n",
+                "{summary}"
+            );
+            assert!(summary.contains("1 dead letters (0 late)"), "{summary}");
+            assert!(summary.contains("ahead"), "{summary}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(60));
+        }
+    }
+}

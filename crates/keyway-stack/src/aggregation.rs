@@ -26,6 +26,9 @@ const PARTIALS: &str = "aggregate-partials";
 const RESULTS: &str = "aggregate-results";
 /// The timer sweep's schedule, as the stack's.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// How far the virtual clock runs before the results so far are taken: the results stream keeps
+/// a record a day, as Kinesis does unless told, and the clock may run for days to reach a line.
+const CLOCK_STEP: Duration = Duration::from_secs(3600);
 /// How long a slice may take to run out, in virtual time: retries back off for minutes at most.
 const SETTLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
@@ -182,7 +185,7 @@ impl Aggregation {
         if self.windows.is_some() {
             self.newest = self.newest.max(times.newest);
             if let Some(first) = times.first {
-                self.run_clock_to(first).await;
+                self.run_clock_to(first).await?;
             }
         }
         self.services
@@ -206,9 +209,9 @@ impl Aggregation {
         // A slice's records after its first can be far ahead of the clock: their windows close
         // only once the clock has passed them too.
         if let Some(newest) = self.newest {
-            self.run_clock_to(newest).await;
+            self.run_clock_to(newest).await?;
         }
-        self.runtime.run_for(last_close + SWEEP_EVERY * 2).await;
+        self.run_clock_for(last_close + SWEEP_EVERY * 2).await?;
         self.runtime.run_until_idle(SETTLE_LIMIT).await?;
         self.take_results()?;
         let dead_letters = self
@@ -226,13 +229,25 @@ impl Aggregation {
     }
 
     /// Lets the virtual clock run, the functions with it, until `millis` if it is behind.
-    async fn run_clock_to(&mut self, millis: i64) {
-        let behind = millis - self.services.clock.now_millis();
+    async fn run_clock_to(&mut self, millis: i64) -> Result<(), LocalError> {
+        let behind = millis.saturating_sub(self.services.clock.now_millis());
         if behind > 0 {
-            self.runtime
-                .run_for(Duration::from_millis(behind as u64))
-                .await;
+            self.run_clock_for(Duration::from_millis(behind as u64))
+                .await?;
         }
+        Ok(())
+    }
+
+    /// Lets the virtual clock run for `span`, taking the results an hour at a time.
+    async fn run_clock_for(&mut self, span: Duration) -> Result<(), LocalError> {
+        let mut left = span;
+        while !left.is_zero() {
+            let step = left.min(CLOCK_STEP);
+            self.runtime.run_for(step).await;
+            self.take_results()?;
+            left -= step;
+        }
+        Ok(())
     }
 
     fn take_results(&mut self) -> Result<(), LocalError> {
