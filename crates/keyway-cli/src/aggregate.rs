@@ -33,6 +33,7 @@ use keyway_local::FaultPlan;
 use keyway_stack::aggregation::{Aggregation, EventTimes, Finished, Settings, Windowing};
 
 use crate::error::CliError;
+use crate::times;
 
 /// Lines put on the stream at a time, all shares together.
 const SLICE: usize = 20_000;
@@ -171,7 +172,7 @@ fn spawn_share(
 struct Read {
     lines: u64,
     too_large: u64,
-    /// Lines stamped far ahead of their slice's (`FAR_FROM_MEDIAN_MILLIS`).
+    /// Lines stamped far ahead of their slice's (`times::FAR_FROM_MEDIAN_MILLIS`).
     far_ahead: u64,
 }
 
@@ -253,12 +254,6 @@ fn read_slices(
     })
 }
 
-/// How far from the median of its slice's times a line's time may be and still move the clock:
-/// a line stamped further ahead (in microseconds, or a sentinel such as 9999-12-31) would have the
-/// clock run toward it a sweep a minute, for ever, and its window would close only then; it is
-/// dead-lettered here. One stamped further behind is late, which the function says.
-const FAR_FROM_MEDIAN_MILLIS: i64 = 366 * 86_400_000;
-
 /// A line read, waiting for the rest of its slice: the slice's times judge its own.
 struct Pending<'a> {
     line: Bytes,
@@ -282,7 +277,7 @@ impl Router<'_> {
     /// says the slice's event times.
     fn route(&mut self) -> EventTimes {
         let mut times = EventTimes::default();
-        let median = median(self.pending.iter().filter_map(|p| p.at));
+        let median = times::median(self.pending.iter().filter_map(|p| p.at));
         let shares = self.slices.len();
         for Pending {
             line,
@@ -292,7 +287,7 @@ impl Router<'_> {
         } in self.pending.drain(..)
         {
             if let (Some(at), Some(median)) = (at, median) {
-                if at > median.saturating_add(FAR_FROM_MEDIAN_MILLIS) {
+                if at > median.saturating_add(times::FAR_FROM_MEDIAN_MILLIS) {
                     eprintln!(
                         "keyway aggregate: {}: the input's line {number} is stamped {at}, more than 366 days ahead of its neighbours' ({median}, their median): dead-lettered",
                         file.display(),
@@ -300,7 +295,7 @@ impl Router<'_> {
                     self.read.far_ahead += 1;
                     continue;
                 }
-                if at >= median.saturating_sub(FAR_FROM_MEDIAN_MILLIS) {
+                if times::near(at, median) {
                     times.first = times.first.or(Some(at));
                     times.newest = times.newest.max(Some(at));
                 }
@@ -322,13 +317,6 @@ impl Router<'_> {
         }
         times
     }
-}
-
-/// The median of `times` (the later of the middle two), if there are any.
-fn median(times: impl Iterator<Item = i64>) -> Option<i64> {
-    let mut times: Vec<i64> = times.collect();
-    let middle = times.len() / 2;
-    (!times.is_empty()).then(|| *times.select_nth_unstable(middle).1)
 }
 
 /// Sends each share its lines of the slice, if it has any, and starts the next; false when a

@@ -250,7 +250,8 @@ impl Run {
         if entries.is_empty() {
             return Ok(());
         }
-        self.keep_up_with(entries.iter().filter_map(event_time).max(), out)
+        let times: Vec<i64> = entries.iter().filter_map(event_time).collect();
+        self.keep_up_with(crate::times::newest_near(&times), out)
             .await?;
         let places: Vec<String> = entries.iter().map(|e| e.place().to_owned()).collect();
         let (records, events): (Vec<_>, Vec<_>) = entries
@@ -295,19 +296,25 @@ impl Run {
         Ok(())
     }
 
-    /// Runs the stack on until the virtual clock reads `newest`, a slice's newest record's time,
-    /// writing what comes out: the trail's time passes for the enricher's state as it would live.
+    /// Runs the stack on until the virtual clock reads `newest`, a slice's newest record's time
+    /// near its others' (`times::newest_near`), writing what comes out: the trail's time passes
+    /// for the enricher's state as it would live.
     async fn keep_up_with(
         &mut self,
         newest: Option<i64>,
         out: &mut dyn Write,
     ) -> Result<(), CliError> {
         let now = keyway::ports::Clock::now_millis(self.services.clock.as_ref());
-        if let Some(behind) = newest.map(|t| t - now).filter(|&d| d > 0) {
+        let mut behind = newest.map_or(0, |t| t.saturating_sub(now));
+        // An hour at a time: the enriched stream keeps a record a day, as Kinesis does, and a
+        // trail quiet for days would have the records its timers sent meanwhile dropped unread.
+        while behind > 0 {
+            let step = behind.min(3_600_000);
             self.runtime
-                .run_for(Duration::from_millis(behind as u64))
+                .run_for(Duration::from_millis(step as u64))
                 .await;
             self.collect(out)?;
+            behind -= step;
         }
         Ok(())
     }
@@ -639,6 +646,66 @@ mod tests {
         assert_eq!(latency.percentile(50.0), Some(0.2));
         assert_eq!(latency.percentile(80.0), Some(1.0));
         assert_eq!(latency.percentile(100.0), Some(61.1));
+    }
+
+    /// The clock ran over the trail's two quiet days in one go, and the records whose timers sent
+    /// them out meanwhile had left the enriched stream, which keeps a record a day, before they
+    /// were read: the run waited for them, and failed. A record stamped 9999-12-31 would have run
+    /// the clock toward it a minute's sweep at a time, for ever; it moves no clock.
+    #[tokio::test(start_paused = true)]
+    async fn a_trail_quiet_for_days_or_stamped_far_ahead_still_gives_every_record_once() {
+        let config = TrafficConfig {
+            orphan_share: 0.05,
+            ..TrafficConfig::default()
+        };
+        let settings = Settings {
+            shards: 2,
+            customer_map: Traffic::customer_map_json(&config),
+            buffer_ttl: Duration::from_secs(300),
+            max_chain_depth: 10,
+            lateness: LATENESS,
+            start_millis: EPOCH,
+        };
+        let mut records: Vec<Value> = Traffic::new(config, 3 * SLICE).unwrap().collect();
+        let later = |record: &mut Value, by: chrono::Duration| {
+            let at = chrono::DateTime::parse_from_rfc3339(record["eventTime"].as_str().unwrap())
+                .unwrap();
+            record["eventTime"] =
+                Value::from((at + by).to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+        };
+        for record in &mut records[SLICE + SLICE / 2..] {
+            later(record, chrono::Duration::days(2));
+        }
+        let far = records.len() - 10;
+        records[far]["eventTime"] = Value::from("9999-12-31T23:59:59Z");
+        let mut out = Vec::new();
+        let summary = Run::deploy(&settings)
+            .unwrap()
+            .enrich(entries(records.clone()), &mut out, &|_| {})
+            .await
+            .unwrap();
+        let mut ids: Vec<String> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["eventID"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        ids.sort_unstable();
+        let mut expected: Vec<String> = records
+            .iter()
+            .map(|r| r["eventID"].as_str().unwrap().to_owned())
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(ids, expected, "every record once");
+        assert!(summary.unresolved.values().sum::<u64>() > 0, "{summary:?}");
+        assert!(
+            summary.virtual_time < Duration::from_secs(4 * 86_400),
+            "{summary:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -22,6 +22,7 @@ mod local;
 mod signatures;
 mod skew;
 mod subscriptions;
+mod times;
 mod workload;
 
 use clap::{Parser, Subcommand};
