@@ -88,10 +88,6 @@ fn every_published_cloudtrail_record_reads_and_its_caller_is_told_apart() {
         "IdentityCenterUser",
     );
     identified(
-        "aidansteele_lambda_01_invoke_assumedrole-invokedby-states",
-        "AWSService",
-    );
-    identified(
         "aidansteele_lambda_02_invoke_awsservice-events",
         "AWSService",
     );
@@ -102,6 +98,14 @@ fn every_published_cloudtrail_record_reads_and_its_caller_is_told_apart() {
         caller_of("iam-ug_04_deletebucket_assumedrole"),
         &Caller::Session {
             access_key_id: "AKIAQRSTUVWXYZEXAMPLE".into()
+        }
+    );
+    // Step Functions invoking a function with the state machine's role session: the session's
+    // key leads to whoever it was issued to (Step Functions' AssumeRole, where the trail has it).
+    assert_eq!(
+        caller_of("aidansteele_lambda_01_invoke_assumedrole-invokedby-states"),
+        &Caller::Session {
+            access_key_id: "ASIAEXAMPLEQMIZPFY5".into()
         }
     );
     let issued: Vec<&str> = read

@@ -7,7 +7,9 @@
 //! - identified by the record alone: `IAMUser`, `Root`, `AWSService`, `SAMLUser`,
 //!   `WebIdentityUser`, `IdentityCenterUser`, `AWSAccount` (the other account of a cross-account
 //!   call), `Unknown` with a `userName` (Identity Center's sign-in), any caller with `invokedBy`
-//!   naming an AWS service, and a role session that carries a `sourceIdentity`;
+//!   naming an AWS service but a session with an access key of its own (a service acting with
+//!   the session's credentials: the key says whose they are), and a role session that carries a
+//!   `sourceIdentity`;
 //! - a session of Identity Center (a role `AWSReservedSSO_*`): its credentials come from a
 //!   GetRoleCredentials response that CloudTrail does not log, so the session name, the user's
 //!   name in Identity Center, identifies it;
@@ -166,7 +168,13 @@ fn caller(identity: &Value, record: &Value) -> Caller {
         }
         _ => {}
     }
-    if let Some(service) = text("invokedBy").filter(|s| s.ends_with(".amazonaws.com")) {
+    let session = matches!(kind, "AssumedRole" | "FederatedUser");
+    let key = text("accessKeyId").filter(|k| !k.is_empty());
+    // A session with a key of its own acting through a service (forward access sessions: a
+    // stack's resources created as its caller) is the session's: its key says who stands behind
+    // it, as for any call of the session. Other callers a service names are the service.
+    let through_service = text("invokedBy").filter(|s| s.ends_with(".amazonaws.com"));
+    if let Some(service) = through_service.filter(|_| !(session && key.is_some())) {
         return Caller::Identified(Actor {
             kind: "AWSService".into(),
             principal_id: Some(service.to_owned()),
@@ -178,7 +186,7 @@ fn caller(identity: &Value, record: &Value) -> Caller {
             reason: "an AWS service call that names no service (no invokedBy)",
         };
     }
-    if !matches!(kind, "AssumedRole" | "FederatedUser") {
+    if !session {
         return Caller::Untraceable {
             reason: "a userIdentity type that names no principal",
         };
@@ -200,7 +208,7 @@ fn caller(identity: &Value, record: &Value) -> Caller {
             ..Actor::default()
         });
     }
-    match text("accessKeyId").filter(|k| !k.is_empty()) {
+    match key {
         Some(key) => Caller::Session {
             access_key_id: key.to_owned(),
         },
@@ -438,7 +446,7 @@ mod tests {
             "{:?}",
             read.caller
         );
-        let mut invoked = session("ASIA1");
+        let mut invoked = session("");
         invoked["invokedBy"] = json!("states.amazonaws.com");
         let read = CloudTrailRecord::parse(assume_role(invoked, "ASIA2")).unwrap();
         assert!(
@@ -446,6 +454,29 @@ mod tests {
             "{:?}",
             read.caller
         );
+    }
+
+    /// A service acting with a session's own credentials (CloudFormation creating a stack's
+    /// resources as alice, through forward access sessions) names the session and the service:
+    /// the session's key says who stands behind it. Taken for the service, alice's `CreateUser`
+    /// through a stack went out as CloudFormation's, and she disappeared from it.
+    #[test]
+    fn a_session_acting_through_a_service_waits_on_its_key_and_is_not_taken_for_the_service() {
+        for kind in ["AssumedRole", "FederatedUser"] {
+            let mut through = session("ASIA1");
+            through["type"] = json!(kind);
+            through["invokedBy"] = json!("cloudformation.amazonaws.com");
+            let mut record = assume_role(through, "ASIA2");
+            record["eventName"] = json!("CreateUser");
+            let read = CloudTrailRecord::parse(record).unwrap();
+            assert_eq!(
+                read.caller,
+                Caller::Session {
+                    access_key_id: "ASIA1".into()
+                },
+                "{kind}"
+            );
+        }
     }
 
     #[test]
