@@ -10,7 +10,8 @@
 //!   naming an AWS service but a session with an access key of its own (a service acting with
 //!   the session's credentials: the key says whose they are), and a role session that carries a
 //!   `sourceIdentity`;
-//! - a session of Identity Center (a role `AWSReservedSSO_*`): its credentials come from a
+//! - a session of Identity Center (a role `AWSReservedSSO_*` under IAM's reserved path
+//!   `/aws-reserved/sso.amazonaws.com/`): its credentials come from a
 //!   GetRoleCredentials response that CloudTrail does not log, so the session name, the user's
 //!   name in Identity Center, identifies it;
 //! - a console role switch (`SwitchRole`, no access key): the user it switched from;
@@ -200,7 +201,7 @@ fn caller(identity: &Value, record: &Value) -> Caller {
         });
     }
     let issuer = context["sessionIssuer"]["arn"].as_str().unwrap_or_default();
-    if issuer.contains("/AWSReservedSSO_") {
+    if is_identity_center_role(issuer) {
         return Caller::Identified(Actor {
             kind: "IdentityCenterUser".into(),
             account_id: text("accountId").map(str::to_owned),
@@ -224,6 +225,19 @@ fn caller(identity: &Value, record: &Value) -> Caller {
             },
         },
     }
+}
+
+/// Whether `arn` is a role Identity Center made for a permission set: `AWSReservedSSO_*` under
+/// the path IAM reserves for it (`/aws-reserved/sso.amazonaws.com/`, a region after it or not),
+/// which no one else can create a role under. Anyone allowed `iam:CreateRole` can name a role
+/// `AWSReservedSSO_x` or give it such a path of their own, and would then choose, as the session
+/// name, the user their sessions are taken for.
+fn is_identity_center_role(arn: &str) -> bool {
+    let Some((_, path)) = arn.split_once(":role/aws-reserved/sso.amazonaws.com/") else {
+        return false;
+    };
+    let (region, name) = path.rsplit_once('/').unwrap_or(("", path));
+    !region.contains('/') && name.starts_with("AWSReservedSSO_")
 }
 
 /// The last part of a session ARN (`arn:aws:sts::1:assumed-role/Role/session` gives `session`).
@@ -454,6 +468,45 @@ mod tests {
             "{:?}",
             read.caller
         );
+    }
+
+    /// A role named like Identity Center's, or under a path like its, that IAM lets anyone with
+    /// `iam:CreateRole` make: its sessions resolve through their keys, not by the session name
+    /// their caller chose.
+    #[test]
+    fn only_roles_under_identity_centers_reserved_path_are_taken_for_its_users() {
+        let issued_by = |issuer: &str| {
+            let mut caller = session("ASIA1");
+            caller["arn"] = json!("arn:aws:sts::111111111111:assumed-role/r/ceo@example.com");
+            caller["sessionContext"]["sessionIssuer"]["arn"] = json!(issuer);
+            CloudTrailRecord::parse(assume_role(caller, "ASIA2"))
+                .unwrap()
+                .caller
+        };
+        for forged in [
+            "arn:aws:iam::111111111111:role/AWSReservedSSO_Admin_0123",
+            "arn:aws:iam::111111111111:role/AWSReservedSSO_x/AWSReservedSSO_Admin_0123",
+            "arn:aws:iam::111111111111:role/team/aws-reserved/sso.amazonaws.com/AWSReservedSSO_A",
+            "arn:aws:iam::111111111111:role/aws-reserved/sso.amazonaws.com/a/b/AWSReservedSSO_A",
+        ] {
+            assert_eq!(
+                issued_by(forged),
+                Caller::Session {
+                    access_key_id: "ASIA1".into()
+                },
+                "{forged}"
+            );
+        }
+        for real in [
+            "arn:aws:iam::111111111111:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_A_0123",
+            "arn:aws:iam::111111111111:role/aws-reserved/sso.amazonaws.com/eu-west-1/AWSReservedSSO_A",
+        ] {
+            assert!(
+                matches!(issued_by(real), Caller::Identified(a) if a.kind == "IdentityCenterUser"
+                    && a.user_name.as_deref() == Some("ceo@example.com")),
+                "{real}"
+            );
+        }
     }
 
     /// A service acting with a session's own credentials (CloudFormation creating a stack's
