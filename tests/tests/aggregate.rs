@@ -85,6 +85,7 @@ async fn salted_and_plain_records_merge_into_exactly_what_adding_them_up_one_by_
     let merge = world.executor(AggregateMerge {
         aggregates: ALL.to_vec(),
         keep: Duration::from_secs(3600),
+        idle: Duration::from_secs(90_000),
     });
 
     // The hot key under its own partition key and four buckets; two cold keys; values with
@@ -215,11 +216,17 @@ fn counting_in(
     world.executor(KeyedAggregate::new(Arc::new(spec)))
 }
 
-/// The merge of the counts `counting_windows` sends, keeping an hour of windows.
+/// The merge of the counts `counting_windows` sends, keeping an hour of windows, and a key's
+/// windows 25 hours past its last partial (the stack's redelivery window).
 fn counting_merge(world: &World) -> keyway::Executor<AggregateMerge> {
+    counting_merge_keeping(world, Duration::from_secs(3600))
+}
+
+fn counting_merge_keeping(world: &World, keep: Duration) -> keyway::Executor<AggregateMerge> {
     world.executor(AggregateMerge {
         aggregates: vec![Aggregate::Count],
-        keep: Duration::from_secs(3600),
+        keep,
+        idle: Duration::from_secs(90_000),
     })
 }
 
@@ -497,50 +504,65 @@ fn merge_items(world: &World, prefix: &str) -> usize {
 
 /// A key seen once (a session, a request) left its windows in the merge's state for good: a
 /// million new keys a day kept a million more items every day. Its windows now go once it has
-/// had no partial for a day and an hour (the merge's `keep` here is an hour); a running total,
-/// which the sources' next partials need whole, stays.
+/// had no partial for the redelivery window (25 hours here), or `keep` if longer: a partial of a
+/// source still to come within it finds the others' there; after it the key reads as new, and
+/// DynamoDB deletes its item once its watermarks are past use too. A running total, which the
+/// sources' next partials need whole, stays.
 #[tokio::test]
 async fn a_keys_windows_leave_the_merges_state_once_no_partial_can_come_and_a_running_total_stays()
 {
-    let world = World::new(&["results"]);
-    let merge = counting_merge(&world);
-    let partial = |key: &str, window_start: Option<i64>| {
-        let update = PartialUpdate {
-            key: key.to_owned(),
-            window_start,
-            source: key.to_owned(),
-            version: 1,
-            partial: Partial::of(None),
+    const HOUR: i64 = 3_600_000;
+    for (keep_hours, idle_hours) in [(1, 25), (48, 48)] {
+        let world = World::new(&["results"]);
+        let merge = counting_merge_keeping(&world, Duration::from_secs(keep_hours * 3600));
+        let now = world.clock.now_millis();
+        let partial = |key: &str, source: &str, window_start: Option<i64>| {
+            let update = PartialUpdate {
+                key: key.to_owned(),
+                window_start,
+                source: source.to_owned(),
+                version: 1,
+                partial: Partial::of(None),
+            };
+            (key.to_owned(), serde_json::to_vec(&update).unwrap())
         };
-        (key.to_owned(), serde_json::to_vec(&update).unwrap())
-    };
-    let now = world.clock.now_millis();
-    let records = [
-        partial("session-1", Some(now - 60_000)),
-        partial("session-2", Some(now - 60_000)),
-        partial("total-1", None),
-    ];
-    let records: Vec<(&str, Vec<u8>)> = records
-        .iter()
-        .map(|(k, d)| (k.as_str(), d.clone()))
-        .collect();
-    let mut shard = Shard::new("partials", 0);
-    shard.arrival_millis = now;
-    run_to_completion(&merge, &shard.batch(&records), 3).await;
-    assert_eq!(world.outputs("results").len(), 3);
-    world.clock.advance(24 * 3_600_000);
-    world.table.expire(world.clock.now_millis() / 1000);
-    assert_eq!(
-        merge_items(&world, "session-"),
-        2,
-        "partials may still come"
-    );
-    // Past the watermarks' horizon too (the redelivery window: a year unless set), nothing of
-    // the sessions is left.
-    world.clock.advance(400 * 24 * 3_600_000);
-    world.table.expire(world.clock.now_millis() / 1000);
-    assert_eq!(merge_items(&world, "session-"), 0);
-    assert_eq!(merge_items(&world, "total-1"), 1, "a running total stays");
+        let mut shard = Shard::new("partials", 0);
+        let mut send = |records: Vec<(String, Vec<u8>)>| {
+            let records: Vec<(&str, Vec<u8>)> = records
+                .iter()
+                .map(|(k, d)| (k.as_str(), d.clone()))
+                .collect();
+            shard.arrival_millis = world.clock.now_millis();
+            shard.batch(&records)
+        };
+        let window = Some(now - 60_000);
+        let first = send(vec![
+            partial("session-1", "session-1", window),
+            partial("session-2", "session-2", window),
+            partial("total-1", "total-1", None),
+        ]);
+        run_to_completion(&merge, &first, 3).await;
+        // A bucket's partial of session-1's window, just within the idle time: the window holds.
+        world.clock.advance(idle_hours * HOUR - 1_000);
+        let within = send(vec![partial("session-1", "~1~session-1", window)]);
+        run_to_completion(&merge, &within, 3).await;
+        let results = world.outputs("results");
+        let last = results.last().unwrap();
+        assert!(last.body.contains("\"count\":2"), "{}", last.body);
+        // Past it, session-2's window is gone: a partial of it now counts alone.
+        world.clock.advance(2_000);
+        let past = send(vec![partial("session-2", "~1~session-2", window)]);
+        run_to_completion(&merge, &past, 3).await;
+        let results = world.outputs("results");
+        let last = results.last().unwrap();
+        assert!(last.body.contains("\"count\":1"), "{}", last.body);
+        // Past the watermarks' horizon too (the redelivery window: a year unless set), nothing of
+        // the sessions is left.
+        world.clock.advance(400 * 24 * HOUR);
+        world.table.expire(world.clock.now_millis() / 1000);
+        assert_eq!(merge_items(&world, "session-"), 0);
+        assert_eq!(merge_items(&world, "total-1"), 1, "a running total stays");
+    }
 }
 
 /// The items of the partition key `pk`.

@@ -848,6 +848,7 @@ async fn the_merge_batch_merges_a_keys_buckets_exactly_and_ignores_a_partial_sen
     let executor = world.executor(AggregateMerge {
         aggregates: Aggregate::ALL.to_vec(),
         keep: std::time::Duration::from_secs(86_400),
+        idle: std::time::Duration::from_secs(90_000),
     });
     let response = keyway::lambda::run_kinesis(
         &executor,

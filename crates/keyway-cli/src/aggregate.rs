@@ -172,7 +172,7 @@ fn spawn_share(
 struct Read {
     lines: u64,
     too_large: u64,
-    /// Lines stamped far ahead of their slice's (`times::FAR_FROM_MEDIAN_MILLIS`).
+    /// Lines stamped far ahead of their slice's (`times::far_ahead`).
     far_ahead: u64,
 }
 
@@ -227,6 +227,7 @@ fn read_slices(
             slices: shares.iter().map(|_| Slice::default()).collect(),
             hash_keys: HashKeys::default(),
             pending: Vec::with_capacity(SLICE),
+            reference: times::Reference::default(),
             read: Read::default(),
         };
         for file in &paths {
@@ -269,6 +270,8 @@ struct Router<'a> {
     slices: Vec<Slice>,
     hash_keys: HashKeys,
     pending: Vec<Pending<'a>>,
+    /// The time each slice's lines are judged by.
+    reference: times::Reference,
     read: Read,
 }
 
@@ -277,7 +280,8 @@ impl Router<'_> {
     /// says the slice's event times.
     fn route(&mut self) -> EventTimes {
         let mut times = EventTimes::default();
-        let median = times::median(self.pending.iter().filter_map(|p| p.at));
+        let timed: Vec<i64> = self.pending.iter().filter_map(|p| p.at).collect();
+        let reference = self.reference.of(&timed);
         let shares = self.slices.len();
         for Pending {
             line,
@@ -286,16 +290,16 @@ impl Router<'_> {
             number,
         } in self.pending.drain(..)
         {
-            if let (Some(at), Some(median)) = (at, median) {
-                if at > median.saturating_add(times::FAR_FROM_MEDIAN_MILLIS) {
+            if let (Some(at), Some(reference)) = (at, reference) {
+                if times::far_ahead(at, reference) {
                     eprintln!(
-                        "keyway aggregate: {}: the input's line {number} is stamped {at}, more than 366 days ahead of its neighbours' ({median}, their median): dead-lettered",
+                        "keyway aggregate: {}: the input's line {number} is stamped {at}, more than 366 days ahead of its neighbours' ({reference}): dead-lettered",
                         file.display(),
                     );
                     self.read.far_ahead += 1;
                     continue;
                 }
-                if times::near(at, median) {
+                if times::near(at, reference) {
                     times.first = times.first.or(Some(at));
                     times.newest = times.newest.max(Some(at));
                 }

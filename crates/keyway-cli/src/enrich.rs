@@ -25,6 +25,7 @@ use keyway_local::{FaultPlan, LocalRuntime, LocalServices};
 use serde_json::Value;
 
 use crate::error::CliError;
+use crate::times;
 use identity_enricher::log_files::Entry;
 use keyway_stack as stack;
 
@@ -160,6 +161,8 @@ pub(crate) struct Run {
     customers: CustomerMap,
     buffer_ttl: Duration,
     start_millis: i64,
+    /// The time each slice's records are judged by: one far from it moves no clock.
+    reference: times::Reference,
 }
 
 impl Run {
@@ -213,6 +216,7 @@ impl Run {
             customers,
             buffer_ttl: settings.buffer_ttl,
             start_millis: settings.start_millis,
+            reference: times::Reference::default(),
         })
     }
 
@@ -251,8 +255,14 @@ impl Run {
             return Ok(());
         }
         let times: Vec<i64> = entries.iter().filter_map(event_time).collect();
-        self.keep_up_with(crate::times::newest_near(&times), out)
-            .await?;
+        let newest = self.reference.of(&times).and_then(|reference| {
+            let near = times
+                .iter()
+                .copied()
+                .filter(|&at| times::near(at, reference));
+            near.max()
+        });
+        self.keep_up_with(newest, out).await?;
         let places: Vec<String> = entries.iter().map(|e| e.place().to_owned()).collect();
         let (records, events): (Vec<_>, Vec<_>) = entries
             .into_iter()
@@ -297,7 +307,7 @@ impl Run {
     }
 
     /// Runs the stack on until the virtual clock reads `newest`, a slice's newest record's time
-    /// near its others' (`times::newest_near`), writing what comes out: the trail's time passes
+    /// near its others' (`times::near`), writing what comes out: the trail's time passes
     /// for the enricher's state as it would live.
     async fn keep_up_with(
         &mut self,
@@ -305,16 +315,12 @@ impl Run {
         out: &mut dyn Write,
     ) -> Result<(), CliError> {
         let now = keyway::ports::Clock::now_millis(self.services.clock.as_ref());
-        let mut behind = newest.map_or(0, |t| t.saturating_sub(now));
-        // An hour at a time: the enriched stream keeps a record a day, as Kinesis does, and a
-        // trail quiet for days would have the records its timers sent meanwhile dropped unread.
-        while behind > 0 {
-            let step = behind.min(3_600_000);
-            self.runtime
-                .run_for(Duration::from_millis(step as u64))
-                .await;
+        let behind = newest.map_or(0, |t| t.saturating_sub(now).max(0));
+        // A step at a time: a trail quiet for days would have the records its timers sent
+        // meanwhile dropped from the enriched stream unread.
+        for step in stack::clock_steps(Duration::from_millis(behind as u64)) {
+            self.runtime.run_for(step).await;
             self.collect(out)?;
-            behind -= step;
         }
         Ok(())
     }

@@ -1,49 +1,82 @@
 //! Event times of a recorded input, which the jobs' virtual clocks follow: which of a slice's
-//! times may move the clock. A time far from the rest of its slice's (in microseconds where the
+//! times may move the clock. A time far from the rest of the input's (in microseconds where the
 //! others are in milliseconds, a sentinel such as 9999-12-31) would have the clock run toward it
 //! a minute's sweep at a time, for ever, or, first, start it there and make every other record
 //! late.
 
-/// How far from the median of its slice's times a record's time may be and still move the clock.
-/// A slice of thousands of records spread over more than a year keeps its outliers only so.
-pub(crate) const FAR_FROM_MEDIAN_MILLIS: i64 = 366 * 86_400_000;
+/// How far from its slice's reference time a record's time may be and still move the clock. A
+/// slice of thousands of records spread over more than a year keeps its outliers only so.
+pub(crate) const FAR_FROM_REFERENCE_MILLIS: i64 = 366 * 86_400_000;
 
-/// The median of `times` (the later of the middle two), if there are any.
-pub(crate) fn median(times: impl Iterator<Item = i64>) -> Option<i64> {
-    let mut times: Vec<i64> = times.collect();
-    let middle = times.len() / 2;
-    (!times.is_empty()).then(|| *times.select_nth_unstable(middle).1)
+/// Fewer times than this in a slice (the last of an input, often) say too little of where the
+/// input stands: the slice before's reference judges them.
+const FEW: usize = 64;
+
+/// The time each slice of an input is judged by, kept from slice to slice.
+#[derive(Debug, Default)]
+pub(crate) struct Reference {
+    before: Option<i64>,
 }
 
-/// Whether `at` is within `FAR_FROM_MEDIAN_MILLIS` of `median`.
-pub(crate) fn near(at: i64, median: i64) -> bool {
-    (median.saturating_sub(FAR_FROM_MEDIAN_MILLIS)..=median.saturating_add(FAR_FROM_MEDIAN_MILLIS))
-        .contains(&at)
+impl Reference {
+    /// The time a slice of `times` is judged by: their lower median (of an even count the
+    /// earlier middle one, so that half the times far ahead do not carry it), or the slice
+    /// before's for a slice of fewer than `FEW` after one.
+    pub(crate) fn of(&mut self, times: &[i64]) -> Option<i64> {
+        let reference = match self.before {
+            Some(before) if times.len() < FEW => Some(before),
+            _ => lower_median(times),
+        };
+        self.before = reference.or(self.before);
+        reference
+    }
 }
 
-/// The newest of `times` near their median: what the clock may run to.
-pub(crate) fn newest_near(times: &[i64]) -> Option<i64> {
-    let median = median(times.iter().copied())?;
-    times.iter().copied().filter(|&at| near(at, median)).max()
+/// The lower median of `times`, if there are any.
+fn lower_median(times: &[i64]) -> Option<i64> {
+    let mut times = times.to_vec();
+    let middle = times.len().checked_sub(1)? / 2;
+    Some(*times.select_nth_unstable(middle).1)
+}
+
+/// Whether `at` is further ahead of `reference` than any record may move the clock.
+pub(crate) fn far_ahead(at: i64, reference: i64) -> bool {
+    at > reference.saturating_add(FAR_FROM_REFERENCE_MILLIS)
+}
+
+/// Whether `at` is near enough `reference` to move the clock.
+pub(crate) fn near(at: i64, reference: i64) -> bool {
+    !far_ahead(at, reference) && at >= reference.saturating_sub(FAR_FROM_REFERENCE_MILLIS)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const DAY: i64 = 86_400_000;
+    const FAR: i64 = 9_999 * 365 * DAY;
+
     #[test]
-    fn a_time_a_year_from_its_slices_median_moves_no_clock() {
-        let day = 86_400_000;
-        let times = [
-            10 * day,
-            11 * day,
-            9_999 * 365 * day,
-            12 * day,
-            10 * day - 400 * day,
-        ];
-        assert_eq!(median(times.iter().copied()), Some(11 * day));
-        assert_eq!(newest_near(&times), Some(12 * day));
-        assert!(near(11 * day + 366 * day, 11 * day) && !near(11 * day + 367 * day, 11 * day));
-        assert_eq!(newest_near(&[]), None);
+    fn a_time_a_year_from_its_slices_lower_median_moves_no_clock() {
+        let mut reference = Reference::default();
+        assert_eq!(reference.of(&[]), None);
+        assert_eq!(
+            reference.of(&[10 * DAY, FAR]),
+            Some(10 * DAY),
+            "two lines, one far"
+        );
+        let slice: Vec<i64> = (0..100).map(|i| 20 * DAY + i).chain([FAR]).collect();
+        assert_eq!(reference.of(&slice), Some(20 * DAY + 50));
+        assert!(far_ahead(FAR, 20 * DAY) && !near(FAR, 20 * DAY));
+        assert!(near(20 * DAY + 366 * DAY, 20 * DAY) && !near(20 * DAY - 367 * DAY, 20 * DAY));
+    }
+
+    #[test]
+    fn a_last_slice_of_a_few_lines_is_judged_by_the_slice_before() {
+        let mut reference = Reference::default();
+        let slice: Vec<i64> = (0..100).map(|i| 20 * DAY + i).collect();
+        assert_eq!(reference.of(&slice), Some(20 * DAY + 49));
+        assert_eq!(reference.of(&[FAR]), Some(20 * DAY + 49));
+        assert_eq!(reference.of(&[FAR, FAR]), Some(20 * DAY + 49));
     }
 }

@@ -249,12 +249,22 @@ fn a_line_stamped_far_ahead_of_the_others_is_dead_lettered_and_the_others_count(
         ("sentinel", "\"9999-12-31T23:59:59Z\"".to_owned()),
     ] {
         let far_line = format!("{{\"key\":\"far\",\"t\":{far}}}\n");
-        let near = "{\"key\":\"a\",\"t\":1767225600000}\n{\"key\":\"a\",\"t\":1767225601000}\n";
-        for lines in [format!("{far_line}{near}"), format!("{near}{far_line}")] {
+        let one = "{\"key\":\"a\",\"t\":1767225600000}\n";
+        let two = "{\"key\":\"a\",\"t\":1767225600000}\n{\"key\":\"a\",\"t\":1767225601000}\n";
+        // The last of 20,001 lines is a slice of its own: the slice before judges it.
+        let slice = "{\"key\":\"a\",\"t\":1767225601000}\n".repeat(19_999);
+        for (lines, count) in [
+            (format!("{far_line}{two}"), 2),
+            (format!("{two}{far_line}"), 2),
+            (format!("{one}{far_line}"), 1),
+            (format!("{far_line}{one}"), 1),
+            (format!("{one}{slice}{far_line}"), 20_000),
+        ] {
             let started = std::time::Instant::now();
             let (results, summary) = windowed(run, &lines);
             assert_eq!(
-                results, "{\"key\":\"a\",\"window_start\":1767225600000,\"count\":2}\n",
+                results,
+                format!("{{\"key\":\"a\",\"window_start\":1767225600000,\"count\":{count}}}\n"),
                 "{summary}"
             );
             assert!(summary.contains("1 dead letters (0 late)"), "{summary}");

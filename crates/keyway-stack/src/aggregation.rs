@@ -26,9 +26,6 @@ const PARTIALS: &str = "aggregate-partials";
 const RESULTS: &str = "aggregate-results";
 /// The timer sweep's schedule, as the stack's.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
-/// How far the virtual clock runs before the results so far are taken: the results stream keeps
-/// a record a day, as Kinesis does unless told, and the clock may run for days to reach a line.
-const CLOCK_STEP: Duration = Duration::from_secs(3600);
 /// How long a slice may take to run out, in virtual time: retries back off for minutes at most.
 const SETTLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
@@ -69,8 +66,8 @@ pub struct Settings {
 pub struct EventTimes {
     /// The first record's time: the clock catches up with it before the slice goes in.
     pub first: Option<i64>,
-    /// The newest time of any record so far: `finish` runs the clock past it, so that every
-    /// window a record went into closes.
+    /// The newest time of the slice's records: `finish` runs the clock past the newest of every
+    /// slice, so that every window a record went into closes.
     pub newest: Option<i64>,
 }
 
@@ -238,14 +235,11 @@ impl Aggregation {
         Ok(())
     }
 
-    /// Lets the virtual clock run for `span`, taking the results an hour at a time.
+    /// Lets the virtual clock run for `span`, taking the results a step at a time.
     async fn run_clock_for(&mut self, span: Duration) -> Result<(), LocalError> {
-        let mut left = span;
-        while !left.is_zero() {
-            let step = left.min(CLOCK_STEP);
+        for step in crate::clock_steps(span) {
             self.runtime.run_for(step).await;
             self.take_results()?;
-            left -= step;
         }
         Ok(())
     }

@@ -140,6 +140,20 @@ pub(crate) fn set_in_resource(
     Ok(format!("{head}{edited}{tail}"))
 }
 
+/// How far a job's virtual clock runs before it reads what came out: the streams it reads keep a
+/// record a day, as Kinesis does unless told, and a job's clock may run for days to reach its
+/// next record (a recording with a gap): read only at the end, the first outputs would be gone.
+pub const CLOCK_STEP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// `span` in steps of at most `CLOCK_STEP`, which add up to it.
+pub fn clock_steps(span: std::time::Duration) -> impl Iterator<Item = std::time::Duration> {
+    let steps = span.as_millis().div_ceil(CLOCK_STEP.as_millis());
+    (0..steps).map(move |i| {
+        let done = CLOCK_STEP.saturating_mul(i as u32);
+        span.saturating_sub(done).min(CLOCK_STEP)
+    })
+}
+
 /// An error of `what`, as the embedded runtime reports a function's.
 pub(crate) fn failed<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> LocalError + '_ {
     move |e| LocalError::Function {
@@ -228,6 +242,7 @@ pub fn operators() -> Vec<(String, Vec<StateDescriptor>)> {
     let merge = keyed_aggregate::merge::AggregateMerge {
         aggregates: Vec::new(),
         keep: std::time::Duration::ZERO,
+        idle: std::time::Duration::ZERO,
     };
     vec![
         (counter.name().to_owned(), counter.states()),
@@ -267,5 +282,15 @@ mod tests {
         assert!(stack.contains(&format!("{clicks}      ShardCount: 7\n")));
         assert_eq!(stack.matches("ParallelizationFactor: 9").count(), 1);
         assert_eq!(stack.matches("ShardCount: 7").count(), 1);
+    }
+
+    #[test]
+    fn a_span_goes_in_steps_of_at_most_an_hour_that_add_up_to_it() {
+        let span = std::time::Duration::from_millis(3 * 3_600_000 + 5);
+        let steps: Vec<std::time::Duration> = clock_steps(span).collect();
+        assert_eq!(steps.len(), 4);
+        assert!(steps.iter().all(|s| *s <= CLOCK_STEP));
+        assert_eq!(steps.iter().sum::<std::time::Duration>(), span);
+        assert_eq!(clock_steps(std::time::Duration::ZERO).count(), 0);
     }
 }

@@ -192,6 +192,14 @@ fn caller(identity: &Value, record: &Value) -> Caller {
             reason: "a userIdentity type that names no principal",
         };
     }
+    session_caller(identity, record, key)
+}
+
+/// Who stands behind a role or federated session (`key` its access key, if the record names
+/// one): a source identity or Identity Center's user it names, its key's, or, for a console
+/// role switch, the user it switched from.
+fn session_caller(identity: &Value, record: &Value, key: Option<&str>) -> Caller {
+    let text = |field: &str| identity.get(field).and_then(Value::as_str);
     let context = &identity["sessionContext"];
     if let Some(source) = context["sourceIdentity"].as_str() {
         return Caller::Identified(Actor {

@@ -424,6 +424,7 @@ mod tests {
             started.elapsed()
         );
     }
+
     #[test]
     fn a_tenth_added_ten_times_is_one() {
         let tenth = exact("0.1");

@@ -7,9 +7,9 @@
 //! Its input is partitioned by the original key: one writer per key, so emit-then-commit is safe.
 //! A window's entry goes once the newest window the key has seen started `keep` later: its
 //! partials all came within the allowed lateness and a flush of its close, long before. A key's
-//! windows all go once it has had no partial for `keep`, or for `PARTIALS_ARRIVE_WITHIN` if that
-//! is longer, so that a key seen once is not kept for good; a running total is kept (its partials
-//! are each source's total so far: without the others' a result would count too little).
+//! windows all go once it has had no partial for `keep`, or for `idle` if that is longer, so that
+//! a key seen once is not kept for good; a running total is kept (its partials are each source's
+//! total so far: without the others' a result would count too little).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -34,13 +34,6 @@ pub const MERGED: MapState<String, Sources> = MapState::with_shape(
     "Sources(BTreeMap<String, (i64, Partial { count: u64, sum: Option<Exact>, min: \
      Option<Exact>, max: Option<Exact> })>), Exact as decimal text",
 );
-
-/// How long after a window's first partial reaches the merge its last may still come: the
-/// sources flush within the redelivery grace of each other (`REDELIVERY_GRACE_MILLIS`), and
-/// Lambda gives a record of the partials stream up a day after it arrived (the template's
-/// `MaximumRecordAgeInSeconds`). A window dropped sooner would come back with the sources
-/// still to come alone, and its result count too little.
-pub const PARTIALS_ARRIVE_WITHIN: Duration = Duration::from_secs(25 * 3600);
 
 /// Results as JSON lines (`result_line`), partitioned by key.
 pub const RESULTS: Sink<serde_json::Value> = Sink::new("results");
@@ -79,6 +72,13 @@ pub struct AggregateMerge {
     pub aggregates: Vec<Aggregate>,
     /// How long after a window a newer one's start drops it.
     pub keep: Duration,
+    /// How long after its last partial a key's windows go (or after `keep`, if longer): at
+    /// least as long as a window's last partial may come after its first, which is the
+    /// redelivery window of the merge's stream (`KEYWAY_REDELIVERY_WINDOW_SECONDS`: Lambda gives
+    /// a record up within it, and the sources flush within the redelivery grace of each other).
+    /// A window dropped sooner would come back with the sources still to come alone, and its
+    /// result count too little.
+    pub idle: Duration,
 }
 
 impl KeyedOperator for AggregateMerge {
@@ -110,7 +110,7 @@ impl KeyedOperator for AggregateMerge {
             .map_or_else(|| ALL.to_owned(), |s| s.to_string());
         let expires = ctx
             .now_millis()
-            .saturating_add(self.keep.max(PARTIALS_ARRIVE_WITHIN).as_millis() as i64);
+            .saturating_add(self.keep.max(self.idle).as_millis() as i64);
         let mut merged = ctx.map(&MERGED)?;
         let mut sources = merged.get(&slot).cloned().unwrap_or_default();
         if !sources.take(&update) {

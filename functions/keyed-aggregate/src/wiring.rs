@@ -54,13 +54,15 @@ pub fn merge_handler(
         .with(&RESULTS, sink_from(platform, env, "RESULTS_SINK")?);
     let store = state_store_from(platform, env, "STATE_TABLE")?;
     let keep = whole_number::<u64>(env, "KEEP_WINDOWS_SECONDS")?.unwrap_or(86_400);
+    let config = executor_config(env)?;
     let operator = AggregateMerge {
         aggregates: aggregates_from(env)?,
         keep: Duration::from_secs(keep),
+        idle: config.redelivery_window,
     };
     let executor = Executor::new(operator, store, sinks, platform.clock())?;
     Ok(StreamHandler::new(
-        observed(executor, platform, env).with_config(executor_config(env)?),
+        observed(executor, platform, env).with_config(config),
     ))
 }
 

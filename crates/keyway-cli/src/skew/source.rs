@@ -18,9 +18,8 @@ use super::render::thousands;
 use super::Args;
 use crate::error::CliError;
 use crate::workload::zipf_keys;
+use keyway::domain::hash::{is_partition_key, PARTITION_KEY_MAX_CHARS};
 
-/// The longest partition key Kinesis accepts, in characters.
-const MAX_PARTITION_KEY_CHARS: usize = 256;
 /// The key a generated workload's hot share goes to.
 pub(crate) const HOT_KEY: &str = "hot";
 
@@ -199,7 +198,7 @@ impl std::fmt::Display for KeyProblem {
             KeyProblem::Empty => f.write_str("empty partition key"),
             KeyProblem::TooLong { chars } => write!(
                 f,
-                "partition key of {chars} characters, more than Kinesis's {MAX_PARTITION_KEY_CHARS}"
+                "partition key of {chars} characters, more than Kinesis's {PARTITION_KEY_MAX_CHARS}"
             ),
         }
     }
@@ -207,10 +206,12 @@ impl std::fmt::Display for KeyProblem {
 
 /// `key` as a partition key, unless Kinesis would refuse it.
 fn partition_key(key: &str) -> Result<&str, KeyProblem> {
-    match key.chars().count() {
-        0 => Err(KeyProblem::Empty),
-        chars if chars > MAX_PARTITION_KEY_CHARS => Err(KeyProblem::TooLong { chars }),
-        _ => Ok(key),
+    match key {
+        "" => Err(KeyProblem::Empty),
+        key if is_partition_key(key) => Ok(key),
+        key => Err(KeyProblem::TooLong {
+            chars: key.chars().count(),
+        }),
     }
 }
 

@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::hash::{is_partition_key, kinesis_hash_key, PARTITION_KEY_MAX_CHARS};
+use super::hash::{kinesis_hash_key, PARTITION_KEY_MAX_CHARS};
 
 /// The most buckets one key may be spread over: a shard count of this many is already far more
 /// than one key ever needs.
@@ -141,8 +141,10 @@ pub fn can_salt(key: &str) -> bool {
 /// Whether `key`'s bucket partition keys, `#` and up to `buckets - 1` after it, are short enough
 /// for Kinesis.
 fn fits_salted(key: &str, buckets: u32) -> bool {
-    // `#` and at most four digits (`MAX_BUCKETS`): most keys need no count of characters.
-    key.len() + 5 <= PARTITION_KEY_MAX_CHARS || is_partition_key(&salted(key, buckets - 1))
+    let suffix = 1 + (buckets.max(2) - 1).ilog10() as usize + 1;
+    // Most keys need no count of their characters.
+    key.len() + suffix <= PARTITION_KEY_MAX_CHARS
+        || key.chars().count() + suffix <= PARTITION_KEY_MAX_CHARS
 }
 
 /// The partition key of `key`'s bucket `bucket`.

@@ -258,6 +258,77 @@ mod tests {
         );
     }
 
+    const DATED: crate::MapState<i64, i64> = crate::MapState::new("dated");
+
+    /// A map kept until the time a record gives (`n` above 0), or for good (`n` 0: a change that
+    /// says nothing of its time); a record of a negative `n` only reads. Emits the entries found.
+    struct Dated;
+
+    impl KeyedOperator for Dated {
+        type Input = (String, i64);
+        fn name(&self) -> &str {
+            "dated"
+        }
+        fn states(&self) -> Vec<StateDescriptor> {
+            vec![DATED.descriptor()]
+        }
+        fn sinks(&self) -> Vec<SinkDescriptor> {
+            vec![OUT.descriptor()]
+        }
+        fn decode(
+            &self,
+            record: &crate::domain::SourceRecord,
+        ) -> Result<(String, i64), InvalidInput> {
+            key_and_n(record)
+        }
+        fn key(&self, input: &(String, i64)) -> String {
+            input.0.clone()
+        }
+        fn process(&self, ctx: &mut Ctx<'_>, (key, n): (String, i64)) -> Result<(), ProcessError> {
+            let mut dated = ctx.map(&DATED)?;
+            let found = dated.len() as i64;
+            if n >= 0 {
+                dated.insert(n, n);
+            }
+            if n > 0 {
+                dated.expire_at(n);
+            }
+            ctx.emit(&OUT, key, &found)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_map_kept_until_a_time_reads_empty_after_it_and_a_later_change_keeps_it_for_good() {
+        let b = bench(Dated, false);
+        let expires = || async {
+            let store = DynamoStateStore::new(b.table.clone(), b.clock.clone());
+            let mut states = store
+                .load(b.executor.namespace(), &["a".to_owned()])
+                .await
+                .unwrap();
+            states.remove("a").map(|s| s.expires_at)
+        };
+        let hour_on = START + 3_600_000;
+        b.executor.run(vec![record(1, "p", "a", hour_on)]).await;
+        assert_eq!(expires().await, Some(Some(hour_on / 1000)));
+        b.clock.advance(3_600_001);
+        b.executor.run(vec![record(2, "p", "a", -1)]).await;
+        // In one batch: kept until a time by one record, changed by the next without one.
+        let later = hour_on + 3_600_000;
+        b.executor
+            .run(vec![record(3, "p", "a", later), record(4, "p", "a", 0)])
+            .await;
+        b.clock.advance(7_200_000);
+        b.executor.run(vec![record(5, "p", "a", -1)]).await;
+        let sent: Vec<String> = b.out.bodies().concat();
+        assert_eq!(
+            sent,
+            ["0", "0", "0", "1", "2"],
+            "empty past its time, kept after"
+        );
+        assert_eq!(expires().await, Some(None));
+    }
+
     const BULK: crate::ListState<String> = crate::ListState::new("bulk");
     const STAMPS: crate::MapState<i64, String> =
         crate::MapState::new("stamps").with_ttl(Duration::from_secs(60));

@@ -580,21 +580,30 @@ impl<K: Ord, V> MapHandle<'_, K, V> {
     /// The value at `key`, to change in place: the map is written at commit whether or not it
     /// changes.
     pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        self.slot.dirty = true;
+        self.changed();
         self.slot.map.get_mut(key)
     }
 
     /// Sets `key` to `value`, giving back the value it replaces.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
-        self.slot.dirty = true;
+        self.changed();
         self.slot.map.insert(key, value)
     }
 
     /// Removes `key`, giving back its value.
     pub fn remove(&mut self, key: &K) -> Option<V> {
         let removed = self.slot.map.remove(key);
-        self.slot.dirty |= removed.is_some();
+        if removed.is_some() {
+            self.changed();
+        }
         removed
+    }
+
+    /// The map changed: it is written at commit, and kept for the state's TTL unless
+    /// `expire_at` says otherwise after this change (as `ValueHandle::set` does).
+    fn changed(&mut self) {
+        self.slot.dirty = true;
+        self.slot.expires_at = None;
     }
 
     /// Whether the map has an entry at `key`.
@@ -619,14 +628,17 @@ impl<K: Ord, V> MapHandle<'_, K, V> {
 
     /// Removes every entry.
     pub fn clear(&mut self) {
-        self.slot.dirty |= !self.slot.map.is_empty();
+        if !self.slot.map.is_empty() {
+            self.changed();
+        }
         self.slot.map.clear();
     }
 
     /// Keeps the whole map, as this run leaves it, until `at_millis` (epoch milliseconds) rather
     /// than for the state's TTL: for entries that say themselves how long they matter. The
-    /// key's state lives at least as long, and reads the map as empty from then on. A later run
-    /// that changes the map without saying so again keeps it for the state's TTL.
+    /// key's state lives at least as long, and reads the map as empty from then on. A change
+    /// after it (in this run, for a later record of the batch, or in a later run) that does not
+    /// say so again keeps the map for the state's TTL.
     pub fn expire_at(&mut self, at_millis: i64) {
         self.slot.dirty = true;
         self.slot.expires_at = Some(at_millis);
