@@ -684,6 +684,10 @@ mod tests {
         }
         let far = records.len() - 10;
         records[far]["eventTime"] = Value::from("9999-12-31T23:59:59Z");
+        // The last slice, one record stamped far ahead: the slice before judges it.
+        let mut last = records[far].clone();
+        last["eventID"] = Value::from("far-and-last");
+        records.push(last);
         let mut out = Vec::new();
         let summary = Run::deploy(&settings)
             .unwrap()

@@ -112,8 +112,8 @@ impl Exact {
                 scale: 0,
             }
         } else {
-            // Fewer than 38 digits leave fewer than 38 zeros to strip: past that the scale stays
-            // beyond the largest, and stripping them one a step would take a step each.
+            // 38 digits end in 37 zeros at most: a scale further past the largest stays past it
+            // whatever is stripped, and stripping a zero a step would take a step each.
             let scale = u32::try_from(scale)
                 .ok()
                 .filter(|&s| s <= MAX_SCALE + 38)

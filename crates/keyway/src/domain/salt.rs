@@ -307,7 +307,7 @@ mod tests {
         assert_eq!(partitioner.route("cold"), ("cold".to_owned(), None));
     }
 
-    /// A key of 250 characters is a partition key Kinesis takes; `#31` after it is not.
+    /// A key of 254 characters is a partition key Kinesis takes; `#31` after it is not.
     #[test]
     fn a_hot_key_too_long_for_its_buckets_suffix_keeps_its_own_partition_key() {
         for (key, buckets) in [
